@@ -1,0 +1,1 @@
+//! Image probing, decoding and re-encoding (placeholder; see the codec work item).

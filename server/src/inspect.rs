@@ -1,0 +1,1 @@
+//! Dataset summaries (placeholder).

@@ -1,0 +1,20 @@
+//! ringfeed: a data-loading sidecar that keeps GPUs fed.
+//!
+//! The library holds everything; the `ringfeed` binary only parses flags and calls in here, so
+//! tests drive the same code the CLI runs.
+//!
+//! Data flows from the top of this list to the bottom.
+//!
+//! # Layout
+//! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
+//! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
+//!   LMDB read in place ([`source::lmdb`]).
+//! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
+//! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
+//! - [`inspect`]: human summaries of a packed dataset.
+
+pub mod codec;
+pub mod inspect;
+pub mod pack;
+pub mod shard;
+pub mod source;

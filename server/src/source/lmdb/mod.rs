@@ -1,0 +1,9 @@
+//! LMDB read in place (placeholder).
+
+/// Errors reading an LMDB source.
+#[derive(Debug, thiserror::Error)]
+pub enum LmdbError {
+    /// Placeholder.
+    #[error("placeholder")]
+    Placeholder,
+}

@@ -1,0 +1,90 @@
+//! Sources: random access to encoded samples, wherever they live.
+//!
+//! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
+//! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read
+//! transaction, say). A [`Sample`] borrows its bytes straight from the store's memory map: nothing
+//! is copied between the file and the decoder.
+//!
+//! Invariants every implementation keeps:
+//! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
+//!   key, label and bytes every time (a training order is a pure function of the index).
+//! - `get` never panics on bad data: it returns a [`SourceError`] naming the sample and where it
+//!   was looked for.
+
+use std::fmt;
+
+pub mod lmdb;
+pub mod packed;
+
+pub use packed::PackedSource;
+
+/// One encoded sample, borrowed from the source's mapped memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Sample<'a> {
+    /// Position of the sample in the source, `0..len()`.
+    pub index: u64,
+    /// The sample's original key or path, as raw bytes (UTF-8 where the origin was).
+    pub key: &'a [u8],
+    /// Class index or integer label; `-1` when the source has no label for the sample.
+    pub label: i64,
+    /// The encoded image bytes (JPEG, PNG, ...), exactly as stored.
+    pub data: &'a [u8],
+}
+
+impl fmt::Debug for Sample<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sample")
+            .field("index", &self.index)
+            .field("key", &String::from_utf8_lossy(self.key))
+            .field("label", &self.label)
+            .field("data_len", &self.data.len())
+            .finish()
+    }
+}
+
+/// Label used for samples that have none.
+pub const NO_LABEL: i64 = -1;
+
+/// A random-access collection of encoded samples.
+pub trait Source: Send + Sync + fmt::Debug {
+    /// Number of samples.
+    fn len(&self) -> u64;
+
+    /// Whether the source holds no sample at all.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Class names, indexed by label; empty when the labels are plain integers.
+    fn class_names(&self) -> Vec<Vec<u8>>;
+
+    /// A short human description for messages: the path and the kind of source.
+    fn describe(&self) -> String;
+
+    /// A reader for the calling thread. Cheap enough to make one per worker thread.
+    fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError>;
+}
+
+/// Per-thread access to a [`Source`].
+pub trait SampleReader {
+    /// Sample `index`, borrowed until the next call on this reader.
+    fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError>;
+}
+
+/// Why a sample could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The index is past the end of the source.
+    #[error("sample {index} is out of range: the source {source_desc} has {len} samples")]
+    OutOfRange {
+        index: u64,
+        len: u64,
+        source_desc: String,
+    },
+    /// A packed-shard problem (bad magic, checksum, bounds, ...).
+    #[error(transparent)]
+    Shard(#[from] crate::shard::ShardError),
+    /// An LMDB problem (open, transaction, missing key, undecodable value, ...).
+    #[error(transparent)]
+    Lmdb(#[from] lmdb::LmdbError),
+}

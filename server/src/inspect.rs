@@ -1,1 +1,361 @@
-//! Dataset summaries (placeholder).
+//! `ringfeed inspect`: what is in a packed dataset (or an LMDB), in a form a person can read.
+//!
+//! Counts and sizes come from the index and record tables alone; formats and image sizes are
+//! probed from at most [`FORMAT_PROBES`] evenly spaced samples, so inspecting a million-sample
+//! dataset touches only a small part of its data.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::codec::{self, Decoder, Limits};
+use crate::shard::{Dataset, ShardError};
+use crate::source::lmdb::{LmdbOptions, LmdbSource};
+use crate::source::{Source, SourceError};
+
+/// How many samples are probed for their format.
+pub const FORMAT_PROBES: u64 = 2000;
+
+/// Summary statistics of sample sizes, in bytes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SizeStats {
+    pub min: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+    pub mean: f64,
+    pub total: u64,
+}
+
+impl SizeStats {
+    fn from(mut sizes: Vec<u64>) -> Self {
+        if sizes.is_empty() {
+            return SizeStats::default();
+        }
+        sizes.sort_unstable();
+        let at = |q: f64| sizes[((sizes.len() - 1) as f64 * q).round() as usize];
+        let total: u64 = sizes.iter().sum();
+        SizeStats {
+            min: sizes[0],
+            p50: at(0.5),
+            p99: at(0.99),
+            max: sizes[sizes.len() - 1],
+            mean: total as f64 / sizes.len() as f64,
+            total,
+        }
+    }
+}
+
+/// One sample, described.
+#[derive(Debug, Clone)]
+pub struct SampleInfo {
+    pub index: u64,
+    pub key: String,
+    pub label: i64,
+    pub class: Option<String>,
+    pub bytes: u64,
+    pub image: Result<String, String>,
+    pub meta: Option<String>,
+    /// Shard file, byte offset and CRC (packed datasets only).
+    pub location: Option<(String, u64, u32)>,
+}
+
+/// Everything `inspect` prints.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    pub kind: String,
+    pub path: String,
+    pub samples: u64,
+    pub shards: Option<u32>,
+    pub files_bytes: Option<u64>,
+    pub classes: Vec<(String, u64)>,
+    pub sizes: SizeStats,
+    /// Format name → count, over the probed samples.
+    pub formats: BTreeMap<String, u64>,
+    pub probed: u64,
+    pub info: Option<serde_json::Value>,
+    pub sample: Option<SampleInfo>,
+}
+
+/// Why `inspect` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Lmdb(#[from] crate::source::lmdb::LmdbError),
+    #[error("sample {index} is out of range: the dataset has {len} samples")]
+    NoSuchSample { index: u64, len: u64 },
+}
+
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn describe_image(decoder: &mut Decoder, data: &[u8]) -> Result<String, String> {
+    let info = decoder.probe(data).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{} {}x{} {:?} {}-bit{}",
+        info.format,
+        info.width,
+        info.height,
+        info.color,
+        info.bits_per_channel,
+        if info.progressive { " progressive" } else { "" }
+    ))
+}
+
+/// Inspects the packed dataset in `dir`, describing sample `sample` (if any).
+pub fn inspect_packed(dir: &Path, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    let ds = Dataset::open(dir)?;
+    let n = ds.len();
+    let mut per_class = vec![0u64; ds.class_count() as usize];
+    let mut sizes = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let s = ds.sample(i)?;
+        sizes.push(s.data.len() as u64);
+        if let Some(c) = usize::try_from(s.label).ok().and_then(|l| per_class.get_mut(l)) {
+            *c += 1;
+        }
+    }
+    let classes = (0..ds.class_count())
+        .map(|c| Ok((lossy(ds.class_name(c)?), per_class[c as usize])))
+        .collect::<Result<Vec<_>, ShardError>>()?;
+    let mut formats = BTreeMap::new();
+    let step = n.div_ceil(FORMAT_PROBES).max(1);
+    let mut probed = 0;
+    for i in (0..n).step_by(step as usize) {
+        let s = ds.sample(i)?;
+        let name = codec::sniff(s.data).map_or("unknown".to_owned(), |f| f.to_string());
+        *formats.entry(name).or_insert(0) += 1;
+        probed += 1;
+    }
+    let files_bytes = ds.index.len()
+        + (0..ds.shard_count())
+            .filter_map(|s| ds.shard_info(s))
+            .map(|(_, _, l)| l)
+            .sum::<u64>();
+    let sample = match sample {
+        None => None,
+        Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
+        Some(i) => {
+            let s = ds.sample(i)?;
+            let mut decoder =
+                Decoder::new(Limits::default()).map_err(|e| ShardError::corrupt(dir, 0, e.to_string()))?;
+            Some(SampleInfo {
+                index: i,
+                key: lossy(s.key),
+                label: s.label,
+                class: usize::try_from(s.label)
+                    .ok()
+                    .and_then(|l| classes.get(l))
+                    .map(|c| c.0.clone()),
+                bytes: s.data.len() as u64,
+                image: describe_image(&mut decoder, s.data),
+                meta: (!s.meta.is_empty()).then(|| lossy(s.meta)),
+                location: ds
+                    .shard_info(s.shard)
+                    .map(|(p, _, _)| (p.display().to_string(), s.offset, s.crc)),
+            })
+        }
+    };
+    Ok(Inspection {
+        kind: "packed".to_owned(),
+        path: dir.display().to_string(),
+        samples: n,
+        shards: Some(ds.shard_count()),
+        files_bytes: Some(files_bytes),
+        classes,
+        sizes: SizeStats::from(sizes),
+        formats,
+        probed,
+        info: ds.info().ok().and_then(|i| serde_json::from_str(i).ok()),
+        sample,
+    })
+}
+
+/// Inspects an LMDB read in place.
+pub fn inspect_lmdb(path: &Path, opts: &LmdbOptions, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    let src = LmdbSource::open(path, opts)?;
+    let n = src.len();
+    let names = src.class_names();
+    let mut per_class = vec![0u64; names.len()];
+    let mut sizes = Vec::with_capacity(n as usize);
+    let mut formats = BTreeMap::new();
+    let mut reader = src.reader()?;
+    let step = n.div_ceil(FORMAT_PROBES).max(1);
+    let mut probed = 0;
+    for i in 0..n {
+        let s = reader.get(i)?;
+        sizes.push(s.data.len() as u64);
+        if let Some(c) = usize::try_from(s.label).ok().and_then(|l| per_class.get_mut(l)) {
+            *c += 1;
+        }
+        if i % step == 0 {
+            let name = codec::sniff(s.data).map_or("unknown".to_owned(), |f| f.to_string());
+            *formats.entry(name).or_insert(0) += 1;
+            probed += 1;
+        }
+    }
+    let classes: Vec<(String, u64)> = names.iter().map(|n| lossy(n)).zip(per_class).collect();
+    let sample = match sample {
+        None => None,
+        Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
+        Some(i) => {
+            let s = reader.get(i)?;
+            let mut decoder =
+                Decoder::new(Limits::default()).map_err(|e| ShardError::corrupt(path, 0, e.to_string()))?;
+            Some(SampleInfo {
+                index: i,
+                key: lossy(s.key),
+                label: s.label,
+                class: usize::try_from(s.label)
+                    .ok()
+                    .and_then(|l| classes.get(l))
+                    .map(|c| c.0.clone()),
+                bytes: s.data.len() as u64,
+                image: describe_image(&mut decoder, s.data),
+                meta: None,
+                location: None,
+            })
+        }
+    };
+    Ok(Inspection {
+        kind: format!("lmdb ({:?} layout)", src.layout()).to_lowercase(),
+        path: path.display().to_string(),
+        samples: n,
+        shards: None,
+        files_bytes: None,
+        classes,
+        sizes: SizeStats::from(sizes),
+        formats,
+        probed,
+        info: None,
+        sample,
+    })
+}
+
+/// Longest class list printed in full; longer lists are summarised.
+const CLASSES_SHOWN: usize = 20;
+
+impl Inspection {
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        let mut o = String::new();
+        let mb = |b: u64| b as f64 / 1e6;
+        let _ = writeln!(o, "{}: {} dataset", self.path, self.kind);
+        let _ = writeln!(o, "  samples:  {}", self.samples);
+        if let (Some(s), Some(b)) = (self.shards, self.files_bytes) {
+            let _ = writeln!(o, "  shards:   {s} ({:.1} MB on disk)", mb(b));
+        }
+        if let Some(info) = &self.info {
+            if let Some(enc) = info.get("encoding") {
+                let _ = writeln!(o, "  encoding: {enc}");
+            }
+            if let Some(src) = info.get("source_kind").and_then(|v| v.as_str()) {
+                let _ = writeln!(o, "  packed from: {src}");
+            }
+        }
+        let z = &self.sizes;
+        let _ = writeln!(
+            o,
+            "  sample bytes: min {}, median {}, mean {:.0}, p99 {}, max {}, total {:.1} MB",
+            z.min,
+            z.p50,
+            z.mean,
+            z.p99,
+            z.max,
+            mb(z.total)
+        );
+        let formats: Vec<String> = self.formats.iter().map(|(f, c)| format!("{f} {c}")).collect();
+        let _ = writeln!(o, "  formats (of {} probed): {}", self.probed, formats.join(", "));
+        if self.classes.is_empty() {
+            let _ = writeln!(o, "  classes:  none (integer labels)");
+        } else {
+            let counts: Vec<u64> = self.classes.iter().map(|c| c.1).collect();
+            let (min, max) = (
+                counts.iter().min().copied().unwrap_or(0),
+                counts.iter().max().copied().unwrap_or(0),
+            );
+            let _ = writeln!(
+                o,
+                "  classes:  {} (samples per class: min {min}, max {max})",
+                self.classes.len()
+            );
+            for (i, (name, count)) in self.classes.iter().enumerate().take(CLASSES_SHOWN) {
+                let _ = writeln!(o, "    {i:>5}  {name}  {count}");
+            }
+            if self.classes.len() > CLASSES_SHOWN {
+                let _ = writeln!(
+                    o,
+                    "    ... {} more (--json lists all)",
+                    self.classes.len() - CLASSES_SHOWN
+                );
+            }
+        }
+        if let Some(s) = &self.sample {
+            let _ = writeln!(o, "  sample {}:", s.index);
+            let _ = writeln!(o, "    key:   {}", s.key);
+            match &s.class {
+                Some(c) => {
+                    let _ = writeln!(o, "    label: {} ({c})", s.label);
+                }
+                None => {
+                    let _ = writeln!(o, "    label: {}", s.label);
+                }
+            }
+            let _ = writeln!(o, "    bytes: {}", s.bytes);
+            match &s.image {
+                Ok(d) => {
+                    let _ = writeln!(o, "    image: {d}");
+                }
+                Err(e) => {
+                    let _ = writeln!(o, "    image: does not probe: {e}");
+                }
+            }
+            if let Some((file, off, crc)) = &s.location {
+                let _ = writeln!(o, "    stored: {file} at byte {off}, crc32c {crc:#010x}");
+            }
+            if let Some(m) = &s.meta {
+                let _ = writeln!(o, "    metadata: {m}");
+            }
+        }
+        o
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kind": self.kind,
+            "path": self.path,
+            "samples": self.samples,
+            "shards": self.shards,
+            "bytes_on_disk": self.files_bytes,
+            "classes": self.classes.iter().map(|(n, c)| serde_json::json!({"name": n, "samples": c})).collect::<Vec<_>>(),
+            "sample_bytes": {"min": self.sizes.min, "p50": self.sizes.p50, "mean": self.sizes.mean, "p99": self.sizes.p99, "max": self.sizes.max, "total": self.sizes.total},
+            "formats": self.formats,
+            "probed": self.probed,
+            "info": self.info,
+            "sample": self.sample.as_ref().map(|s| serde_json::json!({
+                "index": s.index, "key": s.key, "label": s.label, "class": s.class, "bytes": s.bytes,
+                "image": s.image.as_ref().ok(), "image_error": s.image.as_ref().err(),
+                "metadata": s.meta.as_ref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok()),
+                "shard": s.location.as_ref().map(|l| &l.0), "offset": s.location.as_ref().map(|l| l.1),
+                "crc32c": s.location.as_ref().map(|l| l.2),
+            })),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_stats_quantiles() {
+        let s = SizeStats::from((1..=100).collect());
+        assert_eq!((s.min, s.p50, s.p99, s.max, s.total), (1, 51, 99, 100, 5050));
+    }
+}

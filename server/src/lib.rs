@@ -11,10 +11,12 @@
 //!   LMDB read in place ([`source::lmdb`]).
 //! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
 //! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
-//! - [`inspect`]: human summaries of a packed dataset.
+//! - [`inspect`]: human summaries of a packed dataset or an LMDB.
+//! - [`progress`]: progress bars and plain progress lines for long commands.
 
 pub mod codec;
 pub mod inspect;
 pub mod pack;
+pub mod progress;
 pub mod shard;
 pub mod source;

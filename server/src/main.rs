@@ -1,1 +1,379 @@
-fn main() {}
+//! The `ringfeed` command: parses flags, calls the library, prints results and errors.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use ringfeed::codec::{Decoder, Limits, Reencode};
+use ringfeed::pack::{Check, InputKind, OnError, PackError, PackOptions, ProgressMode};
+use ringfeed::progress::Progress;
+use ringfeed::shard::{VerifyError, VerifyOptions, WriterOptions};
+use ringfeed::source::lmdb::{LabelSource, Layout, LmdbOptions};
+
+/// Exit status for a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
+const EXIT_INTERRUPTED: u8 = 130;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringfeed",
+    version,
+    about = "Keeps GPUs fed: packs image datasets and serves decoded batches"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Pack an image folder, a manifest (CSV/JSONL) or an LMDB into a packed dataset.
+    Pack(PackArgs),
+    /// Check a packed dataset: magics, versions, checksums, index consistency, and optionally
+    /// that every sample decodes. Exits non-zero at the first problem.
+    Verify(VerifyArgs),
+    /// Print counts, classes, size statistics and one sample's metadata.
+    Inspect(InspectArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct LmdbArgs {
+    /// How LMDB values are laid out (see docs/lmdb.md).
+    #[arg(long, value_name = "LAYOUT", default_value = "auto", value_parser = ["auto", "raw", "pickle", "msgpack"])]
+    lmdb_layout: String,
+    /// Raw layout: labels from this file (CSV `key,label`, JSON, or JSONL).
+    #[arg(long, value_name = "FILE", conflicts_with = "labels_key")]
+    labels: Option<PathBuf>,
+    /// Raw layout: labels from the value of this key in the same LMDB.
+    #[arg(long, value_name = "KEY")]
+    labels_key: Option<String>,
+}
+
+impl LmdbArgs {
+    fn options(&self) -> Result<LmdbOptions> {
+        let layout: Layout = self.lmdb_layout.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+        let labels = match (&self.labels, &self.labels_key) {
+            (Some(f), _) => LabelSource::File(f.clone()),
+            (None, Some(k)) => LabelSource::Key(k.as_bytes().to_vec()),
+            (None, None) => LabelSource::None,
+        };
+        Ok(LmdbOptions { layout, labels })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+struct PackArgs {
+    /// Image folder (SRC/class/*.jpg), manifest (.csv/.jsonl) or LMDB.
+    src: PathBuf,
+    /// Output dataset directory (must not exist unless --force).
+    out: PathBuf,
+    /// What SRC is.
+    #[arg(long, value_enum, default_value_t = InputKind::Auto)]
+    input: InputKind,
+    /// Target shard size, e.g. 256MiB, 1GB, 500M.
+    #[arg(long, value_name = "SIZE", default_value = "256MiB", value_parser = parse_size)]
+    shard_size: u64,
+    /// Record alignment in bytes (power of two, 8..=1MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = ringfeed::shard::DEFAULT_RECORD_ALIGN)]
+    align: u32,
+    /// Re-encode every image as JPEG, downscaled so its longer side is at most --max-side.
+    /// Decoding the smaller files is several times cheaper at training time.
+    #[arg(long)]
+    reencode: bool,
+    /// Longest side after re-encoding, in pixels.
+    #[arg(long, value_name = "PX", default_value_t = 512, requires = "reencode")]
+    max_side: u32,
+    /// JPEG quality when re-encoding (1-100).
+    #[arg(long, value_name = "Q", default_value_t = 90, requires = "reencode", value_parser = clap::value_parser!(u8).range(1..=100))]
+    quality: u8,
+    /// How each image is checked while packing.
+    #[arg(long, value_enum, default_value_t = Check::Decode)]
+    check: Check,
+    /// Largest image accepted, in pixels (width x height); bounds memory per thread.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_pixels)]
+    max_pixels: u64,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
+    threads: usize,
+    /// What to do with a file that cannot be packed.
+    #[arg(long, value_enum, default_value_t = OnError::Fail)]
+    on_error: OnError,
+    /// Where `--on-error skip` lists skipped files (default: OUT/skipped.tsv).
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Replace OUT if it exists.
+    #[arg(long)]
+    force: bool,
+    /// Progress display.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    /// Also write the closing summary as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    summary_json: Option<PathBuf>,
+    #[command(flatten)]
+    lmdb: LmdbArgs,
+}
+
+#[derive(clap::Args, Debug)]
+struct VerifyArgs {
+    /// Packed dataset directory.
+    dataset: PathBuf,
+    /// Also decode every sample.
+    #[arg(long)]
+    decode: bool,
+    /// Threads for --decode (default: all cores).
+    #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
+    threads: usize,
+    /// Largest image accepted by --decode, in pixels.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_pixels)]
+    max_pixels: u64,
+    /// Progress display.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+}
+
+#[derive(clap::Args, Debug)]
+struct InspectArgs {
+    /// Packed dataset directory, or an LMDB.
+    dataset: PathBuf,
+    /// Describe this sample.
+    #[arg(long, value_name = "I", default_value_t = 0)]
+    sample: u64,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    lmdb: LmdbArgs,
+}
+
+/// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1000), or
+/// KiB/MiB/GiB/TiB (powers of 1024). `B` alone or no suffix means bytes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected e.g. 256MiB, 1GB or 500000000"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0f64.powi(4),
+        other => {
+            return Err(format!(
+                "invalid size unit {other:?} in {s:?}: use K, M, G, T, KiB, MiB, GiB or TiB"
+            ));
+        }
+    };
+    let v = n * mult;
+    if !(1.0..=u64::MAX as f64).contains(&v) {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    Ok(v as u64)
+}
+
+/// Sets `flag` on SIGINT and SIGTERM, so long commands stop cleanly instead of dying mid-write.
+fn cancel_on_signals() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&flag)).context("installing a signal handler")?;
+    }
+    Ok(flag)
+}
+
+fn run_pack(a: PackArgs) -> Result<ExitCode> {
+    let cancel = cancel_on_signals()?;
+    let opts = PackOptions {
+        input: a.input,
+        lmdb: a.lmdb.options()?,
+        writer: WriterOptions {
+            target_shard_bytes: a.shard_size,
+            record_align: a.align,
+        },
+        reencode: a.reencode.then_some(Reencode {
+            max_side: a.max_side,
+            quality: a.quality,
+        }),
+        check: a.check,
+        limits: Limits {
+            max_pixels: a.max_pixels,
+        },
+        threads: a.threads,
+        on_error: a.on_error,
+        report: a.report,
+        force: a.force,
+        progress: a.progress,
+    };
+    if !a.align.is_power_of_two() || !(8..=1 << 20).contains(&a.align) {
+        bail!("--align {} must be a power of two between 8 and 1048576", a.align);
+    }
+    let summary = match ringfeed::pack::pack(&a.src, &a.out, &opts, &cancel) {
+        Ok(s) => s,
+        Err(PackError::Interrupted) => {
+            eprintln!("ringfeed: pack interrupted; no output was written");
+            return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let w = &summary.written;
+    println!(
+        "packed {} samples from {} ({}) into {}: {} shards, {} classes, {:.1} MB",
+        w.samples,
+        a.src.display(),
+        summary.input,
+        a.out.display(),
+        w.shards,
+        w.classes,
+        w.bytes as f64 / 1e6
+    );
+    println!(
+        "{:.1} s with {} threads: {:.1} images/s, {:.1} MB/s read",
+        summary.elapsed.as_secs_f64(),
+        summary.threads,
+        summary.images_per_sec(),
+        summary.input_mb_per_sec()
+    );
+    let ignored = if summary.ignored > 0 {
+        format!("; ignored {} files with other extensions", summary.ignored)
+    } else {
+        String::new()
+    };
+    match &summary.report {
+        Some(r) => println!("skipped {} (listed in {}){ignored}", summary.skipped.len(), r.display()),
+        None => println!("skipped 0{ignored}"),
+    }
+    if let Some(path) = &a.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary.to_json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
+    let limits = Limits {
+        max_pixels: a.max_pixels,
+    };
+    // One decoder per thread, made on first use.
+    thread_local! {
+        static DECODER: std::cell::RefCell<Option<Decoder>> = const { std::cell::RefCell::new(None) };
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let decode = move |data: &[u8]| -> Result<(), String> {
+        DECODER.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_none() {
+                *d = Some(Decoder::new(limits).map_err(|e| e.to_string())?);
+            }
+            let decoder = d.as_mut().expect("set above");
+            SCRATCH.with(|s| {
+                decoder
+                    .decode_rgb8(data, &mut s.borrow_mut())
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+    };
+    let progress = Progress::new(a.progress);
+    progress.message(&format!("verifying {}", a.dataset.display()));
+    let started = std::sync::Once::new();
+    let on_progress = |done: u64, total: u64| {
+        started.call_once(|| progress.start(total));
+        progress.set_position(done);
+    };
+    let opts = VerifyOptions {
+        sample_check: if a.decode { Some(&decode) } else { None },
+        threads: a.threads,
+        progress: Some(&on_progress),
+    };
+    let result = ringfeed::shard::verify(&a.dataset, &opts);
+    progress.finish();
+    match result {
+        Ok(r) => {
+            println!(
+                "ok: {} samples in {} shards, {} classes, {:.1} MB checked{}",
+                r.samples,
+                r.shards,
+                r.classes,
+                r.bytes as f64 / 1e6,
+                if a.decode {
+                    format!(", {} samples decoded", r.checked_samples)
+                } else {
+                    String::new()
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let kind = e.kind();
+            let e: anyhow::Error = match e {
+                VerifyError::Format(f) => f.into(),
+                other => other.into(),
+            };
+            Err(e.context(format!("verify failed ({kind})")))
+        }
+    }
+}
+
+fn is_lmdb(path: &Path) -> bool {
+    path.join("data.mdb").is_file() || path.extension().is_some_and(|e| e == "mdb" || e == "lmdb")
+}
+
+fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
+    let inspection = if is_lmdb(&a.dataset) {
+        ringfeed::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
+    } else {
+        ringfeed::inspect::inspect_packed(&a.dataset, Some(a.sample))?
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&inspection.to_json())?);
+    } else {
+        print!("{}", inspection.to_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Pack(a) => run_pack(a),
+        Command::Verify(a) => run_verify(a),
+        Command::Inspect(a) => run_inspect(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // `{:#}` prints the cause chain on one line: "context: cause: cause".
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size("500M"), Ok(500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("12parsecs").unwrap_err().contains("invalid size unit"));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}

@@ -76,11 +76,7 @@ pub trait SampleReader {
 pub enum SourceError {
     /// The index is past the end of the source.
     #[error("sample {index} is out of range: the source {source_desc} has {len} samples")]
-    OutOfRange {
-        index: u64,
-        len: u64,
-        source_desc: String,
-    },
+    OutOfRange { index: u64, len: u64, source_desc: String },
     /// A packed-shard problem (bad magic, checksum, bounds, ...).
     #[error(transparent)]
     Shard(#[from] crate::shard::ShardError),

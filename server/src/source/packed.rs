@@ -1,5 +1,82 @@
-//! Packed shards as a [`Source`](super::Source) (placeholder).
+//! A packed dataset (`proto/shard.md`) as a [`Source`].
+//!
+//! Everything is mapped at open; `get` is two bounds-checked table reads and, unless disabled, a
+//! CRC-32C of the record (about 10 µs for a 100 KiB JPEG, under 1 % of its decode).
 
-/// Placeholder.
+use std::path::Path;
+
+use super::{Sample, SampleReader, Source, SourceError};
+use crate::shard::{Dataset, ShardError};
+
+/// A packed dataset opened for reading.
 #[derive(Debug)]
-pub struct PackedSource;
+pub struct PackedSource {
+    dataset: Dataset,
+    check_crc: bool,
+}
+
+impl PackedSource {
+    /// Opens the dataset in `dir`. With `check_crc`, every read checks the record's CRC-32C.
+    pub fn open(dir: &Path, check_crc: bool) -> Result<Self, ShardError> {
+        Ok(PackedSource {
+            dataset: Dataset::open(dir)?,
+            check_crc,
+        })
+    }
+
+    /// The underlying dataset.
+    pub fn dataset(&self) -> &Dataset {
+        &self.dataset
+    }
+}
+
+impl Source for PackedSource {
+    fn len(&self) -> u64 {
+        self.dataset.len()
+    }
+
+    fn class_names(&self) -> Vec<Vec<u8>> {
+        (0..self.dataset.class_count())
+            .map(|c| {
+                self.dataset
+                    .class_name(c)
+                    .expect("class names are bounds-checked by Dataset::open")
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "packed dataset {} ({} samples)",
+            self.dataset.dir().display(),
+            self.dataset.len()
+        )
+    }
+
+    fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
+        Ok(Box::new(PackedReader { source: self }))
+    }
+}
+
+/// Readers of a packed dataset hold no state: the maps are shared and immutable.
+struct PackedReader<'a> {
+    source: &'a PackedSource,
+}
+
+impl SampleReader for PackedReader<'_> {
+    fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
+        let ds = &self.source.dataset;
+        let s = if self.source.check_crc {
+            ds.sample_checked(index)?
+        } else {
+            ds.sample(index)?
+        };
+        Ok(Sample {
+            index,
+            key: s.key,
+            label: s.label,
+            data: s.data,
+        })
+    }
+}

@@ -1,0 +1,459 @@
+//! Full verification of a packed dataset: every byte of every file is checked.
+//!
+//! The checks run in the order `proto/shard.md` ("Verification order") fixes, and stop at the
+//! first problem, so the Rust and Python implementations report the same first error for the same
+//! damage (the vectors in `proto/vectors/shard/cases.json` pin it).
+
+use std::path::Path;
+
+use super::reader::{Dataset, Shard};
+use super::{
+    CLASS_ENTRY_LEN, INDEX_HEADER_LEN, RECORD_ENTRY_LEN, SHARD_ENTRY_LEN, SHARD_FOOTER_LEN, SHARD_HEADER_LEN,
+    ShardError, align_up, crc, le,
+};
+
+/// A per-sample check supplied by the caller (`--decode` passes an image decoder). It gets the
+/// sample's bytes and returns a reason on failure. Called from several threads at once.
+pub type SampleCheck<'a> = &'a (dyn Fn(&[u8]) -> Result<(), String> + Sync);
+
+/// What to verify beyond the format itself.
+#[derive(Clone, Copy, Default)]
+pub struct VerifyOptions<'a> {
+    /// Run this on every sample after the format checks passed.
+    pub sample_check: Option<SampleCheck<'a>>,
+    /// Threads for `sample_check` (0 = all cores).
+    pub threads: usize,
+    /// Called with (bytes checked, bytes total) as the checksums progress.
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+impl std::fmt::Debug for VerifyOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerifyOptions")
+            .field("sample_check", &self.sample_check.is_some())
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+/// What a successful verification covered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub samples: u64,
+    pub shards: u32,
+    pub classes: u32,
+    /// Bytes of all files, all of them checksummed.
+    pub bytes: u64,
+    /// Samples that went through the sample check (0 without one).
+    pub checked_samples: u64,
+}
+
+/// Why verification failed: a format problem, or a sample that the sample check rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Format(#[from] ShardError),
+    #[error("{} at byte {offset}: sample {index} (key {key:?}) does not decode: {reason}", shard.display())]
+    Sample {
+        shard: std::path::PathBuf,
+        offset: u64,
+        index: u64,
+        key: String,
+        reason: String,
+    },
+}
+
+impl VerifyError {
+    /// The spec's error kind; a failed sample check is `decode`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            VerifyError::Format(e) => e.kind(),
+            VerifyError::Sample { .. } => "decode",
+        }
+    }
+}
+
+/// Verifies the dataset in `dir`. See `proto/shard.md` for the list and order of checks.
+pub fn verify(dir: &Path, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
+    // 1. Structure: footers, headers, section bounds, shard files tied to the index.
+    let ds = Dataset::open(dir)?;
+    let total: u64 = ds.index.len() + ds.shards.iter().map(|s| s.file.len()).sum::<u64>();
+    let mut done = 0u64;
+    let report = |done: u64| {
+        if let Some(p) = opts.progress {
+            p(done, total)
+        }
+    };
+
+    // 2. The index body checksum.
+    let footer_at = ds.index.len() - super::INDEX_FOOTER_LEN as u64;
+    let computed = crc(&ds.index.map[..footer_at as usize]);
+    if computed != ds.footer.body_crc {
+        return Err(ShardError::Checksum {
+            path: ds.index_path().to_owned(),
+            offset: footer_at + 12,
+            what: format!("index body (bytes 0..{footer_at})"),
+            stored: ds.footer.body_crc,
+            computed,
+        }
+        .into());
+    }
+    done += ds.index.len();
+    report(done);
+
+    // 3. Index contents.
+    check_index_contents(&ds)?;
+    let mut referenced: Vec<Vec<bool>> = ds
+        .shards
+        .iter()
+        .map(|s| vec![false; s.footer.record_count as usize])
+        .collect();
+    for i in 0..ds.len() {
+        let s = ds.sample(i)?;
+        let at = ds.sample_entry_offset(i);
+        if s.label < -1 || (ds.class_count() > 0 && s.label >= i64::from(ds.class_count())) {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at,
+                format!("sample {i} has label {}, outside -1..{}", s.label, ds.class_count()),
+            )
+            .into());
+        }
+        if !s.meta.is_empty() && !is_json_object(s.meta) {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at + 20,
+                format!("sample {i} has metadata that is not a UTF-8 JSON object"),
+            )
+            .into());
+        }
+        let seen = &mut referenced[s.shard as usize][s.record as usize];
+        if *seen {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at + 24,
+                format!(
+                    "sample {i} refers to shard {} record {}, which an earlier sample already uses",
+                    s.shard, s.record
+                ),
+            )
+            .into());
+        }
+        *seen = true;
+    }
+    for (n, refs) in referenced.iter().enumerate() {
+        if let Some(r) = refs.iter().position(|&seen| !seen) {
+            return Err(ShardError::corrupt(
+                ds.shards[n].path(),
+                ds.shards[n].footer.table_offset + r as u64 * RECORD_ENTRY_LEN as u64,
+                format!("record {r} is not referenced by any sample of the index"),
+            )
+            .into());
+        }
+    }
+
+    // 4. Every shard, front to back.
+    for shard in &ds.shards {
+        check_shard(shard, &mut |bytes| {
+            done += bytes;
+            report(done);
+        })?;
+    }
+
+    // 5. The caller's per-sample check, in parallel, reporting the lowest failing index.
+    let checked_samples = match opts.sample_check {
+        Some(check) => run_sample_check(&ds, check, opts.threads)?,
+        None => 0,
+    };
+
+    Ok(VerifyReport {
+        samples: ds.len(),
+        shards: ds.shard_count(),
+        classes: ds.class_count(),
+        bytes: total,
+        checked_samples,
+    })
+}
+
+fn is_json_object(b: &[u8]) -> bool {
+    matches!(
+        serde_json::from_slice::<serde_json::Value>(b),
+        Ok(serde_json::Value::Object(_))
+    )
+}
+
+/// Checks `bytes` (at `offset` of `path`) are all zero.
+fn check_zero(path: &Path, offset: u64, bytes: &[u8], what: &str) -> Result<(), ShardError> {
+    match bytes.iter().position(|&b| b != 0) {
+        None => Ok(()),
+        Some(p) => Err(ShardError::corrupt(
+            path,
+            offset + p as u64,
+            format!("non-zero byte in {what}"),
+        )),
+    }
+}
+
+fn check_index_contents(ds: &Dataset) -> Result<(), ShardError> {
+    let h = &ds.header;
+    let path = ds.index_path();
+    let map = &ds.index.map;
+    let zero = |from: u64, to: u64, what: &str| -> Result<(), ShardError> {
+        if to < from {
+            return Err(ShardError::corrupt(
+                path,
+                from,
+                format!("{what}: sections overlap or are out of order"),
+            ));
+        }
+        check_zero(path, from, &map[from as usize..to as usize], what)
+    };
+    let a8 = |x: u64| align_up(x, 8).unwrap_or(u64::MAX);
+    // Sections in the spec's order, each at the first multiple of 8 after the previous one.
+    let ends = [
+        (INDEX_HEADER_LEN as u64, h.shards_offset, "shard table"),
+        (
+            h.shards_offset + u64::from(h.shard_count) * SHARD_ENTRY_LEN as u64,
+            h.classes_offset,
+            "class table",
+        ),
+        (
+            h.classes_offset + u64::from(h.class_count) * CLASS_ENTRY_LEN as u64,
+            h.samples_offset,
+            "sample table",
+        ),
+        (
+            h.samples_offset + h.sample_count * super::SAMPLE_ENTRY_LEN as u64,
+            h.heap_offset,
+            "heap",
+        ),
+        (h.heap_offset + h.heap_len, h.info_offset, "info"),
+        (
+            h.info_offset + h.info_len,
+            ds.index.len() - super::INDEX_FOOTER_LEN as u64,
+            "footer",
+        ),
+    ];
+    for (prev_end, start, what) in ends {
+        if start != a8(prev_end) {
+            return Err(ShardError::corrupt(
+                path,
+                0,
+                format!(
+                    "the {what} starts at {start}, but the layout puts it at {}",
+                    a8(prev_end)
+                ),
+            ));
+        }
+        zero(prev_end, start, &format!("padding before the {what}"))?;
+    }
+    for n in 0..h.shard_count {
+        let at = ds.shard_entry_offset(n);
+        check_zero(
+            path,
+            at + 28,
+            &map[at as usize + 28..at as usize + 32],
+            "a shard entry's reserved field",
+        )?;
+    }
+    for c in 0..h.class_count {
+        let at = h.classes_offset + u64::from(c) * CLASS_ENTRY_LEN as u64;
+        check_zero(
+            path,
+            at + 12,
+            &map[at as usize + 12..at as usize + 16],
+            "a class entry's reserved field",
+        )?;
+        ds.class_name(c)?;
+    }
+    let header = &map[..INDEX_HEADER_LEN];
+    if le::u32(header, 12) != 0 && h.minor == 0 {
+        return Err(ShardError::corrupt(
+            path,
+            12,
+            "flags are non-zero in a version 1.0 index",
+        ));
+    }
+    if h.minor == 0 {
+        check_zero(path, 88, &header[88..124], "the header's reserved field")?;
+    }
+    let info = ds.info()?;
+    if !is_json_object(info.as_bytes()) {
+        return Err(ShardError::corrupt(
+            path,
+            h.info_offset,
+            "the info section is not a JSON object",
+        ));
+    }
+    Ok(())
+}
+
+fn check_shard(shard: &Shard, progress: &mut dyn FnMut(u64)) -> Result<(), ShardError> {
+    let path = shard.path();
+    let map = &shard.file.map;
+    let f = &shard.footer;
+    let align = u64::from(shard.header.record_align);
+    let table =
+        &map[f.table_offset as usize..(f.table_offset + u64::from(f.record_count) * RECORD_ENTRY_LEN as u64) as usize];
+    let computed = crc(table);
+    if computed != f.table_crc {
+        return Err(ShardError::Checksum {
+            path: path.to_owned(),
+            offset: f.table_offset,
+            what: "record table".to_owned(),
+            stored: f.table_crc,
+            computed,
+        });
+    }
+    if shard.header.minor == 0 {
+        check_zero(path, 20, &map[20..60], "the header's reserved field")?;
+        let fo = map.len() - SHARD_FOOTER_LEN;
+        check_zero(
+            path,
+            fo as u64 + 40,
+            &map[fo + 40..fo + 60],
+            "the footer's reserved field",
+        )?;
+    }
+    check_zero(
+        path,
+        SHARD_HEADER_LEN as u64,
+        &map[SHARD_HEADER_LEN..shard.header.data_offset() as usize],
+        "padding after the header",
+    )?;
+
+    let mut expected = shard.header.data_offset();
+    let (mut since_report, mut reported) = (0u64, 0u64);
+    for r in 0..f.record_count {
+        let e = shard.record(r)?;
+        if e.offset != expected {
+            return Err(ShardError::corrupt(
+                path,
+                f.table_offset + u64::from(r) * RECORD_ENTRY_LEN as u64,
+                format!(
+                    "record {r} starts at {}, but the layout puts it at {expected}",
+                    e.offset
+                ),
+            ));
+        }
+        let bytes = shard.bytes(&e);
+        let computed = crc(bytes);
+        if computed != e.crc {
+            return Err(ShardError::Checksum {
+                path: path.to_owned(),
+                offset: e.offset,
+                what: format!("record {r}"),
+                stored: e.crc,
+                computed,
+            });
+        }
+        let end = e.offset + u64::from(e.length);
+        expected = align_up(end, align).unwrap_or(u64::MAX);
+        if expected > f.table_offset {
+            return Err(ShardError::corrupt(
+                path,
+                end,
+                format!("record {r} overlaps the record table"),
+            ));
+        }
+        check_zero(
+            path,
+            end,
+            &map[end as usize..expected as usize],
+            &format!("padding after record {r}"),
+        )?;
+        since_report += expected - e.offset;
+        if since_report > 64 << 20 {
+            progress(since_report);
+            reported += since_report;
+            since_report = 0;
+        }
+    }
+    if expected != f.table_offset {
+        return Err(ShardError::corrupt(
+            path,
+            f.table_offset,
+            format!(
+                "the record table starts at {}, but the layout puts it at {expected}",
+                f.table_offset
+            ),
+        ));
+    }
+    let table_end = f.table_offset + table.len() as u64;
+    let footer_at = map.len() as u64 - SHARD_FOOTER_LEN as u64;
+    check_zero(
+        path,
+        table_end,
+        &map[table_end as usize..footer_at as usize],
+        "padding after the record table",
+    )?;
+    let computed = crc(&map[..footer_at as usize]);
+    if computed != f.body_crc {
+        return Err(ShardError::Checksum {
+            path: path.to_owned(),
+            offset: footer_at + 36,
+            what: format!("shard body (bytes 0..{footer_at})"),
+            stored: f.body_crc,
+            computed,
+        });
+    }
+    progress(map.len() as u64 - reported);
+    Ok(())
+}
+
+fn run_sample_check(ds: &Dataset, check: SampleCheck<'_>, threads: usize) -> Result<u64, VerifyError> {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .max(1);
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let n = ds.len();
+    // Each thread keeps the lowest failing index it saw; the overall lowest is reported, so
+    // the result does not depend on the number of threads.
+    let failures: Vec<Option<VerifyError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Option<VerifyError> {
+                    let mut first: Option<VerifyError> = None;
+                    loop {
+                        // Relaxed: the counter only hands out distinct indices; no data is
+                        // published through it.
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            return first;
+                        }
+                        if first
+                            .as_ref()
+                            .is_some_and(|f| matches!(f, VerifyError::Sample { index, .. } if *index < i))
+                        {
+                            continue;
+                        }
+                        let s = match ds.sample(i) {
+                            Ok(s) => s,
+                            Err(e) => return Some(e.into()),
+                        };
+                        if let Err(reason) = check(s.data) {
+                            first = Some(VerifyError::Sample {
+                                shard: ds.shards[s.shard as usize].path().to_owned(),
+                                offset: s.offset,
+                                index: i,
+                                key: String::from_utf8_lossy(s.key).into_owned(),
+                                reason,
+                            });
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+    });
+    let lowest = failures.into_iter().flatten().min_by_key(|e| match e {
+        VerifyError::Sample { index, .. } => *index,
+        VerifyError::Format(_) => 0,
+    });
+    match lowest {
+        Some(e) => Err(e),
+        None => Ok(n),
+    }
+}

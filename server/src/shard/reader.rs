@@ -20,11 +20,28 @@ use super::{
     ShardEntry, ShardError, ShardFooter, ShardHeader, crc, valid_shard_name,
 };
 
-/// A mapped file.
+/// The bytes of one file: mapped, or held in memory (for fuzzing and tests).
+#[derive(Debug)]
+pub(crate) enum Backing {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// A file of the dataset, by path.
 #[derive(Debug)]
 pub(crate) struct Mapped {
     pub(crate) path: PathBuf,
-    pub(crate) map: Mmap,
+    pub(crate) map: Backing,
 }
 
 impl Mapped {
@@ -38,7 +55,7 @@ impl Mapped {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ShardError::io(path, e))?;
         Ok(Mapped {
             path: path.to_owned(),
-            map,
+            map: Backing::Map(map),
         })
     }
 
@@ -72,8 +89,8 @@ pub(crate) struct Shard {
 
 impl Shard {
     /// Maps a shard and checks its header and footer against its index entry.
-    pub(crate) fn open(path: &Path, number: u32, entry: &ShardEntry) -> Result<Self, ShardError> {
-        let file = Mapped::open(path)?;
+    pub(crate) fn open(file: Mapped, number: u32, entry: &ShardEntry) -> Result<Self, ShardError> {
+        let path = &file.path.clone();
         let len = file.len();
         if len < entry.file_len {
             return Err(ShardError::truncated(
@@ -228,8 +245,29 @@ pub struct PackedSample<'a> {
 impl Dataset {
     /// Opens the dataset in directory `dir` (see the module docs for what is checked).
     pub fn open(dir: &Path) -> Result<Self, ShardError> {
+        Self::open_with(dir, &mut Mapped::open)
+    }
+
+    /// Opens a dataset held in memory: `index` is the bytes of `index.rfi`, and `shard` returns
+    /// the bytes of a shard file by name. Used by the fuzz targets; paths in errors are relative.
+    pub fn from_memory(index: Vec<u8>, shard: &dyn Fn(&str) -> Option<Vec<u8>>) -> Result<Self, ShardError> {
+        let mut index = Some(index);
+        Self::open_with(Path::new(""), &mut |path: &Path| {
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let bytes = if name == INDEX_FILE { index.take() } else { shard(name) };
+            match bytes {
+                Some(b) => Ok(Mapped {
+                    path: path.to_owned(),
+                    map: Backing::Owned(b),
+                }),
+                None => Err(ShardError::io(path, std::io::ErrorKind::NotFound.into())),
+            }
+        })
+    }
+
+    fn open_with(dir: &Path, load: &mut dyn FnMut(&Path) -> Result<Mapped, ShardError>) -> Result<Self, ShardError> {
         let path = dir.join(INDEX_FILE);
-        let index = match Mapped::open(&path) {
+        let index = match load(&path) {
             Ok(m) => m,
             Err(ShardError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
                 let what = if dir.is_dir() {
@@ -298,7 +336,7 @@ impl Dataset {
                     format!("shard {n} has a non-UTF-8 file name"),
                 )
             })?);
-            let shard = Shard::open(&shard_path, n, &entry)?;
+            let shard = Shard::open(load(&shard_path)?, n, &entry)?;
             ds.shards.push(shard);
         }
         // O(classes): after this, `class_name` cannot fail for an existing class.

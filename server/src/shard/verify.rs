@@ -77,6 +77,11 @@ impl VerifyError {
 pub fn verify(dir: &Path, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
     // 1. Structure: footers, headers, section bounds, shard files tied to the index.
     let ds = Dataset::open(dir)?;
+    verify_dataset(&ds, opts)
+}
+
+/// Verifies an already opened dataset (steps 2 onwards of the spec's order).
+pub fn verify_dataset(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
     let total: u64 = ds.index.len() + ds.shards.iter().map(|s| s.file.len()).sum::<u64>();
     let mut done = 0u64;
     let report = |done: u64| {
@@ -102,7 +107,7 @@ pub fn verify(dir: &Path, opts: &VerifyOptions<'_>) -> Result<VerifyReport, Veri
     report(done);
 
     // 3. Index contents.
-    check_index_contents(&ds)?;
+    check_index_contents(ds)?;
     let mut referenced: Vec<Vec<bool>> = ds
         .shards
         .iter()
@@ -162,7 +167,7 @@ pub fn verify(dir: &Path, opts: &VerifyOptions<'_>) -> Result<VerifyReport, Veri
 
     // 5. The caller's per-sample check, in parallel, reporting the lowest failing index.
     let checked_samples = match opts.sample_check {
-        Some(check) => run_sample_check(&ds, check, opts.threads)?,
+        Some(check) => run_sample_check(ds, check, opts.threads)?,
         None => 0,
     };
 

@@ -83,6 +83,8 @@ pub fn crc(bytes: &[u8]) -> u32 {
 pub enum ShardError {
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    #[error("{}", not_a_dataset(dir))]
+    NotADataset { dir: PathBuf },
     #[error("{} at byte {offset}: bad magic in the {what}: expected {:?}, found {:?}", path.display(), Bytes(expected), Bytes(found))]
     BadMagic {
         path: PathBuf,
@@ -122,7 +124,7 @@ impl ShardError {
     /// `corrupt` (and `out_of_range` for a bad sample index, which is a caller error).
     pub fn kind(&self) -> &'static str {
         match self {
-            ShardError::Io { .. } => "io",
+            ShardError::Io { .. } | ShardError::NotADataset { .. } => "io",
             ShardError::BadMagic { .. } => "bad_magic",
             ShardError::UnsupportedVersion { .. } => "unsupported_version",
             ShardError::Checksum { .. } => "checksum",
@@ -153,6 +155,18 @@ impl ShardError {
             offset,
             detail: detail.into(),
         }
+    }
+}
+
+fn not_a_dataset(dir: &Path) -> String {
+    if dir.is_dir() {
+        format!(
+            "{} is not a packed ringfeed dataset: it has no {INDEX_FILE} (create one with `ringfeed pack SRC {}`)",
+            dir.display(),
+            dir.display()
+        )
+    } else {
+        format!("no dataset at {}: no such directory", dir.display())
     }
 }
 

@@ -270,19 +270,7 @@ impl Dataset {
         let index = match load(&path) {
             Ok(m) => m,
             Err(ShardError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                let what = if dir.is_dir() {
-                    format!(
-                        "{} is not a packed ringfeed dataset: it has no {INDEX_FILE}; create one with `ringfeed pack SRC {}`",
-                        dir.display(),
-                        dir.display()
-                    )
-                } else {
-                    format!("no dataset at {}: the directory does not exist", dir.display())
-                };
-                return Err(ShardError::Io {
-                    path: path.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, what),
-                });
+                return Err(ShardError::NotADataset { dir: dir.to_owned() });
             }
             Err(e) => return Err(e),
         };

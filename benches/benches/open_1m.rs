@@ -18,7 +18,11 @@ use ringfeed_benches::Rss;
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_owned())
 }
 
 fn measure(dir: &PathBuf) {
@@ -83,8 +87,16 @@ fn main() {
             w.push(key.as_bytes(), (i % 1000) as i64, b"", &data).expect("push");
         }
         let classes: Vec<Vec<u8>> = (0..1000).map(|c| format!("n{c:08}").into_bytes()).collect();
-        let s = w.finish(&classes, r#"{"format":"ringfeed-packed","source_kind":"synthetic"}"#).expect("finish");
-        eprintln!("wrote {} samples in {} shards ({} bytes) in {:.1} s", s.samples, s.shards, s.bytes, t.elapsed().as_secs_f64());
+        let s = w
+            .finish(&classes, r#"{"format":"ringfeed-packed","source_kind":"synthetic"}"#)
+            .expect("finish");
+        eprintln!(
+            "wrote {} samples in {} shards ({} bytes) in {:.1} s",
+            s.samples,
+            s.shards,
+            s.bytes,
+            t.elapsed().as_secs_f64()
+        );
     }
     let exe = std::env::current_exe().expect("current exe");
     let status = Command::new(exe)

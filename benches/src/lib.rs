@@ -24,6 +24,11 @@ impl Rss {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
-        Rss { total: field("VmRSS:"), anon: field("RssAnon:"), file: field("RssFile:"), peak: field("VmHWM:") }
+        Rss {
+            total: field("VmRSS:"),
+            anon: field("RssAnon:"),
+            file: field("RssFile:"),
+            peak: field("VmHWM:"),
+        }
     }
 }

@@ -547,7 +547,10 @@ impl<'a> Worker<'a> {
 /// and a device could stream without end.
 fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
     if !fs::metadata(path)?.is_file() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
     }
     fs::read(path)
 }

@@ -1,6 +1,10 @@
 //! The crate's one integration-test binary: each module drives the library or the real
 //! `ringfeed` binary end to end.
 
+#![allow(unreachable_pub)] // helpers are `pub` for the sibling modules of this one binary
+
+mod cli;
+mod pack;
 mod shard;
 mod support;
 mod vectors;

@@ -1,1 +1,3 @@
-fn main(){}
+//! The crate's single integration-test binary: one module per area.
+
+mod codec;

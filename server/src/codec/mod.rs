@@ -1,65 +1,478 @@
-//! TEMPORARY stub of the codec API (replaced by the codec branch).
-#![allow(missing_docs, unreachable_pub, dead_code)]
+//! Image probing, decoding and JPEG re-encoding, with explicit resource limits.
+//!
+//! The offline packer (`ringfeed pack`) runs every image through [`Decoder::probe`] /
+//! [`Decoder::decode_rgb8`] to validate it, and through [`Decoder::reencode_jpeg`] when it
+//! shrinks a dataset to a maximum side and JPEG quality. The serving hot path will decode through
+//! the same [`Decoder`] (and add crop-region decoding to it), which is why a `Decoder` is
+//! per-thread state: one libjpeg-turbo handle reused across images, and scratch buffers that keep
+//! their capacity between calls.
+//!
+//! # Invariants
+//! - **Content decides the format.** [`sniff`] looks at magic bytes only; a file name never
+//!   matters.
+//! - **Limits are checked from the header, before any pixel allocation.** An image with more than
+//!   [`Limits::max_pixels`] pixels fails with [`CodecError::TooLarge`] after parsing only its
+//!   header, whatever its format. Memory per decoding thread is therefore bounded; see
+//!   [`Limits`] for the bound.
+//! - **Every output is packed RGB8**, row-major, `width * height * 3` bytes, with the EXIF
+//!   orientation already applied. Grey is replicated, alpha is dropped without compositing,
+//!   palettes are expanded, 16-bit samples are rounded to 8 bits (`(v + 128) / 257`), CMYK/YCCK
+//!   JPEGs are converted the way Pillow's `Image.open(f).convert("RGB")` does.
+//! - **Warnings are errors.** A truncated or corrupt JPEG fails instead of decoding to grey
+//!   (libjpeg-turbo's `TJPARAM_STOPONWARNING`). A decode either returns the whole image or an
+//!   error; never a partial image.
+//! - **No input panics.** Our parsers are bounds-checked, and calls into the `image` crate run
+//!   under `catch_unwind`, so a panic inside a decoder becomes [`CodecError::Corrupt`].
+//! - **Results do not depend on history.** The same bytes and options give the same pixels and
+//!   the same re-encoded bytes on any `Decoder` and any thread, whatever it decoded before (a
+//!   JPEG that relies on tables it does not define is decoded on a fresh libjpeg-turbo handle,
+//!   see `jpeg.rs`).
+//!
+//! # Layout
+//! - `sniff`: [`Format`] and magic-byte detection.
+//! - `jpeg`: libjpeg-turbo through the raw TurboJPEG 3 API: header probe, decode, CMYK → RGB,
+//!   baseline encode.
+//! - `markers`: a bounded JPEG marker walk: EXIF orientation, frame presence, and whether the
+//!   stream defines every table it uses.
+//! - `raster`: every other format through the `image` crate, with `image::Limits` set.
+//! - `orient`: EXIF orientation applied to a packed RGB8 buffer.
+//! - `resize`: the target size of a re-encode, and the antialiased bilinear downscale.
+
+mod jpeg;
+mod markers;
+mod orient;
+mod raster;
+mod resize;
+mod sniff;
+
+use std::fmt;
+
+pub use sniff::{Format, sniff};
+
+/// PIL's `Image.MAX_IMAGE_PIXELS`: `1024 * 1024 * 1024 // 4 // 3`.
+pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
+
+/// Resource limits for one [`Decoder`].
+///
+/// # Memory bound per decoding thread
+/// Every allocation that grows with the image is sized from the header after the
+/// `width * height <= max_pixels` check, so with `P = max_pixels` one thread holds at most about:
+/// - `3·P` bytes of RGB8 output (the caller's `out`, or the decoder's own buffer in
+///   [`Decoder::reencode_jpeg`]);
+/// - `8·P` bytes of scratch: the native-depth decode of a 16-bit RGBA image, the CMYK
+///   intermediate of a CMYK JPEG (`4·P`), or the rotation target of an EXIF orientation
+///   (`3·P`);
+/// - `8·P` bytes inside the decoder: libjpeg-turbo's whole-image coefficient buffer for
+///   progressive JPEGs (`TJPARAM_MAXMEMORY`), or the `image` crate's internal buffers
+///   (`image::Limits::max_alloc`, which also counts the scratch above);
+/// - for a re-encode, after the decoder's internal buffers are freed: the downscaled copy
+///   (at most `3·P`) and the JPEG output buffer (libjpeg-turbo's worst case, about 4 bytes per
+///   encoded pixel).
+///
+/// That is under `19·P` bytes, about 1.7 GB at the default `P` of 89,478,485; an ordinary
+/// baseline 8-bit JPEG needs `3·P` (`6·P` when it must be rotated). Lower `max_pixels`
+/// (`--max-pixels`) to cap memory on a many-core host, raise it to accept larger images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Jpeg,
-}
-impl std::fmt::Display for Format {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "jpeg")
-    }
-}
-pub fn sniff(data: &[u8]) -> Option<Format> {
-    data.starts_with(&[0xff, 0xd8]).then_some(Format::Jpeg)
-}
-#[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Largest accepted `width * height` of a source image, checked from its header.
     pub max_pixels: u64,
 }
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_pixels: 89_478_485 }
+        Limits {
+            max_pixels: DEFAULT_MAX_PIXELS,
+        }
     }
 }
-#[derive(Debug, Clone, Copy)]
-pub enum ColorKind {
-    Rgb,
+
+impl Limits {
+    /// Bytes of scratch and of decoder-internal buffers allowed per image (`8 * max_pixels`).
+    fn budget_bytes(&self) -> u64 {
+        self.max_pixels.saturating_mul(8)
+    }
+
+    /// `Err(TooLarge)` unless `width * height <= max_pixels`.
+    fn check(&self, width: u32, height: u32) -> Result<(), CodecError> {
+        if u64::from(width) * u64::from(height) > self.max_pixels {
+            return Err(CodecError::TooLarge {
+                width,
+                height,
+                limit: self.max_pixels,
+            });
+        }
+        Ok(())
+    }
 }
-#[derive(Debug, Clone, Copy)]
+
+/// The colour model stored in the file (before conversion to RGB8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ColorKind {
+    /// One channel (also bilevel and 2/4-bit grey).
+    Gray,
+    /// Grey plus alpha.
+    GrayAlpha,
+    /// Three colour channels: RGB, BGR, or a YCbCr JPEG.
+    Rgb,
+    /// RGB plus alpha.
+    Rgba,
+    /// Four-channel JPEG (or TIFF) stored as CMYK.
+    Cmyk,
+    /// Four-channel JPEG stored as YCCK (Adobe transform 2).
+    Ycck,
+    /// Anything else the decoder reports.
+    Other,
+}
+
+/// What a header says about an image. `width`/`height` are as stored, before orientation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageInfo {
+    /// The format found by [`sniff`].
     pub format: Format,
+    /// Stored width in pixels.
     pub width: u32,
+    /// Stored height in pixels.
     pub height: u32,
+    /// The stored colour model.
     pub color: ColorKind,
+    /// Bits per sample before conversion to 8 bits: 8 for most files, 16 for 16-bit PNG, TIFF
+    /// and PNM, the JPEG precision (12-bit JPEGs probe but do not decode). Palette and
+    /// low-depth PNGs report 8: the decoder expands them.
     pub bits_per_channel: u8,
+    /// EXIF orientation, 1..=8; 1 when absent or invalid.
     pub orientation: u8,
+    /// A progressive JPEG (SOF2/SOF6/SOF10/SOF14) or an Adam7-interlaced PNG.
     pub progressive: bool,
 }
-#[derive(Debug, Clone, Copy)]
+
+/// The result of a decode: the header, and the size of the pixels written to `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoded {
+    /// The source image's header.
+    pub info: ImageInfo,
+    /// Width of the output: after orientation, and for a re-encode after downscaling.
+    pub width: u32,
+    /// Height of the output: after orientation, and for a re-encode after downscaling.
+    pub height: u32,
+}
+
+/// Options of [`Decoder::reencode_jpeg`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reencode {
+    /// Largest output side in pixels; images are downscaled to fit, never upscaled. At least 1.
     pub max_side: u32,
+    /// JPEG quality, 1..=100 (libjpeg scale, the same as Pillow's `quality=`).
     pub quality: u8,
 }
-#[derive(Debug)]
-pub struct Decoded;
-#[derive(Debug)]
-pub struct Decoder;
+
+/// Why an image could not be probed, decoded or re-encoded.
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
-    #[error("stub")]
-    Stub,
+    /// The input has zero bytes.
+    #[error("empty input: zero bytes")]
+    Empty,
+    /// [`sniff`] recognised no format.
+    #[error("unknown image format (first bytes: {head})")]
+    UnknownFormat {
+        /// Up to the first 16 bytes, hex.
+        head: String,
+    },
+    /// The header claims more pixels than [`Limits::max_pixels`].
+    #[error(
+        "image is {width}x{height} = {} pixels, over the limit of {limit}; \
+         raise `--max-pixels` if such images are expected",
+        u64::from(*width) * u64::from(*height)
+    )]
+    TooLarge {
+        /// Width claimed by the header.
+        width: u32,
+        /// Height claimed by the header.
+        height: u32,
+        /// The `max_pixels` limit in force.
+        limit: u64,
+    },
+    /// The data is malformed or truncated; `reason` comes from libjpeg-turbo or the `image`
+    /// crate.
+    #[error("corrupt {format} image: {reason}")]
+    Corrupt {
+        /// The sniffed format.
+        format: Format,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// Valid, but a feature we do not decode (12-bit JPEG, an unusual colour type, ...).
+    #[error("unsupported {format} image: {reason}")]
+    Unsupported {
+        /// The sniffed format.
+        format: Format,
+        /// What is unsupported.
+        reason: String,
+    },
+    /// Within `max_pixels`, but the decoder needs more memory than the per-image budget.
+    #[error(
+        "{format} image needs more than its memory budget of {budget} bytes \
+         (8 x `--max-pixels`): {reason}; raise `--max-pixels` to allow it"
+    )]
+    OverBudget {
+        /// The sniffed format.
+        format: Format,
+        /// The budget in bytes.
+        budget: u64,
+        /// What went over.
+        reason: String,
+    },
+    /// [`Reencode`] options out of range.
+    #[error("invalid re-encode options: {0}")]
+    InvalidOptions(String),
+    /// libjpeg-turbo failed outside of decoding an input: creating a handle, or encoding.
+    #[error("libjpeg-turbo {op} failed: {reason}")]
+    Turbo {
+        /// What we were doing (`"init"`, `"compress"`).
+        op: &'static str,
+        /// libjpeg-turbo's message.
+        reason: String,
+    },
+    /// The resizer rejected its arguments (a bug in our size arithmetic).
+    #[error("resize from {from:?} to {to:?} failed: {reason}")]
+    Resize {
+        /// Source (width, height).
+        from: (u32, u32),
+        /// Target (width, height).
+        to: (u32, u32),
+        /// fast_image_resize's message.
+        reason: String,
+    },
 }
+
+/// Probes, decodes and re-encodes images. One per thread: it owns a libjpeg-turbo handle and
+/// scratch buffers that are reused from call to call. `Send`, not `Sync`.
+pub struct Decoder {
+    limits: Limits,
+    /// libjpeg-turbo decompressor, reused across images.
+    tj: jpeg::TjDecompressor,
+    /// libjpeg-turbo compressor, created by the first re-encode.
+    tjc: Option<jpeg::TjCompressor>,
+    /// Native-depth decodes, CMYK intermediates and rotation targets.
+    scratch: Vec<u8>,
+    /// The full-size RGB8 decode inside `reencode_jpeg`.
+    rgb: Vec<u8>,
+    /// The downscaled RGB8 image inside `reencode_jpeg`.
+    resized: Vec<u8>,
+    resizer: fast_image_resize::Resizer,
+}
+
+impl fmt::Debug for Decoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decoder")
+            .field("limits", &self.limits)
+            .field("scratch_capacity", &self.scratch.capacity())
+            .field("rgb_capacity", &self.rgb.capacity())
+            .field("resized_capacity", &self.resized.capacity())
+            .field("has_compressor", &self.tjc.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Decoder {
-    pub fn new(_l: Limits) -> Result<Self, CodecError> {
-        Ok(Decoder)
+    /// A decoder enforcing `limits`. Fails only if libjpeg-turbo cannot allocate a handle.
+    pub fn new(limits: Limits) -> Result<Self, CodecError> {
+        Ok(Decoder {
+            limits,
+            tj: jpeg::TjDecompressor::new(&limits)?,
+            tjc: None,
+            scratch: Vec::new(),
+            rgb: Vec::new(),
+            resized: Vec::new(),
+            resizer: fast_image_resize::Resizer::new(),
+        })
     }
-    pub fn probe(&mut self, _d: &[u8]) -> Result<ImageInfo, CodecError> {
-        Err(CodecError::Stub)
+
+    /// The limits this decoder enforces.
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
-    pub fn decode_rgb8(&mut self, _d: &[u8], _o: &mut Vec<u8>) -> Result<Decoded, CodecError> {
-        Err(CodecError::Stub)
+
+    /// Header only: format, size, colour, orientation, and the `max_pixels` check. Cheap: no
+    /// pixel data is decoded or allocated.
+    pub fn probe(&mut self, data: &[u8]) -> Result<ImageInfo, CodecError> {
+        let format = detect(data)?;
+        let info = match format {
+            Format::Jpeg => self.tj.probe(data)?.info,
+            _ => raster::probe(format, data, &self.limits)?,
+        };
+        self.limits.check(info.width, info.height)?;
+        Ok(info)
     }
-    pub fn reencode_jpeg(&mut self, _d: &[u8], _r: &Reencode, _o: &mut Vec<u8>) -> Result<Decoded, CodecError> {
-        Err(CodecError::Stub)
+
+    /// Full decode to packed RGB8 (row-major, `width * height * 3` bytes) into `out`, which is
+    /// resized to fit and keeps its capacity. EXIF orientation is applied, so the returned
+    /// `width`/`height` are after orientation. On error `out` holds unspecified bytes.
+    pub fn decode_rgb8(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<Decoded, CodecError> {
+        let format = detect(data)?;
+        let info = match format {
+            Format::Jpeg => self.tj.decode_rgb8(data, out, &mut self.scratch)?,
+            _ => raster::decode_rgb8(format, data, &self.limits, out, &mut self.scratch)?,
+        };
+        let (width, height) = orient::apply(
+            info.orientation,
+            info.width,
+            info.height,
+            out,
+            &mut self.scratch,
+        );
+        Ok(Decoded {
+            info,
+            width,
+            height,
+        })
+    }
+
+    /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an
+    /// antialiased bilinear filter (fast_image_resize `Convolution(Bilinear)`), and encodes a
+    /// baseline 4:2:0 JPEG at `quality` with libjpeg-turbo into `out`. The returned size is the
+    /// size of the encoded JPEG.
+    ///
+    /// Deterministic: the same input and options give identical bytes on any `Decoder` and any
+    /// thread of the same machine.
+    pub fn reencode_jpeg(
+        &mut self,
+        data: &[u8],
+        opts: &Reencode,
+        out: &mut Vec<u8>,
+    ) -> Result<Decoded, CodecError> {
+        if opts.max_side == 0 {
+            return Err(CodecError::InvalidOptions(
+                "max_side must be at least 1".into(),
+            ));
+        }
+        if !(1..=100).contains(&opts.quality) {
+            return Err(CodecError::InvalidOptions(format!(
+                "quality must be in 1..=100, got {}",
+                opts.quality
+            )));
+        }
+        let mut rgb = std::mem::take(&mut self.rgb);
+        let result = self.reencode_inner(data, opts, &mut rgb, out);
+        self.rgb = rgb;
+        result
+    }
+
+    fn reencode_inner(
+        &mut self,
+        data: &[u8],
+        opts: &Reencode,
+        rgb: &mut Vec<u8>,
+        out: &mut Vec<u8>,
+    ) -> Result<Decoded, CodecError> {
+        let decoded = self.decode_rgb8(data, rgb)?;
+        let (src_w, src_h) = (decoded.width, decoded.height);
+        let (width, height) = resize::fit(src_w, src_h, opts.max_side);
+        let pixels: &[u8] = if (width, height) == (src_w, src_h) {
+            rgb
+        } else {
+            resize::bilinear(
+                &mut self.resizer,
+                rgb,
+                (src_w, src_h),
+                &mut self.resized,
+                (width, height),
+            )?;
+            &self.resized
+        };
+        let tjc = match &mut self.tjc {
+            Some(tjc) => tjc,
+            none => none.insert(jpeg::TjCompressor::new()?),
+        };
+        tjc.compress_rgb8(pixels, width, height, opts.quality, out)?;
+        Ok(Decoded {
+            info: decoded.info,
+            width,
+            height,
+        })
+    }
+}
+
+/// Sniffs `data`, turning "no format" into the right error.
+fn detect(data: &[u8]) -> Result<Format, CodecError> {
+    if data.is_empty() {
+        return Err(CodecError::Empty);
+    }
+    sniff(data).ok_or_else(|| CodecError::UnknownFormat {
+        head: hex_head(data),
+    })
+}
+
+/// The first (up to) 16 bytes of `data` as lowercase hex, space-separated.
+fn hex_head(data: &[u8]) -> String {
+    let head = &data[..data.len().min(16)];
+    let mut s = String::with_capacity(head.len() * 3);
+    for (i, b) in head.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_unknown() {
+        let mut d = Decoder::new(Limits::default()).unwrap();
+        assert!(matches!(d.probe(&[]), Err(CodecError::Empty)));
+        match d.probe(b"hello world, not an image") {
+            Err(CodecError::UnknownFormat { head }) => {
+                assert_eq!(head, "68 65 6c 6c 6f 20 77 6f 72 6c 64 2c 20 6e 6f 74")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn too_large_message_names_the_flag() {
+        let e = CodecError::TooLarge {
+            width: 100_000,
+            height: 100_000,
+            limit: DEFAULT_MAX_PIXELS,
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("100000x100000 = 10000000000 pixels"), "{msg}");
+        assert!(msg.contains("--max-pixels"), "{msg}");
+    }
+
+    #[test]
+    fn reencode_options_are_validated() {
+        let mut d = Decoder::new(Limits::default()).unwrap();
+        let mut out = Vec::new();
+        let bad = [
+            Reencode {
+                max_side: 0,
+                quality: 90,
+            },
+            Reencode {
+                max_side: 10,
+                quality: 0,
+            },
+        ];
+        for opts in bad {
+            assert!(matches!(
+                d.reencode_jpeg(b"\xff\xd8\xff", &opts, &mut out),
+                Err(CodecError::InvalidOptions(_))
+            ));
+        }
+        let opts = Reencode {
+            max_side: 10,
+            quality: 101,
+        };
+        assert!(d.reencode_jpeg(b"x", &opts, &mut out).is_err());
+    }
+
+    #[test]
+    fn decoder_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Decoder>();
     }
 }

@@ -4,6 +4,7 @@
 #![allow(unreachable_pub)] // helpers are `pub` for the sibling modules of this one binary
 
 mod cli;
+mod codec;
 mod pack;
 mod shard;
 mod support;

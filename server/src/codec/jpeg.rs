@@ -1,0 +1,593 @@
+//! JPEG through libjpeg-turbo, using the raw TurboJPEG 3 API (`turbojpeg::raw`), because the
+//! safe wrapper cannot set `TJPARAM_STOPONWARNING`, the memory/pixel/scan limits, or hand us a
+//! handle to reuse with our own buffers.
+//!
+//! # Invariants
+//! - The decompressor's handle never has a scaling factor or a cropping region set, so
+//!   `tj3Decompress8` writes exactly `width * height * pixel_size` bytes for the header it
+//!   parses. (Crop decoding, when added, must reset both after each image.)
+//! - `tj3Decompress8` re-parses the header from the same bytes that `tj3DecompressHeader`
+//!   parsed, so the buffer sized from our probe is the buffer it fills.
+//! - Warnings stop the decode (`TJPARAM_STOPONWARNING = 1`). Without it, libjpeg-turbo finishes
+//!   a truncated image by padding it with grey and only flags a warning afterwards.
+//! - A stream that is not self-contained (see `markers.rs`) is decoded on a fresh handle, so
+//!   tables left behind by earlier images never change its pixels; and a handle that reported
+//!   an error is replaced, so a broken image never affects the next one.
+//! - The compressor writes into our `Vec` with `TJPARAM_NOREALLOC = 1` and a buffer of
+//!   `tj3JPEGBufSize` bytes, so libjpeg-turbo never reallocates or frees Rust memory.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::ptr::NonNull;
+
+use turbojpeg::raw;
+
+use super::markers::{self, JpegMarkers};
+use super::{CodecError, ColorKind, Format, ImageInfo, Limits};
+
+/// Progressive scans allowed per image (libjpeg-turbo's own recommended `TJFLAG_LIMITSCANS`
+/// value). Real encoders write about 10; thousands of scans are a known CPU exhaustion attack.
+const SCAN_LIMIT: c_int = 500;
+
+/// An owned `tjhandle`.
+#[derive(Debug)]
+struct Handle(NonNull<c_void>);
+
+// SAFETY: a TurboJPEG instance holds no thread-local or thread-affine state; it may be used
+// from any thread as long as it is not used from two at once, which `&mut self` on every use
+// guarantees. `Handle` is deliberately not `Sync`.
+unsafe impl Send for Handle {}
+
+impl Handle {
+    fn new(init: raw::TJINIT) -> Result<Self, CodecError> {
+        // SAFETY: tj3Init has no preconditions; it returns NULL on failure.
+        let ptr = unsafe { raw::tj3Init(init as c_int) };
+        match NonNull::new(ptr) {
+            Some(ptr) => Ok(Handle(ptr)),
+            None => {
+                // SAFETY: tj3GetErrorStr(NULL) returns the global error string: a valid,
+                // NUL-terminated, static buffer.
+                let reason = unsafe { c_message(raw::tj3GetErrorStr(ptr)) };
+                Err(CodecError::Turbo { op: "init", reason })
+            }
+        }
+    }
+
+    fn ptr(&self) -> raw::tjhandle {
+        self.0.as_ptr()
+    }
+
+    fn set(&mut self, param: raw::TJPARAM, value: c_int) -> Result<(), CodecError> {
+        // SAFETY: the handle is valid for our lifetime; tj3Set validates param and value.
+        let rc = unsafe { raw::tj3Set(self.ptr(), param as c_int, value) };
+        if rc != 0 {
+            return Err(CodecError::Turbo {
+                op: "init",
+                reason: self.error(),
+            });
+        }
+        Ok(())
+    }
+
+    fn get(&self, param: raw::TJPARAM) -> c_int {
+        // SAFETY: the handle is valid; tj3Get returns -1 for an unknown parameter.
+        unsafe { raw::tj3Get(self.ptr(), param as c_int) }
+    }
+
+    /// The message of the last error on this handle.
+    fn error(&self) -> String {
+        // SAFETY: the handle is valid; the returned string lives in the instance and is
+        // NUL-terminated; we copy it out before anything else touches the handle.
+        unsafe { c_message(raw::tj3GetErrorStr(self.ptr())) }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from tj3Init and is destroyed exactly once, here.
+        unsafe { raw::tj3Destroy(self.ptr()) }
+    }
+}
+
+/// Copies a C error string.
+///
+/// # Safety
+/// `s` must be NULL or point to a NUL-terminated string valid for the duration of the call.
+unsafe fn c_message(s: *const std::ffi::c_char) -> String {
+    if s.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { CStr::from_ptr(s) }
+        .to_string_lossy()
+        .trim_end()
+        .to_owned()
+}
+
+/// What a JPEG header says, beyond [`ImageInfo`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Header {
+    pub(super) info: ImageInfo,
+    /// `TJCS_*`.
+    colorspace: c_int,
+    /// Bits per sample, 2..=16.
+    precision: c_int,
+    markers: JpegMarkers,
+}
+
+/// A libjpeg-turbo decompressor configured with our limits.
+#[derive(Debug)]
+pub(super) struct TjDecompressor {
+    handle: Handle,
+    limits: Limits,
+}
+
+impl TjDecompressor {
+    pub(super) fn new(limits: &Limits) -> Result<Self, CodecError> {
+        let handle = Self::configured(limits)?;
+        Ok(TjDecompressor {
+            handle,
+            limits: *limits,
+        })
+    }
+
+    /// `TJPARAM_MAXMEMORY` in MiB: 8 bytes per pixel covers a 4-component 4:4:4 progressive
+    /// coefficient buffer; the extra 64 MiB absorbs the padding of partial MCUs at the edges.
+    fn max_memory_mib(limits: &Limits) -> c_int {
+        c_int::try_from(limits.budget_bytes() / (1 << 20) + 64).unwrap_or(c_int::MAX)
+    }
+
+    fn configured(limits: &Limits) -> Result<Handle, CodecError> {
+        let mut h = Handle::new(raw::TJINIT_TJINIT_DECOMPRESS)?;
+        h.set(raw::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
+        // Our own check runs first (from the header, with a better message); this is the
+        // second line of defence inside libjpeg-turbo. 0 (off) where the limit does not fit
+        // its `int`; ours still applies.
+        let max_pixels = c_int::try_from(limits.max_pixels).unwrap_or(0);
+        h.set(raw::TJPARAM_TJPARAM_MAXPIXELS, max_pixels)?;
+        h.set(raw::TJPARAM_TJPARAM_MAXMEMORY, Self::max_memory_mib(limits))?;
+        h.set(raw::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT)?;
+        Ok(h)
+    }
+
+    /// Replaces the handle with a fresh one, dropping every table earlier images defined.
+    fn reset(&mut self) -> Result<(), CodecError> {
+        self.handle = Self::configured(&self.limits)?;
+        Ok(())
+    }
+
+    /// The error libjpeg-turbo just reported, after which the handle is replaced: a failed
+    /// `tj3DecompressHeader` returns without aborting the decompressor, which then reads the
+    /// next image as the continuation of the broken header ("two SOI markers").
+    fn fail(&mut self) -> CodecError {
+        let reason = self.handle.error();
+        // If even a fresh handle cannot be made, the next call reports that.
+        let _ = self.reset();
+        // libjpeg's memory manager messages ("Insufficient memory (case N)") come from
+        // `TJPARAM_MAXMEMORY`, not from a broken file.
+        if reason.contains("Insufficient memory") {
+            let budget = u64::try_from(Self::max_memory_mib(&self.limits)).unwrap_or(0) << 20;
+            return CodecError::OverBudget {
+                format: Format::Jpeg,
+                budget,
+                reason,
+            };
+        }
+        CodecError::Corrupt {
+            format: Format::Jpeg,
+            reason,
+        }
+    }
+
+    /// Parses the header (no pixel data) and checks the pixel limit.
+    pub(super) fn probe(&mut self, data: &[u8]) -> Result<Header, CodecError> {
+        let markers = markers::walk(data);
+        let len = raw::size_t::try_from(data.len()).map_err(|_| CodecError::Corrupt {
+            format: Format::Jpeg,
+            reason: "input too long".into(),
+        })?;
+        // SAFETY: the handle is valid; `data` is readable for `len` bytes, and libjpeg-turbo
+        // only reads it during this call.
+        let rc = unsafe { raw::tj3DecompressHeader(self.handle.ptr(), data.as_ptr(), len) };
+        if rc != 0 {
+            return Err(self.fail());
+        }
+        if !markers.has_frame {
+            // A tables-only stream: libjpeg-turbo reports success and leaves the previous
+            // image's size in the handle.
+            return Err(CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason: "no frame header (SOF) before the first scan: not an image".into(),
+            });
+        }
+        let h = &self.handle;
+        let (width, height) = (
+            h.get(raw::TJPARAM_TJPARAM_JPEGWIDTH),
+            h.get(raw::TJPARAM_TJPARAM_JPEGHEIGHT),
+        );
+        let (Ok(width), Ok(height)) = (u32::try_from(width), u32::try_from(height)) else {
+            return Err(CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason: format!("invalid size {width}x{height}"),
+            });
+        };
+        if width == 0 || height == 0 {
+            return Err(CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason: format!("invalid size {width}x{height}"),
+            });
+        }
+        let colorspace = h.get(raw::TJPARAM_TJPARAM_COLORSPACE);
+        let precision = h.get(raw::TJPARAM_TJPARAM_PRECISION);
+        let color = match u32::try_from(colorspace) {
+            Ok(raw::TJCS_TJCS_GRAY) => ColorKind::Gray,
+            Ok(raw::TJCS_TJCS_RGB | raw::TJCS_TJCS_YCbCr) => ColorKind::Rgb,
+            Ok(raw::TJCS_TJCS_CMYK) => ColorKind::Cmyk,
+            Ok(raw::TJCS_TJCS_YCCK) => ColorKind::Ycck,
+            _ => ColorKind::Other,
+        };
+        let info = ImageInfo {
+            format: Format::Jpeg,
+            width,
+            height,
+            color,
+            bits_per_channel: u8::try_from(precision).unwrap_or(0),
+            orientation: markers.orientation,
+            progressive: h.get(raw::TJPARAM_TJPARAM_PROGRESSIVE) == 1,
+        };
+        self.limits.check(width, height)?;
+        Ok(Header {
+            info,
+            colorspace,
+            precision,
+            markers,
+        })
+    }
+
+    /// Decodes to packed RGB8 in `out` (stored orientation), using `scratch` for CMYK.
+    pub(super) fn decode_rgb8(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<ImageInfo, CodecError> {
+        let header = self.probe(data)?;
+        let info = header.info;
+        if header.precision != 8 {
+            return Err(CodecError::Unsupported {
+                format: Format::Jpeg,
+                reason: format!(
+                    "{}-bit samples (only 8-bit JPEG is decoded)",
+                    header.precision
+                ),
+            });
+        }
+        if !header.markers.self_contained {
+            self.reset()?;
+        }
+        // JPEG sides are at most 65535, so this and `* 4` cannot overflow a 64-bit usize.
+        let pixels = info.width as usize * info.height as usize;
+        let four_channel = matches!(
+            u32::try_from(header.colorspace),
+            Ok(raw::TJCS_TJCS_CMYK | raw::TJCS_TJCS_YCCK)
+        );
+        out.resize(pixels * 3, 0);
+        if four_channel {
+            // libjpeg-turbo cannot convert CMYK/YCCK to RGB itself; it gives us the stored
+            // (YCCK → CMYK converted) samples and we do what Pillow does.
+            scratch.resize(pixels * 4, 0);
+            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4)?;
+            cmyk_to_rgb(&scratch[..pixels * 4], out);
+        } else {
+            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3)?;
+        }
+        Ok(info)
+    }
+
+    /// `tj3Decompress8` into `buf`, which must hold `need` bytes: the full image of the header
+    /// just probed from `data`, in `format`.
+    fn decompress(
+        &mut self,
+        data: &[u8],
+        buf: &mut [u8],
+        format: raw::TJPF,
+        need: usize,
+    ) -> Result<(), CodecError> {
+        if buf.len() < need {
+            return Err(CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason: "internal: output buffer too small".into(),
+            });
+        }
+        let len = data.len() as raw::size_t; // checked in probe
+        // SAFETY: the handle is valid. `data` is readable for `len` bytes. `buf` is writable for
+        // `need` bytes, which is width * height * pixel size of the header libjpeg-turbo parses
+        // again from these same bytes (module invariants: no scaling, no cropping); pitch 0
+        // means rows are packed.
+        let rc = unsafe {
+            raw::tj3Decompress8(
+                self.handle.ptr(),
+                data.as_ptr(),
+                len,
+                buf.as_mut_ptr(),
+                0,
+                format as c_int,
+            )
+        };
+        if rc != 0 {
+            return Err(self.fail());
+        }
+        Ok(())
+    }
+}
+
+/// CMYK as libjpeg hands it over (for YCCK: after its YCC → RGB step) to RGB, exactly as
+/// Pillow's `Image.open(f).convert("RGB")` does.
+///
+/// Pillow reads every 4-channel JPEG with raw mode `CMYK;I` ("assume adobe conventions",
+/// JpegImagePlugin.py), i.e. it inverts the stored samples: `C = 255 - c_stored`. Its
+/// `cmyk2rgb` (Convert.c) is `R = (255 - K) - MULDIV255(C, 255 - K)`. Substituting gives
+/// `R = k - MULDIV255(255 - c, k)` on the stored samples, which equals the exactly rounded
+/// `c * k / 255` (255 is odd, so there are no ties).
+///
+/// Verified against Pillow 13.0.0 (which bundles libjpeg-turbo 3.2): the formula over all
+/// 65,536 (C, K) pairs of `Image.fromarray(.., "CMYK").convert("RGB")`, and end to end on
+/// libjpeg-turbo-encoded CMYK and YCCK JPEGs (with Adobe APP14 markers), where Pillow's
+/// `convert("RGB")` and this function gave bit-identical images. The unit test below pins the
+/// formula; the integration tests check the round trip without Python.
+fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
+    for (px, out) in cmyk.chunks_exact(4).zip(rgb.chunks_exact_mut(3)) {
+        let k = u32::from(px[3]);
+        for i in 0..3 {
+            out[i] = mul_div255(u32::from(px[i]), k);
+        }
+    }
+}
+
+/// `round(a * b / 255)` for `a, b <= 255`, Pillow's MULDIV255.
+#[inline]
+fn mul_div255(a: u32, b: u32) -> u8 {
+    let t = a * b + 128;
+    (((t >> 8) + t) >> 8) as u8
+}
+
+/// A libjpeg-turbo compressor writing baseline 4:2:0 JPEGs.
+#[derive(Debug)]
+pub(super) struct TjCompressor {
+    handle: Handle,
+}
+
+impl TjCompressor {
+    pub(super) fn new() -> Result<Self, CodecError> {
+        let mut h = Handle::new(raw::TJINIT_TJINIT_COMPRESS)?;
+        h.set(
+            raw::TJPARAM_TJPARAM_SUBSAMP,
+            raw::TJSAMP_TJSAMP_420 as c_int,
+        )?;
+        // Baseline, standard Huffman tables (like Pillow's default `save(quality=q)`).
+        h.set(raw::TJPARAM_TJPARAM_PROGRESSIVE, 0)?;
+        h.set(raw::TJPARAM_TJPARAM_ARITHMETIC, 0)?;
+        h.set(raw::TJPARAM_TJPARAM_OPTIMIZE, 0)?;
+        h.set(raw::TJPARAM_TJPARAM_NOREALLOC, 1)?;
+        Ok(TjCompressor { handle: h })
+    }
+
+    /// Encodes packed RGB8 `pixels` (`width * height * 3` bytes) into `out` (replacing its
+    /// contents).
+    pub(super) fn compress_rgb8(
+        &mut self,
+        pixels: &[u8],
+        width: u32,
+        height: u32,
+        quality: u8,
+        out: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        let fail = |reason: String| CodecError::Turbo {
+            op: "compress",
+            reason,
+        };
+        let (Ok(w), Ok(h)) = (c_int::try_from(width), c_int::try_from(height)) else {
+            return Err(fail(format!("size {width}x{height} out of range")));
+        };
+        if pixels.len() < width as usize * height as usize * 3 {
+            return Err(fail("internal: pixel buffer too small".into()));
+        }
+        self.handle
+            .set(raw::TJPARAM_TJPARAM_QUALITY, c_int::from(quality))?;
+        // SAFETY: pure function of its arguments.
+        let cap = unsafe { raw::tj3JPEGBufSize(w, h, raw::TJSAMP_TJSAMP_420 as c_int) };
+        let Ok(cap_usize) = usize::try_from(cap) else {
+            return Err(fail("buffer size overflow".into()));
+        };
+        if cap_usize == 0 || cap_usize == usize::MAX {
+            return Err(fail(self.handle.error()));
+        }
+        out.clear();
+        out.reserve(cap_usize);
+        let mut dst = out.as_mut_ptr();
+        let mut size: raw::size_t = cap;
+        // SAFETY: the handle is valid. `pixels` holds width * height * 3 bytes (checked above),
+        // packed (pitch 0). `dst` points to `cap` writable bytes (reserved above);
+        // TJPARAM_NOREALLOC = 1 makes libjpeg-turbo fail rather than realloc or free it, and
+        // `size` tells it the capacity.
+        let rc = unsafe {
+            raw::tj3Compress8(
+                self.handle.ptr(),
+                pixels.as_ptr(),
+                w,
+                0,
+                h,
+                raw::TJPF_TJPF_RGB as c_int,
+                &mut dst,
+                &mut size,
+            )
+        };
+        if rc != 0 {
+            return Err(fail(self.handle.error()));
+        }
+        let written = usize::try_from(size).unwrap_or(usize::MAX);
+        if dst != out.as_mut_ptr() || written > cap_usize {
+            // Cannot happen with NOREALLOC; refuse to trust the buffer if it did.
+            return Err(fail(
+                "internal: libjpeg-turbo moved the output buffer".into(),
+            ));
+        }
+        // SAFETY: libjpeg-turbo initialised the first `written` bytes of the reserved
+        // capacity (`written <= cap`, checked).
+        unsafe { out.set_len(written) };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pillow's `cmyk2rgb` applied to the `CMYK;I` raw mode, written exactly as in Convert.c.
+    fn pillow(stored_c: u8, stored_k: u8) -> u8 {
+        let (c, k) = (255 - i32::from(stored_c), 255 - i32::from(stored_k));
+        let nk = 255 - k;
+        let t = c * nk + 128;
+        let muldiv = ((t >> 8) + t) >> 8;
+        (nk - muldiv).clamp(0, 255) as u8
+    }
+
+    #[test]
+    fn cmyk_formula_equals_pillow_for_all_pairs() {
+        for c in 0..=255u8 {
+            for k in 0..=255u8 {
+                assert_eq!(mul_div255(c.into(), k.into()), pillow(c, k), "c={c} k={k}");
+            }
+        }
+    }
+
+    #[test]
+    fn cmyk_to_rgb_uses_each_channel() {
+        let mut rgb = [0u8; 6];
+        cmyk_to_rgb(&[255, 0, 128, 255, 10, 20, 30, 0], &mut rgb);
+        assert_eq!(rgb, [255, 0, 128, 0, 0, 0]);
+    }
+
+    /// A tiny JPEG from the safe wrapper, for handle-level checks.
+    fn small_jpeg() -> Vec<u8> {
+        let img = turbojpeg::Image::mandelbrot(64, 48, turbojpeg::PixelFormat::RGB);
+        turbojpeg::compress(img.as_deref(), 90, turbojpeg::Subsamp::Sub2x2)
+            .unwrap()
+            .to_vec()
+    }
+
+    /// What STOPONWARNING changes: without it, a truncated JPEG is decoded to the end (the
+    /// missing rows padded) and only flagged as a warning; with it, the decode stops at the
+    /// warning. Either way `tj3Decompress8` returns -1, so a caller that treats
+    /// `TJERR_WARNING` as success would get a grey-padded image.
+    #[test]
+    fn stop_on_warning_behaviour() {
+        let jpeg = small_jpeg();
+        let cut = &jpeg[..jpeg.len() * 2 / 3];
+        let mut buf = vec![0x55u8; 64 * 48 * 3];
+        for stop in [0, 1] {
+            let mut h = Handle::new(raw::TJINIT_TJINIT_DECOMPRESS).unwrap();
+            h.set(raw::TJPARAM_TJPARAM_STOPONWARNING, stop).unwrap();
+            buf.fill(0x55);
+            // SAFETY: valid handle, `cut` readable, `buf` holds the full 64x48 RGB image.
+            let rc = unsafe {
+                raw::tj3Decompress8(
+                    h.ptr(),
+                    cut.as_ptr(),
+                    cut.len() as raw::size_t,
+                    buf.as_mut_ptr(),
+                    0,
+                    raw::TJPF_TJPF_RGB as c_int,
+                )
+            };
+            // SAFETY: valid handle.
+            let code = unsafe { raw::tj3GetErrorCode(h.ptr()) };
+            assert_eq!(rc, -1);
+            assert_eq!(code, raw::TJERR_TJERR_WARNING as c_int);
+            assert!(
+                h.error().contains("Premature end of JPEG file"),
+                "{}",
+                h.error()
+            );
+            let last_row = &buf[47 * 64 * 3..];
+            if stop == 0 {
+                // Decoded to the end: the last row was written (grey padding), not left alone.
+                assert!(last_row.iter().any(|&b| b != 0x55));
+            } else {
+                // Stopped at the warning: the last row was never written.
+                assert!(last_row.iter().all(|&b| b == 0x55));
+            }
+        }
+    }
+
+    #[test]
+    fn tables_only_stream_is_not_an_image() {
+        // A real image first, so the handle holds a size from it.
+        let jpeg = small_jpeg();
+        let mut d = TjDecompressor::new(&Limits::default()).unwrap();
+        assert_eq!(d.probe(&jpeg).unwrap().info.width, 64);
+        // SOI, the DQT segment of that image, EOI.
+        let dqt = jpeg.windows(2).position(|w| w == [0xFF, 0xDB]).unwrap();
+        let len = usize::from(u16::from_be_bytes([jpeg[dqt + 2], jpeg[dqt + 3]]));
+        let mut tables = vec![0xFF, 0xD8];
+        tables.extend_from_slice(&jpeg[dqt..dqt + 2 + len]);
+        tables.extend_from_slice(&[0xFF, 0xD9]);
+        match d.probe(&tables) {
+            Err(CodecError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("no frame header"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn twelve_bit_jpeg_probes_but_is_unsupported() {
+        let (w, h) = (16, 8);
+        let samples: Vec<i16> = (0..w * h * 3).map(|i| (i * 37 % 4096) as i16).collect();
+        let mut c = Handle::new(raw::TJINIT_TJINIT_COMPRESS).unwrap();
+        c.set(raw::TJPARAM_TJPARAM_QUALITY, 90).unwrap();
+        c.set(
+            raw::TJPARAM_TJPARAM_SUBSAMP,
+            raw::TJSAMP_TJSAMP_444 as c_int,
+        )
+        .unwrap();
+        let mut buf: *mut u8 = std::ptr::null_mut();
+        let mut size: raw::size_t = 0;
+        // SAFETY: valid handle; `samples` holds w * h * 3 12-bit samples, packed (pitch 0);
+        // a NULL `buf` asks libjpeg-turbo to allocate the output, freed below with tj3Free.
+        let rc = unsafe {
+            raw::tj3Compress12(
+                c.ptr(),
+                samples.as_ptr(),
+                w,
+                0,
+                h,
+                raw::TJPF_TJPF_RGB as c_int,
+                &mut buf,
+                &mut size,
+            )
+        };
+        assert_eq!(rc, 0, "{}", c.error());
+        // SAFETY: on success `buf` points to `size` initialised bytes owned by libjpeg-turbo.
+        let jpeg = unsafe { std::slice::from_raw_parts(buf, size as usize) }.to_vec();
+        // SAFETY: `buf` came from libjpeg-turbo's allocator and is freed once.
+        unsafe { raw::tj3Free(buf.cast()) };
+
+        let mut d = TjDecompressor::new(&Limits::default()).unwrap();
+        let header = d.probe(&jpeg).unwrap();
+        assert_eq!(
+            (
+                header.info.width,
+                header.info.height,
+                header.info.bits_per_channel
+            ),
+            (16, 8, 12)
+        );
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        match d.decode_rgb8(&jpeg, &mut out, &mut scratch) {
+            Err(CodecError::Unsupported { reason, .. }) => {
+                assert!(reason.contains("12-bit"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

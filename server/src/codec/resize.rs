@@ -1,0 +1,114 @@
+//! The size a re-encode targets, and the antialiased downscale that gets there.
+//!
+//! `fit` never upscales and keeps the aspect ratio to the nearest pixel: the long side becomes
+//! `max_side`, the short side is rounded (and at least 1). The downscale is
+//! fast_image_resize's `Convolution(Bilinear)`: a triangle filter whose support grows with the
+//! scale factor, like Pillow's `resize(.., BILINEAR)` and torchvision's `antialias=True`. It is
+//! integer fixed-point arithmetic, so the same input gives the same bytes on every run.
+
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::CodecError;
+
+/// The output size for a `width`×`height` source and a `max_side` (at least 1).
+pub(super) fn fit(width: u32, height: u32, max_side: u32) -> (u32, u32) {
+    let long = width.max(height);
+    if long <= max_side {
+        return (width, height);
+    }
+    // round(short * max_side / long), in u64 to avoid overflow.
+    let scale = |short: u32| -> u32 {
+        let v = (u64::from(short) * u64::from(max_side) + u64::from(long) / 2) / u64::from(long);
+        (v as u32).clamp(1, max_side)
+    };
+    if width >= height {
+        (max_side, scale(height))
+    } else {
+        (scale(width), max_side)
+    }
+}
+
+/// Downscales the packed RGB8 `src` (`from`) into `dst` (resized to `to`).
+pub(super) fn bilinear(
+    resizer: &mut Resizer,
+    src: &[u8],
+    from: (u32, u32),
+    dst: &mut Vec<u8>,
+    to: (u32, u32),
+) -> Result<(), CodecError> {
+    let fail = |reason: String| CodecError::Resize { from, to, reason };
+    dst.resize(to.0 as usize * to.1 as usize * 3, 0);
+    let src =
+        ImageRef::new(from.0, from.1, src, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+    let mut dst =
+        Image::from_slice_u8(to.0, to.1, dst, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    resizer
+        .resize(&src, &mut dst, &options)
+        .map_err(|e| fail(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_keeps_aspect_and_never_upscales() {
+        assert_eq!(fit(100, 50, 200), (100, 50));
+        assert_eq!(fit(100, 50, 100), (100, 50));
+        assert_eq!(fit(100, 50, 10), (10, 5));
+        assert_eq!(fit(50, 100, 10), (5, 10));
+        assert_eq!(fit(1000, 3, 10), (10, 1)); // rounds 0.03 up to the 1-pixel minimum
+        assert_eq!(fit(640, 481, 256), (256, 192)); // 192.4
+        assert_eq!(fit(640, 483, 256), (256, 193)); // 193.2
+        assert_eq!(fit(u32::MAX, u32::MAX - 1, 7), (7, 7));
+        assert_eq!(fit(5, 5, 1), (1, 1));
+    }
+
+    #[test]
+    fn bilinear_averages_a_flat_image_to_itself() {
+        let src = vec![77u8; 40 * 30 * 3];
+        let mut dst = Vec::new();
+        bilinear(&mut Resizer::new(), &src, (40, 30), &mut dst, (8, 6)).unwrap();
+        assert_eq!(dst.len(), 8 * 6 * 3);
+        assert!(dst.iter().all(|&b| b == 77));
+    }
+
+    /// fast_image_resize dispatches SIMD at run time; its fixed-point kernels must agree with
+    /// the portable code, or re-encoded bytes would depend on the CPU that packed them.
+    #[test]
+    fn bilinear_is_identical_for_every_cpu_extension() {
+        use fast_image_resize::CpuExtensions;
+        let (from, to) = ((173, 91), (64, 34));
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let src: Vec<u8> = (0..from.0 * from.1 * 3)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let run = |ext: CpuExtensions| {
+            let mut resizer = Resizer::new();
+            // SAFETY: only extensions this CPU supports are passed (filtered below).
+            unsafe { resizer.set_cpu_extensions(ext) };
+            let mut dst = Vec::new();
+            bilinear(&mut resizer, &src, from, &mut dst, to).unwrap();
+            dst
+        };
+        let portable = run(CpuExtensions::None);
+        #[cfg(target_arch = "x86_64")]
+        for ext in [CpuExtensions::Sse4_1, CpuExtensions::Avx2] {
+            if ext.is_supported() {
+                assert!(
+                    run(ext) == portable,
+                    "{ext:?} differs from the portable code"
+                );
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        assert!(run(CpuExtensions::Neon) == portable);
+    }
+}

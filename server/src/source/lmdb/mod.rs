@@ -819,8 +819,9 @@ impl SampleReader for LmdbReader<'_> {
                         index,
                         key,
                         format!(
-                            "cannot decode the {} record: {reason} (is --lmdb-layout right?)",
-                            src.layout
+                            "cannot decode the value as a {layout} record (--lmdb-layout \
+                             {layout}): {reason}",
+                            layout = src.layout
                         ),
                     )
                 })?;
@@ -832,8 +833,9 @@ impl SampleReader for LmdbReader<'_> {
                                 index,
                                 key,
                                 format!(
-                                    "cannot decode the pickle record: the image is stored as text \
-                                     holding {c:?}, which is not latin-1"
+                                    "cannot decode the value as a pickle record (--lmdb-layout \
+                                     pickle): the image is stored as text holding {c:?}, which \
+                                     is not latin-1"
                                 ),
                             )
                         })?;

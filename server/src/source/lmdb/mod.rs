@@ -334,13 +334,14 @@ fn open_env(
         if no_lock {
             flags |= EnvFlags::NO_LOCK;
         }
-        // SAFETY: heed marks the flag setter unsafe because of NO_SYNC, NO_META_SYNC and
-        // NO_LOCK. READ_ONLY and NO_SUB_DIR are harmless. NO_SYNC/NO_META_SYNC are never set.
-        // NO_LOCK is set only when the lock file cannot be created (a read-only directory):
-        // nothing in this process writes (every transaction here is read-only), and without a
-        // lock file no other process can take part in LMDB's locking either, so our readers are
-        // not seen by a writer. That is sound only while nobody writes the dataset, which the
-        // module docs and docs/lmdb.md require.
+        // SAFETY: heed marks the flag setter unsafe for NO_SYNC, NO_META_SYNC and NO_LOCK.
+        // READ_ONLY and NO_SUB_DIR carry no hazard, and NO_SYNC / NO_META_SYNC are never set
+        // (they only matter to writers anyway). NO_LOCK is set only when the lock file cannot be
+        // created or opened (a read-only directory or lock file). This process only reads, so
+        // it needs no writer lock; what is lost is that a writer in another process cannot see
+        // our readers and could reuse pages we are reading. Hence the precondition stated in the
+        // module docs and docs/lmdb.md: nobody writes the dataset while ringfeed reads it. Under
+        // it, reading without locks is sound.
         unsafe { options.flags(flags) };
         // SAFETY: `open` is unsafe because the memory map is undefined behaviour if the file is
         // modified underneath it. ringfeed opens the environment read-only (MDB_RDONLY, so this

@@ -187,6 +187,17 @@ fn msgpack_image(item: Item<'_>) -> Result<&[u8], String> {
     }
 }
 
+/// Reads one item; for a container, also skips its contents and returns just its header.
+fn whole_item<'a>(c: &mut Cursor<'a>) -> Result<Item<'a>, super::msgpack::MsgpackError> {
+    let item = c.next()?;
+    match item {
+        Item::Array(k) => c.skip(k)?,
+        Item::Map(k) => c.skip(2 * k)?,
+        _ => {}
+    }
+    Ok(item)
+}
+
 /// Decodes a msgpack record, zero-copy.
 pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
     let mut c = Cursor::new(value);
@@ -207,46 +218,32 @@ pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
             ));
         }
         Item::Map(n) => {
-            let mut image: Option<(usize, &[u8])> = None;
-            let mut label: Option<(usize, i64)> = None;
+            // Pick fields by name first and check their types after, so that a preferred field
+            // (`label: 3`) wins over a less preferred one of another type (`class: "cat"`).
+            let mut image: Option<(usize, Item<'_>)> = None;
+            let mut label: Option<(usize, Item<'_>)> = None;
             let mut seen = Vec::new();
             for _ in 0..n {
-                let name = match c.next().map_err(err)? {
-                    Item::Str(s) | Item::Bin(s) => s,
-                    Item::Array(k) => {
-                        c.skip(k).map_err(err)?;
-                        c.skip(1).map_err(err)?;
-                        continue;
-                    }
-                    Item::Map(k) => {
-                        c.skip(2 * k).map_err(err)?;
-                        c.skip(1).map_err(err)?;
-                        continue;
-                    }
-                    _ => {
-                        c.skip(1).map_err(err)?;
-                        continue;
-                    }
+                let key = whole_item(&mut c).map_err(err)?;
+                let value = whole_item(&mut c).map_err(err)?;
+                let (Item::Str(name) | Item::Bin(name)) = key else {
+                    continue;
                 };
                 seen.push(name.to_vec());
                 if let Some(rank) = field_rank(&IMAGE_FIELDS, name) {
-                    let bytes = msgpack_image(c.next().map_err(err)?)?;
                     if image.is_none_or(|(r, _)| rank < r) {
-                        image = Some((rank, bytes));
+                        image = Some((rank, value));
                     }
-                } else if let Some(rank) = field_rank(&LABEL_FIELDS, name) {
-                    let value = msgpack_label(c.next().map_err(err)?)?;
-                    if label.is_none_or(|(r, _)| rank < r) {
-                        label = Some((rank, value));
-                    }
-                } else {
-                    c.skip(1).map_err(err)?;
+                } else if let Some(rank) = field_rank(&LABEL_FIELDS, name)
+                    && label.is_none_or(|(r, _)| rank < r)
+                {
+                    label = Some((rank, value));
                 }
             }
             match (image, label) {
                 (Some((_, image)), Some((_, label))) => Record {
-                    image: Image::Borrowed(image),
-                    label,
+                    image: Image::Borrowed(msgpack_image(image)?),
+                    label: msgpack_label(label)?,
                 },
                 (None, _) => {
                     return Err(format!(
@@ -325,6 +322,20 @@ mod tests {
     }
 
     #[test]
+    fn pickle_preferred_label_wins_over_other_types() {
+        // pickle.dumps({'class': 'cat', 'label': 3, 'image': b'i'}, protocol=4)
+        let v = b"\x80\x04\x95)\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x05class\x94\x8c\x03cat\x94\x8c\x05label\x94K\x03\x8c\x05image\x94C\x01i\x94u.";
+        let r = from_pickle(v).unwrap();
+        assert_eq!(
+            r,
+            Record {
+                image: Image::Borrowed(b"i"),
+                label: 3
+            }
+        );
+    }
+
+    #[test]
     fn pickle_errors_are_clear() {
         // {'image': b'x'} has no label.
         let e = from_pickle(b"\x80\x04}\x94\x8c\x05image\x94C\x01xs.").unwrap_err();
@@ -384,6 +395,19 @@ mod tests {
             Record {
                 image: Image::Borrowed(b"j"),
                 label: 4
+            }
+        );
+        // The preferred field wins, whatever the type of the others: {"class": "cat", "label": 1,
+        // "data": {"nested": 1}, "image": bin}.
+        let r = from_msgpack(
+            b"\x84\xa5class\xa3cat\xa5label\x01\xa4data\x81\xa6nested\x01\xa5image\xc4\x01i",
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Record {
+                image: Image::Borrowed(b"i"),
+                label: 1
             }
         );
         // Non-string keys are skipped, whatever their values.

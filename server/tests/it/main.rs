@@ -5,6 +5,7 @@
 
 mod cli;
 mod codec;
+mod lmdb;
 mod pack;
 mod shard;
 mod support;

@@ -97,10 +97,7 @@ unsafe fn c_message(s: *const std::ffi::c_char) -> String {
         return "unknown error".into();
     }
     // SAFETY: forwarded from the caller.
-    unsafe { CStr::from_ptr(s) }
-        .to_string_lossy()
-        .trim_end()
-        .to_owned()
+    unsafe { CStr::from_ptr(s) }.to_string_lossy().trim_end().to_owned()
 }
 
 /// What a JPEG header says, beyond [`ImageInfo`].
@@ -255,10 +252,7 @@ impl TjDecompressor {
         if header.precision != 8 {
             return Err(CodecError::Unsupported {
                 format: Format::Jpeg,
-                reason: format!(
-                    "{}-bit samples (only 8-bit JPEG is decoded)",
-                    header.precision
-                ),
+                reason: format!("{}-bit samples (only 8-bit JPEG is decoded)", header.precision),
             });
         }
         if !header.markers.self_contained {
@@ -285,13 +279,7 @@ impl TjDecompressor {
 
     /// `tj3Decompress8` into `buf`, which must hold `need` bytes: the full image of the header
     /// just probed from `data`, in `format`.
-    fn decompress(
-        &mut self,
-        data: &[u8],
-        buf: &mut [u8],
-        format: raw::TJPF,
-        need: usize,
-    ) -> Result<(), CodecError> {
+    fn decompress(&mut self, data: &[u8], buf: &mut [u8], format: raw::TJPF, need: usize) -> Result<(), CodecError> {
         if buf.len() < need {
             return Err(CodecError::Corrupt {
                 format: Format::Jpeg,
@@ -359,10 +347,7 @@ pub(super) struct TjCompressor {
 impl TjCompressor {
     pub(super) fn new() -> Result<Self, CodecError> {
         let mut h = Handle::new(raw::TJINIT_TJINIT_COMPRESS)?;
-        h.set(
-            raw::TJPARAM_TJPARAM_SUBSAMP,
-            raw::TJSAMP_TJSAMP_420 as c_int,
-        )?;
+        h.set(raw::TJPARAM_TJPARAM_SUBSAMP, raw::TJSAMP_TJSAMP_420 as c_int)?;
         // Baseline, standard Huffman tables (like Pillow's default `save(quality=q)`).
         h.set(raw::TJPARAM_TJPARAM_PROGRESSIVE, 0)?;
         h.set(raw::TJPARAM_TJPARAM_ARITHMETIC, 0)?;
@@ -381,18 +366,14 @@ impl TjCompressor {
         quality: u8,
         out: &mut Vec<u8>,
     ) -> Result<(), CodecError> {
-        let fail = |reason: String| CodecError::Turbo {
-            op: "compress",
-            reason,
-        };
+        let fail = |reason: String| CodecError::Turbo { op: "compress", reason };
         let (Ok(w), Ok(h)) = (c_int::try_from(width), c_int::try_from(height)) else {
             return Err(fail(format!("size {width}x{height} out of range")));
         };
         if pixels.len() < width as usize * height as usize * 3 {
             return Err(fail("internal: pixel buffer too small".into()));
         }
-        self.handle
-            .set(raw::TJPARAM_TJPARAM_QUALITY, c_int::from(quality))?;
+        self.handle.set(raw::TJPARAM_TJPARAM_QUALITY, c_int::from(quality))?;
         // SAFETY: pure function of its arguments.
         let cap = unsafe { raw::tj3JPEGBufSize(w, h, raw::TJSAMP_TJSAMP_420 as c_int) };
         let Ok(cap_usize) = usize::try_from(cap) else {
@@ -427,9 +408,7 @@ impl TjCompressor {
         let written = usize::try_from(size).unwrap_or(usize::MAX);
         if dst != out.as_mut_ptr() || written > cap_usize {
             // Cannot happen with NOREALLOC; refuse to trust the buffer if it did.
-            return Err(fail(
-                "internal: libjpeg-turbo moved the output buffer".into(),
-            ));
+            return Err(fail("internal: libjpeg-turbo moved the output buffer".into()));
         }
         // SAFETY: libjpeg-turbo initialised the first `written` bytes of the reserved
         // capacity (`written <= cap`, checked).
@@ -503,11 +482,7 @@ mod tests {
             let code = unsafe { raw::tj3GetErrorCode(h.ptr()) };
             assert_eq!(rc, -1);
             assert_eq!(code, raw::TJERR_TJERR_WARNING as c_int);
-            assert!(
-                h.error().contains("Premature end of JPEG file"),
-                "{}",
-                h.error()
-            );
+            assert!(h.error().contains("Premature end of JPEG file"), "{}", h.error());
             let last_row = &buf[47 * 64 * 3..];
             if stop == 0 {
                 // Decoded to the end: the last row was written (grey padding), not left alone.
@@ -545,11 +520,8 @@ mod tests {
         let samples: Vec<i16> = (0..w * h * 3).map(|i| (i * 37 % 4096) as i16).collect();
         let mut c = Handle::new(raw::TJINIT_TJINIT_COMPRESS).unwrap();
         c.set(raw::TJPARAM_TJPARAM_QUALITY, 90).unwrap();
-        c.set(
-            raw::TJPARAM_TJPARAM_SUBSAMP,
-            raw::TJSAMP_TJSAMP_444 as c_int,
-        )
-        .unwrap();
+        c.set(raw::TJPARAM_TJPARAM_SUBSAMP, raw::TJSAMP_TJSAMP_444 as c_int)
+            .unwrap();
         let mut buf: *mut u8 = std::ptr::null_mut();
         let mut size: raw::size_t = 0;
         // SAFETY: valid handle; `samples` holds w * h * 3 12-bit samples, packed (pitch 0);
@@ -575,11 +547,7 @@ mod tests {
         let mut d = TjDecompressor::new(&Limits::default()).unwrap();
         let header = d.probe(&jpeg).unwrap();
         assert_eq!(
-            (
-                header.info.width,
-                header.info.height,
-                header.info.bits_per_channel
-            ),
+            (header.info.width, header.info.height, header.info.bits_per_channel),
             (16, 8, 12)
         );
         let (mut out, mut scratch) = (Vec::new(), Vec::new());

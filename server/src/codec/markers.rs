@@ -224,20 +224,10 @@ mod tests {
 
     fn tiff(little: bool, entries: &[(u16, u16, u32)]) -> Vec<u8> {
         let mut t = Vec::new();
-        let w16 = |t: &mut Vec<u8>, v: u16| {
-            t.extend_from_slice(&if little {
-                v.to_le_bytes()
-            } else {
-                v.to_be_bytes()
-            })
-        };
-        let w32 = |t: &mut Vec<u8>, v: u32| {
-            t.extend_from_slice(&if little {
-                v.to_le_bytes()
-            } else {
-                v.to_be_bytes()
-            })
-        };
+        let w16 =
+            |t: &mut Vec<u8>, v: u16| t.extend_from_slice(&if little { v.to_le_bytes() } else { v.to_be_bytes() });
+        let w32 =
+            |t: &mut Vec<u8>, v: u32| t.extend_from_slice(&if little { v.to_le_bytes() } else { v.to_be_bytes() });
         t.extend_from_slice(if little { b"II" } else { b"MM" });
         w16(&mut t, 42);
         w32(&mut t, 8);
@@ -287,9 +277,7 @@ mod tests {
 
     #[test]
     fn walk_never_panics_on_prefixes_and_junk() {
-        let mut j = vec![
-            0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x08, b'E', b'x', b'i', b'f', 0, 0,
-        ];
+        let mut j = vec![0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x08, b'E', b'x', b'i', b'f', 0, 0];
         j.extend_from_slice(&[0xFF, 0xDA, 0x00, 0x02, 0xFF, 0xD9]);
         for cut in 0..=j.len() {
             let m = walk(&j[..cut]);

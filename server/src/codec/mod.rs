@@ -313,18 +313,8 @@ impl Decoder {
             Format::Jpeg => self.tj.decode_rgb8(data, out, &mut self.scratch)?,
             _ => raster::decode_rgb8(format, data, &self.limits, out, &mut self.scratch)?,
         };
-        let (width, height) = orient::apply(
-            info.orientation,
-            info.width,
-            info.height,
-            out,
-            &mut self.scratch,
-        );
-        Ok(Decoded {
-            info,
-            width,
-            height,
-        })
+        let (width, height) = orient::apply(info.orientation, info.width, info.height, out, &mut self.scratch);
+        Ok(Decoded { info, width, height })
     }
 
     /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an
@@ -334,16 +324,9 @@ impl Decoder {
     ///
     /// Deterministic: the same input and options give identical bytes on any `Decoder` and any
     /// thread of the same machine.
-    pub fn reencode_jpeg(
-        &mut self,
-        data: &[u8],
-        opts: &Reencode,
-        out: &mut Vec<u8>,
-    ) -> Result<Decoded, CodecError> {
+    pub fn reencode_jpeg(&mut self, data: &[u8], opts: &Reencode, out: &mut Vec<u8>) -> Result<Decoded, CodecError> {
         if opts.max_side == 0 {
-            return Err(CodecError::InvalidOptions(
-                "max_side must be at least 1".into(),
-            ));
+            return Err(CodecError::InvalidOptions("max_side must be at least 1".into()));
         }
         if !(1..=100).contains(&opts.quality) {
             return Err(CodecError::InvalidOptions(format!(
@@ -397,9 +380,7 @@ fn detect(data: &[u8]) -> Result<Format, CodecError> {
     if data.is_empty() {
         return Err(CodecError::Empty);
     }
-    sniff(data).ok_or_else(|| CodecError::UnknownFormat {
-        head: hex_head(data),
-    })
+    sniff(data).ok_or_else(|| CodecError::UnknownFormat { head: hex_head(data) })
 }
 
 /// The first (up to) 16 bytes of `data` as lowercase hex, space-separated.

@@ -19,13 +19,7 @@
 
 /// Applies `orientation` to the `width`×`height` RGB8 image in `buf`; returns the new size.
 /// Values outside 2..=8 leave the image alone.
-pub(super) fn apply(
-    orientation: u8,
-    width: u32,
-    height: u32,
-    buf: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-) -> (u32, u32) {
+pub(super) fn apply(orientation: u8, width: u32, height: u32, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) -> (u32, u32) {
     let (w, h) = (width as usize, height as usize);
     let row = w * 3;
     let image = &mut buf[..w * h * 3];

@@ -82,11 +82,7 @@ pub(super) fn decode_rgb8(
 }
 
 /// Builds the decoder for `format` over `data`, reads the header, and checks the pixel limit.
-fn open<'a>(
-    format: Format,
-    data: &'a [u8],
-    limits: &Limits,
-) -> Result<(ImageInfo, BoxedDecoder<'a>), CodecError> {
+fn open<'a>(format: Format, data: &'a [u8], limits: &Limits) -> Result<(ImageInfo, BoxedDecoder<'a>), CodecError> {
     let mut interlaced = false;
     if format == Format::Png
         && let Some(ihdr) = png_ihdr(data)
@@ -109,9 +105,7 @@ fn open<'a>(
                 return Err(ImageError::Unsupported(
                     image::error::UnsupportedError::from_format_and_kind(
                         image::error::ImageFormatHint::Unknown,
-                        image::error::UnsupportedErrorKind::GenericFeature(
-                            "jpeg goes through libjpeg-turbo".into(),
-                        ),
+                        image::error::UnsupportedErrorKind::GenericFeature("jpeg goes through libjpeg-turbo".into()),
                     ),
                 ));
             }
@@ -158,9 +152,7 @@ fn png_ihdr(data: &[u8]) -> Option<Ihdr> {
     if data.get(8..16)? != b"\0\0\0\x0dIHDR" {
         return None;
     }
-    let be32 = |at: usize| -> Option<u32> {
-        Some(u32::from_be_bytes(data.get(at..at + 4)?.try_into().ok()?))
-    };
+    let be32 = |at: usize| -> Option<u32> { Some(u32::from_be_bytes(data.get(at..at + 4)?.try_into().ok()?)) };
     Some(Ihdr {
         width: be32(16)?,
         height: be32(20)?,
@@ -169,11 +161,7 @@ fn png_ihdr(data: &[u8]) -> Option<Ihdr> {
 }
 
 /// Runs `f` with panics caught; maps both outcomes to our errors.
-fn guarded<T>(
-    format: Format,
-    budget: u64,
-    f: impl FnOnce() -> ImageResult<T>,
-) -> Result<T, CodecError> {
+fn guarded<T>(format: Format, budget: u64, f: impl FnOnce() -> ImageResult<T>) -> Result<T, CodecError> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(image_error(format, budget, e)),
@@ -219,12 +207,8 @@ fn color_kind(c: ExtendedColorType) -> ColorKind {
     match c {
         E::L1 | E::L2 | E::L4 | E::L8 | E::L16 => ColorKind::Gray,
         E::La1 | E::La2 | E::La4 | E::La8 | E::La16 => ColorKind::GrayAlpha,
-        E::Rgb1 | E::Rgb2 | E::Rgb4 | E::Rgb5x1 | E::Rgb8 | E::Rgb16 | E::Bgr8 | E::Rgb32F => {
-            ColorKind::Rgb
-        }
-        E::Rgba1 | E::Rgba2 | E::Rgba4 | E::Rgba8 | E::Rgba16 | E::Bgra8 | E::Rgba32F => {
-            ColorKind::Rgba
-        }
+        E::Rgb1 | E::Rgb2 | E::Rgb4 | E::Rgb5x1 | E::Rgb8 | E::Rgb16 | E::Bgr8 | E::Rgb32F => ColorKind::Rgb,
+        E::Rgba1 | E::Rgba2 | E::Rgba4 | E::Rgba8 | E::Rgba16 | E::Bgra8 | E::Rgba32F => ColorKind::Rgba,
         E::Cmyk8 | E::Cmyk16 => ColorKind::Cmyk,
         _ => ColorKind::Other,
     }
@@ -269,13 +253,7 @@ fn to_rgb8(color: ColorType, src: &[u8], out: &mut [u8]) -> Option<()> {
 /// Pixel by pixel: `channels` samples of `bytes` bytes each in, RGB8 out. One or two channels
 /// are grey (+ alpha), replicated; three or four are RGB (+ alpha). Alpha is dropped.
 #[inline(always)]
-fn convert(
-    src: &[u8],
-    out: &mut [u8],
-    channels: usize,
-    bytes: usize,
-    sample: impl Fn(&[u8]) -> u8,
-) {
+fn convert(src: &[u8], out: &mut [u8], channels: usize, bytes: usize, sample: impl Fn(&[u8]) -> u8) {
     let stride = channels * bytes;
     for (px, o) in src.chunks_exact(stride).zip(out.chunks_exact_mut(3)) {
         if channels < 3 {
@@ -333,10 +311,7 @@ mod tests {
         png.extend_from_slice(&7u32.to_be_bytes());
         png.extend_from_slice(&[8, 2, 0, 0, 1]);
         let ihdr = png_ihdr(&png).unwrap();
-        assert_eq!(
-            (ihdr.width, ihdr.height, ihdr.interlaced),
-            (100_000, 7, true)
-        );
+        assert_eq!((ihdr.width, ihdr.height, ihdr.interlaced), (100_000, 7, true));
         assert!(png_ihdr(&png[..28]).is_none());
         assert!(png_ihdr(b"\x89PNG\r\n\x1a\n\0\0\0\x0dIDAT").is_none());
     }

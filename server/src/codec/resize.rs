@@ -39,10 +39,8 @@ pub(super) fn bilinear(
 ) -> Result<(), CodecError> {
     let fail = |reason: String| CodecError::Resize { from, to, reason };
     dst.resize(to.0 as usize * to.1 as usize * 3, 0);
-    let src =
-        ImageRef::new(from.0, from.1, src, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
-    let mut dst =
-        Image::from_slice_u8(to.0, to.1, dst, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+    let src = ImageRef::new(from.0, from.1, src, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
+    let mut dst = Image::from_slice_u8(to.0, to.1, dst, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     resizer
         .resize(&src, &mut dst, &options)
@@ -102,10 +100,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         for ext in [CpuExtensions::Sse4_1, CpuExtensions::Avx2] {
             if ext.is_supported() {
-                assert!(
-                    run(ext) == portable,
-                    "{ext:?} differs from the portable code"
-                );
+                assert!(run(ext) == portable, "{ext:?} differs from the portable code");
             }
         }
         #[cfg(target_arch = "aarch64")]

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 use image::ImageFormat;
 use images::{JpegOpts, Rng};
 use proptest::prelude::*;
-use ringfeed::codec::{
-    CodecError, ColorKind, Decoded, Decoder, Format, ImageInfo, Limits, Reencode, sniff,
-};
+use ringfeed::codec::{CodecError, ColorKind, Decoded, Decoder, Format, ImageInfo, Limits, Reencode, sniff};
 use turbojpeg::{PixelFormat, Subsamp};
 
 fn decoder() -> Decoder {
@@ -25,18 +23,12 @@ fn decode(data: &[u8]) -> Result<(Decoded, Vec<u8>), CodecError> {
 
 /// libjpeg-turbo's own RGB decode, through the safe wrapper (default handle settings).
 fn turbo_rgb(jpeg: &[u8]) -> Vec<u8> {
-    turbojpeg::decompress(jpeg, PixelFormat::RGB)
-        .unwrap()
-        .pixels
+    turbojpeg::decompress(jpeg, PixelFormat::RGB).unwrap().pixels
 }
 
 fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
     assert_eq!(a.len(), b.len());
-    let sum: u64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| u64::from(x.abs_diff(y)))
-        .sum();
+    let sum: u64 = a.iter().zip(b).map(|(&x, &y)| u64::from(x.abs_diff(y))).sum();
     sum as f64 / a.len() as f64
 }
 
@@ -74,14 +66,7 @@ fn jpeg_variants_match_libjpeg_turbo_rgb() {
             },
             true,
         ),
-        (
-            "optimized huffman",
-            JpegOpts {
-                optimize: true,
-                ..base
-            },
-            false,
-        ),
+        ("optimized huffman", JpegOpts { optimize: true, ..base }, false),
         (
             "arithmetic",
             JpegOpts {
@@ -99,14 +84,7 @@ fn jpeg_variants_match_libjpeg_turbo_rgb() {
             },
             true,
         ),
-        (
-            "lossless",
-            JpegOpts {
-                lossless: true,
-                ..base
-            },
-            false,
-        ),
+        ("lossless", JpegOpts { lossless: true, ..base }, false),
     ];
     let mut d = decoder();
     let mut out = Vec::new();
@@ -128,17 +106,9 @@ fn jpeg_variants_match_libjpeg_turbo_rgb() {
         );
         let got = d.decode_rgb8(&jpeg, &mut out).unwrap();
         assert_eq!((got.width, got.height), (w, h), "{name}");
-        assert_eq!(
-            out,
-            turbo_rgb(&jpeg),
-            "{name}: differs from libjpeg-turbo's RGB decode"
-        );
+        assert_eq!(out, turbo_rgb(&jpeg), "{name}: differs from libjpeg-turbo's RGB decode");
         // And it is the picture we encoded, not merely the same wrong answer twice.
-        assert!(
-            mean_abs_diff(&out, &src) < 4.0,
-            "{name}: {}",
-            mean_abs_diff(&out, &src)
-        );
+        assert!(mean_abs_diff(&out, &src) < 4.0, "{name}: {}", mean_abs_diff(&out, &src));
     }
 }
 
@@ -149,9 +119,7 @@ fn grayscale_jpeg_is_replicated() {
     let jpeg = images::jpeg_gray(&gray, w, h);
     let (d, out) = decode(&jpeg).unwrap();
     assert_eq!(d.info.color, ColorKind::Gray);
-    let want = turbojpeg::decompress(&jpeg, PixelFormat::GRAY)
-        .unwrap()
-        .pixels;
+    let want = turbojpeg::decompress(&jpeg, PixelFormat::GRAY).unwrap().pixels;
     assert_eq!(out.len(), want.len() * 3);
     for (px, g) in out.chunks(3).zip(&want) {
         assert_eq!(px, [*g, *g, *g]);
@@ -177,12 +145,7 @@ fn cmyk_and_ycck_jpegs_convert_like_pillow() {
         let (d, out) = decode(&jpeg).unwrap();
         assert_eq!(d.info.color, kind);
         assert_eq!((d.width, d.height), (w, h));
-        let max = out
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| a.abs_diff(*b))
-            .max()
-            .unwrap();
+        let max = out.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
         let mean = mean_abs_diff(&out, &want);
         assert!(mean < 1.0 && max <= 4, "{kind:?}: mean {mean}, max {max}");
     }
@@ -201,21 +164,11 @@ fn exif_orientations_match_manual_rotation() {
             let mut out = Vec::new();
             let got = d.decode_rgb8(&tagged, &mut out).unwrap();
             // Oracle: the `image` crate's own implementation of the EXIF transforms.
-            let mut want = image::DynamicImage::ImageRgb8(
-                image::RgbImage::from_raw(w, h, upright.clone()).unwrap(),
-            );
+            let mut want = image::DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, upright.clone()).unwrap());
             want.apply_orientation(image::metadata::Orientation::from_exif(o).unwrap());
             let want = want.into_rgb8();
-            assert_eq!(
-                (got.width, got.height),
-                want.dimensions(),
-                "orientation {o}"
-            );
-            assert_eq!(
-                out,
-                want.into_raw(),
-                "orientation {o}, little endian {little}"
-            );
+            assert_eq!((got.width, got.height), want.dimensions(), "orientation {o}");
+            assert_eq!(out, want.into_raw(), "orientation {o}, little endian {little}");
         }
     }
     // Out-of-range values are ignored.
@@ -261,10 +214,7 @@ fn truncated_jpegs_always_fail() {
     // The reason is libjpeg-turbo's.
     let jpeg = images::jpeg_rgb(&src, w, h, &base);
     let err = decode(&jpeg[..jpeg.len() / 2]).unwrap_err().to_string();
-    assert!(
-        err.contains("corrupt jpeg image: Premature end of JPEG file"),
-        "{err}"
-    );
+    assert!(err.contains("corrupt jpeg image: Premature end of JPEG file"), "{err}");
 }
 
 #[test]
@@ -274,10 +224,7 @@ fn jpeg_sof_claiming_60000_squared_is_too_large() {
     let mut d = decoder();
     let mut out = Vec::new();
     let start = Instant::now();
-    for r in [
-        d.probe(&huge).map(|_| ()),
-        d.decode_rgb8(&huge, &mut out).map(|_| ()),
-    ] {
+    for r in [d.probe(&huge).map(|_| ()), d.decode_rgb8(&huge, &mut out).map(|_| ())] {
         match r {
             Err(CodecError::TooLarge {
                 width: 60_000,
@@ -288,11 +235,7 @@ fn jpeg_sof_claiming_60000_squared_is_too_large() {
         }
     }
     assert!(start.elapsed() < Duration::from_secs(1));
-    assert_eq!(
-        out.capacity(),
-        0,
-        "nothing may be allocated for a refused image"
-    );
+    assert_eq!(out.capacity(), 0, "nothing may be allocated for a refused image");
     // Exactly at the limit is fine: 16x16 with max_pixels = 256.
     let mut tight = Decoder::new(Limits { max_pixels: 256 }).unwrap();
     assert!(tight.decode_rgb8(&jpeg, &mut out).is_ok());
@@ -389,24 +332,9 @@ fn png_8bit_colour_types() {
     let gray_alpha: Vec<u8> = gray.iter().flat_map(|&g| [g, 255 - g]).collect();
 
     let cases: [(&str, Vec<u8>, ColorKind, &Vec<u8>); 4] = [
-        (
-            "rgb",
-            images::png(w, h, 8, 2, &rgb, &[]),
-            ColorKind::Rgb,
-            &rgb,
-        ),
-        (
-            "rgba",
-            images::png(w, h, 8, 6, &rgba, &[]),
-            ColorKind::Rgba,
-            &rgb,
-        ),
-        (
-            "gray",
-            images::png(w, h, 8, 0, &gray, &[]),
-            ColorKind::Gray,
-            &gray_rgb,
-        ),
+        ("rgb", images::png(w, h, 8, 2, &rgb, &[]), ColorKind::Rgb, &rgb),
+        ("rgba", images::png(w, h, 8, 6, &rgba, &[]), ColorKind::Rgba, &rgb),
+        ("gray", images::png(w, h, 8, 0, &gray, &[]), ColorKind::Gray, &gray_rgb),
         (
             "gray+alpha",
             images::png(w, h, 8, 4, &gray_alpha, &[]),
@@ -417,11 +345,7 @@ fn png_8bit_colour_types() {
     for (name, png, color, want) in cases {
         let (d, out) = decode(&png).unwrap();
         assert_eq!(d.info.format, Format::Png, "{name}");
-        assert_eq!(
-            (d.info.color, d.info.bits_per_channel),
-            (color, 8),
-            "{name}"
-        );
+        assert_eq!((d.info.color, d.info.bits_per_channel), (color, 8), "{name}");
         assert_eq!(&out, want, "{name}");
     }
 }
@@ -435,19 +359,13 @@ fn png_palette_and_low_depth() {
     let (d, out) = decode(&png).unwrap();
     assert_eq!((d.width, d.height, d.info.color), (4, 2, ColorKind::Rgb));
     let px = |i: usize| &palette[i * 3..i * 3 + 3];
-    let want: Vec<u8> = [0, 1, 2, 3, 3, 2, 1, 0]
-        .iter()
-        .flat_map(|&i| px(i).to_vec())
-        .collect();
+    let want: Vec<u8> = [0, 1, 2, 3, 3, 2, 1, 0].iter().flat_map(|&i| px(i).to_vec()).collect();
     assert_eq!(out, want);
 
     // 1-bit grey: 0 → black, 1 → white.
     let png = images::png(8, 1, 1, 0, &[0b1010_0001], &[]);
     let (_, out) = decode(&png).unwrap();
-    let want: Vec<u8> = [1, 0, 1, 0, 0, 0, 0, 1]
-        .iter()
-        .flat_map(|&b| [b * 255; 3])
-        .collect();
+    let want: Vec<u8> = [1, 0, 1, 0, 0, 0, 0, 1].iter().flat_map(|&b| [b * 255; 3]).collect();
     assert_eq!(out, want);
 }
 
@@ -455,26 +373,17 @@ fn png_palette_and_low_depth() {
 fn png_16bit_rounds_to_8bit() {
     // Rounded, not truncated: truncation (`v >> 8`) would give [0, 0, 1, 128, 255, 255].
     let samples: [u16; 6] = [0, 0x00FF, 0x01FF, 0x8000, 0xFF00, 0xFFFF];
-    let want8: Vec<u8> = samples
-        .iter()
-        .map(|&v| ((u32::from(v) + 128) / 257) as u8)
-        .collect();
+    let want8: Vec<u8> = samples.iter().map(|&v| ((u32::from(v) + 128) / 257) as u8).collect();
     assert_eq!(want8, [0, 1, 2, 128, 254, 255]);
     let be: Vec<u8> = samples.iter().flat_map(|v| v.to_be_bytes()).collect();
 
     // RGB16: two pixels.
     let (d, out) = decode(&images::png(2, 1, 16, 2, &be, &[])).unwrap();
-    assert_eq!(
-        (d.info.color, d.info.bits_per_channel),
-        (ColorKind::Rgb, 16)
-    );
+    assert_eq!((d.info.color, d.info.bits_per_channel), (ColorKind::Rgb, 16));
     assert_eq!(out, want8);
     // Grey16: six pixels, replicated.
     let (d, out) = decode(&images::png(6, 1, 16, 0, &be, &[])).unwrap();
-    assert_eq!(
-        (d.info.color, d.info.bits_per_channel),
-        (ColorKind::Gray, 16)
-    );
+    assert_eq!((d.info.color, d.info.bits_per_channel), (ColorKind::Gray, 16));
     assert_eq!(out, want8.iter().flat_map(|&g| [g; 3]).collect::<Vec<_>>());
     // RGBA16: alpha dropped.
     let rgba: Vec<u8> = be[..6]
@@ -510,10 +419,7 @@ fn png_header_claiming_100000_squared_is_too_large_without_allocating() {
     let mut d = decoder();
     let mut out = Vec::new();
     let start = Instant::now();
-    for r in [
-        d.probe(&png).map(|_| ()),
-        d.decode_rgb8(&png, &mut out).map(|_| ()),
-    ] {
+    for r in [d.probe(&png).map(|_| ()), d.decode_rgb8(&png, &mut out).map(|_| ())] {
         match r {
             Err(
                 e @ CodecError::TooLarge {
@@ -527,17 +433,10 @@ fn png_header_claiming_100000_squared_is_too_large_without_allocating() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(
-        start.elapsed() < Duration::from_millis(200),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_millis(200), "{:?}", start.elapsed());
     assert_eq!(out.capacity(), 0);
     // Only the IHDR is needed: the same header cut right after it.
-    assert!(matches!(
-        d.probe(&png[..33]),
-        Err(CodecError::TooLarge { .. })
-    ));
+    assert!(matches!(d.probe(&png[..33]), Err(CodecError::TooLarge { .. })));
 }
 
 #[test]
@@ -668,12 +567,7 @@ fn reencode_fits_keeps_aspect_and_never_upscales() {
     ] {
         let src = images::jpeg_rgb(&images::photo(w, h, 14), w, h, &JpegOpts::default());
         let (r, out) = reencode(&mut d, &src, max_side, 85);
-        assert!(
-            r.width.max(r.height) <= max_side,
-            "{w}x{h} → {}x{}",
-            r.width,
-            r.height
-        );
+        assert!(r.width.max(r.height) <= max_side, "{w}x{h} → {}x{}", r.width, r.height);
         assert!(r.width <= w && r.height <= h, "never upscaled");
         if w.max(h) <= max_side {
             assert_eq!((r.width, r.height), (w, h));
@@ -689,10 +583,7 @@ fn reencode_fits_keeps_aspect_and_never_upscales() {
 
         // The output decodes, as a baseline 4:2:0 JPEG of the reported size.
         let header = turbojpeg::read_header(&out).unwrap();
-        assert_eq!(
-            (header.width, header.height),
-            (r.width as usize, r.height as usize)
-        );
+        assert_eq!((header.width, header.height), (r.width as usize, r.height as usize));
         assert!(!header.is_progressive && !header.is_arithmetic);
         assert_eq!(header.subsamp, Subsamp::Sub2x2);
         assert!(
@@ -790,10 +681,7 @@ fn exercise(d: &mut Decoder, data: &[u8]) {
 
 fn small_limits_decoder() -> Decoder {
     // Small enough that a mutated header cannot make a test slow.
-    Decoder::new(Limits {
-        max_pixels: 1 << 16,
-    })
-    .unwrap()
+    Decoder::new(Limits { max_pixels: 1 << 16 }).unwrap()
 }
 
 fn seeds() -> Vec<(&'static str, Vec<u8>)> {
@@ -829,35 +717,17 @@ fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 },
             ),
         ),
-        (
-            "jpeg cmyk",
-            images::jpeg_cmyk(&images::cmyk_content(w, h), w, h, true),
-        ),
+        ("jpeg cmyk", images::jpeg_cmyk(&images::cmyk_content(w, h), w, h, true)),
         (
             "png",
             images::png(w, h, 8, 2, &rgb, &[(b"eXIf", images::exif_tiff(3, true))]),
         ),
-        (
-            "png16",
-            images::png(4, 2, 16, 6, &Rng::new(20).bytes(64), &[]),
-        ),
+        ("png16", images::png(4, 2, 16, 6, &Rng::new(20).bytes(64), &[])),
         ("gif", images::gif_two_frames(4, 4, [1, 2, 3], [4, 5, 6])),
-        (
-            "bmp",
-            images::encode_with_image(&rgb, w, h, ImageFormat::Bmp),
-        ),
-        (
-            "tiff",
-            images::encode_with_image(&rgb, w, h, ImageFormat::Tiff),
-        ),
-        (
-            "webp",
-            images::encode_with_image(&rgb, w, h, ImageFormat::WebP),
-        ),
-        (
-            "pnm",
-            images::encode_with_image(&rgb, w, h, ImageFormat::Pnm),
-        ),
+        ("bmp", images::encode_with_image(&rgb, w, h, ImageFormat::Bmp)),
+        ("tiff", images::encode_with_image(&rgb, w, h, ImageFormat::Tiff)),
+        ("webp", images::encode_with_image(&rgb, w, h, ImageFormat::WebP)),
+        ("pnm", images::encode_with_image(&rgb, w, h, ImageFormat::Pnm)),
     ]
 }
 
@@ -866,8 +736,7 @@ fn every_seed_decodes_and_every_prefix_fails_cleanly() {
     let mut d = small_limits_decoder();
     let mut out = Vec::new();
     for (name, data) in seeds() {
-        d.decode_rgb8(&data, &mut out)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        d.decode_rgb8(&data, &mut out).unwrap_or_else(|e| panic!("{name}: {e}"));
         for cut in 0..data.len() {
             exercise(&mut d, &data[..cut]);
         }

@@ -76,8 +76,7 @@ impl Fixtures {
     fn open(&self, name: &str) -> LmdbSource {
         let db = self.db(name);
         let path = self.path(db["path"].as_str().expect("path"));
-        LmdbSource::open(&path, &self.options(db, Layout::Auto))
-            .unwrap_or_else(|e| panic!("{name}: {e}"))
+        LmdbSource::open(&path, &self.options(db, Layout::Auto)).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
 
     /// The expected (key, label, bytes) of every sample of `name`, in order.
@@ -147,18 +146,14 @@ fn every_layout_reads_back_exactly() {
 
         // Auto-detected, then given explicitly: the same samples either way.
         for layout in [Layout::Auto, want_layout] {
-            let src = LmdbSource::open(&path, &fx.options(db, layout))
-                .unwrap_or_else(|e| panic!("{name} ({layout}): {e}"));
+            let src =
+                LmdbSource::open(&path, &fx.options(db, layout)).unwrap_or_else(|e| panic!("{name} ({layout}): {e}"));
             assert_eq!(src.layout(), want_layout, "{name}");
             assert_eq!(src.len(), want.len() as u64, "{name}");
             assert_eq!(src.class_names(), want_classes, "{name}");
             assert_eq!(
                 src.describe(),
-                format!(
-                    "lmdb {} ({want_layout} layout, {} samples)",
-                    path.display(),
-                    want.len()
-                )
+                format!("lmdb {} ({want_layout} layout, {} samples)", path.display(), want.len())
             );
             let data_file = if path.is_dir() {
                 path.join("data.mdb")
@@ -174,18 +169,11 @@ fn every_layout_reads_back_exactly() {
                 assert_eq!(s.index, i as u64);
                 assert_eq!(s.key, key.as_slice(), "{name} sample {i}");
                 assert_eq!(s.label, *label, "{name} sample {i}");
-                assert!(
-                    s.data == bytes.as_slice(),
-                    "{name} sample {i}: bytes differ"
-                );
+                assert!(s.data == bytes.as_slice(), "{name} sample {i}: bytes differ");
                 // Zero-copy: the bytes are LMDB's map, except protocol-2 pickles whose bytes are
                 // latin-1 text that must be converted.
                 let mapped = is_mapped_from(s.data.as_ptr(), &data_file);
-                assert_eq!(
-                    mapped,
-                    !name.ends_with("p2"),
-                    "{name} {i}: zero-copy is {mapped}"
-                );
+                assert_eq!(mapped, !name.ends_with("p2"), "{name} {i}: zero-copy is {mapped}");
             }
         }
     }
@@ -209,10 +197,7 @@ fn no_labels_means_no_label_and_label_sources_are_checked() {
         for want in wants {
             assert!(msg.contains(want), "{msg:?} lacks {want:?}");
         }
-        assert!(
-            msg.starts_with(&format!("lmdb {}: ", path.display())),
-            "{msg}"
-        );
+        assert!(msg.starts_with(&format!("lmdb {}: ", path.display())), "{msg}");
         e
     };
     let key = |k: &str| LabelSource::Key(k.as_bytes().to_vec());
@@ -275,16 +260,7 @@ fn no_labels_means_no_label_and_label_sources_are_checked() {
     let table: serde_json::Map<String, Value> = keys
         .iter()
         .enumerate()
-        .map(|(i, k)| {
-            (
-                k.clone(),
-                if i == 0 {
-                    Value::from("cat")
-                } else {
-                    Value::from(i)
-                },
-            )
-        })
+        .map(|(i, k)| (k.clone(), if i == 0 { Value::from("cat") } else { Value::from(i) }))
         .collect();
     fs::write(&mixed, serde_json::to_vec(&table).unwrap()).unwrap();
     expect_err(
@@ -312,19 +288,12 @@ fn bad_values_fail_per_sample_with_clear_messages() {
     let key = String::from_utf8(unhex(bad["first_key_hex"].as_str().unwrap())).unwrap();
     assert!(msg.contains(&format!("sample 0 (key \"{key}\")")), "{msg}");
     assert!(msg.contains(&path.display().to_string()), "{msg}");
-    assert!(matches!(
-        err,
-        SourceError::Lmdb(LmdbError::Sample { index: 0, .. })
-    ));
+    assert!(matches!(err, SourceError::Lmdb(LmdbError::Sample { index: 0, .. })));
     // The reader is still usable after an error.
     assert!(r.get(1).is_err());
     assert!(matches!(
         r.get(3),
-        Err(SourceError::OutOfRange {
-            index: 3,
-            len: 3,
-            ..
-        })
+        Err(SourceError::OutOfRange { index: 3, len: 3, .. })
     ));
 
     // Values that are neither images nor records: auto-detection says what it saw.
@@ -381,10 +350,7 @@ fn out_of_range_index() {
         }
     }
     let msg = r.get(src.len()).unwrap_err().to_string();
-    assert!(
-        msg.contains("out of range") && msg.contains("pickle_p3"),
-        "{msg}"
-    );
+    assert!(msg.contains("out of range") && msg.contains("pickle_p3"), "{msg}");
 }
 
 #[test]
@@ -424,11 +390,7 @@ fn one_path_opened_twice_in_one_process() {
     let b = LmdbSource::open(&path.join("."), &LmdbOptions::default()).unwrap();
     let c = LmdbSource::open(&path.join("data.mdb"), &fx.options(db, Layout::Raw)).unwrap();
     {
-        let (mut ra, mut rb, mut rc) = (
-            a.reader().unwrap(),
-            b.reader().unwrap(),
-            c.reader().unwrap(),
-        );
+        let (mut ra, mut rb, mut rc) = (a.reader().unwrap(), b.reader().unwrap(), c.reader().unwrap());
         for (i, (key, label, bytes)) in want.iter().enumerate() {
             let (sa, sb, sc) = (
                 ra.get(i as u64).unwrap(),
@@ -445,10 +407,7 @@ fn one_path_opened_twice_in_one_process() {
         }
     }
     drop(a);
-    assert_eq!(
-        b.reader().unwrap().get(0).unwrap().key,
-        want[0].0.as_slice()
-    );
+    assert_eq!(b.reader().unwrap().get(0).unwrap().key, want[0].0.as_slice());
     drop((b, c));
     // Every source on the path is gone: it opens afresh, repeatedly, also from other threads.
     for _ in 0..3 {
@@ -460,10 +419,7 @@ fn one_path_opened_twice_in_one_process() {
             scope.spawn(|| {
                 for _ in 0..10 {
                     let s = LmdbSource::open(&path, &LmdbOptions::default()).unwrap();
-                    assert_eq!(
-                        s.reader().unwrap().get(1).unwrap().key,
-                        want[1].0.as_slice()
-                    );
+                    assert_eq!(s.reader().unwrap().get(1).unwrap().key, want[1].0.as_slice());
                 }
             });
         }
@@ -484,10 +440,7 @@ fn paths_that_are_not_lmdbs() {
     let msg = LmdbSource::open(&missing, &LmdbOptions::default())
         .unwrap_err()
         .to_string();
-    assert!(
-        msg.contains("cannot open") && msg.contains("no such file"),
-        "{msg}"
-    );
+    assert!(msg.contains("cannot open") && msg.contains("no such file"), "{msg}");
     assert!(msg.contains(&missing.display().to_string()), "{msg}");
 
     let empty_dir = dir.join("empty_dir");
@@ -510,10 +463,7 @@ fn paths_that_are_not_lmdbs() {
         msg.contains("not an lmdb environment") && msg.contains("68 65 6c 6c 6f"),
         "{msg}"
     );
-    assert!(
-        !dir.join("notes.txt-lock").exists(),
-        "a stray lock file was created"
-    );
+    assert!(!dir.join("notes.txt-lock").exists(), "a stray lock file was created");
 
     let empty = dir.join("empty.mdb");
     fs::write(&empty, "").unwrap();
@@ -530,10 +480,7 @@ fn paths_that_are_not_lmdbs() {
     assert!(matches!(e, LmdbError::NotLmdb { .. }), "{e:?}");
 
     // Image files are not lmdbs either.
-    let img = fx.db("raw_csv")["samples"][0]["file"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let img = fx.db("raw_csv")["samples"][0]["file"].as_str().unwrap().to_owned();
     let e = LmdbSource::open(&fx.path(&img), &LmdbOptions::default()).unwrap_err();
     assert!(e.to_string().contains("ff d8 ff"), "{e}");
 }
@@ -561,9 +508,7 @@ fn read_only_directory_opens_without_a_lock_file() {
     let seen: HashSet<Vec<u8>> = match &result {
         Ok(src) => {
             let mut r = src.reader().unwrap();
-            (0..src.len())
-                .map(|i| r.get(i).unwrap().data.to_vec())
-                .collect()
+            (0..src.len()).map(|i| r.get(i).unwrap().data.to_vec()).collect()
         }
         Err(_) => HashSet::new(),
     };
@@ -573,17 +518,11 @@ fn read_only_directory_opens_without_a_lock_file() {
 
     let src = result.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(src.len(), want.len() as u64);
-    assert_eq!(
-        seen,
-        want.iter().map(|s| s.2.clone()).collect::<HashSet<_>>()
-    );
+    assert_eq!(seen, want.iter().map(|s| s.2.clone()).collect::<HashSet<_>>());
     if writable {
         assert!(lock_created && !unlocked);
     } else {
-        assert!(
-            !lock_created,
-            "a lock file appeared in a read-only directory"
-        );
+        assert!(!lock_created, "a lock file appeared in a read-only directory");
         assert!(unlocked);
     }
 }

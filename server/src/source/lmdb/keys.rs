@@ -71,16 +71,7 @@ mod tests {
         for key in [&b"__keys__"[..], b"__len__", b"__labels__", b"____"] {
             assert!(is_metadata(key), "{key:?}");
         }
-        for key in [
-            &b"__"[..],
-            b"___",
-            b"_a_",
-            b"__a",
-            b"a__",
-            b"00001",
-            b"",
-            b"__x_",
-        ] {
+        for key in [&b"__"[..], b"___", b"_a_", b"__a", b"a__", b"00001", b"", b"__x_"] {
             assert!(!is_metadata(key), "{key:?}");
         }
     }

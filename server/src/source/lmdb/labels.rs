@@ -109,11 +109,7 @@ pub(super) fn detect(bytes: &[u8], extension: Option<&str>) -> Format {
                 .into_iter::<IgnoredAny>()
                 .take(2)
                 .count();
-            if values > 1 {
-                Format::JsonLines
-            } else {
-                Format::Json
-            }
+            if values > 1 { Format::JsonLines } else { Format::Json }
         }
         _ => Format::Csv,
     }
@@ -137,8 +133,8 @@ fn parse_json(text: &[u8]) -> Result<Table, String> {
         let list: Vec<Label> = serde_json::from_slice(text).map_err(|e| e.to_string())?;
         return Ok(Table::InOrder(list));
     }
-    let map: HashMap<String, Label> = serde_json::from_slice(text)
-        .map_err(|e| format!("{e} (expected an object {{\"key\": label}} or an array)"))?;
+    let map: HashMap<String, Label> =
+        serde_json::from_slice(text).map_err(|e| format!("{e} (expected an object {{\"key\": label}} or an array)"))?;
     // A single JSON line {"key": "k", "label": 3} is a one-sample JSON lines table.
     if map.len() == 2
         && let (Some(Label::Name(key)), Some(label)) = (map.get("key"), map.get("label"))
@@ -161,8 +157,7 @@ fn parse_json_lines(text: &[u8]) -> Result<Table, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let line: Line =
-            serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let line: Line = serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", n + 1))?;
         if map.insert(line.key.into_bytes(), line.label).is_some() {
             return Err(format!("line {}: duplicate key", n + 1));
         }
@@ -224,10 +219,7 @@ fn parse_csv(text: &[u8]) -> Result<Table, String> {
         .map(|f| String::from_utf8_lossy(f).trim().to_ascii_lowercase())
         .collect();
     if names != ["key", "label"] {
-        return Err(format!(
-            "the csv header is {:?}; expected `key,label`",
-            names.join(",")
-        ));
+        return Err(format!("the csv header is {:?}; expected `key,label`", names.join(",")));
     }
     let mut rows: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
@@ -244,11 +236,7 @@ fn parse_csv(text: &[u8]) -> Result<Table, String> {
         let key = fields.pop().unwrap_or_default();
         let label = label.trim_ascii().to_vec();
         if !seen.insert(key.clone()) {
-            return Err(format!(
-                "line {}: duplicate key \"{}\"",
-                n + 1,
-                key.escape_ascii()
-            ));
+            return Err(format!("line {}: duplicate key \"{}\"", n + 1, key.escape_ascii()));
         }
         rows.push((key, label));
     }
@@ -278,10 +266,7 @@ fn pickle_key(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Vec<u8>, String> {
                 .map_err(|c| format!("a bytes key holds {c:?}, which is not latin-1"))?;
             Ok(out)
         }
-        other => Err(format!(
-            "a key is a pickled {}, not str or bytes",
-            other.type_name()
-        )),
+        other => Err(format!("a key is a pickled {}, not str or bytes", other.type_name())),
     }
 }
 
@@ -292,10 +277,7 @@ fn pickle_label(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Label, String> {
         Node::Str(s) => Ok(Label::Name(s.as_bytes().to_vec())),
         Node::Bytes(b) => Ok(Label::Name(b.to_vec())),
         Node::BigInt => Err("a label does not fit in 64 bits".into()),
-        other => Err(format!(
-            "a label is a pickled {}, not int or str",
-            other.type_name()
-        )),
+        other => Err(format!("a label is a pickled {}, not int or str", other.type_name())),
     }
 }
 
@@ -310,10 +292,7 @@ fn parse_pickle(bytes: &[u8]) -> Result<Table, String> {
             Ok(Table::ByKey(map))
         }
         Node::List(items) | Node::Tuple(items) => Ok(Table::InOrder(
-            items
-                .iter()
-                .map(|&i| pickle_label(&p, i))
-                .collect::<Result<_, _>>()?,
+            items.iter().map(|&i| pickle_label(&p, i)).collect::<Result<_, _>>()?,
         )),
         other => Err(format!(
             "the pickle holds a {}, expected a dict {{key: label}} or a list of labels",
@@ -329,10 +308,7 @@ fn msgpack_label(item: Item<'_>) -> Result<Label, String> {
             .map_err(|_| format!("label {v} does not fit in 64 bits")),
         Item::Bool(b) => Ok(Label::Int(b.into())),
         Item::Str(s) | Item::Bin(s) => Ok(Label::Name(s.to_vec())),
-        other => Err(format!(
-            "a label is a msgpack {}, not int or str",
-            other.type_name()
-        )),
+        other => Err(format!("a label is a msgpack {}, not int or str", other.type_name())),
     }
 }
 
@@ -346,10 +322,7 @@ fn parse_msgpack(bytes: &[u8]) -> Result<Table, String> {
                 let key = match c.next().map_err(err)? {
                     Item::Str(s) | Item::Bin(s) => s.to_vec(),
                     other => {
-                        return Err(format!(
-                            "a key is a msgpack {}, not str or bin",
-                            other.type_name()
-                        ));
+                        return Err(format!("a key is a msgpack {}, not str or bin", other.type_name()));
                     }
                 };
                 map.insert(key, msgpack_label(c.next().map_err(err)?)?);
@@ -371,10 +344,7 @@ fn parse_msgpack(bytes: &[u8]) -> Result<Table, String> {
         }
     };
     if c.left() > 0 {
-        return Err(format!(
-            "{} trailing bytes after the msgpack table",
-            c.left()
-        ));
+        return Err(format!("{} trailing bytes after the msgpack table", c.left()));
     }
     Ok(table)
 }
@@ -423,18 +393,14 @@ pub(super) fn resolve(table: &Table, keys: &KeyTable) -> Result<Resolved, Resolv
         match label {
             Label::Int(v) => *v,
             // Every name is in `classes`, which is sorted.
-            Label::Name(n) => classes
-                .binary_search(n)
-                .map_or(crate::source::NO_LABEL, |i| i as i64),
+            Label::Name(n) => classes.binary_search(n).map_or(crate::source::NO_LABEL, |i| i as i64),
         }
     };
     let labels = match table {
         Table::ByKey(map) => {
             let mut labels = Vec::with_capacity(keys.len() as usize);
             for (index, key) in keys.iter().enumerate() {
-                let label = map.get(key).ok_or(ResolveError::Missing {
-                    index: index as u64,
-                })?;
+                let label = map.get(key).ok_or(ResolveError::Missing { index: index as u64 })?;
                 labels.push(value(label));
             }
             labels
@@ -498,8 +464,7 @@ mod tests {
 
     #[test]
     fn json_lines() {
-        let text =
-            b"{\"key\": \"a\", \"label\": 1}\n\n{\"key\": \"b\", \"label\": 2, \"extra\": 0}\n";
+        let text = b"{\"key\": \"a\", \"label\": 1}\n\n{\"key\": \"b\", \"label\": 2, \"extra\": 0}\n";
         assert_eq!(detect(text, None), Format::JsonLines);
         assert_eq!(
             parse_any(text, None),
@@ -508,10 +473,7 @@ mod tests {
         // A single line is still one sample, not a table of samples "key" and "label".
         let one = b"{\"key\": \"a\", \"label\": \"cat\"}";
         assert_eq!(parse_any(one, None), by_key(&[(b"a", name("cat"))]));
-        assert_eq!(
-            parse_any(one, Some("JSONL")),
-            by_key(&[(b"a", name("cat"))])
-        );
+        assert_eq!(parse_any(one, Some("JSONL")), by_key(&[(b"a", name("cat"))]));
         let e = parse(
             b"{\"key\": \"a\", \"label\": 1}\n{\"key\": \"a\", \"label\": 1}",
             Format::JsonLines,
@@ -528,11 +490,7 @@ mod tests {
         assert_eq!(detect(text, None), Format::Csv);
         assert_eq!(
             parse_any(text, None),
-            by_key(&[
-                (b"a", Label::Int(1)),
-                (b"b,c", Label::Int(2)),
-                (b"d\"e", Label::Int(3))
-            ])
+            by_key(&[(b"a", Label::Int(1)), (b"b,c", Label::Int(2)), (b"d\"e", Label::Int(3))])
         );
         // One name makes them all names.
         assert_eq!(
@@ -603,10 +561,7 @@ mod tests {
         ]);
         let r = resolve(&t, &ks).unwrap();
         // Classes come from the whole table, sorted: ant, cat, dog.
-        assert_eq!(
-            r.classes,
-            vec![b"ant".to_vec(), b"cat".to_vec(), b"dog".to_vec()]
-        );
+        assert_eq!(r.classes, vec![b"ant".to_vec(), b"cat".to_vec(), b"dog".to_vec()]);
         assert_eq!(r.labels, vec![2, 1, 2]);
         let t = Table::InOrder(vec![Label::Int(5), Label::Int(6), Label::Int(7)]);
         assert_eq!(
@@ -627,10 +582,7 @@ mod tests {
         );
         assert_eq!(
             resolve(&Table::InOrder(vec![Label::Int(1)]), &ks),
-            Err(ResolveError::Count {
-                labels: 1,
-                samples: 2
-            })
+            Err(ResolveError::Count { labels: 1, samples: 2 })
         );
         assert_eq!(
             resolve(&by_key(&[(b"a", Label::Int(1)), (b"b", name("x"))]), &ks),

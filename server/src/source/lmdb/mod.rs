@@ -215,9 +215,7 @@ fn resolve_target(user_path: &Path) -> Result<Target, LmdbError> {
     let meta = fs::metadata(user_path).map_err(|e| open_err(&e))?;
     let (env_path, single_file) = if meta.is_dir() {
         (user_path.to_owned(), false)
-    } else if user_path.file_name().is_some_and(|n| n == "data.mdb")
-        && !lock_path(user_path, true).exists()
-    {
+    } else if user_path.file_name().is_some_and(|n| n == "data.mdb") && !lock_path(user_path, true).exists() {
         // The data file of a directory environment: open the directory, so that we share its
         // lock.mdb with any other reader or writer.
         let dir = user_path.parent().unwrap_or(Path::new("."));
@@ -318,11 +316,7 @@ fn lock_denied(err: &heed::Error) -> bool {
 }
 
 /// Opens the environment at `target`, read-only, and its main database.
-fn open_env(
-    user_path: &Path,
-    target: &Target,
-    force_no_lock: bool,
-) -> Result<SharedEnv, LmdbError> {
+fn open_env(user_path: &Path, target: &Target, force_no_lock: bool) -> Result<SharedEnv, LmdbError> {
     let open_once = |no_lock: bool| -> heed::Result<Env<WithoutTls>> {
         let mut options = EnvOpenOptions::new().read_txn_without_tls();
         // Only matters when this process creates the lock file: room for many worker threads.
@@ -538,17 +532,11 @@ impl LmdbSource {
         };
 
         // One cursor pass: sample keys, and the first sample's value for layout detection.
-        let entries = shared
-            .db
-            .len(&rtxn)
-            .map_err(|e| read_err("cannot count keys", &e))?;
+        let entries = shared.db.len(&rtxn).map_err(|e| read_err("cannot count keys", &e))?;
         let mut keys = KeyTable::with_capacity(usize::try_from(entries).unwrap_or(0));
         let mut first: Option<&[u8]> = None;
         let mut metadata: Vec<Vec<u8>> = Vec::new();
-        let iter = shared
-            .db
-            .iter(&rtxn)
-            .map_err(|e| read_err("cannot walk keys", &e))?;
+        let iter = shared.db.iter(&rtxn).map_err(|e| read_err("cannot walk keys", &e))?;
         for entry in iter {
             let (key, value) = entry.map_err(|e| read_err("cannot walk keys", &e))?;
             if keys::is_metadata(key) || Some(key) == label_key {
@@ -719,10 +707,7 @@ fn show_keys(keys: &[Vec<u8>]) -> String {
     if keys.is_empty() {
         "none".to_owned()
     } else {
-        keys.iter()
-            .map(|k| show_key(k))
-            .collect::<Vec<_>>()
-            .join(", ")
+        keys.iter().map(|k| show_key(k)).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -745,11 +730,7 @@ impl Source for LmdbSource {
     }
 
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
-        let txn = self
-            .shared
-            .env
-            .read_txn()
-            .map_err(|e| txn_error(&self.path, &e))?;
+        let txn = self.shared.env.read_txn().map_err(|e| txn_error(&self.path, &e))?;
         Ok(Box::new(LmdbReader {
             src: self,
             txn,
@@ -922,11 +903,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         write_env(
             dir.path(),
-            &[
-                (b"a", b"\xff\xd8\xffa"),
-                (b"b", b"\xff\xd8\xffb"),
-                (b"__len__", b"2"),
-            ],
+            &[(b"a", b"\xff\xd8\xffa"), (b"b", b"\xff\xd8\xffb"), (b"__len__", b"2")],
         );
         fs::remove_file(dir.path().join("lock.mdb")).unwrap();
         let src = LmdbSource::open_with(dir.path(), &LmdbOptions::default(), true).unwrap();
@@ -936,10 +913,7 @@ mod tests {
         assert_eq!(src.len(), 2);
         let mut r = src.reader().unwrap();
         let s = r.get(1).unwrap();
-        assert_eq!(
-            (s.key, s.data, s.label),
-            (&b"b"[..], &b"\xff\xd8\xffb"[..], NO_LABEL)
-        );
+        assert_eq!((s.key, s.data, s.label), (&b"b"[..], &b"\xff\xd8\xffb"[..], NO_LABEL));
     }
 
     #[test]
@@ -961,9 +935,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("holds no samples")
-                && e.contains("\"__len__\"")
-                && e.contains("--lmdb-layout"),
+            e.contains("holds no samples") && e.contains("\"__len__\"") && e.contains("--lmdb-layout"),
             "{e}"
         );
         let opts = LmdbOptions {

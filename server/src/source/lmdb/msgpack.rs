@@ -240,17 +240,11 @@ mod tests {
         assert_eq!(one(b"\xcc\xff"), Item::Int(255));
         assert_eq!(one(b"\xcd\x01\x00"), Item::Int(256));
         assert_eq!(one(b"\xce\x00\x01\x00\x00"), Item::Int(65536));
-        assert_eq!(
-            one(b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff"),
-            Item::Int(u64::MAX.into())
-        );
+        assert_eq!(one(b"\xcf\xff\xff\xff\xff\xff\xff\xff\xff"), Item::Int(u64::MAX.into()));
         assert_eq!(one(b"\xd0\x80"), Item::Int(-128));
         assert_eq!(one(b"\xd1\xff\x7f"), Item::Int(-129));
         assert_eq!(one(b"\xd2\x80\x00\x00\x00"), Item::Int(i32::MIN.into()));
-        assert_eq!(
-            one(b"\xd3\x80\x00\x00\x00\x00\x00\x00\x00"),
-            Item::Int(i64::MIN.into())
-        );
+        assert_eq!(one(b"\xd3\x80\x00\x00\x00\x00\x00\x00\x00"), Item::Int(i64::MIN.into()));
     }
 
     #[test]
@@ -259,15 +253,9 @@ mod tests {
         assert_eq!(one(b"\xc2"), Item::Bool(false));
         assert_eq!(one(b"\xc3"), Item::Bool(true));
         assert_eq!(one(b"\xca\x3f\xc0\x00\x00"), Item::Float(1.5));
-        assert_eq!(
-            one(b"\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00"),
-            Item::Float(1.5)
-        );
+        assert_eq!(one(b"\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00"), Item::Float(1.5));
         assert_eq!(one(b"\xd4\x01\xaa"), Item::Ext(1, b"\xaa"));
-        assert_eq!(
-            one(b"\xd8\xff0123456789abcdef"),
-            Item::Ext(-1, b"0123456789abcdef")
-        );
+        assert_eq!(one(b"\xd8\xff0123456789abcdef"), Item::Ext(-1, b"0123456789abcdef"));
         assert_eq!(one(b"\xc7\x02\x05ab"), Item::Ext(5, b"ab"));
         assert_eq!(one(b"\xc8\x00\x02\x05ab"), Item::Ext(5, b"ab"));
         assert_eq!(one(b"\xc9\x00\x00\x00\x02\x05ab"), Item::Ext(5, b"ab"));
@@ -316,10 +304,7 @@ mod tests {
 
     #[test]
     fn reserved_byte() {
-        assert_eq!(
-            Cursor::new(b"\xc1").next(),
-            Err(MsgpackError::Reserved { pos: 0 })
-        );
+        assert_eq!(Cursor::new(b"\xc1").next(), Err(MsgpackError::Reserved { pos: 0 }));
     }
 
     #[test]
@@ -341,10 +326,7 @@ mod tests {
             b"\xdb\xff\xff\xff\xffab",
             b"\xc9\xff\xff\xff\xff\x01ab",
         ] {
-            assert!(matches!(
-                Cursor::new(data).next(),
-                Err(MsgpackError::Truncated { .. })
-            ));
+            assert!(matches!(Cursor::new(data).next(), Err(MsgpackError::Truncated { .. })));
         }
         for data in [
             &b"\xdd\xff\xff\xff\xff\x01"[..],

@@ -116,11 +116,7 @@ pub(super) enum PickleError {
         name: String,
     },
     /// The opcodes are known but do not make sense (stack underflow, bad UTF-8, ...).
-    Invalid {
-        pos: usize,
-        op: u8,
-        reason: &'static str,
-    },
+    Invalid { pos: usize, op: u8, reason: &'static str },
     /// A [`Limits`] cap was reached.
     Limit {
         pos: usize,
@@ -138,10 +134,7 @@ impl fmt::Display for PickleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PickleError::Truncated { pos, op: None } => {
-                write!(
-                    f,
-                    "pickle ends at byte {pos} without a STOP opcode (truncated value?)"
-                )
+                write!(f, "pickle ends at byte {pos} without a STOP opcode (truncated value?)")
             }
             PickleError::Truncated { pos, op: Some(op) } => write!(
                 f,
@@ -153,12 +146,7 @@ impl fmt::Display for PickleError {
                 "unsupported pickle opcode {} (0x{op:02x}) at byte {pos}; {HINT}",
                 op_name(*op)
             ),
-            PickleError::UnsupportedGlobal {
-                pos,
-                op,
-                module,
-                name,
-            } => {
+            PickleError::UnsupportedGlobal { pos, op, module, name } => {
                 write!(
                     f,
                     "unsupported pickle opcode {} (0x{op:02x}) at byte {pos}, importing `{}.{}`",
@@ -417,8 +405,7 @@ impl<'a> Machine<'a> {
         if self.nodes.len() >= self.limits.max_nodes {
             return Err(self.limit("values", self.limits.max_nodes));
         }
-        let id = NodeId::try_from(self.nodes.len())
-            .map_err(|_| self.limit("values", u32::MAX as usize))?;
+        let id = NodeId::try_from(self.nodes.len()).map_err(|_| self.limit("values", u32::MAX as usize))?;
         self.nodes.push(node);
         Ok(id)
     }
@@ -445,9 +432,7 @@ impl<'a> Machine<'a> {
         if self.stack.len() <= self.floor() {
             return Err(self.invalid("stack underflow"));
         }
-        self.stack
-            .pop()
-            .ok_or_else(|| self.invalid("stack underflow"))
+        self.stack.pop().ok_or_else(|| self.invalid("stack underflow"))
     }
 
     fn top(&self) -> Result<NodeId, PickleError> {
@@ -462,10 +447,7 @@ impl<'a> Machine<'a> {
 
     /// Pops the values pushed since the last `MARK`, and the mark.
     fn pop_mark(&mut self) -> Result<Vec<NodeId>, PickleError> {
-        let mark = self
-            .marks
-            .pop()
-            .ok_or_else(|| self.invalid("no MARK to close"))?;
+        let mark = self.marks.pop().ok_or_else(|| self.invalid("no MARK to close"))?;
         Ok(self.stack.split_off(mark.min(self.stack.len())))
     }
 
@@ -479,10 +461,7 @@ impl<'a> Machine<'a> {
     }
 
     fn memo_get(&mut self, key: u32) -> Result<(), PickleError> {
-        let id = *self
-            .memo
-            .get(&key)
-            .ok_or_else(|| self.invalid("memo key not found"))?;
+        let id = *self.memo.get(&key).ok_or_else(|| self.invalid("memo key not found"))?;
         self.push_id(id)
     }
 
@@ -534,9 +513,7 @@ impl<'a> Machine<'a> {
                     "latin1" | "latin-1" | "iso-8859-1" | "iso8859-1" => Node::Latin1(text),
                     "utf-8" | "utf8" => Node::Bytes(text.as_bytes()),
                     _ => {
-                        return Err(
-                            self.invalid("_codecs.encode with an encoding other than latin1")
-                        );
+                        return Err(self.invalid("_codecs.encode with an encoding other than latin1"));
                     }
                 }
             }
@@ -747,8 +724,8 @@ impl<'a> Machine<'a> {
                 }
                 // Memo.
                 0x94 => {
-                    let key = u32::try_from(self.memo.len())
-                        .map_err(|_| self.limit("memo entries", self.limits.max_memo))?;
+                    let key =
+                        u32::try_from(self.memo.len()).map_err(|_| self.limit("memo entries", self.limits.max_memo))?;
                     self.memo_put(key)?;
                 }
                 b'q' => {
@@ -776,8 +753,7 @@ impl<'a> Machine<'a> {
                 0x93 => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    let (Node::Str(module), Node::Str(name)) = (self.node(module), self.node(name))
-                    else {
+                    let (Node::Str(module), Node::Str(name)) = (self.node(module), self.node(name)) else {
                         return Err(self.invalid("STACK_GLOBAL arguments are not str"));
                     };
                     let (module, name) = (module.as_bytes(), name.as_bytes());
@@ -785,10 +761,7 @@ impl<'a> Machine<'a> {
                 }
                 b'R' => self.reduce()?,
                 _ => {
-                    return Err(PickleError::Unsupported {
-                        pos: self.op_pos,
-                        op,
-                    });
+                    return Err(PickleError::Unsupported { pos: self.op_pos, op });
                 }
             }
         }
@@ -814,8 +787,7 @@ mod tests {
     // `pickle.dumps((b'\xff\xd8\xffab', 3), protocol=p)`, from CPython 3.11.
     const TUPLE_P2: &[u8] = b"\x80\x02c_codecs\nencode\nq\x00X\x08\x00\x00\x00\xc3\xbf\xc3\x98\xc3\xbfabq\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04K\x03\x86q\x05.";
     const TUPLE_P3: &[u8] = b"\x80\x03C\x05\xff\xd8\xffabq\x00K\x03\x86q\x01.";
-    const TUPLE_P4: &[u8] =
-        b"\x80\x04\x95\x0d\x00\x00\x00\x00\x00\x00\x00C\x05\xff\xd8\xffab\x94K\x03\x86\x94.";
+    const TUPLE_P4: &[u8] = b"\x80\x04\x95\x0d\x00\x00\x00\x00\x00\x00\x00C\x05\xff\xd8\xffab\x94K\x03\x86\x94.";
     // `pickle.dumps({'image': bytearray(b'ab'), 'label': 7, 'x': [1.5, None, True]}, protocol=5)`
     const DICT_P5: &[u8] = b"\x80\x05\x95\x36\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x05image\x94\x96\x02\x00\x00\x00\x00\x00\x00\x00ab\x94\x8c\x05label\x94K\x07\x8c\x01x\x94]\x94(G?\xf8\x00\x00\x00\x00\x00\x00N\x88eu.";
 
@@ -858,9 +830,7 @@ mod tests {
     #[test]
     fn dict_with_nested_list_and_bytearray8() {
         let p = parse(DICT_P5).unwrap();
-        let Node::Dict(items) = p.root() else {
-            panic!()
-        };
+        let Node::Dict(items) = p.root() else { panic!() };
         let pairs: Vec<_> = items.iter().map(|&(k, v)| (p.node(k), p.node(v))).collect();
         assert_eq!(pairs[0], (&Node::Str("image"), &Node::Bytes(b"ab")));
         assert_eq!(pairs[1], (&Node::Str("label"), &Node::Int(7)));
@@ -876,10 +846,7 @@ mod tests {
         assert_eq!(root(b"\x80\x02J\xff\xff\xff\xff."), Node::Int(-1));
         assert_eq!(root(b"\x80\x02\x8a\x00."), Node::Int(0));
         assert_eq!(root(b"\x80\x02\x8a\x01\xff."), Node::Int(-1));
-        assert_eq!(
-            root(b"\x80\x02\x8a\x05\x00\x00\x00\x00\x01."),
-            Node::Int(1 << 32)
-        );
+        assert_eq!(root(b"\x80\x02\x8a\x05\x00\x00\x00\x00\x01."), Node::Int(1 << 32));
         // 2**63 needs 9 bytes.
         assert_eq!(
             root(b"\x80\x02\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x80\x00."),
@@ -910,10 +877,7 @@ mod tests {
         assert_eq!(root(b"\x80\x02N."), Node::None);
         assert_eq!(root(b"\x80\x02\x88."), Node::Bool(true));
         assert_eq!(root(b"\x80\x02\x89."), Node::Bool(false));
-        assert_eq!(
-            root(b"\x80\x02G\xc0\x00\x00\x00\x00\x00\x00\x00."),
-            Node::Float(-2.0)
-        );
+        assert_eq!(root(b"\x80\x02G\xc0\x00\x00\x00\x00\x00\x00\x00."), Node::Float(-2.0));
     }
 
     #[test]
@@ -951,10 +915,7 @@ mod tests {
     #[test]
     fn empty_bytes_and_bytearray_below_protocol_5() {
         // pickle.dumps(b'', protocol=2)
-        assert_eq!(
-            root(b"\x80\x02c__builtin__\nbytes\nq\x00)Rq\x01."),
-            Node::Bytes(b"")
-        );
+        assert_eq!(root(b"\x80\x02c__builtin__\nbytes\nq\x00)Rq\x01."), Node::Bytes(b""));
         // pickle.dumps(bytearray(b'ab'), protocol=4)
         let p4 = b"\x80\x04\x95\x23\x00\x00\x00\x00\x00\x00\x00\x8c\x08builtins\x94\x8c\tbytearray\x94\x93\x94C\x02ab\x94\x85\x94R\x94.";
         assert_eq!(root(p4), Node::Bytes(b"ab"));
@@ -968,31 +929,22 @@ mod tests {
         assert_eq!(root(b"\x80\x02)."), Node::Tuple(vec![]));
         assert_eq!(root(b"\x80\x02K\x01\x85."), Node::Tuple(vec![0]));
         assert_eq!(root(b"\x80\x02K\x01K\x02\x86."), Node::Tuple(vec![0, 1]));
-        assert_eq!(
-            root(b"\x80\x02K\x01K\x02K\x03\x87."),
-            Node::Tuple(vec![0, 1, 2])
-        );
-        assert_eq!(
-            root(b"\x80\x02(K\x01K\x02K\x03K\x04t."),
-            Node::Tuple(vec![0, 1, 2, 3])
-        );
+        assert_eq!(root(b"\x80\x02K\x01K\x02K\x03\x87."), Node::Tuple(vec![0, 1, 2]));
+        assert_eq!(root(b"\x80\x02(K\x01K\x02K\x03K\x04t."), Node::Tuple(vec![0, 1, 2, 3]));
     }
 
     #[test]
     fn lists_dicts_and_memo() {
         // [1, [1]] with the inner list memoized and fetched again: l = [1]; [l, l]
         let p = parse(b"\x80\x02](]q\x00K\x01ah\x00e.").unwrap();
-        let Node::List(items) = p.root() else {
-            panic!()
-        };
+        let Node::List(items) = p.root() else { panic!() };
         assert_eq!(items.len(), 2);
         assert_eq!(items[0], items[1]);
         assert_eq!(p.node(items[0]), &Node::List(vec![2]));
         // {'a': 1, 'b': 'a'} using SETITEM, SETITEMS, BINPUT, LONG_BINPUT, BINGET, LONG_BINGET.
-        let p = parse(b"\x80\x02}X\x01\x00\x00\x00aq\x05K\x01s(X\x01\x00\x00\x00br\x06\x00\x00\x00j\x05\x00\x00\x00u.").unwrap();
-        let Node::Dict(items) = p.root() else {
-            panic!()
-        };
+        let p = parse(b"\x80\x02}X\x01\x00\x00\x00aq\x05K\x01s(X\x01\x00\x00\x00br\x06\x00\x00\x00j\x05\x00\x00\x00u.")
+            .unwrap();
+        let Node::Dict(items) = p.root() else { panic!() };
         let pairs: Vec<_> = items.iter().map(|&(k, v)| (p.node(k), p.node(v))).collect();
         assert_eq!(pairs[0], (&Node::Str("a"), &Node::Int(1)));
         assert_eq!(pairs[1], (&Node::Str("b"), &Node::Str("a")));
@@ -1085,10 +1037,7 @@ mod tests {
             b"\x80\x02\x8a\xffab.",
             b"\x80\x02cnumpy",
         ] {
-            assert!(
-                matches!(parse(data), Err(PickleError::Truncated { .. })),
-                "{data:?}"
-            );
+            assert!(matches!(parse(data), Err(PickleError::Truncated { .. })), "{data:?}");
         }
     }
 

@@ -121,21 +121,14 @@ pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, String> {
             }
         }
         other => {
-            return Err(format!(
-                "record is a pickled {}; {}",
-                other.type_name(),
-                fields_hint()
-            ));
+            return Err(format!("record is a pickled {}; {}", other.type_name(), fields_hint()));
         }
     };
     let image = match *image {
         Node::Bytes(b) => Image::Borrowed(b),
         Node::Latin1(t) => Image::Latin1(t),
         ref other => {
-            return Err(format!(
-                "the image is a pickled {}, not bytes",
-                other.type_name()
-            ));
+            return Err(format!("the image is a pickled {}, not bytes", other.type_name()));
         }
     };
     let label = match *label {
@@ -144,16 +137,10 @@ pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, String> {
         Node::None => NO_LABEL,
         Node::BigInt => return Err("the label does not fit in 64 bits".into()),
         Node::Str(s) => {
-            return Err(format!(
-                "the label is a str (\"{}\"); {STR_LABEL}",
-                s.escape_debug()
-            ));
+            return Err(format!("the label is a str (\"{}\"); {STR_LABEL}", s.escape_debug()));
         }
         ref other => {
-            return Err(format!(
-                "the label is a pickled {}; {STR_LABEL}",
-                other.type_name()
-            ));
+            return Err(format!("the label is a pickled {}; {STR_LABEL}", other.type_name()));
         }
     };
     Ok(Record { image, label })
@@ -161,29 +148,18 @@ pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, String> {
 
 fn msgpack_label(item: Item<'_>) -> Result<i64, String> {
     match item {
-        Item::Int(v) => {
-            i64::try_from(v).map_err(|_| format!("the label {v} does not fit in 64 bits"))
-        }
+        Item::Int(v) => i64::try_from(v).map_err(|_| format!("the label {v} does not fit in 64 bits")),
         Item::Bool(b) => Ok(i64::from(b)),
         Item::Nil => Ok(NO_LABEL),
-        Item::Str(s) => Err(format!(
-            "the label is a str (\"{}\"); {STR_LABEL}",
-            s.escape_ascii()
-        )),
-        other => Err(format!(
-            "the label is a msgpack {}; {STR_LABEL}",
-            other.type_name()
-        )),
+        Item::Str(s) => Err(format!("the label is a str (\"{}\"); {STR_LABEL}", s.escape_ascii())),
+        other => Err(format!("the label is a msgpack {}; {STR_LABEL}", other.type_name())),
     }
 }
 
 fn msgpack_image(item: Item<'_>) -> Result<&[u8], String> {
     match item {
         Item::Bin(b) | Item::Str(b) => Ok(b),
-        other => Err(format!(
-            "the image is a msgpack {}, not bin",
-            other.type_name()
-        )),
+        other => Err(format!("the image is a msgpack {}, not bin", other.type_name())),
     }
 }
 
@@ -212,10 +188,7 @@ pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
             }
         }
         Item::Array(n) => {
-            return Err(format!(
-                "record is a msgpack array of {n} items; {}",
-                fields_hint()
-            ));
+            return Err(format!("record is a msgpack array of {n} items; {}", fields_hint()));
         }
         Item::Map(n) => {
             // Pick fields by name first and check their types after, so that a preferred field
@@ -263,11 +236,7 @@ pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
             }
         }
         other => {
-            return Err(format!(
-                "record is a msgpack {}; {}",
-                other.type_name(),
-                fields_hint()
-            ));
+            return Err(format!("record is a msgpack {}; {}", other.type_name(), fields_hint()));
         }
     };
     if c.left() > 0 {
@@ -339,19 +308,13 @@ mod tests {
     fn pickle_errors_are_clear() {
         // {'image': b'x'} has no label.
         let e = from_pickle(b"\x80\x04}\x94\x8c\x05image\x94C\x01xs.").unwrap_err();
-        assert!(
-            e.contains("no label field") && e.contains("\"image\""),
-            "{e}"
-        );
+        assert!(e.contains("no label field") && e.contains("\"image\""), "{e}");
         // ('x', 1): image is a str.
         let e = from_pickle(b"\x80\x04\x8c\x01xK\x01\x86.").unwrap_err();
         assert!(e.contains("image is a pickled str"), "{e}");
         // (b'x', 'cat'): string label.
         let e = from_pickle(b"\x80\x04C\x01x\x8c\x03cat\x86.").unwrap_err();
-        assert!(
-            e.contains("label is a str (\"cat\")") && e.contains("--labels"),
-            "{e}"
-        );
+        assert!(e.contains("label is a str (\"cat\")") && e.contains("--labels"), "{e}");
         // (b'x', 1.5)
         let e = from_pickle(b"\x80\x04C\x01xG?\xf8\x00\x00\x00\x00\x00\x00\x86.").unwrap_err();
         assert!(e.contains("label is a pickled float"), "{e}");
@@ -359,10 +322,7 @@ mod tests {
         let e = from_pickle(b"\x80\x04K\x01K\x01K\x01\x87.").unwrap_err();
         assert!(e.contains("tuple of 3 items"), "{e}");
         // (b'x', None) is unlabeled; (b'x', True) is 1.
-        assert_eq!(
-            from_pickle(b"\x80\x04C\x01xN\x86.").unwrap().label,
-            NO_LABEL
-        );
+        assert_eq!(from_pickle(b"\x80\x04C\x01xN\x86.").unwrap().label, NO_LABEL);
         assert_eq!(from_pickle(b"\x80\x04C\x01x\x88\x86.").unwrap().label, 1);
     }
 
@@ -386,10 +346,7 @@ mod tests {
             }
         );
         // {"meta": {"w": [1, 2]}, "y": 4, "jpeg": bin, "png": bin}: jpeg beats png, y is used.
-        let r = from_msgpack(
-            b"\x84\xa4meta\x81\xa1w\x92\x01\x02\xa1y\x04\xa3png\xc4\x01p\xa4jpeg\xc4\x01j",
-        )
-        .unwrap();
+        let r = from_msgpack(b"\x84\xa4meta\x81\xa1w\x92\x01\x02\xa1y\x04\xa3png\xc4\x01p\xa4jpeg\xc4\x01j").unwrap();
         assert_eq!(
             r,
             Record {
@@ -399,10 +356,7 @@ mod tests {
         );
         // The preferred field wins, whatever the type of the others: {"class": "cat", "label": 1,
         // "data": {"nested": 1}, "image": bin}.
-        let r = from_msgpack(
-            b"\x84\xa5class\xa3cat\xa5label\x01\xa4data\x81\xa6nested\x01\xa5image\xc4\x01i",
-        )
-        .unwrap();
+        let r = from_msgpack(b"\x84\xa5class\xa3cat\xa5label\x01\xa4data\x81\xa6nested\x01\xa5image\xc4\x01i").unwrap();
         assert_eq!(
             r,
             Record {
@@ -430,10 +384,7 @@ mod tests {
         let e = from_msgpack(b"\x92\xc4\x01x\x01\x01").unwrap_err();
         assert!(e.contains("trailing"), "{e}");
         let e = from_msgpack(b"\x81\xa5label\x01").unwrap_err();
-        assert!(
-            e.contains("no image field") && e.contains("\"label\""),
-            "{e}"
-        );
+        assert!(e.contains("no image field") && e.contains("\"label\""), "{e}");
         let e = from_msgpack(b"\x93\x01\x01\x01").unwrap_err();
         assert!(e.contains("array of 3 items"), "{e}");
         let e = from_msgpack(b"\x92\x01\x01").unwrap_err();

@@ -38,11 +38,7 @@ pub(super) fn photo(w: u32, h: u32, seed: u64) -> Vec<u8> {
             let r = (x * 200 / w.max(1)) as i32 + 20 + n;
             let g = (y * 180 / h.max(1)) as i32 + 40 - n;
             let b = ((x + 2 * y) * 255 / (w + 2 * h).max(1)) as i32;
-            v.extend_from_slice(&[
-                r.clamp(0, 255) as u8,
-                g.clamp(0, 255) as u8,
-                b.clamp(0, 255) as u8,
-            ]);
+            v.extend_from_slice(&[r.clamp(0, 255) as u8, g.clamp(0, 255) as u8, b.clamp(0, 255) as u8]);
         }
     }
     v
@@ -120,12 +116,8 @@ pub(super) fn jpeg_cmyk(cmyk: &[u8], w: u32, h: u32, ycck: bool) -> Vec<u8> {
         ..JpegOpts::default()
     };
     let mut c = compressor(&o);
-    c.set_colorspace(if ycck {
-        Colorspace::YCCK
-    } else {
-        Colorspace::CMYK
-    })
-    .unwrap();
+    c.set_colorspace(if ycck { Colorspace::YCCK } else { Colorspace::CMYK })
+        .unwrap();
     let img = Image {
         pixels: cmyk,
         width: w as usize,
@@ -155,18 +147,10 @@ pub(super) fn cmyk_content(w: u32, h: u32) -> Vec<u8> {
 /// A TIFF structure holding only IFD0 tag 0x0112 = `orientation`.
 pub(super) fn exif_tiff(orientation: u16, little: bool) -> Vec<u8> {
     let w16 = |v: u16| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
+        if little { v.to_le_bytes() } else { v.to_be_bytes() }
     };
     let w32 = |v: u32| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
+        if little { v.to_le_bytes() } else { v.to_be_bytes() }
     };
     let mut t = Vec::new();
     t.extend_from_slice(if little { b"II" } else { b"MM" });
@@ -222,9 +206,7 @@ pub(super) fn strip_segments(jpeg: &[u8], marker: u8) -> Vec<u8> {
 
 /// `jpeg` with its SOF claiming `w`×`h`.
 pub(super) fn with_sof_size(jpeg: &[u8], w: u16, h: u16) -> Vec<u8> {
-    let at = (0xC0..=0xC2)
-        .find_map(|m| find_marker(jpeg, m))
-        .expect("SOF");
+    let at = (0xC0..=0xC2).find_map(|m| find_marker(jpeg, m)).expect("SOF");
     let mut out = jpeg.to_vec();
     out[at + 5..at + 7].copy_from_slice(&h.to_be_bytes());
     out[at + 7..at + 9].copy_from_slice(&w.to_be_bytes());
@@ -296,14 +278,7 @@ pub(super) fn ihdr(w: u32, h: u32, depth: u8, color_type: u8) -> Vec<u8> {
 
 /// A PNG of `rows` (raw scanlines without the filter byte; 16-bit samples big-endian).
 /// `color_type`: 0 grey, 2 RGB, 3 palette, 4 grey+alpha, 6 RGBA. `extra` chunks go before IDAT.
-pub(super) fn png(
-    w: u32,
-    h: u32,
-    depth: u8,
-    color_type: u8,
-    rows: &[u8],
-    extra: &[(&[u8; 4], Vec<u8>)],
-) -> Vec<u8> {
+pub(super) fn png(w: u32, h: u32, depth: u8, color_type: u8, rows: &[u8], extra: &[(&[u8; 4], Vec<u8>)]) -> Vec<u8> {
     let stride = rows.len() / h as usize;
     let mut raw = Vec::with_capacity(rows.len() + h as usize);
     for row in rows.chunks(stride) {
@@ -350,9 +325,7 @@ pub(super) fn bmp_huge_header(w: i32, h: i32) -> Vec<u8> {
 pub(super) fn encode_with_image(rgb: &[u8], w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
     let img = image::RgbImage::from_raw(w, h, rgb.to_vec()).unwrap();
     let mut out = Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, format)
-        .unwrap();
+    image::DynamicImage::ImageRgb8(img).write_to(&mut out, format).unwrap();
     out.into_inner()
 }
 

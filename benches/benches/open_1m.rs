@@ -25,7 +25,7 @@ fn arg(name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_owned())
 }
 
-fn measure(dir: &PathBuf) {
+fn measure(dir: &std::path::Path) {
     let rss0 = Rss::now();
     let t = Instant::now();
     let ds = Dataset::open(dir).expect("open");

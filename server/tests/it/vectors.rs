@@ -85,7 +85,6 @@ fn case_list(dir: &Path) -> Vec<Value> {
     let index_len = fs::metadata(dir.join("index.rfi")).unwrap().len();
     let s0 = ds.sample(0).unwrap();
     let (shard0, _, shard0_len) = ds.shard_info(0).unwrap();
-    let shard0_len = shard0_len;
     let shard_name = shard0.file_name().unwrap().to_str().unwrap().to_owned();
     let table_offset = {
         let b = fs::read(shard0).unwrap();

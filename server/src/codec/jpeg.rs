@@ -9,7 +9,10 @@
 //! - `tj3Decompress8` re-parses the header from the same bytes that `tj3DecompressHeader`
 //!   parsed, so the buffer sized from our probe is the buffer it fills.
 //! - Warnings stop the decode (`TJPARAM_STOPONWARNING = 1`). Without it, libjpeg-turbo finishes
-//!   a truncated image by padding it with grey and only flags a warning afterwards.
+//!   a truncated image by padding it with grey and only flags a warning afterwards. The one
+//!   exception is a warning that loses no pixel (stray bytes before a marker, see
+//!   `is_benign_warning`): such an image is decoded again without stopping, and accepted only if
+//!   its last warning is benign too.
 //! - A stream that is not self-contained (see `markers.rs`) is decoded on a fresh handle, so
 //!   tables left behind by earlier images never change its pixels; and a handle that reported
 //!   an error is replaced, so a broken image never affects the next one.
@@ -71,6 +74,13 @@ impl Handle {
     fn get(&self, param: raw::TJPARAM) -> c_int {
         // SAFETY: the handle is valid; tj3Get returns -1 for an unknown parameter.
         unsafe { raw::tj3Get(self.ptr(), param as c_int) }
+    }
+
+    /// Whether the last error on this handle was only a warning (`TJERR_WARNING`).
+    fn is_warning(&self) -> bool {
+        // SAFETY: the handle is valid; tj3GetErrorCode only reads its state.
+        let code = unsafe { raw::tj3GetErrorCode(self.ptr()) };
+        code == raw::TJERR_TJERR_WARNING as c_int
     }
 
     /// The message of the last error on this handle.
@@ -302,10 +312,55 @@ impl TjDecompressor {
             )
         };
         if rc != 0 {
+            if self.handle.is_warning() && is_benign_warning(&self.handle.error()) {
+                return self.decompress_past_benign_warnings(data, buf, format);
+            }
             return Err(self.fail());
         }
         Ok(())
     }
+
+    /// Decodes an image whose only problem so far was a benign warning: on a fresh handle that
+    /// does not stop on warnings, then accepts the result only if the last warning is benign
+    /// too (libjpeg-turbo reports the last one; truncation is reported at the very end, so a
+    /// truncated file that also has extraneous bytes is still refused).
+    fn decompress_past_benign_warnings(
+        &mut self,
+        data: &[u8],
+        buf: &mut [u8],
+        format: raw::TJPF,
+    ) -> Result<(), CodecError> {
+        self.reset()?;
+        self.handle.set(raw::TJPARAM_TJPARAM_STOPONWARNING, 0)?;
+        let len = data.len() as raw::size_t;
+        // SAFETY: as in `decompress`: the same bytes, the same header and format, and `buf`
+        // was checked to hold the full image.
+        let rc = unsafe {
+            raw::tj3Decompress8(
+                self.handle.ptr(),
+                data.as_ptr(),
+                len,
+                buf.as_mut_ptr(),
+                0,
+                format as c_int,
+            )
+        };
+        let ok = rc == 0 || (self.handle.is_warning() && is_benign_warning(&self.handle.error()));
+        if !ok {
+            return Err(self.fail());
+        }
+        // Back to a handle that stops on warnings, for the next image.
+        self.reset()?;
+        Ok(())
+    }
+}
+
+/// libjpeg warnings that leave every pixel decoded: stray bytes between segments
+/// (`JWRN_EXTRANEOUS_DATA`), which real datasets contain (some ImageNet files do) and which
+/// Pillow accepts silently. Every other warning (a premature end, a bad Huffman code, a
+/// resync) means missing or guessed pixels and stays an error.
+fn is_benign_warning(message: &str) -> bool {
+    message.contains("extraneous bytes before marker")
 }
 
 /// CMYK as libjpeg hands it over (for YCCK: after its YCC → RGB step) to RGB, exactly as

@@ -179,6 +179,34 @@ fn exif_orientations_match_manual_rotation() {
     }
 }
 
+/// Stray bytes before the end-of-image marker (found in real datasets, accepted by Pillow)
+/// decode to the same pixels; the same file truncated is still refused.
+#[test]
+fn extraneous_bytes_are_tolerated_but_truncation_is_not() {
+    let (w, h) = (64, 48);
+    let src = images::photo(w, h, 5);
+    let clean = images::jpeg_rgb(&src, w, h, &JpegOpts::default());
+    assert_eq!(&clean[clean.len() - 2..], [0xFF, 0xD9]);
+    let mut stray = clean[..clean.len() - 2].to_vec();
+    stray.extend_from_slice(&[0x12, 0x34, 0x56, 0xFF, 0xD9]);
+    let (_, clean_px) = decode(&clean).unwrap();
+    let mut d = decoder();
+    let mut out = Vec::new();
+    d.decode_rgb8(&stray, &mut out).unwrap();
+    assert_eq!(out, clean_px);
+    // The decoder is back to stopping on warnings for the next image.
+    let err = d
+        .decode_rgb8(&clean[..clean.len() / 2], &mut out)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Premature end of JPEG file"), "{err}");
+    let mut both = clean[..clean.len() / 2].to_vec();
+    both.extend_from_slice(&[0x12, 0x34, 0xFF, 0xD9]);
+    assert!(d.decode_rgb8(&both, &mut out).is_err());
+    d.decode_rgb8(&clean, &mut out).unwrap();
+    assert_eq!(out, clean_px);
+}
+
 #[test]
 fn truncated_jpegs_always_fail() {
     let (w, h) = (64, 48);

@@ -61,7 +61,8 @@ fn measure(dir: &std::path::Path) {
 }
 
 fn main() {
-    let out = PathBuf::from(arg("--out", "target/bench-open-1m"));
+    let default_out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-open-1m");
+    let out = PathBuf::from(arg("--out", default_out.to_str().expect("utf-8 target dir")));
     if std::env::var_os("RINGFEED_BENCH_MEASURE").is_some() {
         measure(&out);
         return;

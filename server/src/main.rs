@@ -225,12 +225,13 @@ fn run_pack(a: PackArgs) -> Result<ExitCode> {
     };
     let w = &summary.written;
     println!(
-        "packed {} samples from {} ({}) into {}: {} shards, {} classes, {:.1} MB",
+        "packed {} samples from {} ({}) into {}: {} shard{}, {} classes, {:.1} MB",
         w.samples,
         a.src.display(),
         summary.input,
         a.out.display(),
         w.shards,
+        if w.shards == 1 { "" } else { "s" },
         w.classes,
         w.bytes as f64 / 1e6
     );

@@ -280,6 +280,15 @@ fn temp_dir_for(out: &Path) -> Result<PathBuf, PackError> {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
+    if !parent.is_dir() {
+        return Err(PackError::Io {
+            path: out.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("the output's parent directory {} does not exist", parent.display()),
+            ),
+        });
+    }
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".partial-{}", std::process::id()));

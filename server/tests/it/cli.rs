@@ -98,7 +98,7 @@ fn pack_summary_and_skip_report() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
         stdout.starts_with(&format!(
-            "packed 2 samples from {} (imagefolder) into {}: 1 shards, 2 classes",
+            "packed 2 samples from {} (imagefolder) into {}: 1 shard, 2 classes",
             src.display(),
             out.display()
         )),
@@ -248,4 +248,22 @@ fn interrupted_pack_leaves_nothing() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, ["src"]);
+}
+
+#[test]
+fn pack_output_parent_missing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &[("a/1.jpg", jpeg(8, 8, 1))]);
+    let out = tmp.path().join("no/such/dir/out");
+    let o = run(&["pack", p(&src), p(&out), "--progress", "none"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        format!(
+            "error: {}: the output's parent directory {} does not exist\n",
+            out.display(),
+            out.parent().unwrap().display()
+        )
+    );
 }

@@ -94,7 +94,8 @@ fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn describe_image(decoder: &mut Decoder, data: &[u8]) -> Result<String, String> {
+fn describe_image(data: &[u8]) -> Result<String, String> {
+    let mut decoder = Decoder::new(Limits::default()).map_err(|e| e.to_string())?;
     let info = decoder.probe(data).map_err(|e| e.to_string())?;
     Ok(format!(
         "{} {}x{} {:?} {}-bit{}",
@@ -105,6 +106,24 @@ fn describe_image(decoder: &mut Decoder, data: &[u8]) -> Result<String, String> 
         info.bits_per_channel,
         if info.progressive { " progressive" } else { "" }
     ))
+}
+
+impl SampleInfo {
+    fn new(index: u64, key: &[u8], label: i64, data: &[u8], classes: &[(String, u64)]) -> Self {
+        SampleInfo {
+            index,
+            key: lossy(key),
+            label,
+            class: usize::try_from(label)
+                .ok()
+                .and_then(|l| classes.get(l))
+                .map(|c| c.0.clone()),
+            bytes: data.len() as u64,
+            image: describe_image(data),
+            meta: None,
+            location: None,
+        }
+    }
 }
 
 /// Inspects the packed dataset in `dir`, describing sample `sample` (if any).
@@ -142,23 +161,12 @@ pub fn inspect_packed(dir: &Path, sample: Option<u64>) -> Result<Inspection, Ins
         Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
         Some(i) => {
             let s = ds.sample(i)?;
-            let mut decoder =
-                Decoder::new(Limits::default()).map_err(|e| ShardError::corrupt(dir, 0, e.to_string()))?;
-            Some(SampleInfo {
-                index: i,
-                key: lossy(s.key),
-                label: s.label,
-                class: usize::try_from(s.label)
-                    .ok()
-                    .and_then(|l| classes.get(l))
-                    .map(|c| c.0.clone()),
-                bytes: s.data.len() as u64,
-                image: describe_image(&mut decoder, s.data),
-                meta: (!s.meta.is_empty()).then(|| lossy(s.meta)),
-                location: ds
-                    .shard_info(s.shard)
-                    .map(|(p, _, _)| (p.display().to_string(), s.offset, s.crc)),
-            })
+            let mut info = SampleInfo::new(i, s.key, s.label, s.data, &classes);
+            info.meta = (!s.meta.is_empty()).then(|| lossy(s.meta));
+            info.location = ds
+                .shard_info(s.shard)
+                .map(|(p, _, _)| (p.display().to_string(), s.offset, s.crc));
+            Some(info)
         }
     };
     Ok(Inspection {
@@ -205,21 +213,7 @@ pub fn inspect_lmdb(path: &Path, opts: &LmdbOptions, sample: Option<u64>) -> Res
         Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
         Some(i) => {
             let s = reader.get(i)?;
-            let mut decoder =
-                Decoder::new(Limits::default()).map_err(|e| ShardError::corrupt(path, 0, e.to_string()))?;
-            Some(SampleInfo {
-                index: i,
-                key: lossy(s.key),
-                label: s.label,
-                class: usize::try_from(s.label)
-                    .ok()
-                    .and_then(|l| classes.get(l))
-                    .map(|c| c.0.clone()),
-                bytes: s.data.len() as u64,
-                image: describe_image(&mut decoder, s.data),
-                meta: None,
-                location: None,
-            })
+            Some(SampleInfo::new(i, s.key, s.label, s.data, &classes))
         }
     };
     Ok(Inspection {

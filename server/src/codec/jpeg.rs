@@ -296,62 +296,45 @@ impl TjDecompressor {
                 reason: "internal: output buffer too small".into(),
             });
         }
-        let len = data.len() as raw::size_t; // checked in probe
-        // SAFETY: the handle is valid. `data` is readable for `len` bytes. `buf` is writable for
-        // `need` bytes, which is width * height * pixel size of the header libjpeg-turbo parses
-        // again from these same bytes (module invariants: no scaling, no cropping); pitch 0
-        // means rows are packed.
-        let rc = unsafe {
-            raw::tj3Decompress8(
-                self.handle.ptr(),
-                data.as_ptr(),
-                len,
-                buf.as_mut_ptr(),
-                0,
-                format as c_int,
-            )
-        };
-        if rc != 0 {
-            if self.handle.is_warning() && is_benign_warning(&self.handle.error()) {
-                return self.decompress_past_benign_warnings(data, buf, format);
-            }
+        if self.decompress_raw(data, buf, format) == 0 {
+            return Ok(());
+        }
+        if !(self.handle.is_warning() && is_benign_warning(&self.handle.error())) {
             return Err(self.fail());
         }
-        Ok(())
-    }
-
-    /// Decodes an image whose only problem so far was a benign warning: on a fresh handle that
-    /// does not stop on warnings, then accepts the result only if the last warning is benign
-    /// too (libjpeg-turbo reports the last one; truncation is reported at the very end, so a
-    /// truncated file that also has extraneous bytes is still refused).
-    fn decompress_past_benign_warnings(
-        &mut self,
-        data: &[u8],
-        buf: &mut [u8],
-        format: raw::TJPF,
-    ) -> Result<(), CodecError> {
+        // Only a benign warning so far: decode again on a fresh handle that does not stop on
+        // warnings, and accept the result only if its last warning is benign too
+        // (libjpeg-turbo reports the last one; truncation is reported at the very end, so a
+        // truncated file that also has stray bytes is still refused).
         self.reset()?;
         self.handle.set(raw::TJPARAM_TJPARAM_STOPONWARNING, 0)?;
-        let len = data.len() as raw::size_t;
-        // SAFETY: as in `decompress`: the same bytes, the same header and format, and `buf`
-        // was checked to hold the full image.
-        let rc = unsafe {
-            raw::tj3Decompress8(
-                self.handle.ptr(),
-                data.as_ptr(),
-                len,
-                buf.as_mut_ptr(),
-                0,
-                format as c_int,
-            )
-        };
-        let ok = rc == 0 || (self.handle.is_warning() && is_benign_warning(&self.handle.error()));
-        if !ok {
+        let rc = self.decompress_raw(data, buf, format);
+        if rc != 0 && !(self.handle.is_warning() && is_benign_warning(&self.handle.error())) {
             return Err(self.fail());
         }
         // Back to a handle that stops on warnings, for the next image.
         self.reset()?;
         Ok(())
+    }
+
+    /// One `tj3Decompress8` call; returns its status. `buf` must hold the full image (checked
+    /// by `decompress`, the only caller).
+    fn decompress_raw(&mut self, data: &[u8], buf: &mut [u8], format: raw::TJPF) -> c_int {
+        let len = data.len() as raw::size_t; // checked in probe
+        // SAFETY: the handle is valid. `data` is readable for `len` bytes. `buf` is writable for
+        // width * height * pixel size bytes of the header libjpeg-turbo parses again from these
+        // same bytes (checked by `decompress`; module invariants: no scaling, no cropping);
+        // pitch 0 means rows are packed.
+        unsafe {
+            raw::tj3Decompress8(
+                self.handle.ptr(),
+                data.as_ptr(),
+                len,
+                buf.as_mut_ptr(),
+                0,
+                format as c_int,
+            )
+        }
     }
 }
 

@@ -146,7 +146,8 @@ def test_python_and_rust_agree_on_damage(tmp_path: Path) -> None:
     shard.write_bytes(bytes(b))
     r = run("verify", str(out), "--progress", "none", ok=False)
     assert r.returncode == 1
-    assert "checksum" in r.stderr and "shard-000000.rfs at byte 4096" in r.stderr, r.stderr
+    assert "checksum" in r.stderr, r.stderr
+    assert "shard-000000.rfs at byte 4096" in r.stderr, r.stderr
     with pytest.raises(ringfeed.FormatError) as e:
         ringfeed.verify(out)
     assert e.value.kind == "checksum"

@@ -127,32 +127,36 @@ def _check_zero(path: Path, m: mmap.mmap, start: int, end: int, what: str) -> No
 def _check_index_contents(ds: PackedDataset) -> None:
     """Step 3: layout and padding of the sections, reserved fields, flags, the info object."""
     h, index, path = ds._header, ds._index, ds._index_path
-    # Sections in the spec's order, each at the first multiple of 8 after the previous one ends.
-    sections = (
-        (INDEX_HEADER.size, h.shards_offset, "shard table"),
-        (h.shards_offset + h.shard_count * SHARD_ENTRY.size, h.classes_offset, "class table"),
-        (h.classes_offset + h.class_count * CLASS_ENTRY.size, h.samples_offset, "sample table"),
-        (h.samples_offset + h.sample_count * SAMPLE_ENTRY.size, h.heap_offset, "heap"),
-        (h.heap_offset + h.heap_len, h.info_offset, "info"),
-        (h.info_offset + h.info_len, len(index) - INDEX_FOOTER.size, "footer"),
-    )
-    for prev_end, start, what in sections:
-        if start != align_up(prev_end, 8):
-            raise FormatError.corrupt(
-                path, 0, f"the {what} starts at {start}, but the layout puts it at {align_up(prev_end, 8)}"
-            )
-        _check_zero(path, index, prev_end, start, f"padding before the {what}")
-    for n in range(h.shard_count):
-        at = h.shards_offset + n * SHARD_ENTRY.size
-        _check_zero(path, index, at + 28, at + 32, "a shard entry's reserved field")
-    for c in range(h.class_count):
-        at = h.classes_offset + c * CLASS_ENTRY.size
-        _check_zero(path, index, at + 12, at + 16, "a class entry's reserved field")
-        ds._class_name(c)
+    # A newer minor version may add sections or give reserved bytes a meaning, so the exact layout
+    # and the zero checks apply to the structures of a 1.0 file only (class names were checked at open).
     if h.minor == 0:
+        # Sections in the spec's order, each at the first multiple of 8 after the previous one ends.
+        sections = (
+            (INDEX_HEADER.size, h.shards_offset, "shard table"),
+            (h.shards_offset + h.shard_count * SHARD_ENTRY.size, h.classes_offset, "class table"),
+            (h.classes_offset + h.class_count * CLASS_ENTRY.size, h.samples_offset, "sample table"),
+            (h.samples_offset + h.sample_count * SAMPLE_ENTRY.size, h.heap_offset, "heap"),
+            (h.heap_offset + h.heap_len, h.info_offset, "info"),
+            (h.info_offset + h.info_len, len(index) - INDEX_FOOTER.size, "footer"),
+        )
+        for prev_end, start, what in sections:
+            if start != align_up(prev_end, 8):
+                raise FormatError.corrupt(
+                    path, 0, f"the {what} starts at {start}, but the layout puts it at {align_up(prev_end, 8)}"
+                )
+            _check_zero(path, index, prev_end, start, f"padding before the {what}")
+        for n in range(h.shard_count):
+            at = h.shards_offset + n * SHARD_ENTRY.size
+            _check_zero(path, index, at + 28, at + 32, "a shard entry's reserved field")
+        for c in range(h.class_count):
+            at = h.classes_offset + c * CLASS_ENTRY.size
+            _check_zero(path, index, at + 12, at + 16, "a class entry's reserved field")
         if h.flags != 0:
             raise FormatError.corrupt(path, 12, "flags are non-zero in a version 1.0 index")
         _check_zero(path, index, 88, 124, "the header's reserved field")
+    if ds._footer.minor == 0:
+        at = len(index) - INDEX_FOOTER.size + 24
+        _check_zero(path, index, at, at + 4, "the footer's reserved field")
     ds._parse_info()
 
 
@@ -165,9 +169,10 @@ def _check_shard(shard: _Shard) -> None:
     if computed != f.table_crc:
         raise FormatError.checksum(path, f.table_offset, "record table", f.table_crc, computed)
     footer_at = len(m) - SHARD_FOOTER.size
-    # "In a 1.0 shard": like the Rust verifier, the header's minor version decides for both.
+    # Reserved bytes are zero in a 1.0 structure; each structure's own minor version decides.
     if shard.header.minor == 0:
         _check_zero(path, m, 20, 60, "the header's reserved field")
+    if f.minor == 0:
         _check_zero(path, m, footer_at + 40, footer_at + 60, "the footer's reserved field")
     data_offset = shard.header.data_offset
     _check_zero(path, m, SHARD_HEADER.size, data_offset, "padding after the header")

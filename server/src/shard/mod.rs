@@ -94,11 +94,13 @@ pub enum ShardError {
         found: [u8; 8],
     },
     #[error(
-        "{}: the {what} has format version {major}.{minor}, but this ringfeed reads version {MAJOR}.x only; repack the dataset with this ringfeed (`ringfeed pack`) or use a ringfeed release that reads version {major}",
+        "{} at byte {offset}: the {what} has format version {major}.{minor}, but this ringfeed reads version {MAJOR}.x only; repack the dataset with this ringfeed (`ringfeed pack`) or use a ringfeed release that reads version {major}",
         path.display()
     )]
     UnsupportedVersion {
         path: PathBuf,
+        /// Where the version field is.
+        offset: u64,
         what: &'static str,
         major: u16,
         minor: u16,
@@ -131,6 +133,19 @@ impl ShardError {
             ShardError::Truncated { .. } => "truncated",
             ShardError::Corrupt { .. } => "corrupt",
             ShardError::OutOfRange { .. } => "out_of_range",
+        }
+    }
+
+    /// The file and byte offset the error points at, where it has them.
+    pub fn location(&self) -> (Option<&Path>, Option<u64>) {
+        match self {
+            ShardError::Io { path, .. } => (Some(path), None),
+            ShardError::NotADataset { dir } | ShardError::OutOfRange { dir, .. } => (Some(dir), None),
+            ShardError::BadMagic { path, offset, .. }
+            | ShardError::UnsupportedVersion { path, offset, .. }
+            | ShardError::Checksum { path, offset, .. }
+            | ShardError::Truncated { path, offset, .. }
+            | ShardError::Corrupt { path, offset, .. } => (Some(path), Some(*offset)),
         }
     }
 
@@ -245,6 +260,7 @@ pub(crate) fn check_struct(
         if stored == computed {
             return Err(ShardError::UnsupportedVersion {
                 path: path.to_owned(),
+                offset: offset + 8,
                 what,
                 major,
                 minor,

@@ -311,10 +311,7 @@ impl Dataset {
                 return Err(ShardError::corrupt(
                     &path,
                     ds.shard_entry_offset(n),
-                    format!(
-                        "shard {n} has an invalid file name {:?}",
-                        name.escape_ascii().to_string()
-                    ),
+                    format!("shard {n} has an invalid file name \"{}\"", name.escape_ascii()),
                 ));
             }
             let shard_path = dir.join(std::str::from_utf8(name).map_err(|_| {

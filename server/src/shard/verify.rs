@@ -8,8 +8,8 @@ use std::path::Path;
 
 use super::reader::{Dataset, Shard};
 use super::{
-    CLASS_ENTRY_LEN, INDEX_HEADER_LEN, RECORD_ENTRY_LEN, SHARD_ENTRY_LEN, SHARD_FOOTER_LEN, SHARD_HEADER_LEN,
-    ShardError, align_up, crc, le,
+    CLASS_ENTRY_LEN, INDEX_FOOTER_LEN, INDEX_HEADER_LEN, RECORD_ENTRY_LEN, SHARD_ENTRY_LEN, SHARD_FOOTER_LEN,
+    SHARD_HEADER_LEN, ShardError, align_up, crc, le,
 };
 
 /// A per-sample check supplied by the caller (`--decode` passes an image decoder). It gets the
@@ -214,73 +214,83 @@ fn check_index_contents(ds: &Dataset) -> Result<(), ShardError> {
         check_zero(path, from, &map[from as usize..to as usize], what)
     };
     let a8 = |x: u64| align_up(x, 8).unwrap_or(u64::MAX);
-    // Sections in the spec's order, each at the first multiple of 8 after the previous one.
-    let ends = [
-        (INDEX_HEADER_LEN as u64, h.shards_offset, "shard table"),
-        (
-            h.shards_offset + u64::from(h.shard_count) * SHARD_ENTRY_LEN as u64,
-            h.classes_offset,
-            "class table",
-        ),
-        (
-            h.classes_offset + u64::from(h.class_count) * CLASS_ENTRY_LEN as u64,
-            h.samples_offset,
-            "sample table",
-        ),
-        (
-            h.samples_offset + h.sample_count * super::SAMPLE_ENTRY_LEN as u64,
-            h.heap_offset,
-            "heap",
-        ),
-        (h.heap_offset + h.heap_len, h.info_offset, "info"),
-        (
-            h.info_offset + h.info_len,
-            ds.index.len() - super::INDEX_FOOTER_LEN as u64,
-            "footer",
-        ),
-    ];
-    for (prev_end, start, what) in ends {
-        if start != a8(prev_end) {
+    // A newer minor version may add sections or give reserved bytes a meaning, so the exact
+    // layout and the zero checks apply to the structures of a 1.0 file only.
+    if h.minor == 0 {
+        // Sections in the spec's order, each at the first multiple of 8 after the previous one.
+        let ends = [
+            (INDEX_HEADER_LEN as u64, h.shards_offset, "shard table"),
+            (
+                h.shards_offset + u64::from(h.shard_count) * SHARD_ENTRY_LEN as u64,
+                h.classes_offset,
+                "class table",
+            ),
+            (
+                h.classes_offset + u64::from(h.class_count) * CLASS_ENTRY_LEN as u64,
+                h.samples_offset,
+                "sample table",
+            ),
+            (
+                h.samples_offset + h.sample_count * super::SAMPLE_ENTRY_LEN as u64,
+                h.heap_offset,
+                "heap",
+            ),
+            (h.heap_offset + h.heap_len, h.info_offset, "info"),
+            (
+                h.info_offset + h.info_len,
+                ds.index.len() - INDEX_FOOTER_LEN as u64,
+                "footer",
+            ),
+        ];
+        for (prev_end, start, what) in ends {
+            if start != a8(prev_end) {
+                return Err(ShardError::corrupt(
+                    path,
+                    0,
+                    format!(
+                        "the {what} starts at {start}, but the layout puts it at {}",
+                        a8(prev_end)
+                    ),
+                ));
+            }
+            zero(prev_end, start, &format!("padding before the {what}"))?;
+        }
+        for n in 0..h.shard_count {
+            let at = ds.shard_entry_offset(n);
+            check_zero(
+                path,
+                at + 28,
+                &map[at as usize + 28..at as usize + 32],
+                "a shard entry's reserved field",
+            )?;
+        }
+        for c in 0..h.class_count {
+            let at = h.classes_offset + u64::from(c) * CLASS_ENTRY_LEN as u64;
+            check_zero(
+                path,
+                at + 12,
+                &map[at as usize + 12..at as usize + 16],
+                "a class entry's reserved field",
+            )?;
+        }
+        let header = &map[..INDEX_HEADER_LEN];
+        if le::u32(header, 12) != 0 {
             return Err(ShardError::corrupt(
                 path,
-                0,
-                format!(
-                    "the {what} starts at {start}, but the layout puts it at {}",
-                    a8(prev_end)
-                ),
+                12,
+                "flags are non-zero in a version 1.0 index",
             ));
         }
-        zero(prev_end, start, &format!("padding before the {what}"))?;
-    }
-    for n in 0..h.shard_count {
-        let at = ds.shard_entry_offset(n);
-        check_zero(
-            path,
-            at + 28,
-            &map[at as usize + 28..at as usize + 32],
-            "a shard entry's reserved field",
-        )?;
-    }
-    for c in 0..h.class_count {
-        let at = h.classes_offset + u64::from(c) * CLASS_ENTRY_LEN as u64;
-        check_zero(
-            path,
-            at + 12,
-            &map[at as usize + 12..at as usize + 16],
-            "a class entry's reserved field",
-        )?;
-        ds.class_name(c)?;
-    }
-    let header = &map[..INDEX_HEADER_LEN];
-    if le::u32(header, 12) != 0 && h.minor == 0 {
-        return Err(ShardError::corrupt(
-            path,
-            12,
-            "flags are non-zero in a version 1.0 index",
-        ));
-    }
-    if h.minor == 0 {
         check_zero(path, 88, &header[88..124], "the header's reserved field")?;
+    }
+    if ds.footer.minor == 0 {
+        let at = ds.index.len() - INDEX_FOOTER_LEN as u64 + 24;
+        check_zero(
+            path,
+            at,
+            &map[at as usize..at as usize + 4],
+            "the footer's reserved field",
+        )?;
     }
     let info = ds.info()?;
     if !is_json_object(info.as_bytes()) {
@@ -310,8 +320,11 @@ fn check_shard(shard: &Shard, progress: &mut dyn FnMut(u64)) -> Result<(), Shard
             computed,
         });
     }
+    // Reserved bytes are zero in a 1.0 structure; each structure's own minor version decides.
     if shard.header.minor == 0 {
         check_zero(path, 20, &map[20..60], "the header's reserved field")?;
+    }
+    if f.minor == 0 {
         let fo = map.len() - SHARD_FOOTER_LEN;
         check_zero(
             path,

@@ -67,9 +67,60 @@ fn apply(dir: &Path, case: &Value) {
             let c = crc32c::crc32c(&b[start..end]);
             b[end..end + 4].copy_from_slice(&c.to_le_bytes());
         }
+        "patch_refresh_crcs" => {
+            // Damage behind valid checksums: verify's later steps must find it.
+            let at = case["offset"].as_u64().unwrap() as usize;
+            let patch = unhex(case["bytes"].as_str().unwrap());
+            b[at..at + patch.len()].copy_from_slice(&patch);
+            fs::write(&file, b).unwrap();
+            refresh_crcs(dir);
+            return;
+        }
         op => panic!("unknown op {op}"),
     }
     fs::write(&file, b).unwrap();
+}
+
+fn put_crc(b: &mut [u8], at: usize, start: usize, end: usize) {
+    let c = crc32c::crc32c(&b[start..end]);
+    b[at..at + 4].copy_from_slice(&c.to_le_bytes());
+}
+
+fn le_u32(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize
+}
+
+fn le_u64(b: &[u8], at: usize) -> usize {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap()) as usize
+}
+
+/// Recomputes every CRC of a dataset except the records': each shard's header, table, body and
+/// footer CRCs and its entry in the index, then the index's header, body and footer CRCs.
+fn refresh_crcs(dir: &Path) {
+    let index_path = dir.join("index.rfi");
+    let mut index = fs::read(&index_path).unwrap();
+    let (shard_count, shards_offset, heap_offset) = (le_u32(&index, 24), le_u64(&index, 32), le_u64(&index, 56));
+    for n in 0..shard_count {
+        let entry = shards_offset + n * 32;
+        let (name_offset, name_len) = (le_u64(&index, entry), le_u32(&index, entry + 8));
+        let name =
+            std::str::from_utf8(&index[heap_offset + name_offset..heap_offset + name_offset + name_len]).unwrap();
+        let path = dir.join(name);
+        let mut b = fs::read(&path).unwrap();
+        let footer = b.len() - 64;
+        let (count, table) = (le_u32(&b, footer + 12), le_u64(&b, footer + 16));
+        put_crc(&mut b, 60, 0, 60);
+        put_crc(&mut b, footer + 32, table, table + 16 * count);
+        put_crc(&mut b, footer + 36, 0, footer);
+        put_crc(&mut b, footer + 60, footer, footer + 60);
+        index[entry + 24..entry + 28].copy_from_slice(&b[footer + 36..footer + 40]);
+        fs::write(&path, b).unwrap();
+    }
+    let footer = index.len() - 32;
+    put_crc(&mut index, 124, 0, 124);
+    put_crc(&mut index, footer + 12, 0, footer);
+    put_crc(&mut index, footer + 28, footer, footer + 28);
+    fs::write(&index_path, index).unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -91,6 +142,16 @@ fn case_list(dir: &Path) -> Vec<Value> {
         u64::from_le_bytes(b[b.len() - 48..b.len() - 40].try_into().unwrap())
     };
     let x = |name: &str, file: &str, offset: u64, value: u8| json!({"name": name, "file": file, "op": "xor", "offset": offset, "value": value});
+    let p = |name: &str, file: &str, offset: u64, bytes: &[u8]| json!({"name": format!("{name} (crcs refreshed)"), "file": file, "op": "patch_refresh_crcs", "offset": offset, "bytes": hex(bytes)});
+    let index = fs::read(dir.join("index.rfi")).unwrap();
+    let field = |at: usize| u64::from_le_bytes(index[at..at + 8].try_into().unwrap());
+    let (shard_entry, classes_offset, samples_offset, heap_offset, info_offset) =
+        (field(32), field(40), field(48), field(56), field(72));
+    assert!(
+        !ds.sample(0).unwrap().meta.is_empty(),
+        "sample 0 of the vector has metadata"
+    );
+    let s1_offset = ds.sample(1).unwrap().offset;
     let t =
         |name: &str, file: &str, length: u64| json!({"name": name, "file": file, "op": "truncate", "length": length});
     vec![
@@ -121,17 +182,58 @@ fn case_list(dir: &Path) -> Vec<Value> {
         x("shard footer body crc", &shard_name, shard0_len - 64 + 36, 0x01),
         t("shard missing its footer", &shard_name, shard0_len - 64),
         t("shard cut to zero bytes", &shard_name, 0),
+        // Damage behind valid CRCs, found by verify's content checks (steps 3 to 5).
+        p("index flags", "index.rfi", 12, &[1]),
+        p("index header reserved byte", "index.rfi", 100, &[1]),
+        p("index footer reserved byte", "index.rfi", index_len - 32 + 24, &[1]),
+        p("shard entry reserved byte", "index.rfi", shard_entry + 28, &[1]),
+        p("class entry reserved byte", "index.rfi", classes_offset + 12, &[1]),
+        p("padding before the info", "index.rfi", info_offset - 1, &[1]),
+        p("info is not a json object", "index.rfi", info_offset, b"["),
+        p("label past the classes", "index.rfi", samples_offset, &[3]),
+        p(
+            "label below -1",
+            "index.rfi",
+            samples_offset,
+            &[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+        ),
+        p(
+            "metadata not a json object",
+            "index.rfi",
+            heap_offset + s0.key.len() as u64,
+            b"[",
+        ),
+        p("record used twice", "index.rfi", samples_offset + 32 + 28, &[0]),
+        p("shard header reserved byte", &shard_name, 30, &[1]),
+        p("shard footer reserved byte", &shard_name, shard0_len - 64 + 50, &[1]),
+        p(
+            "record not where the layout puts it",
+            &shard_name,
+            table_offset + 16,
+            &[s1_offset as u8 ^ 8],
+        ),
     ]
 }
 
-fn run_case(case: &Value) -> String {
+/// Applies a case to a copy of `v1-basic` and returns what `verify` reports: kind, file name and
+/// byte offset (`null` where the error has none), or kind `ok`.
+fn run_case(case: &Value) -> Value {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ds");
     copy_dir(&vectors_dir().join("v1-basic"), &dir);
     apply(&dir, case);
     match verify(&dir, &VerifyOptions::default()) {
-        Ok(_) => "ok".to_owned(),
-        Err(e) => e.kind().to_owned(),
+        Ok(_) => json!({"kind": "ok"}),
+        Err(e) => {
+            let (file, offset) = match &e {
+                ringfeed::shard::VerifyError::Format(f) => f.location(),
+                other => panic!("unexpected {other}"),
+            };
+            let file = file
+                .and_then(|f| f.strip_prefix(&dir).ok())
+                .map(|f| f.display().to_string());
+            json!({"kind": e.kind(), "error_file": file, "error_offset": offset})
+        }
     }
 }
 
@@ -150,8 +252,10 @@ fn vectors_are_current() {
         let cases: Vec<Value> = case_list(&committed)
             .into_iter()
             .map(|mut c| {
-                let kind = run_case(&c);
-                c["kind"] = Value::from(kind);
+                let found = run_case(&c);
+                for k in ["kind", "error_file", "error_offset"] {
+                    c[k] = found[k].clone();
+                }
                 c
             })
             .collect();
@@ -188,7 +292,9 @@ fn vectors_are_current() {
     assert_eq!(committed_cases.len(), located.len(), "{stale}");
     for (c, l) in committed_cases.iter().zip(&located) {
         let mut c = c.clone();
-        c.as_object_mut().unwrap().remove("kind");
+        for k in ["kind", "error_file", "error_offset"] {
+            c.as_object_mut().unwrap().remove(k);
+        }
         assert_eq!(&c, l, "{stale}");
     }
 }
@@ -223,8 +329,10 @@ fn vector_cases() {
         serde_json::from_str(&fs::read_to_string(vectors_dir().join("cases.json")).unwrap()).unwrap();
     assert!(cases.len() >= 10);
     for case in &cases {
-        let kind = run_case(case);
-        assert_ne!(kind, "ok", "case {} went unnoticed", case["name"]);
-        assert_eq!(kind, case["kind"].as_str().unwrap(), "case {}", case["name"]);
+        let found = run_case(case);
+        assert_ne!(found["kind"], "ok", "case {} went unnoticed", case["name"]);
+        for k in ["kind", "error_file", "error_offset"] {
+            assert_eq!(found[k], case[k], "case {}: {k}", case["name"]);
+        }
     }
 }

@@ -134,7 +134,7 @@ impl Progress {
         }
     }
 
-    /// Advances by `n` items at once, with bytes processed so far (verify).
+    /// Sets the absolute position (verify reports bytes checked so far).
     pub fn set_position(&self, done: u64) {
         match &self.inner {
             Inner::Bar(b) => b.set_position(done),

@@ -15,8 +15,10 @@
 //! - [`progress`]: progress bars and plain progress lines for long commands.
 
 pub mod codec;
+pub mod control;
 pub mod inspect;
 pub mod pack;
 pub mod progress;
+pub mod ring;
 pub mod shard;
 pub mod source;

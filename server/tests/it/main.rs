@@ -10,3 +10,4 @@ mod pack;
 mod shard;
 mod support;
 mod vectors;
+mod wire_vectors;

@@ -1,0 +1,211 @@
+//! Message shapes (control.md, "Messages"). Unknown members are ignored on decode; optional
+//! members are left out on encode.
+
+use serde::{Deserialize, Serialize};
+
+fn yes() -> bool {
+    true
+}
+fn default_layout() -> String {
+    "NHWC".to_owned()
+}
+fn default_world() -> u32 {
+    1
+}
+fn default_slots() -> u32 {
+    4
+}
+fn default_on_error() -> String {
+    "raise".to_owned()
+}
+fn default_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
+}
+fn default_flip() -> f64 {
+    0.5
+}
+
+/// Messages a client sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMessage {
+    Hello {
+        protocol: [u16; 2],
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u64>,
+    },
+    Open(OpenRequest),
+    Start {
+        epoch: u64,
+        #[serde(default)]
+        first_batch: u64,
+    },
+    Release {
+        slot: u32,
+        seq: u64,
+    },
+    Stats {
+        steps: u64,
+        wait_ns: u64,
+        compute_ns: u64,
+    },
+    Close,
+}
+
+/// LMDB options of an `open`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LmdbRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels_key: Option<String>,
+}
+
+/// The transform of an `open` (control.md, "Transforms").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TransformRequest {
+    RandomResizedCrop {
+        size: [u32; 2],
+        #[serde(default = "default_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_ratio")]
+        ratio: [f64; 2],
+        #[serde(default = "default_flip")]
+        flip: f64,
+    },
+    CenterCrop {
+        size: [u32; 2],
+        resize: u32,
+    },
+    Resize {
+        size: [u32; 2],
+    },
+}
+
+/// The members of an `open` (control.md, "open").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OpenRequest {
+    pub dataset: String,
+    #[serde(default)]
+    pub lmdb: LmdbRequest,
+    pub batch_size: u32,
+    pub transform: TransformRequest,
+    #[serde(default = "default_layout")]
+    pub layout: String,
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "yes")]
+    pub drop_last: bool,
+    #[serde(default)]
+    pub rank: u32,
+    #[serde(default = "default_world")]
+    pub world_size: u32,
+    #[serde(default = "default_slots")]
+    pub slots: u32,
+    #[serde(default = "default_on_error")]
+    pub on_error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fields: Option<Vec<String>>,
+    #[serde(default = "yes")]
+    pub check_crc: bool,
+}
+
+/// Error codes (control.md, "error").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    Version,
+    Protocol,
+    BadRequest,
+    Dataset,
+    Sample,
+    Internal,
+}
+
+/// Messages a server sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    Welcome {
+        protocol: [u16; 2],
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server: Option<String>,
+    },
+    Ring {
+        segment_len: u64,
+        dataset_len: u64,
+        samples_per_rank: u64,
+        batches_per_epoch: u64,
+        classes: Vec<String>,
+    },
+    Ready {
+        run: u32,
+        seq: u64,
+        slot: u32,
+    },
+    End {
+        run: u32,
+        epoch: u64,
+        batches: u64,
+        skipped: u64,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+        fatal: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sample: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
+}
+
+impl ServerMessage {
+    /// An error message.
+    pub fn error(code: ErrorCode, message: impl Into<String>, fatal: bool) -> Self {
+        ServerMessage::Error {
+            code,
+            message: message.into(),
+            fatal,
+            sample: None,
+            key: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_defaults() {
+        let m: ClientMessage = serde_json::from_str(
+            r#"{"type":"open","dataset":"/d","batch_size":8,"transform":{"kind":"random_resized_crop","size":[224,224]},"future_member":1}"#,
+        )
+        .unwrap();
+        let ClientMessage::Open(o) = m else { panic!() };
+        assert_eq!(
+            (o.layout.as_str(), o.shuffle, o.drop_last, o.world_size, o.slots),
+            ("NHWC", true, true, 1, 4)
+        );
+        assert_eq!(
+            o.transform,
+            TransformRequest::RandomResizedCrop {
+                size: [224, 224],
+                scale: [0.08, 1.0],
+                ratio: [0.75, 4.0 / 3.0],
+                flip: 0.5
+            }
+        );
+    }
+}

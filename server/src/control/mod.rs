@@ -1,0 +1,16 @@
+//! The control protocol (`proto/control.md` is the normative text): framing, messages, and the
+//! socket a server listens on.
+//!
+//! Frames are a u32 little-endian length and a compact JSON object with a `type`; the bulk data
+//! never crosses the socket. This module is the single Rust truth for the protocol version, the
+//! frame limit and the message shapes; `proto/vectors/control/` pins them for both languages.
+
+pub mod frame;
+pub mod message;
+pub mod socket;
+
+pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
+pub use message::{ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest};
+
+/// Protocol version spoken by this server, `(major, minor)`.
+pub const PROTOCOL: (u16, u16) = (1, 0);

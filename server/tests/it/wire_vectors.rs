@@ -1,0 +1,201 @@
+//! Vectors for the control protocol and the ring layout (`proto/vectors/control/`,
+//! `proto/vectors/ring/`): the Rust side writes them in bless mode, and checks on every run that
+//! its encoders still produce them byte for byte and its decoders read them back.
+//!
+//! `RINGFEED_BLESS=1 cargo test -p ringfeed --test it wire_vectors` regenerates them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use ringfeed::control::{ClientMessage, ServerMessage, decode_frame, encode_frame, frame::check_length};
+use ringfeed::ring::{DType, FieldSpec, RingLayout, SegmentHeader, SlotHeader};
+use serde_json::{Value, json};
+
+fn vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/vectors")
+}
+
+fn blessing() -> bool {
+    std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Writes `content` in bless mode, then checks the committed file equals it.
+fn pinned(path: &Path, content: &[u8]) {
+    if blessing() {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, content).unwrap();
+    }
+    let committed = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}; run with RINGFEED_BLESS=1", path.display()));
+    assert!(
+        committed == content,
+        "{} is stale; if the change is deliberate, run `RINGFEED_BLESS=1 cargo test -p ringfeed --test it wire_vectors` and commit proto/vectors",
+        path.display()
+    );
+}
+
+fn messages() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "hello",
+            json!({"type": "hello", "protocol": [1, 0], "client": "ringfeed-py 0.1.0", "pid": 4242}),
+        ),
+        ("hello, minimal", json!({"type": "hello", "protocol": [1, 0]})),
+        (
+            "welcome",
+            json!({"type": "welcome", "protocol": [1, 0], "server": "ringfeed 0.1.0"}),
+        ),
+        (
+            "open, everything",
+            json!({"type": "open", "dataset": "/data/imagenet-train", "lmdb": {}, "batch_size": 256,
+                "transform": {"kind": "random_resized_crop", "size": [224, 224], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0], "flip": 0.5},
+                "layout": "NCHW", "shuffle": true, "seed": 7, "drop_last": false, "rank": 1, "world_size": 8, "slots": 6,
+                "on_error": "skip", "fields": ["image", "label", "index", "crop"], "check_crc": true}),
+        ),
+        (
+            "open, eval on an lmdb",
+            json!({"type": "open", "dataset": "/data/val.lmdb", "lmdb": {"layout": "raw", "labels": "/data/val.csv"}, "batch_size": 100,
+                "transform": {"kind": "center_crop", "size": [224, 224], "resize": 256},
+                "layout": "NHWC", "shuffle": false, "seed": 0, "drop_last": false, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "raise", "check_crc": false}),
+        ),
+        ("start", json!({"type": "start", "epoch": 3, "first_batch": 120})),
+        ("release", json!({"type": "release", "slot": 2, "seq": 9})),
+        (
+            "stats",
+            json!({"type": "stats", "steps": 20, "wait_ns": 1500000, "compute_ns": 2000000000}),
+        ),
+        ("close", json!({"type": "close"})),
+        (
+            "ring",
+            json!({"type": "ring", "segment_len": 157294592, "dataset_len": 1281167, "samples_per_rank": 160146,
+                "batches_per_epoch": 625, "classes": ["n01440764", "caf\u{e9}"]}),
+        ),
+        ("ready", json!({"type": "ready", "run": 1, "seq": 1, "slot": 0})),
+        (
+            "end",
+            json!({"type": "end", "run": 2, "epoch": 3, "batches": 625, "skipped": 1}),
+        ),
+        (
+            "error, sample",
+            json!({"type": "error", "code": "sample", "message": "sample 17 (key \"a/b.jpg\") does not decode: corrupt jpeg image: Premature end of JPEG file", "fatal": false, "sample": 17, "key": "a/b.jpg"}),
+        ),
+        (
+            "error, version",
+            json!({"type": "error", "code": "version", "message": "client speaks protocol 2.0, this server 1.0", "fatal": true}),
+        ),
+    ]
+}
+
+#[test]
+fn control_frames() {
+    let mut out = Vec::new();
+    for (name, msg) in messages() {
+        // Every message round-trips through the typed decoders and encodes to the same bytes.
+        let frame = encode_frame(&msg);
+        let (kind, value) = decode_frame(&frame[4..]).unwrap();
+        assert_eq!(value, msg, "{name}");
+        let typed_frame = if ["hello", "open", "start", "release", "stats", "close"].contains(&kind.as_str()) {
+            encode_frame(&serde_json::from_value::<ClientMessage>(msg.clone()).unwrap())
+        } else {
+            encode_frame(&serde_json::from_value::<ServerMessage>(msg.clone()).unwrap())
+        };
+        assert_eq!(hex(&typed_frame), hex(&frame), "{name}: typed encoding differs");
+        out.push(json!({"name": name, "message": msg, "frame": hex(&frame)}));
+    }
+    pinned(
+        &vectors().join("control/frames.json"),
+        (serde_json::to_string_pretty(&out).unwrap() + "\n").as_bytes(),
+    );
+
+    let bad: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("zero length", vec![0, 0, 0, 0], "length"),
+        ("length above 65536", 65537u32.to_le_bytes().to_vec(), "length"),
+        ("not JSON", [&5u32.to_le_bytes()[..], b"hello"].concat(), "json"),
+        ("invalid UTF-8", [&2u32.to_le_bytes()[..], b"\"\xff"].concat(), "json"),
+        ("an array", [&2u32.to_le_bytes()[..], b"[]"].concat(), "not_object"),
+        ("no type", [&2u32.to_le_bytes()[..], b"{}"].concat(), "no_type"),
+        (
+            "type not a string",
+            [&10u32.to_le_bytes()[..], br#"{"type":1}"#].concat(),
+            "no_type",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, frame, reason) in bad {
+        let err = check_length(frame[..4].try_into().unwrap())
+            .err()
+            .or_else(|| decode_frame(&frame[4..]).err());
+        let got = match err {
+            Some(ringfeed::control::FrameError::Length(_)) => "length",
+            Some(ringfeed::control::FrameError::Json(_)) => "json",
+            Some(ringfeed::control::FrameError::NotObject(_)) => "not_object",
+            Some(ringfeed::control::FrameError::NoType) => "no_type",
+            None => "accepted",
+        };
+        assert_eq!(got, reason, "{name}");
+        out.push(json!({"name": name, "frame": hex(&frame), "reason": reason}));
+    }
+    pinned(
+        &vectors().join("control/bad_frames.json"),
+        (serde_json::to_string_pretty(&out).unwrap() + "\n").as_bytes(),
+    );
+}
+
+#[test]
+fn ring_layout() {
+    let fields = [
+        FieldSpec {
+            name: "image",
+            dtype: DType::U8,
+            shape: vec![4, 6, 3],
+        },
+        FieldSpec {
+            name: "label",
+            dtype: DType::I64,
+            shape: vec![],
+        },
+        FieldSpec {
+            name: "index",
+            dtype: DType::I64,
+            shape: vec![],
+        },
+    ];
+    let layout = RingLayout::new(&fields, 2, 3).unwrap();
+    let header = layout.header.encode();
+    assert_eq!(SegmentHeader::decode(&header).unwrap(), layout.header);
+    let slot = SlotHeader {
+        seq: 5,
+        run: 2,
+        epoch: 1,
+        batch: 3,
+        count: 2,
+        skipped: 0,
+    };
+    let h = &layout.header;
+    let expected = json!({
+        "description": "ring segment header page and one slot header, written by server/tests/it/wire_vectors.rs",
+        "segment": {
+            "major": 1, "minor": h.minor, "header_len": 4096, "slot_count": h.slot_count, "batch_size": h.batch_size,
+            "slot_stride": h.slot_stride, "segment_len": h.segment_len,
+            "fields": h.fields.iter().map(|f| json!({
+                "name": f.name, "dtype": f.dtype.code(), "shape": f.shape, "offset": f.offset, "sample_bytes": f.sample_bytes,
+            })).collect::<Vec<_>>(),
+        },
+        "slot": {"seq": slot.seq, "run": slot.run, "epoch": slot.epoch, "batch": slot.batch, "count": slot.count, "skipped": slot.skipped},
+        "slot_offsets": (0..h.slot_count).map(|s| layout.slot_offset(s)).collect::<Vec<_>>(),
+    });
+    pinned(&vectors().join("ring/segment.bin"), &header);
+    pinned(&vectors().join("ring/slot.bin"), &slot.encode());
+    pinned(
+        &vectors().join("ring/expected.json"),
+        (serde_json::to_string_pretty(&expected).unwrap() + "\n").as_bytes(),
+    );
+    assert_eq!(
+        SlotHeader::decode(&fs::read(vectors().join("ring/slot.bin")).unwrap()).unwrap(),
+        slot
+    );
+}

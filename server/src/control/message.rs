@@ -39,7 +39,7 @@ pub enum ClientMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<u64>,
     },
-    Open(OpenRequest),
+    Open(Box<OpenRequest>),
     Start {
         epoch: u64,
         #[serde(default)]

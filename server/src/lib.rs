@@ -17,8 +17,13 @@
 pub mod codec;
 pub mod control;
 pub mod inspect;
+pub mod ops;
 pub mod pack;
+pub mod pool;
 pub mod progress;
 pub mod ring;
+pub mod sampler;
+pub mod serve;
 pub mod shard;
 pub mod source;
+pub mod stream;

@@ -36,6 +36,29 @@ enum Command {
     Verify(VerifyArgs),
     /// Print counts, classes, size statistics and one sample's metadata.
     Inspect(InspectArgs),
+    /// Run the sidecar: serve decoded batches to training processes over a Unix socket.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Socket path [default: $RINGFEED_SOCKET, else $XDG_RUNTIME_DIR/ringfeed/ringfeed.sock, else
+    /// /tmp/ringfeed-$UID/ringfeed.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Decode threads shared by all clients (default: all cores).
+    #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
+    threads: usize,
+    /// Largest image accepted, in pixels.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_pixels)]
+    max_pixels: u64,
+    /// Exit once the last client has left and none came back within SECS seconds (what a
+    /// sidecar started by the Python client uses).
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "5")]
+    exit_when_idle: Option<f64>,
+    /// Only serve datasets under this directory (repeatable).
+    #[arg(long, value_name = "DIR")]
+    data_root: Vec<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -358,6 +381,42 @@ fn one_line(e: &anyhow::Error) -> String {
     msg
 }
 
+fn run_serve(a: ServeArgs) -> Result<ExitCode> {
+    let socket = a.socket.unwrap_or_else(ringfeed::control::socket::default_socket_path);
+    let data_roots = a
+        .data_root
+        .iter()
+        .map(|d| std::fs::canonicalize(d).with_context(|| format!("--data-root {}", d.display())))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(s) = a.exit_when_idle {
+        if !(0.0..=86400.0).contains(&s) {
+            bail!("--exit-when-idle {s} must be between 0 and 86400 seconds");
+        }
+    }
+    let config = ringfeed::serve::ServeConfig {
+        socket: socket.clone(),
+        threads: a.threads,
+        limits: Limits {
+            max_pixels: a.max_pixels,
+        },
+        exit_when_idle: a.exit_when_idle.map(std::time::Duration::from_secs_f64),
+        data_roots,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ringfeed-control")
+        .enable_all()
+        .build()
+        .context("starting the control runtime")?;
+    runtime.block_on(async {
+        let listener = ringfeed::serve::bind(&socket)?;
+        eprintln!("ringfeed: serving on {}", socket.display());
+        ringfeed::serve::run(config, listener, std::future::pending()).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG").unwrap_or_else(|_| "warn".into()))
@@ -368,6 +427,7 @@ fn main() -> ExitCode {
         Command::Pack(a) => run_pack(a),
         Command::Verify(a) => run_verify(a),
         Command::Inspect(a) => run_inspect(a),
+        Command::Serve(a) => run_serve(a),
     };
     match result {
         Ok(code) => code,

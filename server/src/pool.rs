@@ -1,0 +1,227 @@
+//! The decode pool: worker threads shared by every stream of the server.
+//!
+//! A stream submits one [`Job`] per sample of a batch; the job decodes and transforms the sample
+//! straight into its place in the batch's FILLING slot. The last job of a batch to finish hands
+//! the batch back to its stream, which sends `ready` in order.
+//!
+//! Invariants:
+//! - Each job writes only its own sample's bytes in each field of its batch's slot, so jobs of
+//!   one batch never write the same byte, and no job writes a slot that is not FILLING.
+//! - `BatchTask::remaining` counts unfinished jobs. Each job's writes happen before its
+//!   decrement (Release); the thread that takes the count to zero (AcqRel) therefore sees every
+//!   write of the batch before it hands the batch to the stream.
+//! - A job whose run was cancelled (the stream's `current_run` moved on) skips the work but still
+//!   counts down, so every batch comes back exactly once.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+
+use crate::codec::Limits;
+use crate::ops::{Layout, Processor, SampleRng, Transform};
+use crate::ring::{FieldDesc, Segment};
+use crate::source::Source;
+
+/// Everything a job needs to know about its stream. Shared by the stream and its jobs.
+pub struct StreamCtx {
+    pub source: Arc<dyn Source>,
+    pub segment: Arc<Segment>,
+    pub transform: Transform,
+    pub layout: Layout,
+    pub seed: u64,
+    pub image: FieldDesc,
+    pub label: FieldDesc,
+    pub index: Option<FieldDesc>,
+    pub crop: Option<FieldDesc>,
+    /// The run whose jobs should do their work; jobs of any other run are skipped.
+    pub current_run: AtomicU32,
+    /// Where finished batches go.
+    pub done: tokio::sync::mpsc::UnboundedSender<Arc<BatchTask>>,
+}
+
+impl std::fmt::Debug for StreamCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamCtx")
+            .field("source", &self.source.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sample that could not be delivered.
+#[derive(Debug, Clone)]
+pub struct SampleFailure {
+    /// Position in the batch.
+    pub pos: u32,
+    pub index: u64,
+    pub key: String,
+    pub message: String,
+}
+
+/// One batch being filled.
+#[derive(Debug)]
+pub struct BatchTask {
+    pub stream: Arc<StreamCtx>,
+    pub run: u32,
+    pub epoch: u64,
+    pub batch: u64,
+    pub slot: u32,
+    /// Dataset indices, in batch order.
+    pub indices: Vec<u64>,
+    /// Jobs not yet finished.
+    pub remaining: AtomicUsize,
+    pub failures: Mutex<Vec<SampleFailure>>,
+}
+
+/// One sample of one batch.
+#[derive(Debug)]
+pub struct Job {
+    pub batch: Arc<BatchTask>,
+    pub pos: u32,
+}
+
+/// The worker threads.
+#[derive(Debug)]
+pub struct Pool {
+    tx: Option<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts `threads` workers, each with its own decoder limited by `limits`.
+    pub fn new(threads: usize, limits: Limits) -> std::io::Result<Self> {
+        let (tx, rx) = unbounded::<Job>();
+        let mut handles = Vec::with_capacity(threads);
+        for n in 0..threads.max(1) {
+            let rx = rx.clone();
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("ringfeed-decode-{n}"))
+                    .spawn(move || worker(rx, limits))?,
+            );
+        }
+        Ok(Pool {
+            tx: Some(tx),
+            threads: handles,
+        })
+    }
+
+    /// Number of worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Queues every sample of `task`.
+    pub fn submit(&self, task: Arc<BatchTask>) {
+        let tx = self.tx.as_ref().expect("the pool is running");
+        for pos in 0..task.indices.len() as u32 {
+            // The workers only stop when the pool is dropped, so the channel is open.
+            let _ = tx.send(Job {
+                batch: Arc::clone(&task),
+                pos,
+            });
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn worker(rx: Receiver<Job>, limits: Limits) {
+    let mut processor = match Processor::new(limits) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::error!("a decode thread could not start its decoder: {e}; its jobs fail");
+            None
+        }
+    };
+    for job in rx.iter() {
+        let task = &job.batch;
+        let ctx = &task.stream;
+        // Acquire: pairs with the stream's Release store of a new run, so a cancelled run is
+        // seen as soon as possible (a stale read only costs wasted work, never wrong output).
+        if ctx.current_run.load(Ordering::Acquire) == task.run {
+            let result = match processor.as_mut() {
+                Some(p) => run_job(p, &job),
+                None => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
+            };
+            if let Err((key, message)) = result {
+                let failure = SampleFailure {
+                    pos: job.pos,
+                    index: task.indices[job.pos as usize],
+                    key,
+                    message,
+                };
+                task.failures.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+            }
+        }
+        // SYNC POINT: Release makes this job's slot writes visible to whoever takes the count to
+        // zero; AcqRel on that last decrement acquires every other job's writes.
+        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = ctx.done.send(Arc::clone(task));
+        }
+    }
+}
+
+/// Writes `v` (little-endian bytes) at the `pos`-th sample of `field` in the task's slot.
+///
+/// # Safety
+/// The caller is the job for sample `pos` of a FILLING slot (see the module invariants).
+unsafe fn put(task: &BatchTask, field: &FieldDesc, pos: u32, bytes: &[u8]) {
+    debug_assert_eq!(bytes.len() as u64, field.sample_bytes);
+    let at = field.offset + u64::from(pos) * field.sample_bytes;
+    let dst = task.stream.segment.slot_ptr(task.slot, at, field.sample_bytes);
+    // SAFETY: `dst` is valid for `sample_bytes` bytes (slot_ptr checks the range), and only this
+    // job writes sample `pos` of this FILLING slot (caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+}
+
+/// Decodes one sample into the slot. On failure returns the sample's key and the reason.
+fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)> {
+    let task = &job.batch;
+    let ctx = &task.stream;
+    let index = task.indices[job.pos as usize];
+    let mut reader = ctx.source.reader().map_err(|e| ("?".to_owned(), e.to_string()))?;
+    let sample = reader.get(index).map_err(|e| (format!("#{index}"), e.to_string()))?;
+    let key = || String::from_utf8_lossy(sample.key).into_owned();
+    let img = &ctx.image;
+    let at = img.offset + u64::from(job.pos) * img.sample_bytes;
+    let dst = ctx.segment.slot_ptr(task.slot, at, img.sample_bytes);
+    // SAFETY: `dst` is valid for `sample_bytes` (slot_ptr checks the range); this job is the
+    // only writer of sample `pos` in this FILLING slot (module invariants), and the client does
+    // not touch a slot before `ready` (ring.md rules 1 and 2).
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, img.sample_bytes as usize) };
+    let mut rng = SampleRng::new(ctx.seed, task.epoch, index);
+    let crop = processor
+        .process(sample.data, &ctx.transform, &mut rng, ctx.layout, out)
+        .map_err(|e| (key(), e.to_string()))?;
+    // SAFETY: for each `put`, this job owns sample `pos` of the FILLING slot, as above.
+    unsafe {
+        put(task, &ctx.label, job.pos, &sample.label.to_le_bytes());
+        if let Some(f) = &ctx.index {
+            put(task, f, job.pos, &(index as i64).to_le_bytes());
+        }
+        if let Some(f) = &ctx.crop {
+            let v = [
+                crop.top as i32,
+                crop.left as i32,
+                crop.height as i32,
+                crop.width as i32,
+                i32::from(crop.flipped),
+            ];
+            let mut b = [0u8; 20];
+            for (k, x) in v.iter().enumerate() {
+                b[4 * k..4 * k + 4].copy_from_slice(&x.to_le_bytes());
+            }
+            put(task, f, job.pos, &b);
+        }
+    }
+    Ok(())
+}

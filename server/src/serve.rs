@@ -1,0 +1,160 @@
+//! `ringfeed serve`: the sidecar. Listens on a Unix socket, checks each peer's uid, and runs one
+//! [`stream`](crate::stream) per connection over one shared decode [`Pool`].
+//!
+//! Shutdown: SIGINT/SIGTERM (or the caller's `shutdown` future) stops accepting, tells every
+//! connection to end (each client gets a fatal `error`), waits for them, and removes the socket.
+//! With `exit_when_idle`, the server also stops once its last client has left and no new one
+//! arrived within the grace period.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+
+use crate::codec::Limits;
+use crate::pool::Pool;
+use crate::stream::{Shared, serve_connection};
+
+/// A validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub socket: PathBuf,
+    /// Decode threads (0: all cores).
+    pub threads: usize,
+    pub limits: Limits,
+    /// Stop when the last client has left and none came back within this long.
+    pub exit_when_idle: Option<Duration>,
+    /// Only datasets under these directories may be opened (empty: any).
+    pub data_roots: Vec<PathBuf>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "{} is owned by uid {owner}, not by this user (uid {me}); choose another --socket directory",
+        path.display()
+    )]
+    Owner { path: PathBuf, owner: u32, me: u32 },
+    #[error("another ringfeed server is already listening on {}; stop it or pass another --socket", path.display())]
+    InUse { path: PathBuf },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + '_ {
+    move |source| ServeError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Creates the socket's directory (0700, ours) and binds the socket (0600), replacing a stale one.
+pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    let me = rustix::process::getuid().as_raw();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io(dir))?;
+        }
+        let meta = std::fs::metadata(dir).map_err(io(dir))?;
+        if meta.uid() != me {
+            return Err(ServeError::Owner {
+                path: dir.to_owned(),
+                owner: meta.uid(),
+                me,
+            });
+        }
+    }
+    if path.exists() {
+        // A live server answers; a stale socket file from a crash does not.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServeError::InUse { path: path.to_owned() });
+        }
+        std::fs::remove_file(path).map_err(io(path))?;
+    }
+    let listener = UnixListener::bind(path).map_err(io(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io(path))?;
+    Ok(listener)
+}
+
+/// Runs the server on `listener` until `shutdown` completes, a signal arrives, or (with
+/// `exit_when_idle`) the last client has gone.
+pub async fn run(
+    config: ServeConfig,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let threads = match config.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let shared = Arc::new(Shared::new(
+        Pool::new(threads, config.limits)?,
+        config.limits,
+        config.data_roots.clone(),
+    ));
+    tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    let me = rustix::process::getuid().as_raw();
+    let idle = tokio::sync::Notify::new();
+    let idle = Arc::new(idle);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::pin!(shutdown);
+    let mut served_any = false;
+
+    loop {
+        let idle_wait = async {
+            match config.exit_when_idle {
+                Some(grace) if served_any && shared.connections.load(Ordering::Acquire) == 0 => {
+                    tokio::time::sleep(grace).await
+                }
+                Some(_) => idle.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => { tracing::warn!("accept failed: {e}"); continue; }
+                };
+                match stream.peer_cred() {
+                    Ok(cred) if cred.uid() == me => {}
+                    Ok(cred) => { tracing::warn!(uid = cred.uid(), "refused a connection from another user"); continue; }
+                    Err(e) => { tracing::warn!("cannot read the peer's credentials: {e}"); continue; }
+                }
+                served_any = true;
+                shared.connections.fetch_add(1, Ordering::AcqRel);
+                let (shared, stop_rx, idle) = (Arc::clone(&shared), stop_rx.clone(), Arc::clone(&idle));
+                tasks.spawn(async move {
+                    serve_connection(stream, Arc::clone(&shared), stop_rx).await;
+                    if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        idle.notify_one();
+                    }
+                });
+            }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            () = idle_wait => {
+                if shared.connections.load(Ordering::Acquire) == 0 && served_any {
+                    tracing::info!("last client left; exiting (--exit-when-idle)");
+                    break;
+                }
+            }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            () = &mut shutdown => break,
+        }
+    }
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    let _ = std::fs::remove_file(&config.socket);
+    Ok(())
+}

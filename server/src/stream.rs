@@ -1,0 +1,734 @@
+//! One client connection: handshake, `open`, then the stream's slot state machine
+//! (ring.md, "Slot states and ownership"; control.md, "Session").
+//!
+//! A reader task turns the socket's frames into messages; this task owns all writes to the
+//! socket and all slot states, and reacts to client messages and finished batches alike. Batches
+//! may finish in any order; `ready` goes out strictly in batch order.
+//!
+//! Invariants:
+//! - A slot is FILLING from submission until its batch comes back from the pool, then HELD from
+//!   `ready` until the client's matching `release`, and FREE otherwise. Only FREE slots are
+//!   given to new batches.
+//! - When the connection ends for any reason, the run is cancelled; the segment is freed when
+//!   the last in-flight job drops its reference to it.
+
+use std::collections::BTreeMap;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use crate::control::frame::check_length;
+use crate::control::{
+    ClientMessage, ErrorCode, OpenRequest, PROTOCOL, ServerMessage, TransformRequest, decode_frame, encode_frame,
+};
+use crate::ops::{Layout, Transform};
+use crate::pool::{BatchTask, Pool, StreamCtx};
+use crate::ring::{DType, FieldSpec, RingLayout, Segment, SlotHeader};
+use crate::sampler::{EpochPlan, SamplerConfig};
+use crate::source::lmdb::{LabelSource, LmdbOptions};
+use crate::source::{PackedSource, Source};
+
+/// What every connection shares: the pool and the open datasets.
+pub struct Shared {
+    pub pool: Pool,
+    pub limits: crate::codec::Limits,
+    /// Open sources by (path, options), so streams over one dataset share one mapping.
+    sources: Mutex<BTreeMap<String, std::sync::Weak<dyn Source>>>,
+    /// Open connections, for `--exit-when-idle`.
+    pub connections: AtomicUsize,
+    /// Datasets outside these roots are refused (empty: no restriction).
+    pub data_roots: Vec<PathBuf>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub fn new(pool: Pool, limits: crate::codec::Limits, data_roots: Vec<PathBuf>) -> Self {
+        Shared {
+            pool,
+            limits,
+            sources: Mutex::new(BTreeMap::new()),
+            connections: AtomicUsize::new(0),
+            data_roots,
+        }
+    }
+}
+
+/// A message for the client, or the reason the connection must end.
+type Reply = Result<(), String>;
+
+/// Serves one connection until the client closes it, breaks the protocol, or `shutdown` fires.
+pub async fn serve_connection(
+    stream: UnixStream,
+    shared: Arc<Shared>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let (read, mut write) = stream.into_split();
+    let (msg_tx, mut msg_rx) = mpsc::channel::<Result<ClientMessage, (ErrorCode, String)>>(64);
+    let reader = tokio::spawn(read_messages(read, msg_tx));
+
+    let result: Reply = async {
+        // Handshake.
+        let hello = match msg_rx.recv().await {
+            Some(Ok(m)) => m,
+            Some(Err((code, msg))) => return fail(&mut write, code, msg).await,
+            None => return Ok(()),
+        };
+        let ClientMessage::Hello { protocol, .. } = hello else {
+            return fail(&mut write, ErrorCode::Protocol, "the first message must be `hello`".into()).await;
+        };
+        if protocol[0] != PROTOCOL.0 {
+            let msg = format!(
+                "this client speaks protocol {}.{}, this server {}.{}; install matching versions of the ringfeed Python package and server",
+                protocol[0], protocol[1], PROTOCOL.0, PROTOCOL.1
+            );
+            return fail(&mut write, ErrorCode::Version, msg).await;
+        }
+        send(&mut write, &ServerMessage::Welcome { protocol: [PROTOCOL.0, PROTOCOL.1], server: Some(concat!("ringfeed ", env!("CARGO_PKG_VERSION")).into()) })
+            .await?;
+
+        // Open.
+        let open = match msg_rx.recv().await {
+            Some(Ok(ClientMessage::Open(o))) => o,
+            Some(Ok(ClientMessage::Close)) | None => return Ok(()),
+            Some(Ok(_)) => return fail(&mut write, ErrorCode::Protocol, "expected `open` after `hello`".into()).await,
+            Some(Err((code, msg))) => return fail(&mut write, code, msg).await,
+        };
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let opened = match open_stream(&open, &shared, done_tx).await {
+            Ok(s) => s,
+            Err((code, msg)) => return fail(&mut write, code, msg).await,
+        };
+        let (mut state, ring_msg) = opened;
+        send_with_fd(&mut write, &ring_msg, state.ctx.segment.fd()).await.map_err(|e| e.to_string())?;
+        state.run_loop(&shared, &mut write, &mut msg_rx, done_rx, &mut shutdown).await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::debug!("connection ended: {e}");
+    }
+    reader.abort();
+}
+
+/// Sends a fatal error and ends the connection.
+async fn fail(write: &mut OwnedWriteHalf, code: ErrorCode, message: String) -> Reply {
+    let _ = send(write, &ServerMessage::error(code, message.clone(), true)).await;
+    Err(message)
+}
+
+async fn send(write: &mut OwnedWriteHalf, msg: &ServerMessage) -> Reply {
+    write
+        .write_all(&encode_frame(msg))
+        .await
+        .map_err(|e| format!("writing to the client: {e}"))
+}
+
+/// Sends `msg` with `fd` attached to its first byte (control.md, "Framing").
+async fn send_with_fd(
+    write: &mut OwnedWriteHalf,
+    msg: &ServerMessage,
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let frame = encode_frame(msg);
+    let stream: &UnixStream = write.as_ref();
+    let sent = loop {
+        stream.writable().await?;
+        let attempt = stream.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut ancillary = SendAncillaryBuffer::new(&mut space);
+            let fds = [fd];
+            ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+            sendmsg(stream, &[IoSlice::new(&frame)], &mut ancillary, SendFlags::NOSIGNAL).map_err(std::io::Error::from)
+        });
+        match attempt {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    write.write_all(&frame[sent..]).await
+}
+
+/// Reads frames until EOF or a protocol error, forwarding decoded messages.
+async fn read_messages(mut read: OwnedReadHalf, tx: mpsc::Sender<Result<ClientMessage, (ErrorCode, String)>>) {
+    loop {
+        let mut prefix = [0u8; 4];
+        if read.read_exact(&mut prefix).await.is_err() {
+            return; // EOF or a broken socket: the client is gone.
+        }
+        let len = match check_length(prefix) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = tx.send(Err((ErrorCode::Protocol, e.to_string()))).await;
+                return;
+            }
+        };
+        let mut payload = vec![0u8; len];
+        if read.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let parsed = decode_frame(&payload)
+            .map_err(|e| (ErrorCode::Protocol, e.to_string()))
+            .and_then(|(kind, value)| {
+                serde_json::from_value::<ClientMessage>(value).map_err(|e| {
+                    let code = if kind == "open" {
+                        ErrorCode::BadRequest
+                    } else {
+                        ErrorCode::Protocol
+                    };
+                    (code, format!("invalid `{kind}` message: {e}"))
+                })
+            });
+        let stop = parsed.is_err();
+        if tx.send(parsed).await.is_err() || stop {
+            return;
+        }
+    }
+}
+
+/// A slot's state, as the server sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Free,
+    Filling,
+    Held { seq: u64 },
+}
+
+/// The run in progress.
+#[derive(Debug)]
+struct Run {
+    id: u32,
+    epoch: u64,
+    plan: EpochPlan,
+    next_submit: u64,
+    next_send: u64,
+    total: u64,
+    delivered: u64,
+    skipped: u64,
+    finished: BTreeMap<u64, Arc<BatchTask>>,
+}
+
+/// A stream after `open`.
+struct StreamState {
+    ctx: Arc<StreamCtx>,
+    sampler: SamplerConfig,
+    slots: Vec<Slot>,
+    seq: u64,
+    runs: u32,
+    run: Option<Run>,
+    skip_errors: bool,
+}
+
+/// Validates an `open`, opens the dataset and creates the ring.
+async fn open_stream(
+    open: &OpenRequest,
+    shared: &Arc<Shared>,
+    done: mpsc::UnboundedSender<Arc<BatchTask>>,
+) -> Result<(StreamState, ServerMessage), (ErrorCode, String)> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    if !(1..=65536).contains(&open.batch_size) {
+        return Err(bad(format!("open.batch_size {} is outside 1..=65536", open.batch_size)));
+    }
+    if !(1..=64).contains(&open.slots) {
+        return Err(bad(format!("open.slots {} is outside 1..=64", open.slots)));
+    }
+    let layout = match open.layout.as_str() {
+        "NHWC" => Layout::Nhwc,
+        "NCHW" => Layout::Nchw,
+        other => return Err(bad(format!("open.layout {other:?} must be \"NHWC\" or \"NCHW\""))),
+    };
+    let skip_errors = match open.on_error.as_str() {
+        "raise" => false,
+        "skip" => true,
+        other => return Err(bad(format!("open.on_error {other:?} must be \"raise\" or \"skip\""))),
+    };
+    let (transform, (h, w)) = transform_from(&open.transform).map_err(bad)?;
+    let fields = open.fields.clone().unwrap_or_default();
+    for f in &fields {
+        if !["image", "label", "index", "crop"].contains(&f.as_str()) {
+            return Err(bad(format!(
+                "open.fields: unknown field {f:?} (known: image, label, index, crop)"
+            )));
+        }
+    }
+    let path = PathBuf::from(&open.dataset);
+    if !path.is_absolute() {
+        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
+    }
+    let source = open_source(shared, &path, open).await?;
+    let sampler = SamplerConfig {
+        dataset_len: source.len(),
+        batch_size: u64::from(open.batch_size),
+        shuffle: open.shuffle,
+        seed: open.seed,
+        drop_last: open.drop_last,
+        rank: u64::from(open.rank),
+        world_size: u64::from(open.world_size),
+    };
+    let (per_rank, batches) = sampler
+        .validate()
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+
+    let image_shape = match layout {
+        Layout::Nhwc => vec![h, w, 3],
+        Layout::Nchw => vec![3, h, w],
+    };
+    let mut specs = vec![
+        FieldSpec {
+            name: "image",
+            dtype: DType::U8,
+            shape: image_shape,
+        },
+        FieldSpec {
+            name: "label",
+            dtype: DType::I64,
+            shape: vec![],
+        },
+    ];
+    if fields.iter().any(|f| f == "index") {
+        specs.push(FieldSpec {
+            name: "index",
+            dtype: DType::I64,
+            shape: vec![],
+        });
+    }
+    if fields.iter().any(|f| f == "crop") {
+        specs.push(FieldSpec {
+            name: "crop",
+            dtype: DType::I32,
+            shape: vec![5],
+        });
+    }
+    let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
+    let segment = tokio::task::spawn_blocking(move || Segment::create(ring, "ringfeed-ring"))
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| bad(e.to_string()))?;
+    let field = |n: &str| segment.layout().field(n).cloned();
+    let ctx = Arc::new(StreamCtx {
+        image: field("image").expect("the image field is always present"),
+        label: field("label").expect("the label field is always present"),
+        index: field("index"),
+        crop: field("crop"),
+        source: Arc::clone(&source),
+        segment: Arc::new(segment),
+        transform,
+        layout,
+        seed: open.seed,
+        current_run: AtomicU32::new(0),
+        done,
+    });
+    let ring_msg = ServerMessage::Ring {
+        segment_len: ctx.segment.len(),
+        dataset_len: source.len(),
+        samples_per_rank: per_rank,
+        batches_per_epoch: batches,
+        classes: source
+            .class_names()
+            .iter()
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect(),
+    };
+    let state = StreamState {
+        slots: vec![Slot::Free; open.slots as usize],
+        ctx,
+        sampler,
+        seq: 0,
+        runs: 0,
+        run: None,
+        skip_errors,
+    };
+    Ok((state, ring_msg))
+}
+
+/// Converts and validates a transform request; returns it with the output size `(h, w)`.
+fn transform_from(t: &TransformRequest) -> Result<(Transform, (u32, u32)), String> {
+    let check_size = |size: [u32; 2]| {
+        if size.iter().all(|s| (1..=4096).contains(s)) {
+            Ok((size[0], size[1]))
+        } else {
+            Err(format!("transform.size {size:?} must be within 1..=4096"))
+        }
+    };
+    let transform = match *t {
+        TransformRequest::RandomResizedCrop {
+            size,
+            scale,
+            ratio,
+            flip,
+        } => {
+            let size = check_size(size)?;
+            if !(scale[0] > 0.0 && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                return Err(format!("transform.scale {scale:?} must satisfy 0 < min <= max <= 1"));
+            }
+            if !(ratio[0] > 0.0 && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
+                return Err(format!("transform.ratio {ratio:?} must satisfy 0 < min <= max"));
+            }
+            if !(0.0..=1.0).contains(&flip) {
+                return Err(format!("transform.flip {flip} must be within 0..=1"));
+            }
+            (
+                Transform::RandomResizedCrop {
+                    size,
+                    scale: (scale[0], scale[1]),
+                    ratio: (ratio[0], ratio[1]),
+                    flip,
+                },
+                size,
+            )
+        }
+        TransformRequest::CenterCrop { size, resize } => {
+            let size = check_size(size)?;
+            if !(1..=8192).contains(&resize) {
+                return Err(format!("transform.resize {resize} must be within 1..=8192"));
+            }
+            (Transform::CenterCrop { size, resize }, size)
+        }
+        TransformRequest::Resize { size } => {
+            let size = check_size(size)?;
+            (Transform::Resize { size }, size)
+        }
+    };
+    transform.0.validate()?;
+    Ok(transform)
+}
+
+/// Opens (or reuses) the dataset at `path`.
+async fn open_source(
+    shared: &Arc<Shared>,
+    path: &Path,
+    open: &OpenRequest,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    let canonical = std::fs::canonicalize(path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
+    if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| canonical.starts_with(r)) {
+        return Err(dataset_err(format!(
+            "dataset {} is outside the server's --data-root directories; ask the server's operator to add its directory",
+            path.display()
+        )));
+    }
+    let is_lmdb =
+        canonical.join("data.mdb").is_file() || canonical.extension().is_some_and(|e| e == "mdb" || e == "lmdb");
+    let key = format!("{}|{}|{:?}|{}", canonical.display(), open.check_crc, open.lmdb, is_lmdb);
+    if let Some(s) = shared
+        .sources
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .and_then(|w| w.upgrade())
+    {
+        return Ok(s);
+    }
+    let lmdb = &open.lmdb;
+    let lmdb_opts = LmdbOptions {
+        layout: match &lmdb.layout {
+            Some(l) => l
+                .parse()
+                .map_err(|e| (ErrorCode::BadRequest, format!("open.lmdb.layout: {e}")))?,
+            None => Default::default(),
+        },
+        labels: match (&lmdb.labels, &lmdb.labels_key) {
+            (Some(f), _) => LabelSource::File(PathBuf::from(f)),
+            (None, Some(k)) => LabelSource::Key(k.as_bytes().to_vec()),
+            (None, None) => LabelSource::None,
+        },
+    };
+    let check_crc = open.check_crc;
+    let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
+        if is_lmdb {
+            crate::source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
+                .map(|s| Arc::new(s) as Arc<dyn Source>)
+                .map_err(|e| e.to_string())
+        } else {
+            PackedSource::open(&canonical, check_crc)
+                .map(|s| Arc::new(s) as Arc<dyn Source>)
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await
+    .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+    .map_err(dataset_err)?;
+    shared
+        .sources
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, Arc::downgrade(&opened));
+    Ok(opened)
+}
+
+impl StreamState {
+    async fn run_loop(
+        &mut self,
+        shared: &Arc<Shared>,
+        write: &mut OwnedWriteHalf,
+        msgs: &mut mpsc::Receiver<Result<ClientMessage, (ErrorCode, String)>>,
+        mut done: mpsc::UnboundedReceiver<Arc<BatchTask>>,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Reply {
+        let result = loop {
+            tokio::select! {
+                msg = msgs.recv() => match msg {
+                    None | Some(Ok(ClientMessage::Close)) => break Ok(()),
+                    Some(Err((code, m))) => break fail(write, code, m).await,
+                    Some(Ok(m)) => {
+                        if let Err(e) = self.on_message(m, shared, write).await {
+                            break Err(e);
+                        }
+                    }
+                },
+                Some(task) = done.recv() => {
+                    if let Err(e) = self.on_finished(task, shared, write).await {
+                        break Err(e);
+                    }
+                }
+                _ = shutdown.changed() => {
+                    break fail(write, ErrorCode::Internal, "the ringfeed server is shutting down".into()).await;
+                }
+            }
+        };
+        // Cancel whatever is in flight; jobs skip their work and drop their references.
+        self.ctx.current_run.store(0, Ordering::Release);
+        result
+    }
+
+    async fn on_message(&mut self, m: ClientMessage, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
+        match m {
+            ClientMessage::Start { epoch, first_batch } => {
+                let plan = self.sampler.plan(epoch);
+                let total = plan.batches();
+                if first_batch > total {
+                    return fail(
+                        write,
+                        ErrorCode::BadRequest,
+                        format!("start.first_batch {first_batch} is past the {total} batches of an epoch"),
+                    )
+                    .await;
+                }
+                self.cancel_run();
+                self.runs += 1;
+                let id = self.runs;
+                // SYNC POINT: Release pairs with the workers' Acquire load; jobs of older runs
+                // that start after this store skip their work.
+                self.ctx.current_run.store(id, Ordering::Release);
+                self.run = Some(Run {
+                    id,
+                    epoch,
+                    plan,
+                    next_submit: first_batch,
+                    next_send: first_batch,
+                    total,
+                    delivered: 0,
+                    skipped: 0,
+                    finished: BTreeMap::new(),
+                });
+                self.fill(shared);
+                self.maybe_end(write).await
+            }
+            ClientMessage::Release { slot, seq } => {
+                match self.slots.get(slot as usize) {
+                    Some(Slot::Held { seq: held }) if *held == seq => {}
+                    _ => {
+                        return fail(
+                            write,
+                            ErrorCode::Protocol,
+                            format!("release of slot {slot} seq {seq}, which the client does not hold"),
+                        )
+                        .await;
+                    }
+                }
+                self.slots[slot as usize] = Slot::Free;
+                self.fill(shared);
+                Ok(())
+            }
+            ClientMessage::Stats { .. } => Ok(()),
+            ClientMessage::Hello { .. } | ClientMessage::Open(_) => {
+                fail(
+                    write,
+                    ErrorCode::Protocol,
+                    "`hello` and `open` are only valid once, at the start".into(),
+                )
+                .await
+            }
+            ClientMessage::Close => Ok(()),
+        }
+    }
+
+    /// Gives FREE slots to the next batches of the run.
+    fn fill(&mut self, shared: &Arc<Shared>) {
+        let Some(run) = self.run.as_mut() else { return };
+        while run.next_submit < run.total {
+            let Some(slot) = self.slots.iter().position(|s| *s == Slot::Free) else {
+                return;
+            };
+            self.slots[slot] = Slot::Filling;
+            let indices = run.plan.batch(run.next_submit).to_vec();
+            let task = Arc::new(BatchTask {
+                stream: Arc::clone(&self.ctx),
+                run: run.id,
+                epoch: run.epoch,
+                batch: run.next_submit,
+                slot: slot as u32,
+                remaining: AtomicUsize::new(indices.len()),
+                indices,
+                failures: Mutex::new(Vec::new()),
+            });
+            run.next_submit += 1;
+            shared.pool.submit(task);
+        }
+    }
+
+    async fn on_finished(&mut self, task: Arc<BatchTask>, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
+        let Some(run) = self.run.as_mut().filter(|r| r.id == task.run) else {
+            // A batch of a cancelled run: its slot is free again.
+            self.slots[task.slot as usize] = Slot::Free;
+            self.fill(shared);
+            return Ok(());
+        };
+        run.finished.insert(task.batch, task);
+        // Send every batch that is next in order.
+        loop {
+            let task = {
+                let run = self.run.as_mut().expect("the run is current");
+                match run.finished.remove(&run.next_send) {
+                    Some(t) => {
+                        run.next_send += 1;
+                        t
+                    }
+                    None => break,
+                }
+            };
+            let slot = task.slot;
+            let mut failures = std::mem::take(&mut *task.failures.lock().unwrap_or_else(|p| p.into_inner()));
+            if !failures.is_empty() && !self.skip_errors {
+                failures.sort_by_key(|f| f.pos);
+                let f = &failures[0];
+                let msg = ServerMessage::Error {
+                    code: ErrorCode::Sample,
+                    message: format!(
+                        "sample {} (key {:?}) of {} cannot be delivered: {}; pass on_error=\"skip\" to leave such samples out",
+                        f.index,
+                        f.key,
+                        self.ctx.source.describe(),
+                        f.message
+                    ),
+                    fatal: false,
+                    sample: Some(f.index),
+                    key: Some(f.key.clone()),
+                };
+                // The run is over: cancel its other jobs and free the slots it no longer needs;
+                // batches still in flight free theirs when they come back.
+                self.cancel_run();
+                self.slots[slot as usize] = Slot::Free;
+                return send(write, &msg).await;
+            }
+            let count = compact(&self.ctx, &task, &failures);
+            let run = self.run.as_mut().expect("the run is current");
+            run.skipped += failures.len() as u64;
+            if count == 0 {
+                self.slots[slot as usize] = Slot::Free;
+                continue;
+            }
+            self.seq += 1;
+            let header = SlotHeader {
+                seq: self.seq,
+                run: run.id,
+                epoch: run.epoch as u32,
+                batch: task.batch,
+                count,
+                skipped: failures.len() as u32,
+            };
+            // SAFETY: the slot is FILLING and every job of its batch has finished (the task came
+            // back through the pool's completion path), so this thread owns it.
+            unsafe { self.ctx.segment.write_slot_header(slot, &header) };
+            self.slots[slot as usize] = Slot::Held { seq: self.seq };
+            run.delivered += 1;
+            let ready = ServerMessage::Ready {
+                run: run.id,
+                seq: self.seq,
+                slot,
+            };
+            send(write, &ready).await?;
+        }
+        self.fill(shared);
+        self.maybe_end(write).await
+    }
+
+    /// Ends the current run: its jobs stop working, and the slots of its finished but unsent
+    /// batches are free again.
+    fn cancel_run(&mut self) {
+        // SYNC POINT: Release pairs with the workers' Acquire load of `current_run`.
+        self.ctx.current_run.store(0, Ordering::Release);
+        if let Some(old) = self.run.take() {
+            for t in old.finished.values() {
+                self.slots[t.slot as usize] = Slot::Free;
+            }
+        }
+    }
+
+    /// Sends `end` once every batch of the run has been sent.
+    async fn maybe_end(&mut self, write: &mut OwnedWriteHalf) -> Reply {
+        let Some(run) = &self.run else { return Ok(()) };
+        if run.next_send < run.total {
+            return Ok(());
+        }
+        let msg = ServerMessage::End {
+            run: run.id,
+            epoch: run.epoch,
+            batches: run.delivered,
+            skipped: run.skipped,
+        };
+        self.run = None;
+        send(write, &msg).await
+    }
+}
+
+/// Moves the samples that succeeded to the front of every field, in batch order; returns how many
+/// there are. A no-op when nothing failed.
+fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFailure]) -> u32 {
+    let n = task.indices.len() as u32;
+    if failures.is_empty() {
+        return n;
+    }
+    let failed: std::collections::BTreeSet<u32> = failures.iter().map(|f| f.pos).collect();
+    let fields = [
+        Some(&ctx.image),
+        Some(&ctx.label),
+        ctx.index.as_ref(),
+        ctx.crop.as_ref(),
+    ];
+    let mut to = 0u32;
+    for from in 0..n {
+        if failed.contains(&from) {
+            continue;
+        }
+        if from != to {
+            for f in fields.iter().flatten() {
+                let src = ctx
+                    .segment
+                    .slot_ptr(task.slot, f.offset + u64::from(from) * f.sample_bytes, f.sample_bytes);
+                let dst = ctx
+                    .segment
+                    .slot_ptr(task.slot, f.offset + u64::from(to) * f.sample_bytes, f.sample_bytes);
+                // SAFETY: both ranges are inside the slot (slot_ptr checks), the slot is owned by
+                // this thread (all jobs done, not yet sent), and `ptr::copy` allows overlap.
+                unsafe { std::ptr::copy(src, dst, f.sample_bytes as usize) };
+            }
+        }
+        to += 1;
+    }
+    to
+}

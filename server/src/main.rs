@@ -388,10 +388,8 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         .iter()
         .map(|d| std::fs::canonicalize(d).with_context(|| format!("--data-root {}", d.display())))
         .collect::<Result<Vec<_>>>()?;
-    if let Some(s) = a.exit_when_idle {
-        if !(0.0..=86400.0).contains(&s) {
-            bail!("--exit-when-idle {s} must be between 0 and 86400 seconds");
-        }
+    if let Some(s) = a.exit_when_idle.filter(|s| !(0.0..=86400.0).contains(s)) {
+        bail!("--exit-when-idle {s} must be between 0 and 86400 seconds");
     }
     let config = ringfeed::serve::ServeConfig {
         socket: socket.clone(),

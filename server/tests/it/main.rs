@@ -7,6 +7,7 @@ mod cli;
 mod codec;
 mod lmdb;
 mod pack;
+mod serve;
 mod shard;
 mod support;
 mod vectors;

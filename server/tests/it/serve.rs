@@ -1,0 +1,474 @@
+//! `ringfeed serve` end to end: the real binary, a real Unix socket, a real memfd ring, and a
+//! small blocking client written against `proto/control.md` and `proto/ring.md`.
+
+use std::collections::BTreeSet;
+use std::io::{IoSliceMut, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use ringfeed::pack::{Check, PackOptions, ProgressMode, pack};
+use ringfeed::ring::{SegmentHeader, SlotHeader};
+use serde_json::{Value, json};
+
+use crate::support::{bin, jpeg, write_tree};
+
+/// A server process on a private socket, killed when dropped.
+struct Server {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Server {
+    fn start(dir: &Path, threads: usize) -> Server {
+        let socket = dir.join(format!("sock-{threads}-{}", std::process::id()));
+        let child = Command::new(bin())
+            .args([
+                "serve",
+                "--socket",
+                socket.to_str().unwrap(),
+                "--threads",
+                &threads.to_string(),
+            ])
+            .env("RINGFEED_LOG", "warn")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the server did not start listening");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, socket }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking client of the control protocol.
+struct Client {
+    sock: UnixStream,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    map: Option<memmap2::MmapMut>,
+    /// `start` messages sent: the server numbers runs 1, 2, ... in that order.
+    runs: u64,
+}
+
+/// One delivered batch: (dataset index, label, image bytes) per sample.
+type Batch = Vec<(i64, i64, Vec<u8>)>;
+
+impl Client {
+    fn connect(path: &Path) -> Client {
+        let sock = UnixStream::connect(path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        Client {
+            sock,
+            buf: Vec::new(),
+            fds: Vec::new(),
+            map: None,
+            runs: 0,
+        }
+    }
+
+    fn send(&mut self, m: &Value) {
+        self.sock.write_all(&ringfeed::control::encode_frame(m)).unwrap();
+    }
+
+    /// The next message; `None` at EOF.
+    fn recv(&mut self) -> Option<Value> {
+        loop {
+            if self.buf.len() >= 4 {
+                let n = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
+                if self.buf.len() >= 4 + n {
+                    let v: Value = serde_json::from_slice(&self.buf[4..4 + n]).unwrap();
+                    self.buf.drain(..4 + n);
+                    return Some(v);
+                }
+            }
+            let mut data = [0u8; 65536];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut anc = rustix::net::RecvAncillaryBuffer::new(&mut space);
+            let r = rustix::net::recvmsg(
+                &self.sock,
+                &mut [IoSliceMut::new(&mut data)],
+                &mut anc,
+                rustix::net::RecvFlags::empty(),
+            )
+            .unwrap();
+            for msg in anc.drain() {
+                if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = msg {
+                    self.fds.extend(fds);
+                }
+            }
+            if r.bytes == 0 {
+                return None;
+            }
+            self.buf.extend_from_slice(&data[..r.bytes]);
+        }
+    }
+
+    fn hello(&mut self) {
+        self.send(&json!({"type": "hello", "protocol": [1, 0]}));
+        assert_eq!(self.recv().unwrap()["type"], "welcome");
+    }
+
+    /// hello + open; returns the server's answer (`ring` or `error`), mapping the ring.
+    fn open(&mut self, open: Value) -> Value {
+        self.hello();
+        let mut m = open;
+        m["type"] = json!("open");
+        self.send(&m);
+        let reply = self.recv().unwrap();
+        if reply["type"] == "ring" {
+            let fd = self.fds.pop().expect("the ring message carries the memfd");
+            let file = std::fs::File::from(fd);
+            // SAFETY: a shared mapping of the ring's memfd, which the server sealed against
+            // resizing; this test only reads slots it holds.
+            self.map = Some(unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap());
+        }
+        reply
+    }
+
+    /// Reads the batch in `slot` (image, label, index fields).
+    fn read_slot(&self, slot: u32, seq: u64) -> Batch {
+        let map = self.map.as_ref().unwrap();
+        let h = SegmentHeader::decode(&map[..4096]).unwrap();
+        let start = 4096 + u64::from(slot) * h.slot_stride;
+        let sh = SlotHeader::decode(&map[start as usize..start as usize + 64]).unwrap();
+        assert_eq!(sh.seq, seq, "the slot header carries the ready's seq");
+        let field = |n: &str| h.fields.iter().find(|f| f.name == n).unwrap().clone();
+        let (img, lab, idx) = (field("image"), field("label"), field("index"));
+        let at = |f: &ringfeed::ring::FieldDesc, j: u64| (start + f.offset + j * f.sample_bytes) as usize;
+        (0..u64::from(sh.count))
+            .map(|j| {
+                let le =
+                    |f: &ringfeed::ring::FieldDesc| i64::from_le_bytes(map[at(f, j)..at(f, j) + 8].try_into().unwrap());
+                (
+                    le(&idx),
+                    le(&lab),
+                    map[at(&img, j)..at(&img, j) + img.sample_bytes as usize].to_vec(),
+                )
+            })
+            .collect()
+    }
+
+    /// `start`, then every batch until `end` (releasing each); returns the batches and `end`.
+    fn epoch(&mut self, epoch: u64, first_batch: u64) -> (Vec<Batch>, Value) {
+        self.start(epoch, first_batch);
+        let mut batches = Vec::new();
+        loop {
+            let m = self.recv().expect("the server closed the connection mid-epoch");
+            let current = m["run"].as_u64().is_none_or(|r| r == self.runs);
+            match m["type"].as_str().unwrap() {
+                "ready" => {
+                    let (slot, seq) = (m["slot"].as_u64().unwrap() as u32, m["seq"].as_u64().unwrap());
+                    if current {
+                        batches.push(self.read_slot(slot, seq));
+                    }
+                    // Every ready is released, a stale one unread (ring.md rule 4).
+                    self.send(&json!({"type": "release", "slot": slot, "seq": seq}));
+                }
+                "end" if !current => {}
+                _ => return (batches, m),
+            }
+        }
+    }
+
+    fn start(&mut self, epoch: u64, first_batch: u64) {
+        self.runs += 1;
+        self.send(&json!({"type": "start", "epoch": epoch, "first_batch": first_batch}));
+    }
+}
+
+/// A packed dataset of `n` small JPEGs in 3 classes; returns its directory.
+fn dataset(root: &Path, n: usize, bad: &[usize]) -> PathBuf {
+    let src = root.join("src");
+    let files: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| {
+            let mut data = jpeg(40 + i % 13, 30 + i % 7, i as u64);
+            if bad.contains(&i) {
+                // A valid header over garbage scan data: packs under `--check header`, fails to decode.
+                let n = data.len();
+                let sos = data.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+                data[sos + 16..n - 2].fill(0xFF);
+            }
+            (format!("c{}/{i:03}.jpg", i % 3), data)
+        })
+        .collect();
+    let refs: Vec<(&str, Vec<u8>)> = files.iter().map(|(p, d)| (p.as_str(), d.clone())).collect();
+    write_tree(&src, &refs);
+    let out = root.join("ds");
+    let opts = PackOptions {
+        progress: ProgressMode::None,
+        check: Check::Header,
+        ..PackOptions::default()
+    };
+    pack(&src, &out, &opts, &Arc::new(AtomicBool::new(false))).unwrap();
+    out
+}
+
+fn open_msg(ds: &Path, extra: Value) -> Value {
+    let mut m = json!({"dataset": ds.to_str().unwrap(), "batch_size": 8,
+        "transform": {"kind": "random_resized_crop", "size": [16, 16]}, "fields": ["image", "label", "index"],
+        "drop_last": false, "seed": 11});
+    for (k, v) in extra.as_object().unwrap() {
+        m[k] = v.clone();
+    }
+    m
+}
+
+#[test]
+fn batches_do_not_depend_on_threads_and_cover_each_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 37, &[]);
+    let mut runs = Vec::new();
+    for threads in [1, 3] {
+        let server = Server::start(tmp.path(), threads);
+        let mut c = server.client();
+        let ring = c.open(open_msg(&ds, json!({})));
+        assert_eq!(
+            (ring["type"].as_str(), ring["batches_per_epoch"].as_u64()),
+            (Some("ring"), Some(5))
+        );
+        assert_eq!(ring["classes"], json!(["c0", "c1", "c2"]));
+        let (e0, end) = c.epoch(0, 0);
+        assert_eq!(
+            (end["type"].as_str(), end["batches"].as_u64(), end["skipped"].as_u64()),
+            (Some("end"), Some(5), Some(0))
+        );
+        let (e1, _) = c.epoch(1, 0);
+        for e in [&e0, &e1] {
+            let seen: Vec<i64> = e.iter().flatten().map(|s| s.0).collect();
+            assert_eq!(seen.len(), 37);
+            assert_eq!(
+                seen.iter().copied().collect::<BTreeSet<_>>().len(),
+                37,
+                "each sample exactly once"
+            );
+            let packed = ringfeed::shard::Dataset::open(&ds).unwrap();
+            for s in e.iter().flatten() {
+                assert_eq!(s.1, packed.sample(s.0 as u64).unwrap().label, "label of sample {}", s.0);
+            }
+        }
+        assert_ne!(
+            e0.iter().flatten().map(|s| s.0).collect::<Vec<_>>(),
+            e1.iter().flatten().map(|s| s.0).collect::<Vec<_>>()
+        );
+        runs.push((e0, e1));
+    }
+    assert!(
+        runs[0] == runs[1],
+        "1 and 3 decode threads must deliver identical batches"
+    );
+}
+
+#[test]
+fn resume_delivers_exactly_the_rest_of_the_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 30, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({})));
+    let (full, _) = c.epoch(4, 0);
+    let mut d = server.client();
+    d.open(open_msg(&ds, json!({})));
+    let (rest, end) = d.epoch(4, 2);
+    assert_eq!(end["batches"], 2);
+    assert!(
+        rest == full[2..],
+        "resuming at batch 2 gives batches 2.. of the same epoch"
+    );
+    // A new `start` in the middle of a run replaces it.
+    d.start(4, 0);
+    let first = d.recv().unwrap();
+    assert_eq!(first["type"], "ready");
+    let (again, _) = {
+        let (slot, seq) = (first["slot"].as_u64().unwrap() as u32, first["seq"].as_u64().unwrap());
+        d.send(&json!({"type": "release", "slot": slot, "seq": seq}));
+        d.epoch(4, 0)
+    };
+    assert!(again == full);
+}
+
+#[test]
+fn ranks_cover_the_epoch_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 31, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let mut c = server.client();
+        let ring = c.open(open_msg(
+            &ds,
+            json!({"rank": rank, "world_size": 3, "drop_last": true, "batch_size": 2}),
+        ));
+        assert_eq!(ring["samples_per_rank"], 10);
+        let (batches, _) = c.epoch(2, 0);
+        all.extend(batches.iter().flatten().map(|s| s.0));
+    }
+    assert_eq!(all.len(), 30);
+    assert_eq!(all.iter().collect::<BTreeSet<_>>().len(), 30);
+}
+
+#[test]
+fn a_killed_client_does_not_disturb_another() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 40, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let mut a = server.client();
+    a.open(open_msg(&ds, json!({})));
+    let (reference, _) = a.epoch(0, 0);
+    for _ in 0..5 {
+        let mut b = server.client();
+        b.open(open_msg(&ds, json!({"slots": 2})));
+        b.start(0, 0);
+        assert_eq!(b.recv().unwrap()["type"], "ready");
+        drop(b); // holds a slot and vanishes without releasing it
+    }
+    let (again, end) = a.epoch(0, 0);
+    assert_eq!(end["type"], "end");
+    assert!(again == reference);
+    let mut c = server.client();
+    assert_eq!(c.open(open_msg(&ds, json!({})))["type"], "ring");
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 9, &[]);
+    let server = Server::start(tmp.path(), 1);
+    let err = |open: Value| {
+        let mut c = server.client();
+        let r = c.open(open);
+        assert_eq!(r["type"], "error", "{r}");
+        assert_eq!(r["fatal"], true);
+        (
+            r["code"].as_str().unwrap().to_owned(),
+            r["message"].as_str().unwrap().to_owned(),
+        )
+    };
+    let missing = tmp.path().join("nope");
+    let (code, msg) = err(open_msg(&missing, json!({})));
+    assert_eq!(code, "dataset");
+    assert!(msg.contains(missing.to_str().unwrap()), "{msg}");
+    let (code, msg) = err(open_msg(&ds, json!({"batch_size": 64, "drop_last": true})));
+    assert_eq!(code, "bad_request");
+    assert!(msg.contains("batch_size 64 is larger than the 9 samples"), "{msg}");
+    let (code, msg) = err(open_msg(
+        &ds,
+        json!({"transform": {"kind": "random_resized_crop", "size": [16, 16], "scale": [0.9, 0.1]}}),
+    ));
+    assert_eq!(code, "bad_request");
+    assert!(msg.contains("transform.scale"), "{msg}");
+    let (code, msg) = err(open_msg(&ds, json!({"batch_size": "many"})));
+    assert_eq!(code, "bad_request");
+    assert!(msg.contains("invalid `open` message"), "{msg}");
+
+    let mut c = server.client();
+    c.send(&json!({"type": "hello", "protocol": [2, 0]}));
+    let r = c.recv().unwrap();
+    assert_eq!(
+        (r["code"].as_str(), r["fatal"].as_bool()),
+        (Some("version"), Some(true))
+    );
+    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.0"));
+    assert!(c.recv().is_none(), "the server closes after a version error");
+
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({})));
+    c.send(&json!({"type": "release", "slot": 0, "seq": 99}));
+    let r = c.recv().unwrap();
+    assert_eq!(r["code"], "protocol");
+    assert!(c.recv().is_none());
+
+    let mut raw = UnixStream::connect(&server.socket).unwrap();
+    raw.write_all(&[0, 0, 0, 0]).unwrap();
+    let mut reply = Vec::new();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    raw.read_to_end(&mut reply).unwrap();
+    assert!(String::from_utf8_lossy(&reply).contains("frame length 0 is outside 1..=65536"));
+}
+
+#[test]
+fn corrupt_samples_raise_or_are_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 20, &[5]);
+    let server = Server::start(tmp.path(), 2);
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({"shuffle": false})));
+    let packed = ringfeed::shard::Dataset::open(&ds).unwrap();
+    let bad = (0..20)
+        .find(|&i| packed.sample(i).unwrap().key == b"c2/005.jpg")
+        .unwrap();
+    let (batches, err) = c.epoch(0, 0);
+    assert_eq!(
+        batches.len() as u64,
+        bad / 8,
+        "batches before the corrupt one are delivered"
+    );
+    assert_eq!(
+        (err["type"].as_str(), err["code"].as_str(), err["sample"].as_u64()),
+        (Some("error"), Some("sample"), Some(bad))
+    );
+    assert_eq!(err["key"], "c2/005.jpg");
+    assert!(err["message"].as_str().unwrap().contains("on_error=\"skip\""));
+    // The stream is still usable: a run starting after the bad batch reaches the end.
+    let (_, again) = c.epoch(0, bad / 8 + 1);
+    assert_eq!(again["type"], "end");
+
+    let mut s = server.client();
+    s.open(open_msg(&ds, json!({"shuffle": false, "on_error": "skip"})));
+    let (batches, end) = s.epoch(0, 0);
+    assert_eq!(
+        (end["skipped"].as_u64(), batches[(bad / 8) as usize].len()),
+        (Some(1), 7)
+    );
+    let seen: Vec<i64> = batches.iter().flatten().map(|s| s.0).collect();
+    assert_eq!(seen, (0..20).filter(|&i| i != bad as i64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_killed_server_is_noticed_at_once_and_sigterm_is_graceful() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 20, &[]);
+    let mut server = Server::start(tmp.path(), 1);
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({})));
+    c.start(0, 0);
+    assert_eq!(c.recv().unwrap()["type"], "ready");
+    server.child.kill().unwrap();
+    let t = Instant::now();
+    while c.recv().is_some() {}
+    assert!(t.elapsed() < Duration::from_secs(1), "EOF took {:?}", t.elapsed());
+
+    let mut server = Server::start(tmp.path(), 1);
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({})));
+    Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    let r = c.recv().unwrap();
+    assert_eq!(
+        (r["code"].as_str(), r["fatal"].as_bool()),
+        (Some("internal"), Some(true))
+    );
+    assert!(r["message"].as_str().unwrap().contains("shutting down"));
+    assert!(server.child.wait().unwrap().success());
+    assert!(!server.socket.exists(), "the socket file is removed on shutdown");
+}

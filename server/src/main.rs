@@ -59,6 +59,9 @@ struct ServeArgs {
     /// Only serve datasets under this directory (repeatable).
     #[arg(long, value_name = "DIR")]
     data_root: Vec<PathBuf>,
+    /// Largest shared-memory ring one client may ask for, e.g. 16GiB.
+    #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
+    max_ring_bytes: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -399,6 +402,7 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         },
         exit_when_idle: a.exit_when_idle.map(std::time::Duration::from_secs_f64),
         data_roots,
+        max_ring_bytes: a.max_ring_bytes,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

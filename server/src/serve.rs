@@ -29,7 +29,12 @@ pub struct ServeConfig {
     pub exit_when_idle: Option<Duration>,
     /// Only datasets under these directories may be opened (empty: any).
     pub data_roots: Vec<PathBuf>,
+    /// Largest ring (shared memory) one stream may ask for, in bytes.
+    pub max_ring_bytes: u64,
 }
+
+/// Default `max_ring_bytes`: 16 GiB, room for 8 slots of 256 images at 448x448.
+pub const DEFAULT_MAX_RING_BYTES: u64 = 16 << 30;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

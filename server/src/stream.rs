@@ -45,6 +45,8 @@ pub struct Shared {
     pub connections: AtomicUsize,
     /// Datasets outside these roots are refused (empty: no restriction).
     pub data_roots: Vec<PathBuf>,
+    /// Largest ring one stream may ask for, in bytes.
+    pub max_ring_bytes: u64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -56,13 +58,14 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    pub fn new(pool: Pool, limits: crate::codec::Limits, data_roots: Vec<PathBuf>) -> Self {
+    pub fn new(pool: Pool, limits: crate::codec::Limits, data_roots: Vec<PathBuf>, max_ring_bytes: u64) -> Self {
         Shared {
             pool,
             limits,
             sources: Mutex::new(BTreeMap::new()),
             connections: AtomicUsize::new(0),
             data_roots,
+            max_ring_bytes,
         }
     }
 }
@@ -314,6 +317,15 @@ async fn open_stream(
         });
     }
     let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
+    if ring.header.segment_len > shared.max_ring_bytes {
+        return Err(bad(format!(
+            "the ring would take {:.2} GiB ({} slots of {} images of {h}x{w}), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
+            ring.header.segment_len as f64 / (1u64 << 30) as f64,
+            open.slots,
+            open.batch_size,
+            shared.max_ring_bytes as f64 / (1u64 << 30) as f64
+        )));
+    }
     let segment = tokio::task::spawn_blocking(move || Segment::create(ring, "ringfeed-ring"))
         .await
         .map_err(|e| (ErrorCode::Internal, e.to_string()))?

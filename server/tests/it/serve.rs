@@ -472,3 +472,18 @@ fn a_killed_server_is_noticed_at_once_and_sigterm_is_graceful() {
     assert!(server.child.wait().unwrap().success());
     assert!(!server.socket.exists(), "the socket file is removed on shutdown");
 }
+
+#[test]
+fn ring_size_is_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 9, &[]);
+    let server = Server::start(tmp.path(), 1);
+    let mut c = server.client();
+    let r = c.open(open_msg(
+        &ds,
+        json!({"batch_size": 65536, "slots": 64, "drop_last": false,
+        "transform": {"kind": "resize", "size": [4096, 4096]}}),
+    ));
+    assert_eq!(r["code"], "bad_request", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("--max-ring-bytes"), "{r}");
+}

@@ -101,6 +101,7 @@ pub async fn run(
         Pool::new(threads, config.limits)?,
         config.limits,
         config.data_roots.clone(),
+        config.max_ring_bytes,
     ));
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -103,13 +103,17 @@ impl Client {
             let mut data = [0u8; 65536];
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
             let mut anc = rustix::net::RecvAncillaryBuffer::new(&mut space);
-            let r = rustix::net::recvmsg(
+            let r = match rustix::net::recvmsg(
                 &self.sock,
                 &mut [IoSliceMut::new(&mut data)],
                 &mut anc,
                 rustix::net::RecvFlags::empty(),
-            )
-            .unwrap();
+            ) {
+                Ok(r) => r,
+                // A peer that died with unread data in its buffer resets the connection.
+                Err(rustix::io::Errno::CONNRESET) => return None,
+                Err(e) => panic!("recvmsg: {e}"),
+            };
             for msg in anc.drain() {
                 if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = msg {
                     self.fds.extend(fds);

@@ -188,8 +188,23 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
     let task = &job.batch;
     let ctx = &task.stream;
     let index = task.indices[job.pos as usize];
-    let mut reader = ctx.source.reader().map_err(|e| ("?".to_owned(), e.to_string()))?;
-    let sample = reader.get(index).map_err(|e| (format!("#{index}"), e.to_string()))?;
+    let mut outcome: Result<(), (String, String)> = Ok(());
+    ctx.source
+        .with_sample(index, &mut |sample| {
+            outcome = write_sample(processor, job, index, sample)
+        })
+        .map_err(|e| (format!("#{index}"), e.to_string()))?;
+    outcome
+}
+
+fn write_sample(
+    processor: &mut Processor,
+    job: &Job,
+    index: u64,
+    sample: crate::source::Sample<'_>,
+) -> Result<(), (String, String)> {
+    let task = &job.batch;
+    let ctx = &task.stream;
     let key = || String::from_utf8_lossy(sample.key).into_owned();
     let img = &ctx.image;
     let at = img.offset + u64::from(job.pos) * img.sample_bytes;

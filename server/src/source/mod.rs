@@ -63,6 +63,14 @@ pub trait Source: Send + Sync + fmt::Debug {
 
     /// A reader for the calling thread. Cheap enough to make one per worker thread.
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError>;
+
+    /// Calls `f` with sample `index`. The default makes a reader for the call; sources whose
+    /// samples need no per-thread state override it to avoid that allocation on the hot path.
+    fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
+        let mut reader = self.reader()?;
+        f(reader.get(index)?);
+        Ok(())
+    }
 }
 
 /// Per-thread access to a [`Source`].

@@ -57,17 +57,17 @@ impl Source for PackedSource {
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
         Ok(Box::new(PackedReader { source: self }))
     }
+
+    fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
+        f(self.sample(index)?);
+        Ok(())
+    }
 }
 
-/// Readers of a packed dataset hold no state: the maps are shared and immutable.
-struct PackedReader<'a> {
-    source: &'a PackedSource,
-}
-
-impl SampleReader for PackedReader<'_> {
-    fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
-        let ds = &self.source.dataset;
-        let s = if self.source.check_crc {
+impl PackedSource {
+    fn sample(&self, index: u64) -> Result<Sample<'_>, SourceError> {
+        let ds = &self.dataset;
+        let s = if self.check_crc {
             ds.sample_checked(index)?
         } else {
             ds.sample(index)?
@@ -78,5 +78,16 @@ impl SampleReader for PackedReader<'_> {
             label: s.label,
             data: s.data,
         })
+    }
+}
+
+/// Readers of a packed dataset hold no state: the maps are shared and immutable.
+struct PackedReader<'a> {
+    source: &'a PackedSource,
+}
+
+impl SampleReader for PackedReader<'_> {
+    fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
+        self.source.sample(index)
     }
 }

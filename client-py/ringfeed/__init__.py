@@ -1,21 +1,54 @@
 """ringfeed: the Python client of the ringfeed data-loading server.
 
-This part reads the packed dataset format (``proto/shard.md``) that ``ringfeed pack`` writes:
-``PackedDataset`` gives O(1) random access to samples as zero-copy views of memory-mapped shards,
-and ``verify`` checks every byte in the spec's order. Stdlib only.
+Two parts. The loader: ``Loader`` connects to ``ringfeed serve`` over a Unix socket
+(``proto/control.md``), maps the shared-memory ring the server decodes batches into
+(``proto/ring.md``), and hands batches to PyTorch without copies. The packed-format reader:
+``PackedDataset`` gives O(1) random access to the datasets ``ringfeed pack`` writes
+(``proto/shard.md``), and ``verify`` checks every byte in the spec's order.
+
+``import ringfeed`` needs only the standard library; the loader imports torch when it needs it
+(numpy arrays stand in for tensors on the CPU when torch is absent).
 
 Layout:
 
-- ``_shard``: the format itself: magics, versions, ``struct`` layouts, ``FormatError``.
+- ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
+- ``_transforms``: ``RandomResizedCrop``, ``Flip``, ``CenterCrop``, ``Resize``.
+- ``_protocol``: the control protocol: version, framing, ``Connection``.
+- ``_ring``: the ring's layout: ``struct`` layouts, dtype codes, ``Segment`` (the mapping).
+- ``_device``: pinned host-to-GPU copies on a side stream, fused normalisation.
+- ``_sidecar``: the default socket, starting ``ringfeed serve`` when nothing listens.
+- ``_errors``: ``RingfeedError`` and its subclasses.
+- ``_shard``: the packed format itself: magics, versions, ``struct`` layouts, ``FormatError``.
 - ``_crc32c``: pure-Python CRC-32C.
 - ``_reader``: ``PackedDataset`` and ``Sample``.
 - ``_verify``: ``verify``.
 """
 
+from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
+from ._protocol import PROTOCOL
 from ._reader import PackedDataset, Sample
 from ._shard import FormatError
+from ._transforms import CenterCrop, Flip, RandomResizedCrop, Resize, Transform
 from ._verify import verify
+from ._version import __version__
+from .loader import Loader
 
-__version__ = "0.1.0"
-
-__all__ = ["FormatError", "PackedDataset", "Sample", "__version__", "verify"]
+__all__ = [
+    "PROTOCOL",
+    "CenterCrop",
+    "Flip",
+    "FormatError",
+    "Loader",
+    "PackedDataset",
+    "ProtocolError",
+    "RandomResizedCrop",
+    "Resize",
+    "RingfeedError",
+    "Sample",
+    "ServerDiedError",
+    "ServerError",
+    "TimeoutError",
+    "Transform",
+    "__version__",
+    "verify",
+]

@@ -1,0 +1,886 @@
+"""``ringfeed.Loader``: batches from a ringfeed server, as PyTorch tensors, without copies.
+
+One loader is one stream (``proto/control.md``, "Session"): it connects to the server (starting a
+sidecar when none listens and no socket was given), says ``hello``, ``open``\\ s the dataset, maps
+the ring the server answers with (``proto/ring.md``), and then, for each iteration, sends
+``start {epoch, first_batch}`` and turns each ``ready`` into a batch.
+
+Ownership (ring.md, "Slot states and ownership"): every ``ready`` makes a slot HELD by this
+loader, and every held slot is released exactly once:
+
+- CPU mode: the batch handed out is a zero-copy view of the slot. **A batch is valid until the
+  next batch is requested (``hold`` batches stay valid), a new iteration starts, or the loader
+  is closed; copy it (``images.clone()``) to keep it longer.** Its slot is released at that
+  moment. When an iteration ends early (``break``, a dropped iterator), batches nobody refers to
+  any more are released at once, and one the user still holds (the loop variables after a
+  ``break``, ``next(iter(loader))``) stays valid until the next iteration or ``close()``, so it
+  is never overwritten under the user's eyes. At most ``hold`` batches are alive (default 1).
+- CUDA mode: the slot is copied to the GPU on a side stream, and released once the copy's event
+  has completed (polled at every batch; awaited when the loader would otherwise wait on the
+  server while holding every slot, and at ``close()``). The user never sees ring memory.
+- ``ready`` messages of a run the loader no longer wants (an earlier iteration) are released at
+  once, unread.
+
+End of epoch (``StopIteration``), timeout (``ringfeed.TimeoutError``) and failure
+(``ServerError``, ``ServerDiedError``, ``ProtocolError``) are distinct. A non-fatal ``sample``
+error ends only the current iteration; the others make the loader unusable, but its
+``state_dict()`` still resumes the stream exactly in a new loader.
+
+The loader is not thread-safe: iterate it from one thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import time
+import weakref
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any, Literal, overload
+
+from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
+from ._protocol import PROTOCOL, Connection, check_server_message
+from ._ring import Segment
+from ._sidecar import connect, default_socket_path
+from ._transforms import Flip, Transform
+from ._version import __version__
+
+__all__ = ["Loader"]
+
+#: Fields a stream always carries, and the ones it carries on request (ring.md, "Fields a stream
+#: carries"), with each one's dtype and per-sample shape (``None``: the image's, checked apart).
+ALWAYS = ("image", "label")
+FIELDS: dict[str, tuple[str, tuple[int, ...] | None]] = {
+    "image": ("uint8", None),
+    "label": ("int64", ()),
+    "index": ("int64", ()),
+    "crop": ("int32", (5,)),
+}
+#: Bounds from control.md, "open".
+MAX_BATCH_SIZE = 65536
+MAX_SLOTS = 64
+MAX_SEED = (1 << 53) - 1
+#: The slot header's epoch is a u32.
+MAX_EPOCH = (1 << 32) - 1
+#: A ``stats`` message is sent every this many batches (control.md, "stats").
+STATS_EVERY = 16
+#: Connections tried when a server closes before its welcome (see ``Loader._handshake``).
+HANDSHAKE_ATTEMPTS = 3
+#: Version of the ``state_dict()`` layout.
+STATE_VERSION = 1
+
+
+class _Stream:
+    """Everything a loader holds outside Python's heap: the connection, the ring, the pinning.
+
+    Kept apart from ``Loader`` so that ``weakref.finalize`` can close it without keeping the
+    loader alive. ``held`` maps each slot this client holds to the ``seq`` that delivered it.
+    """
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None
+        self.segment: Segment | None = None
+        self.cuda: Any = None
+        self.held: dict[int, int] = {}
+
+    def release(self, slot: int) -> None:
+        seq = self.held.pop(slot)
+        if self.conn is not None and not self.conn.closed:
+            self.conn.send({"type": "release", "slot": slot, "seq": seq})
+
+    def close(self) -> None:
+        """Waits for GPU copies and unpins, says ``close``, closes the socket, unmaps. Idempotent."""
+        cuda, self.cuda = self.cuda, None
+        conn, self.conn = self.conn, None
+        segment, self.segment = self.segment, None
+        try:
+            if cuda is not None:
+                # Nothing may read the ring once it is unpinned and unmapped.
+                cuda.close()
+        finally:
+            if conn is not None:
+                # Closing the socket frees every slot server-side; no `release` is needed.
+                with contextlib.suppress(RingfeedError, OSError):
+                    conn.send({"type": "close"})
+                conn.close()
+            self.held.clear()
+            if segment is not None:
+                segment.close()
+
+
+class Loader:
+    """Batches of a dataset, decoded and transformed by a ringfeed server, as tensors.
+
+    ::
+
+        loader = ringfeed.Loader("/data/imagenet-train", batch_size=256,
+                                 transform=ringfeed.RandomResizedCrop(224) + ringfeed.Flip(),
+                                 device="cuda", normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
+        for epoch in range(start_epoch, 90):
+            loader.set_epoch(epoch)
+            for images, labels in loader:
+                ...
+
+    The loader connects and opens the stream in the constructor, so a wrong path, batch size or
+    transform fails here, with the server's message.
+
+    Args:
+        path: the dataset: a packed dataset directory (``ringfeed pack``) or an LMDB. Made
+            absolute here; the server opens it.
+        batch_size: samples per batch, ``1 ..= 65536``.
+        transform: a ``ringfeed`` transform: ``RandomResizedCrop(...) [+ Flip(...)]``,
+            ``CenterCrop(...)`` or ``Resize(...)`` (or the protocol's ``transform`` object as a
+            dict, for transforms this client does not know).
+        shuffle: a new permutation of the dataset every epoch (seeded by ``seed`` and the epoch).
+        seed: seeds the order and every sample's augmentation, ``0 ..= 2^53 - 1``.
+        drop_last: drop the last partial batch of each rank (and cut the permutation to a multiple
+            of ``world_size``); without it the permutation is padded like ``DistributedSampler``.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. ``"cuda"`` means
+            ``cuda:$LOCAL_RANK`` under torchrun, else the current CUDA device.
+        rank: this process's rank, ``0 <= rank < world_size``; default ``$RANK`` (torchrun), else 0.
+        world_size: number of ranks sharing each epoch; default ``$WORLD_SIZE``, else 1.
+        layout: ``"NHWC"`` (``[N, H, W, 3]``) or ``"NCHW"`` (``[N, 3, H, W]``) uint8 images.
+        slots: batches in flight in the ring, ``1 ..= 64``.
+        on_error: a sample that cannot be decoded: ``"raise"`` (``ServerError`` with the sample's
+            index and key; the iteration ends) or ``"skip"`` (left out, counted in ``stats()``).
+        fields: extra fields to deliver besides ``image`` and ``label``: ``"index"`` (the sample's
+            dataset index) and ``"crop"`` (``top, left, height, width, flipped``). With extras,
+            batches are dicts by field name instead of ``(images, labels)`` tuples.
+        socket: the server's Unix socket. Default: ``$RINGFEED_SOCKET``, else
+            ``$XDG_RUNTIME_DIR/ringfeed/ringfeed.sock``, else ``/tmp/ringfeed-$UID/ringfeed.sock``.
+        timeout: seconds to wait for any one message from the server before raising
+            ``ringfeed.TimeoutError``; ``None`` waits for ever. A dead server is reported at once
+            either way (``ServerDiedError``).
+        spawn: start ``ringfeed serve --exit-when-idle`` at the socket when nothing listens there.
+            Default: only when ``socket`` is not given. The binary is ``$RINGFEED_BIN``, else
+            ``ringfeed`` on ``PATH``, else one shipped in the package.
+        normalize: ``(mean, std)`` on the 0..1 scale, e.g. ImageNet's
+            ``((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``: images are delivered as
+            ``(x / 255 - mean) / std`` in ``dtype``, shape ``[N, 3, H, W]`` in ``channels_last``
+            memory format, computed in one fused step (on the GPU in CUDA mode, after the copy).
+            On the CPU this makes a copy, so the slot is released at once.
+        dtype: the floating dtype of normalized images (default ``torch.float32``; e.g.
+            ``torch.bfloat16``). Only with ``normalize``.
+        hold: CPU mode without ``normalize``: how many of the most recent batches stay valid
+            (``1 ..= slots``). A batch is a view of ring memory that the server overwrites once
+            it is released: **it is valid until ``hold`` more batches have been requested, a new
+            iteration starts, or the loader is closed, unless copied** (see the module's notes on
+            ``break``). Ignored in CUDA mode.
+        check_crc: have the server check each packed record's CRC-32C on read.
+        lmdb: LMDB options for an LMDB dataset: ``{"layout": ..., "labels": ..., "labels_key": ...}``.
+        spawn_timeout: seconds to wait for a started sidecar to listen.
+
+    Raises:
+        ValueError: a parameter is out of range (the message names it).
+        ServerError: the server refused the stream: ``dataset`` (no dataset at ``path``),
+            ``bad_request`` (e.g. a batch size larger than the dataset), ``version``.
+        RingfeedError: no server listens and none could be started.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        batch_size: int,
+        transform: Transform | Mapping[str, Any],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        device: Any = "cpu",
+        rank: int | None = None,
+        world_size: int | None = None,
+        layout: str = "NHWC",
+        slots: int = 4,
+        on_error: str = "raise",
+        fields: Sequence[str] | None = None,
+        socket: str | os.PathLike[str] | None = None,
+        timeout: float | None = 60.0,
+        spawn: bool | None = None,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: Any = None,
+        hold: int = 1,
+        check_crc: bool = True,
+        lmdb: Mapping[str, Any] | None = None,
+        spawn_timeout: float = 10.0,
+    ) -> None:
+        # Everything that can be checked without the server is, first.
+        self._res = _Stream()
+        self._finalizer = weakref.finalize(self, self._res.close)
+        # Absolute, as the server needs, without resolving symlinks (what the user named is sent).
+        self.path = os.path.abspath(os.fspath(path))  # noqa: PTH100
+        self.batch_size = _int_in("batch_size", batch_size, 1, MAX_BATCH_SIZE)
+        self.transform = _check_transform(transform)
+        self.shuffle = _bool("shuffle", shuffle)
+        self.seed = _int_in("seed", seed, 0, MAX_SEED)
+        self.drop_last = _bool("drop_last", drop_last)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if layout not in ("NHWC", "NCHW"):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        self.layout = layout
+        self.slots = _int_in("slots", slots, 1, MAX_SLOTS)
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        self.fields = _check_fields(fields)
+        self.timeout = _check_timeout("timeout", timeout)
+        self.hold = _int_in("hold", hold, 1, self.slots)
+        self.check_crc = _bool("check_crc", check_crc)
+        self.lmdb = dict(lmdb) if lmdb is not None else None
+        self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
+        self._spawn = (socket is None) if spawn is None else _bool("spawn", spawn)
+        self._spawn_timeout = _check_timeout("spawn_timeout", spawn_timeout) or 10.0
+        self.device = resolve_device(device)
+        self._cuda = self.device != "cpu" and self.device.type == "cuda"
+        self._normalizer = None
+        if normalize is not None:
+            from ._device import Normalizer
+
+            try:
+                mean, std = normalize
+            except (TypeError, ValueError):
+                raise ValueError(f"normalize must be a (mean, std) pair, got {normalize!r}") from None
+            import torch
+
+            self._normalizer = Normalizer(mean, std, torch.float32 if dtype is None else dtype, self.layout)
+        elif dtype is not None:
+            raise ValueError("dtype applies to normalized images only; pass normalize=(mean, std) too")
+        #: The server's sidecar log, when this loader started the server.
+        self.server_log: str | None = None
+
+        # Stream state (see `state_dict`).
+        self._epoch = 0
+        self._delivered = 0
+        self._cursor = 0  # the first batch of the next iteration (set by load_state_dict)
+        self._iteration = 0  # bumped by every iter(), set_epoch() and load_state_dict(): older iterators stop
+        self._run = 0  # `start`s sent on this connection: the number of the current run
+        self._run_epoch = 0  # the epoch of the current run
+        self._first = 0  # the current run's first batch
+        self._next_batch_index = 0  # the batch the next `ready` of the current run must hold
+        self._last_seq = 0
+        # CPU: (slot, weak references to the arrays handed out) of the batches still valid, oldest first.
+        self._yielded: collections.deque[tuple[int, list[weakref.ref[Any]]]] = collections.deque()
+        self._broken: BaseException | None = None
+        self._closed = False
+        self._stats = {"batches": 0, "wait_s": 0.0, "compute_s": 0.0, "skipped": 0}
+        self._pending_stats = [0, 0, 0]  # steps, wait_ns, compute_ns since the last `stats` message
+        self._last_return: float | None = None
+        try:
+            self._connect()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connection ---------------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        welcome = self._handshake()
+        conn = self._res.conn
+        assert conn is not None
+        major, minor = welcome["protocol"]
+        if major != PROTOCOL[0]:
+            raise ProtocolError(
+                f"{conn.name} speaks protocol {major}.{minor}, but this client speaks {PROTOCOL[0]}.{PROTOCOL[1]}; "
+                f"install the ringfeed Python package that matches the server"
+            )
+        self.server_protocol = (major, minor)
+        self.server = welcome.get("server")
+        conn.send(self._open_message())
+        ring, fd = self._recv(want_fd=True)
+        if fd is None:
+            raise ProtocolError(f"{conn.name} answered `open` with `{ring['type']}`, expected `ring`")
+        try:
+            segment = Segment(fd, ring["segment_len"], array="torch" if _have_torch() else "numpy")
+        finally:
+            os.close(fd)
+        self._res.segment = segment
+        self._check_ring(segment)
+        self.classes: tuple[str, ...] = tuple(ring["classes"])
+        self.dataset_len: int = ring["dataset_len"]
+        self.samples_per_rank: int = ring["samples_per_rank"]
+        self.batches_per_epoch: int = ring["batches_per_epoch"]
+        if self._cuda:
+            from ._device import CudaCopier
+
+            self._res.cuda = CudaCopier(segment, self.device, self._normalizer)
+
+    def _handshake(self) -> dict[str, Any]:
+        """Connects (starting a sidecar if allowed), says hello, returns the welcome.
+
+        A server that closes the connection before its welcome was exiting as this loader
+        connected (a sidecar leaving ``--exit-when-idle``): the loader connects again, which
+        starts a new sidecar when that is allowed, or names the socket when it is not.
+        """
+        hint = f"; if batches legitimately take longer, raise Loader(timeout=...) (now {self.timeout} s)"
+        for attempt in range(HANDSHAKE_ATTEMPTS):
+            conn, self.server_log = connect(
+                self.socket_path,
+                spawn=self._spawn,
+                timeout=self.timeout,
+                timeout_hint=hint,
+                spawn_timeout=self._spawn_timeout,
+            )
+            if self.server_log is not None:
+                conn.name += f" (log: {self.server_log})"
+                conn.timeout_hint += f", or see the server's log {self.server_log}"
+            self._res.conn = conn
+            try:
+                hello = {"type": "hello", "protocol": list(PROTOCOL), "client": f"ringfeed-py {__version__}"}
+                conn.send(hello | {"pid": os.getpid()})
+                return self._expect("welcome")
+            except ServerDiedError:
+                conn.close()
+                self._res.conn = None
+                if attempt + 1 == HANDSHAKE_ATTEMPTS:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    def _open_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {
+            "type": "open",
+            "dataset": self.path,
+            "batch_size": self.batch_size,
+            "transform": self.transform.to_json() if isinstance(self.transform, Transform) else dict(self.transform),
+            "layout": self.layout,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "slots": self.slots,
+            "on_error": self.on_error,
+            "fields": list(self.fields),
+            "check_crc": self.check_crc,
+        }
+        if self.lmdb is not None:
+            msg["lmdb"] = self.lmdb
+        return msg
+
+    def _check_ring(self, segment: Segment) -> None:
+        """The ring must carry what was asked for, in the shapes asked for."""
+        if segment.batch_size != self.batch_size:
+            raise ProtocolError(
+                f"the ring holds batches of {segment.batch_size}, but the loader asked for {self.batch_size}"
+            )
+        if self.hold > segment.slot_count:
+            raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
+        for name in self.fields:
+            field = segment.fields.get(name)
+            if field is None:
+                raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
+            dtype, shape = FIELDS[name]
+            if shape is None:
+                size = getattr(self.transform, "size", None) or tuple(self.transform.get("size", ()))  # type: ignore[union-attr]
+                h, w = size if len(size) == 2 else (None, None)
+                shape = (h, w, 3) if self.layout == "NHWC" else (3, h, w)
+                ok = len(field.shape) == 3 and all(a == b for a, b in zip(field.shape, shape, strict=True) if b)
+            else:
+                ok = field.shape == shape
+            if field.dtype is None or field.dtype.name != dtype or not ok:
+                got = f"{field.dtype.name if field.dtype else f'code {field.code}'} {list(field.shape)}"
+                want = f"{dtype} {[d if d else '?' for d in shape]}"
+                raise ProtocolError(f"the ring's field {name!r} is {got}, expected {want}")
+
+    # -- receiving ------------------------------------------------------------------------------
+
+    @overload
+    def _recv(self, *, want_fd: bool = ..., poll: Literal[False] = ...) -> tuple[dict[str, Any], int | None]: ...
+    @overload
+    def _recv(self, *, want_fd: bool = ..., poll: Literal[True]) -> tuple[dict[str, Any], int | None] | None: ...
+
+    def _recv(self, *, want_fd: bool = False, poll: bool = False) -> tuple[dict[str, Any], int | None] | None:
+        """The next message, checked, and the ring's descriptor if ``want_fd``.
+
+        ``error`` messages are raised as ``ServerError``, except a non-fatal one that names an
+        earlier run (a newer minor may add ``run`` to ``error``), which is dropped. With
+        ``poll``, returns ``None`` instead of waiting.
+        """
+        conn = self._res.conn
+        assert conn is not None
+        while True:
+            got = conn.poll() if poll else conn.recv()
+            if got is None:
+                return None
+            msg, fd = got
+            try:
+                check_server_message(msg)
+            except ProtocolError:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            if fd is not None and not want_fd:
+                os.close(fd)
+                raise ProtocolError(f"{conn.name} sent a `ring` message after the stream was open")
+            if msg["type"] == "error":
+                run = msg.get("run")
+                if type(run) is int and run < self._run and not msg["fatal"]:
+                    continue
+                raise self._server_error(msg)
+            return msg, fd
+
+    def _expect(self, kind: str) -> dict[str, Any]:
+        msg, _ = self._recv()
+        if msg["type"] != kind:
+            raise ProtocolError(f"expected a `{kind}` message, got `{msg['type']}`")
+        return msg
+
+    def _server_error(self, msg: dict[str, Any]) -> ServerError:
+        message = msg["message"]
+        if msg["code"] == "dataset" and self.path not in message:
+            message += f" (dataset {self.path})"
+        return ServerError(msg["code"], message, msg.get("sample"), msg.get("key"), msg["fatal"])
+
+    # -- iteration ------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (``batches_per_epoch`` from the server)."""
+        return self.batches_per_epoch
+
+    def __iter__(self) -> Generator[Any, None, None]:
+        """Starts a run at the current epoch and cursor; yields ``(images, labels)`` or dicts.
+
+        A new iteration abandons the previous one: its batches are released (CPU views of them
+        become invalid) and its iterator raises ``RuntimeError`` if used again.
+        """
+        self._check_usable()
+        self._abandon()
+        iteration = self._iteration
+        first, self._cursor = self._cursor, 0
+        self._delivered = first
+        if first >= self.batches_per_epoch:
+            # The whole epoch was delivered before the state was saved: nothing is left of it.
+            return _nothing()
+        conn = self._res.conn
+        assert conn is not None
+        self._guard(conn.send, {"type": "start", "epoch": self._epoch, "first_batch": first})
+        self._run += 1
+        self._run_epoch = self._epoch
+        self._first = self._next_batch_index = first
+        return self._batches(iteration)
+
+    def _batches(self, iteration: int) -> Generator[Any, None, None]:
+        batch = None
+        try:
+            while True:
+                batch = self._guard(self._next, iteration)
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            batch = None  # this frame's reference is not the user's
+            if self._iteration == iteration:
+                # The iteration ended (its end, a `break`, a dropped iterator): batches nobody
+                # refers to any more go back now; one the user still holds stays valid until the
+                # next iteration or close().
+                self._release_yielded(unreferenced_only=True)
+
+    def _next(self, iteration: int) -> Any:
+        if self._iteration != iteration:
+            raise RuntimeError(
+                "this iterator was abandoned: the loader was iterated again, or set_epoch() or "
+                "load_state_dict() was called, since it started"
+            )
+        self._check_usable()
+        t0 = time.perf_counter()
+        self._release_due()
+        while True:
+            msg = self._next_message()
+            kind = msg["type"]
+            if kind == "ready":
+                got = self._on_ready(msg)
+                if got is None:
+                    continue
+                batch = self._make_batch(*got)
+                self._count_step(t0)
+                return batch
+            if kind == "end":
+                if msg["run"] != self._run:
+                    if msg["run"] > self._run:
+                        raise ProtocolError(f"`end` of run {msg['run']}, but only {self._run} runs were started")
+                    continue
+                batches = self._delivered - self._first
+                if msg["epoch"] != self._run_epoch or msg["batches"] != batches:
+                    raise ProtocolError(
+                        f"`end` says epoch {msg['epoch']} with {msg['batches']} batches, but this run delivered "
+                        f"{batches} batches of epoch {self._run_epoch}"
+                    )
+                return None  # `skipped` was counted batch by batch, from the slot headers
+            raise ProtocolError(f"unexpected `{kind}` message during an epoch")
+
+    def _next_message(self) -> dict[str, Any]:
+        """The next message of the stream, never waiting on the server while it waits on us.
+
+        In CUDA mode the slots of copies in flight are still held; if the server has nothing to
+        send, it may be waiting for one of them (all slots held). So while copies are pending
+        and nothing is readable, wait for the oldest copy (a DMA, not the training step) and
+        release its slot, instead of blocking on the socket.
+        """
+        cuda = self._res.cuda
+        while cuda is not None and cuda.pending:
+            got = self._recv(poll=True)
+            if got is not None:
+                return got[0]
+            self._res.release(cuda.wait_oldest())
+        return self._recv()[0]
+
+    def _on_ready(self, msg: dict[str, Any]) -> tuple[int, Any] | None:
+        """Takes ownership of the slot; returns ``(slot, header)``, or ``None`` for a stale run's."""
+        res = self._res
+        assert res.segment is not None
+        seq, run, slot = msg["seq"], msg["run"], msg["slot"]
+        if seq != self._last_seq + 1:
+            raise ProtocolError(f"`ready` has seq {seq}, expected {self._last_seq + 1}")
+        self._last_seq = seq
+        if slot >= res.segment.slot_count:
+            raise ProtocolError(f"`ready` names slot {slot}, but the ring has {res.segment.slot_count}")
+        if slot in res.held:
+            raise ProtocolError(
+                f"`ready` hands over slot {slot}, which this client already holds (seq {res.held[slot]})"
+            )
+        res.held[slot] = seq
+        if run != self._run:
+            if run > self._run:
+                raise ProtocolError(f"`ready` of run {run}, but only {self._run} runs were started")
+            res.release(slot)  # ring.md rule 4: a stale run's batch is released unread
+            return None
+        header = res.segment.slot_header(slot)
+        if (header.seq, header.run) != (seq, run):
+            raise ProtocolError(
+                f"slot {slot}'s header has seq {header.seq}, run {header.run}; the `ready` message said {seq}, {run}"
+            )
+        if (header.epoch, header.batch) != (self._run_epoch, self._next_batch_index):
+            raise ProtocolError(
+                f"slot {slot} holds batch {header.batch} of epoch {header.epoch}; expected batch "
+                f"{self._next_batch_index} of epoch {self._run_epoch}"
+            )
+        self._next_batch_index += 1
+        return slot, header
+
+    def _make_batch(self, slot: int, header: Any) -> Any:
+        res = self._res
+        assert res.segment is not None
+        n = header.count
+        views = {name: res.segment.view(slot, name)[:n] for name in self.fields}
+        if res.cuda is not None:
+            out = res.cuda.copy(views, slot)
+        elif self._normalizer is not None:
+            # The normalized images are a copy; copy the small fields too and hand the slot back now.
+            out = {name: (self._normalizer(v) if name == "image" else v.clone()) for name, v in views.items()}
+            res.release(slot)
+        else:
+            out = views
+            self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
+        self._delivered += 1
+        self._stats["skipped"] += header.skipped
+        if len(self.fields) == 2:
+            return out["image"], out["label"]
+        return out
+
+    def _release_due(self) -> None:
+        """Releases what may be released before waiting for the next batch."""
+        res = self._res
+        while len(self._yielded) >= self.hold:
+            res.release(self._yielded.popleft()[0])
+        if res.cuda is not None:
+            for slot in res.cuda.completed():
+                res.release(slot)
+
+    def _release_yielded(self, *, unreferenced_only: bool = False) -> None:
+        """Releases the CPU batches handed out (all, or those no longer referenced); GPU copies stay pending."""
+        if self._closed or self._broken is not None:
+            self._yielded.clear()
+            return
+        keep = []
+        with contextlib.suppress(RingfeedError, OSError):
+            while self._yielded:
+                slot, refs = self._yielded.popleft()
+                if unreferenced_only and any(r() is not None for r in refs):
+                    keep.append((slot, refs))
+                else:
+                    self._res.release(slot)
+        self._yielded.extend(keep)
+
+    def _abandon(self) -> None:
+        """Ends the current iteration: its batches are released and its iterator stops.
+
+        The server's run goes on until the next ``start``; its late ``ready`` messages are then
+        stale and released unread.
+        """
+        self._iteration += 1
+        self._release_yielded()
+
+    def _guard(self, fn: Any, *args: Any) -> Any:
+        """Runs ``fn``; an error that leaves the connection unusable closes the stream."""
+        try:
+            return fn(*args)
+        except ServerDiedError as e:
+            self._fail(e)
+            reason = _last_words(e.unread)
+            if reason is not None:
+                raise self._server_error(reason) from e
+            raise
+        except ProtocolError as e:
+            self._fail(e)
+            raise
+        except ServerError as e:
+            if e.fatal:
+                self._fail(e)
+            raise
+
+    def _fail(self, e: BaseException) -> None:
+        self._broken = e
+        self._yielded.clear()
+        self._res.close()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise RingfeedError("the loader is closed")
+        if self._broken is not None:
+            raise RingfeedError(
+                f"the loader's connection failed earlier ({self._broken}); create a new Loader and "
+                f"load_state_dict() this one's state_dict() to resume"
+            ) from self._broken
+
+    def _count_step(self, t0: float) -> None:
+        now = time.perf_counter()
+        wait = now - t0
+        compute = t0 - self._last_return if self._last_return is not None else 0.0
+        self._last_return = now
+        self._stats["batches"] += 1
+        self._stats["wait_s"] += wait
+        self._stats["compute_s"] += compute
+        p = self._pending_stats
+        p[0] += 1
+        p[1] += int(wait * 1e9)
+        p[2] += int(compute * 1e9)
+        if p[0] >= STATS_EVERY:
+            conn = self._res.conn
+            assert conn is not None
+            conn.send({"type": "stats", "steps": p[0], "wait_ns": p[1], "compute_ns": p[2]})
+            p[:] = [0, 0, 0]
+
+    # -- epochs, state ------------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next iteration delivers (its order and augmentations).
+
+        Setting a different epoch abandons an iteration in progress (its batches are released)
+        and starts the new epoch from its first batch. Setting the epoch a loaded
+        ``state_dict`` holds keeps its resume point, so the usual loop
+        ``for epoch in range(saved_epoch, n): loader.set_epoch(epoch); for batch in loader: ...``
+        resumes mid-epoch exactly.
+        """
+        epoch = _int_in("epoch", epoch, 0, MAX_EPOCH)
+        if epoch != self._epoch:
+            self._abandon()
+            self._epoch = epoch
+            self._cursor = self._delivered = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's position: enough to resume it exactly, mid-epoch, in a new loader.
+
+        ``batches_delivered`` counts the batches of ``epoch`` handed out so far (a batch counts once
+        it has been returned by the iterator). Every rank's state holds the same position when the
+        ranks step together, so any rank's state can be loaded on every rank.
+        """
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "batches_delivered": self._delivered,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes from ``state_dict()``: the next iteration starts at ``batches_delivered``.
+
+        Raises:
+            ValueError: the state was saved with a different seed, batch size, world size,
+                shuffle or drop_last (the batch numbering would not match), or is malformed.
+        """
+        version = state.get("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION}")
+        for key in ("seed", "batch_size", "world_size", "shuffle", "drop_last"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"the state was saved with {key}={state[key]!r} but this loader has {key}={getattr(self, key)!r}; "
+                    f"construct the Loader with {key}={state[key]!r} to resume exactly"
+                )
+        for key in ("epoch", "batches_delivered"):
+            if key not in state:
+                raise ValueError(f"the state has no {key!r}")
+        epoch = _int_in("state['epoch']", state["epoch"], 0, MAX_EPOCH)
+        delivered = _int_in("state['batches_delivered']", state["batches_delivered"], 0, self.batches_per_epoch)
+        self._abandon()
+        self._epoch = epoch
+        self._cursor = self._delivered = delivered
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction: ``batches``, ``wait_s`` (time spent waiting for batches),
+        ``compute_s`` (time between batches), ``skipped`` (samples left out under ``on_error="skip"``)."""
+        return dict(self._stats)
+
+    def close(self) -> None:
+        """Releases everything: waits for GPU copies, unpins, closes the stream and unmaps the ring.
+
+        CPU views handed out earlier stay readable memory (the unmap waits for them), but no
+        longer belong to the stream. Idempotent; also run when the loader is garbage collected.
+        """
+        self._closed = True
+        self._yielded.clear()
+        self._finalizer()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch {self._epoch}, {self._delivered} batches delivered"
+        return (
+            f"<ringfeed.Loader {self.path!r} batch_size={self.batch_size} rank={self.rank}/{self.world_size} "
+            f"device={self.device} ({state})>"
+        )
+
+
+def _nothing() -> Generator[Any, None, None]:
+    """An iteration that yields nothing (an epoch already complete)."""
+    yield from ()
+
+
+def _last_words(unread: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first well-formed ``error`` among the messages a dead server left unread, if any."""
+    for msg in unread:
+        if msg.get("type") == "error":
+            try:
+                check_server_message(msg)
+            except ProtocolError:
+                continue
+            return msg
+    return None
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+
+def _int_in(name: str, value: Any, lo: int, hi: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be an integer in {lo}..={hi}, got {value!r}")
+    return int(value)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def _check_timeout(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
+def _check_transform(transform: Any) -> Transform | dict[str, Any]:
+    if isinstance(transform, Flip):
+        raise ValueError(
+            "transform=Flip() alone is not a transform the server runs; use RandomResizedCrop(size) + Flip()"
+        )
+    if isinstance(transform, Transform):
+        return transform
+    if isinstance(transform, Mapping) and isinstance(transform.get("kind"), str):
+        return dict(transform)
+    raise ValueError(
+        f"transform must be ringfeed.RandomResizedCrop(...) [+ ringfeed.Flip()], ringfeed.CenterCrop(...) or "
+        f"ringfeed.Resize(...), got {transform!r}"
+    )
+
+
+def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
+    if fields is None:
+        return ALWAYS
+    if isinstance(fields, str):
+        fields = [fields]
+    out = list(ALWAYS)
+    for name in fields:
+        if name not in FIELDS:
+            raise ValueError(f"fields: unknown field {name!r}; the server delivers {', '.join(FIELDS)}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"the environment variable {name}={raw!r} is not an integer") from None
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)`` from the arguments, else torchrun's ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+    if rank is None:
+        rank = _env_int("RANK")
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE")
+    world_size = 1 if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    world_size = _int_in("world_size", world_size, 1, MAX_SEED)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an integer in 0..{world_size} (world_size={world_size}), got {rank!r}")
+    return rank, world_size
+
+
+def resolve_device(device: Any) -> Any:
+    """``"cpu"`` stays a string (no torch needed); anything else becomes a ``torch.device``.
+
+    ``"cuda"`` without an index is ``cuda:$LOCAL_RANK`` under torchrun, else the current device.
+    """
+    if device == "cpu":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"device={device!r} needs torch, which is not installed") from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise ValueError(f"device must be the CPU or a CUDA device, got {device!r}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}, but CUDA is not available (torch.cuda.is_available() is False)")
+    if dev.index is None:
+        local = _env_int("LOCAL_RANK")
+        dev = torch.device("cuda", local if local is not None else torch.cuda.current_device())
+    if not 0 <= dev.index < torch.cuda.device_count():
+        raise ValueError(f"device {dev} does not exist: this process sees {torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
+def _have_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True

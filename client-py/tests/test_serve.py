@@ -1,0 +1,281 @@
+"""``ringfeed.Loader`` end to end against the real ``ringfeed serve`` (the Rust binary).
+
+Datasets are packed by ``ringfeed pack`` from JPEGs written by Pillow. The loader starts the
+server itself (``spawn=True`` with a socket in a temporary directory), as it does for users.
+Pixels are not compared with torchvision here: the server's transforms are its own tests'
+business; these tests pin what the client promises: order, coverage, resume, ranks, errors.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+import ringfeed
+from ringfeed import RingfeedError, ServerDiedError, ServerError
+from ringfeed import _sidecar as sidecar
+
+REPO = Path(__file__).resolve().parents[2]
+N = 22
+
+
+def ringfeed_bin() -> str:
+    env = os.environ.get("RINGFEED_BIN")
+    if env:
+        return env
+    for p in (REPO / "target" / "debug" / "ringfeed", REPO / "target" / "release" / "ringfeed"):
+        if p.exists():
+            return str(p)
+    pytest.fail("no ringfeed binary: run `cargo build -p ringfeed` or set RINGFEED_BIN")
+
+
+def jpeg(w: int, h: int, seed: int) -> bytes:
+    img = Image.new("RGB", (w, h), ((seed * 37) % 256, (seed * 91) % 256, (seed * 53) % 256))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A packed dataset of N small JPEGs in 3 classes (c0, c1, c2)."""
+    root = tmp_path_factory.mktemp("serve")
+    for i in range(N):
+        p = root / "src" / f"c{i % 3}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(jpeg(40 + i % 13, 30 + i % 7, i))
+    r = subprocess.run(
+        [ringfeed_bin(), "pack", str(root / "src"), str(root / "ds"), "--progress", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return root / "ds"
+
+
+@pytest.fixture(scope="module")
+def labels(dataset: Path) -> list[int]:
+    with ringfeed.PackedDataset(dataset) as ds:
+        return [ds.sample(i).label for i in range(len(ds))]
+
+
+@pytest.fixture
+def sock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A socket path in a fresh short directory, and the binary as RINGFEED_BIN; servers started are stopped after."""
+    monkeypatch.setenv("RINGFEED_BIN", ringfeed_bin())
+    d = tempfile.mkdtemp(prefix="rfs-", dir="/tmp")
+    before = {id(p) for p in sidecar._SPAWNED}
+    yield str(Path(d) / "ringfeed.sock")
+    for proc in [p for p in sidecar._SPAWNED if id(p) not in before]:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def loader(dataset: Path, sock: str, batch_size: int = 4, **kw: Any) -> ringfeed.Loader:
+    kw.setdefault("transform", ringfeed.RandomResizedCrop(16) + ringfeed.Flip())
+    kw.setdefault("fields", ["index"])
+    kw.setdefault("seed", 11)
+    kw.setdefault("timeout", 30.0)
+    return ringfeed.Loader(dataset, batch_size, socket=sock, spawn=True, **kw)
+
+
+def epoch(ld: ringfeed.Loader) -> list[dict[str, torch.Tensor]]:
+    """One iteration, every batch copied while it is valid."""
+    return [{k: v.clone() for k, v in b.items()} for b in ld]
+
+
+def test_an_epoch_covers_the_dataset_with_the_right_labels(dataset: Path, sock: str, labels: list[int]) -> None:
+    """One epoch of the real server: len(loader) batches, every sample once, each with its dataset label."""
+    with loader(dataset, sock, drop_last=False) as ld:
+        assert len(ld) == 6
+        assert (ld.dataset_len, ld.samples_per_rank) == (N, N)
+        assert ld.classes == ("c0", "c1", "c2")
+        assert ld.server_log is not None
+        batches = epoch(ld)
+    assert len(batches) == 6
+    seen = [i for b in batches for i in b["index"].tolist()]
+    assert sorted(seen) == list(range(N))
+    assert seen != list(range(N))  # shuffled
+    for b in batches:
+        assert b["image"].dtype == torch.uint8
+        assert tuple(b["image"].shape[1:]) == (16, 16, 3)
+        assert b["label"].tolist() == [labels[i] for i in b["index"].tolist()]
+
+
+def test_batches_are_a_function_of_seed_and_epoch(dataset: Path, sock: str) -> None:
+    """The same epoch twice gives the same batches, pixel for pixel; another epoch another order."""
+    with loader(dataset, sock) as ld:
+        ld.set_epoch(3)
+        a = epoch(ld)
+        b = epoch(ld)
+        ld.set_epoch(4)
+        c = epoch(ld)
+    assert len(a) == len(b) == len(c) == N // 4
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x["index"], y["index"])
+        assert torch.equal(x["image"], y["image"])
+    assert [x["index"].tolist() for x in a] != [x["index"].tolist() for x in c]
+
+
+def test_resume_mid_epoch_in_a_new_loader(dataset: Path, sock: str) -> None:
+    """A state saved after 2 batches resumes, in a new loader and connection, with exactly the rest of the epoch."""
+    with loader(dataset, sock) as ld:
+        ld.set_epoch(1)
+        full = epoch(ld)
+        it = iter(ld)
+        for _ in range(2):
+            next(it)
+        state = ld.state_dict()
+    assert state["batches_delivered"] == 2
+    with loader(dataset, sock) as again:
+        again.load_state_dict(state)
+        again.set_epoch(1)
+        rest = epoch(again)
+    assert len(rest) == len(full) - 2
+    for x, y in zip(full[2:], rest, strict=True):
+        assert torch.equal(x["index"], y["index"])
+        assert torch.equal(x["image"], y["image"])
+
+
+def test_ranks_split_the_epoch(dataset: Path, sock: str) -> None:
+    """Two ranks of one epoch (drop_last=False) see N + padding samples between them, every sample at least once."""
+    seen = []
+    for rank in range(2):
+        with loader(dataset, sock, rank=rank, world_size=2, drop_last=False) as ld:
+            assert ld.samples_per_rank == N // 2
+            seen.append([i for b in epoch(ld) for i in b["index"].tolist()])
+    assert len(seen[0]) == len(seen[1]) == N // 2
+    assert sorted(seen[0] + seen[1]) == list(range(N))
+
+
+def test_cpu_views_point_into_the_ring(dataset: Path, sock: str) -> None:
+    """CPU batches are zero-copy: each image tensor's memory lies inside the mapped ring."""
+    with loader(dataset, sock) as ld:
+        seg = ld._res.segment
+        assert seg is not None
+        base = seg.as_uint8().data_ptr()
+        for b in ld:
+            assert base <= b["image"].data_ptr() < base + seg.length
+
+
+def test_eval_transform_nchw_and_normalize(dataset: Path, sock: str) -> None:
+    """CenterCrop in NCHW, and normalize on the CPU: float32 [N, 3, h, w] channels_last."""
+    with loader(dataset, sock, transform=ringfeed.CenterCrop(12, resize=14), layout="NCHW", shuffle=False) as ld:
+        b = next(iter(ld))
+        assert tuple(b["image"].shape) == (4, 3, 12, 12)
+        assert b["index"].tolist() == [0, 1, 2, 3]
+    norm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    with loader(dataset, sock, transform=ringfeed.Resize((8, 10)), normalize=norm, fields=None) as ld:
+        images, lab = next(iter(ld))
+        assert images.dtype == torch.float32
+        assert tuple(images.shape) == (4, 3, 8, 10)
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert lab.dtype == torch.int64
+
+
+def test_unknown_dataset_names_the_path(dataset: Path, sock: str) -> None:
+    """Opening a path that is not a dataset fails in the constructor with the server's error naming the path."""
+    missing = dataset.parent / "nope"
+    with pytest.raises(ServerError, match=str(missing)) as e:
+        loader(missing, sock)
+    assert e.value.code == "dataset"
+
+
+def test_batch_larger_than_the_dataset_is_a_bad_request(dataset: Path, sock: str) -> None:
+    """batch_size beyond the dataset (with drop_last) is the server's bad_request naming batch_size."""
+    with pytest.raises(ServerError, match="batch_size 64 is larger") as e:
+        loader(dataset, sock, batch_size=64)
+    assert e.value.code == "bad_request"
+
+
+def test_a_killed_server_is_server_died_at_once(dataset: Path, sock: str) -> None:
+    """SIGKILL of the server mid-epoch surfaces as ServerDiedError within a second, not after the timeout."""
+    with loader(dataset, sock, timeout=60.0) as ld:
+        it = iter(ld)
+        next(it)
+        proc = sidecar._SPAWNED[-1]
+        proc.kill()
+        proc.wait()
+        t = time.monotonic()
+        with pytest.raises(ServerDiedError):
+            drain(it)
+        assert time.monotonic() - t < 1
+        state = ld.state_dict()
+        with pytest.raises(RingfeedError, match="failed earlier"):
+            iter(ld)
+    assert state["batches_delivered"] >= 1
+
+
+def test_the_embedded_sidecar_exits_when_idle(dataset: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no socket=, the loader starts `ringfeed serve --exit-when-idle` at $RINGFEED_SOCKET; it exits when idle."""
+    monkeypatch.setenv("RINGFEED_SOCKET", sock)
+    with ringfeed.Loader(dataset, 4, transform=ringfeed.Resize(8), timeout=30.0) as ld:
+        assert len(epoch_tuples(ld)) == N // 4
+        proc = sidecar._SPAWNED[-1]
+        assert ld.server_log == sock[: -len(".sock")] + ".log"
+    assert proc.wait(timeout=20) == 0
+    assert not Path(sock).exists()
+
+
+def epoch_tuples(ld: ringfeed.Loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for x, y in ld]
+
+
+def drain(it: Iterator[Any]) -> None:
+    for _ in it:
+        pass
+
+
+def test_corrupt_samples_raise_or_are_skipped(tmp_path: Path, sock: str) -> None:
+    """A sample that does not decode is ServerError(sample, key) under on_error="raise", and counted under "skip"."""
+    for i in range(8):
+        data = bytearray(jpeg(24, 20, i))
+        if i == 5:
+            sos = data.index(b"\xff\xda")
+            data[sos + 16 : len(data) - 2] = b"\xff" * (len(data) - 2 - sos - 16)
+        (tmp_path / "src" / "c").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / "c" / f"{i}.jpg").write_bytes(bytes(data))
+    r = subprocess.run(
+        [
+            ringfeed_bin(),
+            "pack",
+            str(tmp_path / "src"),
+            str(tmp_path / "ds"),
+            "--progress",
+            "none",
+            "--check",
+            "header",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    with loader(tmp_path / "ds", sock, batch_size=2, shuffle=False) as ld:
+        it = iter(ld)
+        got = [next(it)["index"].tolist() for _ in range(2)]
+        with pytest.raises(ServerError, match="on_error") as e:
+            next(it)
+        assert (e.value.code, e.value.sample, e.value.key, e.value.fatal) == ("sample", 5, "c/5.jpg", False)
+        assert got == [[0, 1], [2, 3]]
+        # Not fatal: the loader iterates again (a new run, from the first batch).
+        assert next(iter(ld))["index"].tolist() == [0, 1]
+    with loader(tmp_path / "ds", sock, batch_size=2, shuffle=False, on_error="skip") as ld:
+        seen = [i for b in epoch(ld) for i in b["index"].tolist()]
+        assert seen == [0, 1, 2, 3, 4, 6, 7]
+        assert ld.stats()["skipped"] == 1

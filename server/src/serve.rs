@@ -114,12 +114,18 @@ pub async fn run(
     let mut served_any = false;
 
     loop {
+        // Resolves to `true` once the server has been idle for the whole grace period, and to
+        // `false` when the last client has just left (the loop then starts the grace timer).
         let idle_wait = async {
             match config.exit_when_idle {
                 Some(grace) if served_any && shared.connections.load(Ordering::Acquire) == 0 => {
-                    tokio::time::sleep(grace).await
+                    tokio::time::sleep(grace).await;
+                    true
                 }
-                Some(_) => idle.notified().await,
+                Some(_) => {
+                    idle.notified().await;
+                    false
+                }
                 None => std::future::pending().await,
             }
         };
@@ -145,9 +151,9 @@ pub async fn run(
                 });
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            () = idle_wait => {
-                if shared.connections.load(Ordering::Acquire) == 0 && served_any {
-                    tracing::info!("last client left; exiting (--exit-when-idle)");
+            expired = idle_wait => {
+                if expired && shared.connections.load(Ordering::Acquire) == 0 {
+                    tracing::info!("no client for the whole grace period; exiting (--exit-when-idle)");
                     break;
                 }
             }

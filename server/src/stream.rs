@@ -520,6 +520,14 @@ impl StreamState {
     async fn on_message(&mut self, m: ClientMessage, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
         match m {
             ClientMessage::Start { epoch, first_batch } => {
+                if epoch > u64::from(u32::MAX) {
+                    return fail(
+                        write,
+                        ErrorCode::BadRequest,
+                        format!("start.epoch {epoch} is above 2^32-1"),
+                    )
+                    .await;
+                }
                 let plan = self.sampler.plan(epoch);
                 let total = plan.batches();
                 if first_batch > total {
@@ -640,6 +648,7 @@ impl StreamState {
                     fatal: false,
                     sample: Some(f.index),
                     key: Some(f.key.clone()),
+                    run: Some(self.run.as_ref().map_or(0, |r| r.id)),
                 };
                 // The run is over: cancel its other jobs and free the slots it no longer needs;
                 // batches still in flight free theirs when they come back.

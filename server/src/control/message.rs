@@ -25,7 +25,7 @@ fn default_ratio() -> [f64; 2] {
     [3.0 / 4.0, 4.0 / 3.0]
 }
 fn default_flip() -> f64 {
-    0.5
+    0.0
 }
 
 /// Messages a client sends.
@@ -167,6 +167,8 @@ pub enum ServerMessage {
         sample: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<u32>,
     },
 }
 
@@ -179,6 +181,7 @@ impl ServerMessage {
             fatal,
             sample: None,
             key: None,
+            run: None,
         }
     }
 }
@@ -204,7 +207,7 @@ mod tests {
                 size: [224, 224],
                 scale: [0.08, 1.0],
                 ratio: [0.75, 4.0 / 3.0],
-                flip: 0.5
+                flip: 0.0
             }
         );
     }

@@ -81,7 +81,7 @@ fn messages() -> Vec<(&'static str, Value)> {
         ),
         (
             "error, sample",
-            json!({"type": "error", "code": "sample", "message": "sample 17 (key \"a/b.jpg\") does not decode: corrupt jpeg image: Premature end of JPEG file", "fatal": false, "sample": 17, "key": "a/b.jpg"}),
+            json!({"type": "error", "code": "sample", "message": "sample 17 (key \"a/b.jpg\") does not decode: corrupt jpeg image: Premature end of JPEG file", "fatal": false, "sample": 17, "key": "a/b.jpg", "run": 3}),
         ),
         (
             "error, version",

@@ -10,6 +10,8 @@
 //! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
 //!   LMDB read in place ([`source::lmdb`]).
 //! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
+//! - [`ops`]: per-sample transforms (RandomResizedCrop, Resize + CenterCrop, Resize) decoded
+//!   by region and written straight into the caller's output buffer.
 //! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
 //! - [`inspect`]: human summaries of a packed dataset or an LMDB.
 //! - [`progress`]: progress bars and plain progress lines for long commands.

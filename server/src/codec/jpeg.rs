@@ -3,9 +3,11 @@
 //! handle to reuse with our own buffers.
 //!
 //! # Invariants
-//! - The decompressor's handle never has a scaling factor or a cropping region set, so
-//!   `tj3Decompress8` writes exactly `width * height * pixel_size` bytes for the header it
-//!   parses. (Crop decoding, when added, must reset both after each image.)
+//! - Between calls, the decompressor's handle has no scaling factor and no cropping region set,
+//!   so `tj3Decompress8` writes exactly `width * height * pixel_size` bytes for the header it
+//!   parses. A region decode (`decode_region_rgb8`) sets both right before its
+//!   `tj3Decompress8` call and resets both right after it, on every path (or replaces the
+//!   handle when the reset fails).
 //! - `tj3Decompress8` re-parses the header from the same bytes that `tj3DecompressHeader`
 //!   parsed, so the buffer sized from our probe is the buffer it fills.
 //! - Warnings stop the decode (`TJPARAM_STOPONWARNING = 1`). Without it, libjpeg-turbo finishes
@@ -25,11 +27,16 @@ use std::ptr::NonNull;
 use turbojpeg::raw;
 
 use super::markers::{self, JpegMarkers};
-use super::{CodecError, ColorKind, Format, ImageInfo, Limits};
+use super::{CodecError, ColorKind, Format, ImageInfo, Limits, Rect};
 
 /// Progressive scans allowed per image (libjpeg-turbo's own recommended `TJFLAG_LIMITSCANS`
 /// value). Real encoders write about 10; thousands of scans are a known CPU exhaustion attack.
 const SCAN_LIMIT: c_int = 500;
+
+/// iMCU width in pixels for each `TJSAMP_*` (libjpeg-turbo's `tjMCUWidth`, a `static` in
+/// `turbojpeg.h` that the bindings do not export): 4:4:4, 4:2:2, 4:2:0, grey, 4:4:0, 4:1:1,
+/// 4:4:1. A region's left edge must be a multiple of it (scaled).
+const MCU_WIDTH: [u32; 7] = [8, 16, 16, 8, 8, 32, 8];
 
 /// An owned `tjhandle`.
 #[derive(Debug)]
@@ -118,7 +125,33 @@ pub(super) struct Header {
     colorspace: c_int,
     /// Bits per sample, 2..=16.
     precision: c_int,
+    /// `TJSAMP_*`, -1 when unusual.
+    subsamp: c_int,
+    /// A lossless (SOF3) JPEG.
+    lossless: bool,
     markers: JpegMarkers,
+}
+
+impl Header {
+    /// The iMCU width a region's left edge must be aligned to at scale `1/denom`, or `None`
+    /// when libjpeg-turbo cannot decode a region of this image (lossless, not 8-bit, or an
+    /// unusual subsampling).
+    pub(super) fn region_align(&self, denom: u32) -> Option<u32> {
+        if self.precision != 8 || self.lossless {
+            return None;
+        }
+        let mcu = *MCU_WIDTH.get(usize::try_from(self.subsamp).ok()?)?;
+        Some(mcu.div_ceil(denom))
+    }
+}
+
+/// How `tj3Decompress8` is to be called: whole image, or a region at a scale.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// Scaling denominator: 1, 2, 4 or 8.
+    denom: u32,
+    /// The region, in scaled coordinates; its left edge is iMCU-aligned.
+    region: Rect,
 }
 
 /// A libjpeg-turbo decompressor configured with our limits.
@@ -225,6 +258,8 @@ impl TjDecompressor {
         }
         let colorspace = h.get(raw::TJPARAM_TJPARAM_COLORSPACE);
         let precision = h.get(raw::TJPARAM_TJPARAM_PRECISION);
+        let subsamp = h.get(raw::TJPARAM_TJPARAM_SUBSAMP);
+        let lossless = h.get(raw::TJPARAM_TJPARAM_LOSSLESS) == 1;
         let color = match u32::try_from(colorspace) {
             Ok(raw::TJCS_TJCS_GRAY) => ColorKind::Gray,
             Ok(raw::TJCS_TJCS_RGB | raw::TJCS_TJCS_YCbCr) => ColorKind::Rgb,
@@ -246,6 +281,8 @@ impl TjDecompressor {
             info,
             colorspace,
             precision,
+            subsamp,
+            lossless,
             markers,
         })
     }
@@ -279,24 +316,101 @@ impl TjDecompressor {
             // libjpeg-turbo cannot convert CMYK/YCCK to RGB itself; it gives us the stored
             // (YCCK → CMYK converted) samples and we do what Pillow does.
             scratch.resize(pixels * 4, 0);
-            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4)?;
+            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4, None)?;
             cmyk_to_rgb(&scratch[..pixels * 4], out);
         } else {
-            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3)?;
+            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3, None)?;
         }
         Ok(info)
     }
 
+    /// Decodes a region of the image `header` describes (just probed from `data`) at scale
+    /// `1/denom` to packed RGB8 in `out` (stored orientation), using `scratch` for CMYK.
+    ///
+    /// `want` is in the scaled image's coordinates and must lie inside it; `denom` must be one
+    /// of 1, 2, 4, 8 and `header.region_align(denom)` must be `Some`. The decoded region is
+    /// returned: `want` with its left edge moved down to the iMCU boundary.
+    ///
+    /// A sequential JPEG is decoded only down to the region's last row; its rows below are
+    /// never read. So that a truncated file fails as it does on a full decode, the file must
+    /// then have an EOI marker after its scan data (a truncated file has none). Other damage
+    /// below the region goes unnoticed.
+    pub(super) fn decode_region_rgb8(
+        &mut self,
+        data: &[u8],
+        header: &Header,
+        want: Rect,
+        denom: u32,
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<Rect, CodecError> {
+        let invalid = |what: &str| CodecError::InvalidRegion(format!("{what}: {want:?} at 1/{denom}"));
+        let Some(align) = header.region_align(denom) else {
+            return Err(invalid("this JPEG cannot be decoded by region"));
+        };
+        if !matches!(denom, 1 | 2 | 4 | 8) {
+            return Err(invalid("scale denominator must be 1, 2, 4 or 8"));
+        }
+        let info = header.info;
+        let (sw, sh) = (info.width.div_ceil(denom), info.height.div_ceil(denom));
+        let (right, bottom) = (
+            u64::from(want.left) + u64::from(want.width),
+            u64::from(want.top) + u64::from(want.height),
+        );
+        if want.width == 0 || want.height == 0 || right > u64::from(sw) || bottom > u64::from(sh) {
+            return Err(invalid(&format!("region outside the {sw}x{sh} scaled image")));
+        }
+        let left = want.left / align * align;
+        let region = Rect {
+            left,
+            top: want.top,
+            width: want.left + want.width - left,
+            height: want.height,
+        };
+        if !info.progressive && region.top + region.height < sh && !has_eoi(data, header.markers.scan_data) {
+            return Err(CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason: "premature end of JPEG file (no EOI marker after the scan data)".into(),
+            });
+        }
+        if !header.markers.self_contained {
+            self.reset()?;
+        }
+        // The whole image at full size is an ordinary decode (no header re-read, no region).
+        let geometry = (region != Rect::full(sw, sh) || denom != 1).then_some(Geometry { denom, region });
+        let pixels = region.width as usize * region.height as usize;
+        let four_channel = matches!(
+            u32::try_from(header.colorspace),
+            Ok(raw::TJCS_TJCS_CMYK | raw::TJCS_TJCS_YCCK)
+        );
+        out.resize(pixels * 3, 0);
+        if four_channel {
+            scratch.resize(pixels * 4, 0);
+            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4, geometry)?;
+            cmyk_to_rgb(&scratch[..pixels * 4], out);
+        } else {
+            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3, geometry)?;
+        }
+        Ok(region)
+    }
+
     /// `tj3Decompress8` into `buf`, which must hold `need` bytes: the full image of the header
-    /// just probed from `data`, in `format`.
-    fn decompress(&mut self, data: &[u8], buf: &mut [u8], format: raw::TJPF, need: usize) -> Result<(), CodecError> {
+    /// just probed from `data` in `format`, or with `geometry` the region at its scale.
+    fn decompress(
+        &mut self,
+        data: &[u8],
+        buf: &mut [u8],
+        format: raw::TJPF,
+        need: usize,
+        geometry: Option<Geometry>,
+    ) -> Result<(), CodecError> {
         if buf.len() < need {
             return Err(CodecError::Corrupt {
                 format: Format::Jpeg,
                 reason: "internal: output buffer too small".into(),
             });
         }
-        if self.decompress_raw(data, buf, format) == 0 {
+        if self.decompress_raw(data, buf, format, geometry) == 0 {
             return Ok(());
         }
         if !(self.handle.is_warning() && is_benign_warning(&self.handle.error())) {
@@ -308,7 +422,7 @@ impl TjDecompressor {
         // truncated file that also has stray bytes is still refused).
         self.reset()?;
         self.handle.set(raw::TJPARAM_TJPARAM_STOPONWARNING, 0)?;
-        let rc = self.decompress_raw(data, buf, format);
+        let rc = self.decompress_raw(data, buf, format, geometry);
         if rc != 0 && !(self.handle.is_warning() && is_benign_warning(&self.handle.error())) {
             return Err(self.fail());
         }
@@ -317,15 +431,26 @@ impl TjDecompressor {
         Ok(())
     }
 
-    /// One `tj3Decompress8` call; returns its status. `buf` must hold the full image (checked
-    /// by `decompress`, the only caller).
-    fn decompress_raw(&mut self, data: &[u8], buf: &mut [u8], format: raw::TJPF) -> c_int {
+    /// One `tj3Decompress8` call; returns its status. `buf` must hold the full image, or the
+    /// region of `geometry` (checked by `decompress`, the only caller).
+    ///
+    /// With a geometry, the header is read again (libjpeg-turbo checks a cropping region against
+    /// it), the scaling factor and cropping region are set, and both are reset after the call.
+    fn decompress_raw(&mut self, data: &[u8], buf: &mut [u8], format: raw::TJPF, geometry: Option<Geometry>) -> c_int {
         let len = data.len() as raw::size_t; // checked in probe
+        if let Some(g) = geometry {
+            let rc = self.arm(data, g);
+            if rc != 0 {
+                self.disarm();
+                return rc;
+            }
+        }
         // SAFETY: the handle is valid. `data` is readable for `len` bytes. `buf` is writable for
         // width * height * pixel size bytes of the header libjpeg-turbo parses again from these
-        // same bytes (checked by `decompress`; module invariants: no scaling, no cropping);
-        // pitch 0 means rows are packed.
-        unsafe {
+        // same bytes, or with a geometry of the region it sets (checked by `decompress`; the
+        // module invariants say no other scaling or cropping is set); pitch 0 means rows are
+        // packed at the (cropped) output width.
+        let rc = unsafe {
             raw::tj3Decompress8(
                 self.handle.ptr(),
                 data.as_ptr(),
@@ -334,8 +459,67 @@ impl TjDecompressor {
                 0,
                 format as c_int,
             )
+        };
+        if geometry.is_some() {
+            self.disarm();
+        }
+        rc
+    }
+
+    /// Reads the header of `data` and sets the scaling factor and cropping region of `g`.
+    /// Returns 0, or -1 with the error in the handle.
+    fn arm(&mut self, data: &[u8], g: Geometry) -> c_int {
+        let h = self.handle.ptr();
+        let (Ok(denom), Ok(x), Ok(y), Ok(w), Ok(hh)) = (
+            c_int::try_from(g.denom),
+            c_int::try_from(g.region.left),
+            c_int::try_from(g.region.top),
+            c_int::try_from(g.region.width),
+            c_int::try_from(g.region.height),
+        ) else {
+            return -1;
+        };
+        // SAFETY: the handle is valid; `data` is readable for its length during the call.
+        let rc = unsafe { raw::tj3DecompressHeader(h, data.as_ptr(), data.len() as raw::size_t) };
+        if rc != 0 {
+            return rc;
+        }
+        let factor = raw::tjscalingfactor { num: 1, denom };
+        // SAFETY: the handle is valid; the factor is validated by libjpeg-turbo.
+        let rc = unsafe { raw::tj3SetScalingFactor(h, factor) };
+        if rc != 0 {
+            return rc;
+        }
+        let region = raw::tjregion { x, y, w, h: hh };
+        // SAFETY: the handle is valid and has read the header; the region is validated by
+        // libjpeg-turbo against the scaled image.
+        unsafe { raw::tj3SetCroppingRegion(h, region) }
+    }
+
+    /// Resets the scaling factor and cropping region (module invariant); replaces the handle if
+    /// that fails.
+    fn disarm(&mut self) {
+        let h = self.handle.ptr();
+        let unscaled = raw::tjscalingfactor { num: 1, denom: 1 };
+        let uncropped = raw::tjregion { x: 0, y: 0, w: 0, h: 0 };
+        // SAFETY: the handle is valid; 1/1 and the all-zero region are always accepted, and
+        // neither call touches the error state on success.
+        let ok = unsafe { raw::tj3SetScalingFactor(h, unscaled) == 0 && raw::tj3SetCroppingRegion(h, uncropped) == 0 };
+        if !ok {
+            // If even a fresh handle cannot be made, the next call reports that.
+            let _ = self.reset();
         }
     }
+}
+
+/// Whether `data` has an EOI marker (`FF D9`) at or after `from`, the start of the first
+/// scan's entropy-coded data. Inside entropy-coded data `FF` is only ever followed by `00` or
+/// a restart marker, so an `FF D9` there is the end of the image. Searched from the end, where
+/// it normally is. `from` is 0 when the marker walk did not reach the scan: then any `FF D9`
+/// after SOI counts (a weaker check, which never refuses a complete file).
+fn has_eoi(data: &[u8], from: usize) -> bool {
+    data.get(from.max(2)..)
+        .is_some_and(|tail| tail.windows(2).rev().any(|w| w == [0xFF, 0xD9]))
 }
 
 /// libjpeg warnings that leave every pixel decoded: stray bytes between segments

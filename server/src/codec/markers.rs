@@ -24,6 +24,9 @@ pub(super) struct JpegMarkers {
     pub(super) has_frame: bool,
     /// See the module documentation.
     pub(super) self_contained: bool,
+    /// Offset of the first byte after the first SOS segment (where entropy-coded data starts);
+    /// 0 if the walk did not reach a scan.
+    pub(super) scan_data: usize,
 }
 
 /// Bit sets of table slots (0..=3) defined by DQT/DHT, or referred to by SOF/SOS.
@@ -44,6 +47,7 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
         orientation: 1,
         has_frame: false,
         self_contained: false,
+        scan_data: 0,
     };
     if !data.starts_with(&[0xFF, 0xD8]) {
         return found;
@@ -102,6 +106,7 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
                 found.has_frame = true;
             }
             0xDA => {
+                found.scan_data = pos;
                 let Some(&ns) = seg.first() else { break };
                 for c in 0..usize::from(ns) {
                     let Some(&tables) = seg.get(1 + 2 * c + 1) else {

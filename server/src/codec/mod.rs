@@ -2,10 +2,10 @@
 //!
 //! The offline packer (`ringfeed pack`) runs every image through [`Decoder::probe`] /
 //! [`Decoder::decode_rgb8`] to validate it, and through [`Decoder::reencode_jpeg`] when it
-//! shrinks a dataset to a maximum side and JPEG quality. The serving hot path will decode through
-//! the same [`Decoder`] (and add crop-region decoding to it), which is why a `Decoder` is
-//! per-thread state: one libjpeg-turbo handle reused across images, and scratch buffers that keep
-//! their capacity between calls.
+//! shrinks a dataset to a maximum side and JPEG quality. The serving hot path (`crate::ops`)
+//! decodes through the same [`Decoder`], with [`Decoder::decode_region_rgb8`]: only the part of
+//! a JPEG that a crop needs. A `Decoder` is per-thread state: one libjpeg-turbo handle reused
+//! across images, and scratch buffers that keep their capacity between calls.
 //!
 //! # Invariants
 //! - **Content decides the format.** [`sniff`] looks at magic bytes only; a file name never
@@ -17,7 +17,10 @@
 //! - **Every output is packed RGB8**, row-major, `width * height * 3` bytes, with the EXIF
 //!   orientation already applied. Grey is replicated, alpha is dropped without compositing,
 //!   palettes are expanded, 16-bit samples are rounded to 8 bits (`(v + 128) / 257`), CMYK/YCCK
-//!   JPEGs are converted the way Pillow's `Image.open(f).convert("RGB")` does.
+//!   JPEGs are converted the way Pillow's `Image.open(f).convert("RGB")` does. A region decode
+//!   gives the same pixels as the same rectangle of a full decode, up to libjpeg-turbo's
+//!   upsampling at the region's edges (tested: PSNR well above 40 dB), unless DCT scaling is
+//!   asked for.
 //! - **Warnings are errors.** A truncated or corrupt JPEG fails instead of decoding to grey
 //!   (libjpeg-turbo's `TJPARAM_STOPONWARNING`). A decode either returns the whole image or an
 //!   error; never a partial image.
@@ -156,6 +159,56 @@ pub struct Decoded {
     pub height: u32,
 }
 
+/// A rectangle of pixels: columns `left..left + width`, rows `top..top + height`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rect {
+    /// First column.
+    pub left: u32,
+    /// First row.
+    pub top: u32,
+    /// Number of columns.
+    pub width: u32,
+    /// Number of rows.
+    pub height: u32,
+}
+
+impl Rect {
+    /// The whole `width`×`height` image.
+    pub fn full(width: u32, height: u32) -> Self {
+        Rect {
+            left: 0,
+            top: 0,
+            width,
+            height,
+        }
+    }
+
+    /// Whether `other` lies inside `self`.
+    pub fn contains(&self, other: &Rect) -> bool {
+        other.left >= self.left
+            && other.top >= self.top
+            && u64::from(other.left) + u64::from(other.width) <= u64::from(self.left) + u64::from(self.width)
+            && u64::from(other.top) + u64::from(other.height) <= u64::from(self.top) + u64::from(self.height)
+    }
+}
+
+/// The result of [`Decoder::decode_region_rgb8`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionDecoded {
+    /// The source image's header.
+    pub info: ImageInfo,
+    /// Width of the whole image after orientation and scaling.
+    pub width: u32,
+    /// Height of the whole image after orientation and scaling.
+    pub height: u32,
+    /// The rectangle of that (oriented, scaled) image held in the output buffer, packed RGB8,
+    /// `rect.width * rect.height * 3` bytes. It contains the requested rectangle (scaled).
+    pub rect: Rect,
+    /// The DCT scaling actually applied: the image was decoded at `1/scale_denom` (1, 2, 4 or
+    /// 8). Always 1 for anything but a region-decodable JPEG.
+    pub scale_denom: u32,
+}
+
 /// Options of [`Decoder::reencode_jpeg`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reencode {
@@ -224,6 +277,9 @@ pub enum CodecError {
     /// [`Reencode`] options out of range.
     #[error("invalid re-encode options: {0}")]
     InvalidOptions(String),
+    /// A region or scale for [`Decoder::decode_region_rgb8`] out of range (a caller's bug).
+    #[error("invalid decode region: {0}")]
+    InvalidRegion(String),
     /// libjpeg-turbo failed outside of decoding an input: creating a handle, or encoding.
     #[error("libjpeg-turbo {op} failed: {reason}")]
     Turbo {
@@ -315,6 +371,113 @@ impl Decoder {
         };
         let (width, height) = orient::apply(info.orientation, info.width, info.height, out, &mut self.scratch);
         Ok(Decoded { info, width, height })
+    }
+
+    /// Decodes at least the rectangle `want` of the image, with the EXIF orientation applied,
+    /// to packed RGB8 in `out`; see [`RegionDecoded`] for what `out` then holds.
+    ///
+    /// `want` is in the coordinates of the oriented image at full size (as [`Decoder::probe`]
+    /// describes it, with width and height swapped for orientations 5–8) and must be non-empty
+    /// and inside it. For a JPEG that libjpeg-turbo can decode by region (8-bit, lossy, a
+    /// standard subsampling), only `want` is decoded, widened on one side to an iMCU boundary;
+    /// `scale_denom` (1, 2, 4 or 8) then also selects DCT-domain downscaling, and the returned
+    /// rectangle is in the scaled image (covering `want / scale_denom`, rounded outwards). Any
+    /// other image is decoded whole at full size.
+    ///
+    /// A sequential JPEG is read only down to the region's last row: damage below it is not
+    /// seen, except truncation (the file must have an EOI marker after its scan data).
+    pub fn decode_region_rgb8(
+        &mut self,
+        data: &[u8],
+        want: Rect,
+        scale_denom: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<RegionDecoded, CodecError> {
+        let format = detect(data)?;
+        let (info, header) = match format {
+            Format::Jpeg => {
+                let header = self.tj.probe(data)?;
+                (header.info, Some(header))
+            }
+            _ => (raster::probe(format, data, &self.limits)?, None),
+        };
+        let o = info.orientation;
+        let (ow, oh) = if orient::transposes(o) {
+            (info.height, info.width)
+        } else {
+            (info.width, info.height)
+        };
+        if want.width == 0 || want.height == 0 || !Rect::full(ow, oh).contains(&want) {
+            return Err(CodecError::InvalidRegion(format!(
+                "{want:?} is not inside the {ow}x{oh} image"
+            )));
+        }
+        if !matches!(scale_denom, 1 | 2 | 4 | 8) {
+            return Err(CodecError::InvalidRegion(format!(
+                "scale denominator {scale_denom}; must be 1, 2, 4 or 8"
+            )));
+        }
+        // DCT scaling of an EXIF-oriented image would need the rounding of the scaled edges
+        // mirrored too; orientation is rare, so such images are decoded at full size.
+        let scale_denom = if (2..=8).contains(&o) { 1 } else { scale_denom };
+        if let Some(header) = header.filter(|h| h.region_align(scale_denom).is_some()) {
+            match self.jpeg_region(data, &header, want, scale_denom, out) {
+                Err(CodecError::Corrupt { reason, .. }) if reason.contains("cropping region") => {
+                    // libjpeg-turbo aligns regions to its own iMCU width, which for unusual
+                    // sampling factors is wider than the subsampling suggests: decode it whole.
+                }
+                result => return result,
+            }
+        }
+        let decoded = self.decode_rgb8(data, out)?;
+        Ok(RegionDecoded {
+            info: decoded.info,
+            width: decoded.width,
+            height: decoded.height,
+            rect: Rect::full(decoded.width, decoded.height),
+            scale_denom: 1,
+        })
+    }
+
+    /// The region path of [`Decoder::decode_region_rgb8`] (arguments checked there).
+    fn jpeg_region(
+        &mut self,
+        data: &[u8],
+        header: &jpeg::Header,
+        want: Rect,
+        denom: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<RegionDecoded, CodecError> {
+        let info = header.info;
+        let o = info.orientation;
+        // The scaled stored image, and `want` scaled (rounded outwards) in oriented coordinates.
+        let (sw, sh) = (info.width.div_ceil(denom), info.height.div_ceil(denom));
+        let (osw, osh) = if orient::transposes(o) { (sh, sw) } else { (sw, sh) };
+        let scale = |start: u32, len: u32, limit: u32| {
+            let a = start / denom;
+            let b = (start + len).div_ceil(denom).min(limit);
+            (a, b.max(a + 1).min(limit) - a)
+        };
+        let (left, width) = scale(want.left, want.width, osw);
+        let (top, height) = scale(want.top, want.height, osh);
+        let oriented_want = Rect {
+            left,
+            top,
+            width,
+            height,
+        };
+        let stored_want = orient::rect_to_stored(o, sw, sh, oriented_want);
+        let stored = self
+            .tj
+            .decode_region_rgb8(data, header, stored_want, denom, out, &mut self.scratch)?;
+        orient::apply(o, stored.width, stored.height, out, &mut self.scratch);
+        Ok(RegionDecoded {
+            info,
+            width: osw,
+            height: osh,
+            rect: orient::rect_to_oriented(o, sw, sh, stored),
+            scale_denom: denom,
+        })
     }
 
     /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an

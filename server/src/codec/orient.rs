@@ -17,6 +17,8 @@
 //! | 7    | transverse                    | `src(w-1-y, h-1-x)`              |
 //! | 8    | rotate 90° counter-clockwise  | `src(w-1-y, x)`                  |
 
+use super::Rect;
+
 /// Applies `orientation` to the `width`×`height` RGB8 image in `buf`; returns the new size.
 /// Values outside 2..=8 leave the image alone.
 pub(super) fn apply(orientation: u8, width: u32, height: u32, buf: &mut Vec<u8>, scratch: &mut Vec<u8>) -> (u32, u32) {
@@ -54,6 +56,58 @@ pub(super) fn apply(orientation: u8, width: u32, height: u32, buf: &mut Vec<u8>,
         _ => {}
     }
     (width, height)
+}
+
+/// Whether `orientation` swaps width and height (5..=8).
+pub(super) fn transposes(orientation: u8) -> bool {
+    (5..=8).contains(&orientation)
+}
+
+/// The rectangle of the stored `width`×`height` image that becomes `rect` of the oriented
+/// image (the table above, applied to a rectangle). `rect` must lie inside the oriented image.
+pub(super) fn rect_to_stored(orientation: u8, width: u32, height: u32, rect: Rect) -> Rect {
+    let (x, y) = ((rect.left, rect.width), (rect.top, rect.height));
+    let ((sx, sw), (sy, sh)) = if transposes(orientation) { (y, x) } else { (x, y) };
+    let (sx, sy) = mirror_axes(orientation, width, height, sx, sw, sy, sh);
+    Rect {
+        left: sx,
+        top: sy,
+        width: sw,
+        height: sh,
+    }
+}
+
+/// The rectangle of the oriented image that `rect` of the stored `width`×`height` image
+/// becomes: the inverse of [`rect_to_stored`].
+pub(super) fn rect_to_oriented(orientation: u8, width: u32, height: u32, rect: Rect) -> Rect {
+    let (sx, sy) = mirror_axes(orientation, width, height, rect.left, rect.width, rect.top, rect.height);
+    let (x, y) = ((sx, rect.width), (sy, rect.height));
+    let ((ox, ow), (oy, oh)) = if transposes(orientation) { (y, x) } else { (x, y) };
+    Rect {
+        left: ox,
+        top: oy,
+        width: ow,
+        height: oh,
+    }
+}
+
+/// The stored left and top edges of the intervals `[x, x + w)` and `[y, y + h)` after the
+/// mirrors of `orientation` (`v -> width - 1 - v` for 2, 3, 7, 8; `v -> height - 1 - v` for
+/// 3, 4, 6, 7). A mirror is its own inverse, so this serves both directions.
+fn mirror_axes(orientation: u8, width: u32, height: u32, x: u32, w: u32, y: u32, h: u32) -> (u32, u32) {
+    let mirror_x = matches!(orientation, 2 | 3 | 7 | 8);
+    let mirror_y = matches!(orientation, 3 | 4 | 6 | 7);
+    let x = if mirror_x {
+        width.saturating_sub(x.saturating_add(w))
+    } else {
+        x
+    };
+    let y = if mirror_y {
+        height.saturating_sub(y.saturating_add(h))
+    } else {
+        y
+    };
+    (x, y)
 }
 
 fn mirror_row(row: &mut [u8]) {
@@ -121,6 +175,60 @@ mod tests {
                 let (ew, eh, e) = expected(o, w, h);
                 assert_eq!((dw, dh), (ew, eh), "o={o} {w}x{h}");
                 assert_eq!(&buf[..e.len()], &e[..], "o={o} {w}x{h}");
+            }
+        }
+    }
+
+    /// Every pixel of a rectangle of the oriented image comes from the stored rectangle
+    /// `rect_to_stored` names, and `rect_to_oriented` maps it back.
+    #[test]
+    fn rect_mapping_matches_the_pixels() {
+        let (w, h) = (7u32, 4u32);
+        for o in 1..=8 {
+            let mut buf = img(w, h);
+            let (dw, dh) = apply(o, w, h, &mut buf, &mut Vec::new());
+            for rect in [
+                Rect {
+                    left: 0,
+                    top: 0,
+                    width: dw,
+                    height: dh,
+                },
+                Rect {
+                    left: 1,
+                    top: 2,
+                    width: 2,
+                    height: 1,
+                },
+                Rect {
+                    left: dw - 1,
+                    top: 0,
+                    width: 1,
+                    height: dh,
+                },
+                Rect {
+                    left: 2,
+                    top: 1,
+                    width: dw - 3,
+                    height: dh - 2,
+                },
+            ] {
+                let s = rect_to_stored(o, w, h, rect);
+                assert!(
+                    s.left + s.width <= w && s.top + s.height <= h,
+                    "o={o} {rect:?} -> {s:?}"
+                );
+                assert_eq!(rect_to_oriented(o, w, h, s), rect, "o={o}");
+                for y in rect.top..rect.top + rect.height {
+                    for x in rect.left..rect.left + rect.width {
+                        let at = ((y * dw + x) * 3) as usize;
+                        let (sx, sy) = (u32::from(buf[at]), u32::from(buf[at + 1]));
+                        assert!(
+                            (s.left..s.left + s.width).contains(&sx) && (s.top..s.top + s.height).contains(&sy),
+                            "o={o} {rect:?}: ({x},{y}) comes from ({sx},{sy}), outside {s:?}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The codec module against generated images: formats, pixels, orientation, limits, truncation,
 //! determinism, and "no input panics".
 
-mod images;
+pub(crate) mod images;
 
 use std::time::{Duration, Instant};
 

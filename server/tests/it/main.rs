@@ -6,6 +6,7 @@
 mod cli;
 mod codec;
 mod lmdb;
+mod ops;
 mod pack;
 mod serve;
 mod shard;

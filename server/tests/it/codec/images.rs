@@ -7,14 +7,14 @@ use std::io::Cursor;
 use turbojpeg::{Colorspace, Compressor, Image, PixelFormat, Subsamp};
 
 /// splitmix64: tiny, seedable, good enough for test data.
-pub(super) struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub(super) fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(seed)
     }
 
-    pub(super) fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -22,14 +22,14 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    pub(super) fn bytes(&mut self, n: usize) -> Vec<u8> {
+    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
         (0..n).map(|_| self.next_u64() as u8).collect()
     }
 }
 
 /// A photo-like RGB8 image: smooth, asymmetric gradients (so every rotation differs) plus a
 /// little seeded noise.
-pub(super) fn photo(w: u32, h: u32, seed: u64) -> Vec<u8> {
+pub(crate) fn photo(w: u32, h: u32, seed: u64) -> Vec<u8> {
     let mut rng = Rng::new(seed);
     let mut v = Vec::with_capacity((w * h * 3) as usize);
     for y in 0..h {
@@ -46,13 +46,13 @@ pub(super) fn photo(w: u32, h: u32, seed: u64) -> Vec<u8> {
 
 /// How to encode a test JPEG.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct JpegOpts {
-    pub(super) quality: i32,
-    pub(super) subsamp: Subsamp,
-    pub(super) progressive: bool,
-    pub(super) arithmetic: bool,
-    pub(super) optimize: bool,
-    pub(super) lossless: bool,
+pub(crate) struct JpegOpts {
+    pub(crate) quality: i32,
+    pub(crate) subsamp: Subsamp,
+    pub(crate) progressive: bool,
+    pub(crate) arithmetic: bool,
+    pub(crate) optimize: bool,
+    pub(crate) lossless: bool,
 }
 
 impl Default for JpegOpts {
@@ -80,7 +80,7 @@ fn compressor(o: &JpegOpts) -> Compressor {
 }
 
 /// Encodes packed RGB8.
-pub(super) fn jpeg_rgb(rgb: &[u8], w: u32, h: u32, o: &JpegOpts) -> Vec<u8> {
+pub(crate) fn jpeg_rgb(rgb: &[u8], w: u32, h: u32, o: &JpegOpts) -> Vec<u8> {
     let img = Image {
         pixels: rgb,
         width: w as usize,
@@ -92,7 +92,7 @@ pub(super) fn jpeg_rgb(rgb: &[u8], w: u32, h: u32, o: &JpegOpts) -> Vec<u8> {
 }
 
 /// Encodes 8-bit grey.
-pub(super) fn jpeg_gray(gray: &[u8], w: u32, h: u32) -> Vec<u8> {
+pub(crate) fn jpeg_gray(gray: &[u8], w: u32, h: u32) -> Vec<u8> {
     let o = JpegOpts {
         subsamp: Subsamp::Gray,
         ..JpegOpts::default()
@@ -109,7 +109,7 @@ pub(super) fn jpeg_gray(gray: &[u8], w: u32, h: u32) -> Vec<u8> {
 
 /// Encodes packed CMYK (4:4:4, quality 100) as YCCK (`ycck`) or plain CMYK. libjpeg-turbo
 /// writes an Adobe APP14 marker and stores the samples as given.
-pub(super) fn jpeg_cmyk(cmyk: &[u8], w: u32, h: u32, ycck: bool) -> Vec<u8> {
+pub(crate) fn jpeg_cmyk(cmyk: &[u8], w: u32, h: u32, ycck: bool) -> Vec<u8> {
     let o = JpegOpts {
         quality: 100,
         subsamp: Subsamp::None,
@@ -129,7 +129,7 @@ pub(super) fn jpeg_cmyk(cmyk: &[u8], w: u32, h: u32, ycck: bool) -> Vec<u8> {
 }
 
 /// Smooth CMYK test content.
-pub(super) fn cmyk_content(w: u32, h: u32) -> Vec<u8> {
+pub(crate) fn cmyk_content(w: u32, h: u32) -> Vec<u8> {
     let mut v = Vec::new();
     for y in 0..h {
         for x in 0..w {
@@ -145,7 +145,7 @@ pub(super) fn cmyk_content(w: u32, h: u32) -> Vec<u8> {
 }
 
 /// A TIFF structure holding only IFD0 tag 0x0112 = `orientation`.
-pub(super) fn exif_tiff(orientation: u16, little: bool) -> Vec<u8> {
+pub(crate) fn exif_tiff(orientation: u16, little: bool) -> Vec<u8> {
     let w16 = |v: u16| {
         if little { v.to_le_bytes() } else { v.to_be_bytes() }
     };
@@ -167,7 +167,7 @@ pub(super) fn exif_tiff(orientation: u16, little: bool) -> Vec<u8> {
 }
 
 /// `jpeg` with an APP1 `Exif` segment carrying `orientation` inserted right after SOI.
-pub(super) fn with_exif(jpeg: &[u8], orientation: u16, little: bool) -> Vec<u8> {
+pub(crate) fn with_exif(jpeg: &[u8], orientation: u16, little: bool) -> Vec<u8> {
     let mut payload = b"Exif\0\0".to_vec();
     payload.extend_from_slice(&exif_tiff(orientation, little));
     let mut out = jpeg[..2].to_vec();
@@ -179,7 +179,7 @@ pub(super) fn with_exif(jpeg: &[u8], orientation: u16, little: bool) -> Vec<u8> 
 }
 
 /// The offset of the first `FF marker` segment in `jpeg` (before the first SOS).
-pub(super) fn find_marker(jpeg: &[u8], marker: u8) -> Option<usize> {
+pub(crate) fn find_marker(jpeg: &[u8], marker: u8) -> Option<usize> {
     let mut pos = 2;
     while pos + 4 <= jpeg.len() && jpeg[pos] == 0xFF {
         let m = jpeg[pos + 1];
@@ -195,7 +195,7 @@ pub(super) fn find_marker(jpeg: &[u8], marker: u8) -> Option<usize> {
 }
 
 /// `jpeg` without any segment of type `marker` before the first scan.
-pub(super) fn strip_segments(jpeg: &[u8], marker: u8) -> Vec<u8> {
+pub(crate) fn strip_segments(jpeg: &[u8], marker: u8) -> Vec<u8> {
     let mut out = jpeg.to_vec();
     while let Some(at) = find_marker(&out, marker) {
         let len = 2 + usize::from(u16::from_be_bytes([out[at + 2], out[at + 3]]));
@@ -205,7 +205,7 @@ pub(super) fn strip_segments(jpeg: &[u8], marker: u8) -> Vec<u8> {
 }
 
 /// `jpeg` with its SOF claiming `w`×`h`.
-pub(super) fn with_sof_size(jpeg: &[u8], w: u16, h: u16) -> Vec<u8> {
+pub(crate) fn with_sof_size(jpeg: &[u8], w: u16, h: u16) -> Vec<u8> {
     let at = (0xC0..=0xC2).find_map(|m| find_marker(jpeg, m)).expect("SOF");
     let mut out = jpeg.to_vec();
     out[at + 5..at + 7].copy_from_slice(&h.to_be_bytes());
@@ -257,7 +257,7 @@ fn zlib_stored(data: &[u8]) -> Vec<u8> {
     z
 }
 
-pub(super) fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], body: &[u8]) {
+pub(crate) fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], body: &[u8]) {
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());
     let start = out.len();
     out.extend_from_slice(kind);
@@ -266,9 +266,9 @@ pub(super) fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], body: &[u8]) {
     out.extend_from_slice(&crc.to_be_bytes());
 }
 
-pub(super) const PNG_SIG: &[u8] = b"\x89PNG\r\n\x1a\n";
+pub(crate) const PNG_SIG: &[u8] = b"\x89PNG\r\n\x1a\n";
 
-pub(super) fn ihdr(w: u32, h: u32, depth: u8, color_type: u8) -> Vec<u8> {
+pub(crate) fn ihdr(w: u32, h: u32, depth: u8, color_type: u8) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&w.to_be_bytes());
     b.extend_from_slice(&h.to_be_bytes());
@@ -278,7 +278,7 @@ pub(super) fn ihdr(w: u32, h: u32, depth: u8, color_type: u8) -> Vec<u8> {
 
 /// A PNG of `rows` (raw scanlines without the filter byte; 16-bit samples big-endian).
 /// `color_type`: 0 grey, 2 RGB, 3 palette, 4 grey+alpha, 6 RGBA. `extra` chunks go before IDAT.
-pub(super) fn png(w: u32, h: u32, depth: u8, color_type: u8, rows: &[u8], extra: &[(&[u8; 4], Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn png(w: u32, h: u32, depth: u8, color_type: u8, rows: &[u8], extra: &[(&[u8; 4], Vec<u8>)]) -> Vec<u8> {
     let stride = rows.len() / h as usize;
     let mut raw = Vec::with_capacity(rows.len() + h as usize);
     for row in rows.chunks(stride) {
@@ -297,7 +297,7 @@ pub(super) fn png(w: u32, h: u32, depth: u8, color_type: u8, rows: &[u8], extra:
 
 /// A PNG that is only a signature, an IHDR claiming `w`×`h` RGB8 (valid CRC), a tiny IDAT
 /// that could never hold that image, and IEND.
-pub(super) fn png_huge_header(w: u32, h: u32) -> Vec<u8> {
+pub(crate) fn png_huge_header(w: u32, h: u32) -> Vec<u8> {
     let mut out = PNG_SIG.to_vec();
     png_chunk(&mut out, b"IHDR", &ihdr(w, h, 8, 2));
     png_chunk(&mut out, b"IDAT", &zlib_stored(&[0, 1, 2, 3]));
@@ -306,7 +306,7 @@ pub(super) fn png_huge_header(w: u32, h: u32) -> Vec<u8> {
 }
 
 /// A BMP header (BITMAPINFOHEADER, 24-bit) claiming `w`×`h`, followed by a few pixel bytes.
-pub(super) fn bmp_huge_header(w: i32, h: i32) -> Vec<u8> {
+pub(crate) fn bmp_huge_header(w: i32, h: i32) -> Vec<u8> {
     let mut b = b"BM".to_vec();
     b.extend_from_slice(&(54u32 + 16).to_le_bytes()); // file size (a lie is fine)
     b.extend_from_slice(&[0; 4]);
@@ -322,7 +322,7 @@ pub(super) fn bmp_huge_header(w: i32, h: i32) -> Vec<u8> {
 }
 
 /// Encodes RGB8 with the `image` crate's encoder for `format`.
-pub(super) fn encode_with_image(rgb: &[u8], w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
+pub(crate) fn encode_with_image(rgb: &[u8], w: u32, h: u32, format: image::ImageFormat) -> Vec<u8> {
     let img = image::RgbImage::from_raw(w, h, rgb.to_vec()).unwrap();
     let mut out = Cursor::new(Vec::new());
     image::DynamicImage::ImageRgb8(img).write_to(&mut out, format).unwrap();
@@ -330,7 +330,7 @@ pub(super) fn encode_with_image(rgb: &[u8], w: u32, h: u32, format: image::Image
 }
 
 /// A two-frame GIF: a solid `first` frame, then a solid `second` one.
-pub(super) fn gif_two_frames(w: u32, h: u32, first: [u8; 3], second: [u8; 3]) -> Vec<u8> {
+pub(crate) fn gif_two_frames(w: u32, h: u32, first: [u8; 3], second: [u8; 3]) -> Vec<u8> {
     use image::codecs::gif::GifEncoder;
     use image::{Delay, Frame, Rgba, RgbaImage};
     let frame = |c: [u8; 3]| {

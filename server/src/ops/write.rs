@@ -1,0 +1,202 @@
+//! Writing the output: the antialiased resample (fast_image_resize), the horizontal flip, and
+//! the HWC → CHW transpose.
+
+use fast_image_resize::images::{CroppedImage, CroppedImageMut, Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+
+use super::OpError;
+use crate::codec::Rect;
+
+/// A float rectangle in source pixels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct BoxF {
+    pub(super) left: f64,
+    pub(super) top: f64,
+    pub(super) width: f64,
+    pub(super) height: f64,
+}
+
+/// A packed RGB8 source image, and the part of it the filter may read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Src<'a> {
+    pub(super) pixels: &'a [u8],
+    /// (width, height) of `pixels`.
+    pub(super) size: (u32, u32),
+    /// See [`resample`].
+    pub(super) bounds: Rect,
+}
+
+/// A packed RGB8 destination image, and the rectangle of it to fill.
+#[derive(Debug)]
+pub(super) struct Dst<'a> {
+    pub(super) pixels: &'a mut [u8],
+    /// (width, height) of `pixels`.
+    pub(super) size: (u32, u32),
+    pub(super) rect: Rect,
+}
+
+/// Resamples the part `sample` of `src` into the rectangle `dst.rect` of `dst`, with
+/// fast_image_resize's `Convolution(Bilinear)`: a triangle filter whose support grows with the
+/// downscale factor, like Pillow's `resize(BILINEAR)` and torchvision's `antialias=True`.
+///
+/// `src.bounds` is what the filter may read: pixels outside it count as absent, as
+/// at an image edge. torchvision crops before it resizes in `resized_crop`, so for
+/// RandomResizedCrop `bounds` is the crop itself; for Resize + CenterCrop it is the whole
+/// decoded area. `sample` is relative to `src` and is clamped into `bounds`.
+pub(super) fn resample(resizer: &mut Resizer, src: Src<'_>, sample: BoxF, dst: Dst<'_>) -> Result<(), OpError> {
+    let Src {
+        pixels: src,
+        size: src_size,
+        bounds,
+    } = src;
+    let Dst {
+        pixels: dst,
+        size: dst_size,
+        rect: dst_rect,
+    } = dst;
+    let fail = |e: &dyn std::fmt::Display| {
+        OpError::Resize(format!(
+            "{sample:?} of a {}x{} image (bounds {bounds:?}) into {dst_rect:?} of {}x{}: {e}",
+            src_size.0, src_size.1, dst_size.0, dst_size.1
+        ))
+    };
+    let image = ImageRef::new(src_size.0, src_size.1, src, PixelType::U8x3).map_err(|e| fail(&e))?;
+    let view = CroppedImage::new(&image, bounds.left, bounds.top, bounds.width, bounds.height).map_err(|e| fail(&e))?;
+    // The box relative to `bounds`, clamped into it (float error at the far edges).
+    let (bw, bh) = (f64::from(bounds.width), f64::from(bounds.height));
+    let left = (sample.left - f64::from(bounds.left)).clamp(0.0, bw);
+    let top = (sample.top - f64::from(bounds.top)).clamp(0.0, bh);
+    let width = sample.width.min(bw - left);
+    let height = sample.height.min(bh - top);
+    if width <= 0.0 || height <= 0.0 {
+        return Err(fail(&"empty sample box"));
+    }
+    let options = ResizeOptions::new()
+        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+        .crop(left, top, width, height);
+    let mut out = Image::from_slice_u8(dst_size.0, dst_size.1, dst, PixelType::U8x3).map_err(|e| fail(&e))?;
+    if dst_rect == Rect::full(dst_size.0, dst_size.1) {
+        resizer.resize(&view, &mut out, &options).map_err(|e| fail(&e))
+    } else {
+        let mut part = CroppedImageMut::new(&mut out, dst_rect.left, dst_rect.top, dst_rect.width, dst_rect.height)
+            .map_err(|e| fail(&e))?;
+        resizer.resize(&view, &mut part, &options).map_err(|e| fail(&e))
+    }
+}
+
+/// Mirrors every row of the packed RGB8 image `image` (`width` pixels per row) in place.
+pub(super) fn flip_rows(image: &mut [u8], width: usize) {
+    let row_len = width * 3;
+    if row_len == 0 {
+        return;
+    }
+    for row in image.chunks_exact_mut(row_len) {
+        // Reversing the bytes reverses the pixel order and each pixel's channel order; undo
+        // the latter.
+        row.reverse();
+        for px in row.chunks_exact_mut(3) {
+            px.swap(0, 2);
+        }
+    }
+}
+
+/// Writes the packed RGB8 (HWC) image `src` as three planes (CHW) into `dst`, mirroring each
+/// row when `flip`. Both hold `width * height * 3` bytes.
+pub(super) fn hwc_to_chw(src: &[u8], width: usize, height: usize, flip: bool, dst: &mut [u8]) {
+    let plane = width * height;
+    let (r, rest) = dst.split_at_mut(plane);
+    let (g, b) = rest.split_at_mut(plane);
+    if width == 0 {
+        return;
+    }
+    let rows = src
+        .chunks_exact(width * 3)
+        .zip(r.chunks_exact_mut(width))
+        .zip(g.chunks_exact_mut(width).zip(b.chunks_exact_mut(width)));
+    for ((s, r), (g, b)) in rows {
+        if flip {
+            for (x, px) in s.chunks_exact(3).rev().enumerate() {
+                r[x] = px[0];
+                g[x] = px[1];
+                b[x] = px[2];
+            }
+        } else {
+            for (x, px) in s.chunks_exact(3).enumerate() {
+                r[x] = px[0];
+                g[x] = px[1];
+                b[x] = px[2];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp(w: usize, h: usize) -> Vec<u8> {
+        (0..w * h * 3).map(|i| (i * 7 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn flip_mirrors_pixels_not_channels() {
+        let mut img = vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18];
+        flip_rows(&mut img, 3);
+        assert_eq!(img, [7, 8, 9, 4, 5, 6, 1, 2, 3, 16, 17, 18, 13, 14, 15, 10, 11, 12]);
+        flip_rows(&mut img[..0], 0);
+    }
+
+    #[test]
+    fn transpose_and_flip() {
+        let (w, h) = (5, 3);
+        let src = ramp(w, h);
+        for flip in [false, true] {
+            let mut dst = vec![0; w * h * 3];
+            hwc_to_chw(&src, w, h, flip, &mut dst);
+            for c in 0..3 {
+                for y in 0..h {
+                    for x in 0..w {
+                        let sx = if flip { w - 1 - x } else { x };
+                        assert_eq!(dst[c * w * h + y * w + x], src[(y * w + sx) * 3 + c]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn resample_same_size_is_a_copy() {
+        let (w, h) = (9, 6);
+        let src = ramp(w, h);
+        let mut dst = vec![0; 4 * 3 * 3];
+        let bounds = Rect {
+            left: 2,
+            top: 1,
+            width: 4,
+            height: 3,
+        };
+        let sample = BoxF {
+            left: 2.0,
+            top: 1.0,
+            width: 4.0,
+            height: 3.0,
+        };
+        let src_img = Src {
+            pixels: &src,
+            size: (9, 6),
+            bounds,
+        };
+        let dst_img = Dst {
+            pixels: &mut dst,
+            size: (4, 3),
+            rect: Rect::full(4, 3),
+        };
+        resample(&mut Resizer::new(), src_img, sample, dst_img).unwrap();
+        for y in 0..3 {
+            assert_eq!(
+                dst[y * 12..(y + 1) * 12],
+                src[((y + 1) * w + 2) * 3..((y + 1) * w + 6) * 3]
+            );
+        }
+    }
+}

@@ -18,9 +18,9 @@
 //!   orientation already applied. Grey is replicated, alpha is dropped without compositing,
 //!   palettes are expanded, 16-bit samples are rounded to 8 bits (`(v + 128) / 257`), CMYK/YCCK
 //!   JPEGs are converted the way Pillow's `Image.open(f).convert("RGB")` does. A region decode
-//!   gives the same pixels as the same rectangle of a full decode, up to libjpeg-turbo's
-//!   upsampling at the region's edges (tested: PSNR well above 40 dB), unless DCT scaling is
-//!   asked for.
+//!   gives exactly the pixels of the same rectangle of a full decode (tested), except within
+//!   two pixels of a region edge that is not an image edge, where libjpeg-turbo's chroma
+//!   upsampling lacks its neighbours; and except when DCT scaling is asked for.
 //! - **Warnings are errors.** A truncated or corrupt JPEG fails instead of decoding to grey
 //!   (libjpeg-turbo's `TJPARAM_STOPONWARNING`). A decode either returns the whole image or an
 //!   error; never a partial image.
@@ -33,12 +33,13 @@
 //!
 //! # Layout
 //! - `sniff`: [`Format`] and magic-byte detection.
-//! - `jpeg`: libjpeg-turbo through the raw TurboJPEG 3 API: header probe, decode, CMYK → RGB,
-//!   baseline encode.
+//! - `jpeg`: libjpeg-turbo through the raw TurboJPEG 3 API: header probe, decode (whole, or a
+//!   region at a DCT scale), CMYK → RGB, baseline encode.
 //! - `markers`: a bounded JPEG marker walk: EXIF orientation, frame presence, and whether the
 //!   stream defines every table it uses.
 //! - `raster`: every other format through the `image` crate, with `image::Limits` set.
-//! - `orient`: EXIF orientation applied to a packed RGB8 buffer.
+//! - `orient`: EXIF orientation applied to a packed RGB8 buffer, and rectangles mapped between
+//!   stored and oriented coordinates.
 //! - `resize`: the target size of a re-encode, and the antialiased bilinear downscale.
 
 mod jpeg;
@@ -381,8 +382,8 @@ impl Decoder {
     /// and inside it. For a JPEG that libjpeg-turbo can decode by region (8-bit, lossy, a
     /// standard subsampling), only `want` is decoded, widened on one side to an iMCU boundary;
     /// `scale_denom` (1, 2, 4 or 8) then also selects DCT-domain downscaling, and the returned
-    /// rectangle is in the scaled image (covering `want / scale_denom`, rounded outwards). Any
-    /// other image is decoded whole at full size.
+    /// rectangle is in the scaled image (covering `want / scale_denom`, rounded outwards). An
+    /// EXIF-oriented JPEG ignores `scale_denom`; any other image is decoded whole at full size.
     ///
     /// A sequential JPEG is read only down to the region's last row: damage below it is not
     /// seen, except truncation (the file must have an EOI marker after its scan data).

@@ -23,10 +23,13 @@
 //! # Invariants
 //! - **Output is a pure function of (bytes, transform, rng state, layout)**: the same inputs
 //!   give the same bytes on any processor and thread, whatever it processed before.
-//! - **Only what the crop needs is decoded.** A JPEG is decoded by region (libjpeg-turbo's
-//!   cropping region, see [`Decoder::decode_region_rgb8`]), which gives the pixels of a full
-//!   decode up to libjpeg-turbo's upsampling at the region's edges; every other image is
-//!   decoded whole. [`Options::region_decode`] turns this off (the reference path in tests).
+//! - **Only what the crop needs is decoded, and the pixels are a full decode's.** A JPEG is
+//!   decoded by region (libjpeg-turbo's cropping region, see
+//!   [`Decoder::decode_region_rgb8`]) with a few pixels to spare around what the filter reads,
+//!   so the output is bit-identical to the full-decode path (tested for every subsampling,
+//!   grey, CMYK/YCCK, progressive, arithmetic and EXIF-oriented files). Every other format is
+//!   decoded whole. [`Options::region_decode`] turns region decoding off (the reference path
+//!   in tests); [`Options::dct_scaling`] trades exactness for speed on large sources.
 //! - **No per-sample allocation of ours once warm**: the decoded region, the NCHW staging image
 //!   and the resizer's buffers are per-processor and keep their capacity. (libjpeg-turbo and
 //!   fast_image_resize still allocate small internal tables per call.)

@@ -5,7 +5,7 @@
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use proptest::prelude::*;
-use ringfeed::codec::{Decoder, Limits};
+use ringfeed::codec::{CodecError, Decoder, Limits, Rect};
 use ringfeed::ops::{
     Crop, Layout, OpError, Options, Processor, SampleRng, Transform, random_resized_crop_params, resize_shorter,
 };
@@ -212,6 +212,121 @@ fn reference_center(data: &[u8], s: u32, size: (u32, u32)) -> Vec<u8> {
         }
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// The codec's region decode, which the fast path is built on
+
+/// `Decoder::decode_region_rgb8` holds at least the rectangle asked for, and inside it (two
+/// pixels in from a region edge that is not an image edge, where libjpeg-turbo's chroma
+/// upsampling lacks its neighbours) exactly the pixels of a full decode; for every kind of
+/// image and orientation.
+#[test]
+fn codec_region_decode_is_a_window_on_the_full_decode() {
+    let mut d = Decoder::new(Limits::default()).unwrap();
+    let mut rng = Rng(77);
+    let mut out = Vec::new();
+    for (kind, data) in corpus(161, 97) {
+        let (full, w, h) = decode_full(&data);
+        for _ in 0..12 {
+            let left = (rng.next() % u64::from(w)) as u32;
+            let top = (rng.next() % u64::from(h)) as u32;
+            let want = Rect {
+                left,
+                top,
+                width: 1 + (rng.next() % u64::from(w - left)) as u32,
+                height: 1 + (rng.next() % u64::from(h - top)) as u32,
+            };
+            let r = d.decode_region_rgb8(&data, want, 1, &mut out).unwrap();
+            assert_eq!((r.width, r.height, r.scale_denom), (w, h, 1), "{kind}");
+            assert!(
+                r.rect.contains(&want) && Rect::full(w, h).contains(&r.rect),
+                "{kind}: {want:?} in {r:?}"
+            );
+            assert_eq!(out.len(), (r.rect.width * r.rect.height * 3) as usize);
+            let inner = |lo: u32, len: u32, limit: u32| {
+                let a = if lo == 0 { 0 } else { lo + 2 };
+                let b = if lo + len == limit {
+                    limit
+                } else {
+                    (lo + len).saturating_sub(2)
+                };
+                a..b.max(a)
+            };
+            for y in inner(r.rect.top, r.rect.height, h) {
+                for x in inner(r.rect.left, r.rect.width, w) {
+                    let at = (((y - r.rect.top) * r.rect.width + (x - r.rect.left)) * 3) as usize;
+                    let full_at = ((y * w + x) * 3) as usize;
+                    assert_eq!(out[at..at + 3], full[full_at..full_at + 3], "{kind} {want:?} ({x},{y})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn codec_region_decode_scales_and_refuses_bad_regions() {
+    let mut d = Decoder::new(Limits::default()).unwrap();
+    let mut out = Vec::new();
+    let data = busy_jpeg(203, 101, 1, &JpegOpts::default());
+    for denom in [2, 4, 8] {
+        let want = Rect {
+            left: 40,
+            top: 17,
+            width: 100,
+            height: 60,
+        };
+        let r = d.decode_region_rgb8(&data, want, denom, &mut out).unwrap();
+        assert_eq!(
+            (r.width, r.height, r.scale_denom),
+            (203u32.div_ceil(denom), 101u32.div_ceil(denom), denom)
+        );
+        let scaled = Rect {
+            left: 40 / denom,
+            top: 17 / denom,
+            width: 140u32.div_ceil(denom) - 40 / denom,
+            height: 77u32.div_ceil(denom) - 17 / denom,
+        };
+        assert!(r.rect.contains(&scaled), "1/{denom}: {r:?}");
+        assert_eq!(out.len(), (r.rect.width * r.rect.height * 3) as usize);
+    }
+    // EXIF-oriented images and other formats are decoded at full size; other formats whole.
+    let r = d
+        .decode_region_rgb8(&images::with_exif(&data, 6, true), Rect::full(10, 10), 4, &mut out)
+        .unwrap();
+    assert_eq!((r.width, r.height, r.scale_denom), (101, 203, 1));
+    assert!(r.rect.contains(&Rect::full(10, 10)) && Rect::full(101, 203).contains(&r.rect));
+    let r = d
+        .decode_region_rgb8(&support::png(30, 20, 1), Rect::full(3, 3), 2, &mut out)
+        .unwrap();
+    assert_eq!((r.rect, r.scale_denom), (Rect::full(30, 20), 1));
+    for (want, denom) in [
+        (Rect::full(0, 5), 1),
+        (Rect::full(204, 5), 1),
+        (
+            Rect {
+                left: 200,
+                top: 0,
+                width: 4,
+                height: 1,
+            },
+            1,
+        ),
+        (Rect::full(5, 5), 3),
+        (Rect::full(5, 5), 16),
+    ] {
+        assert!(
+            matches!(
+                d.decode_region_rgb8(&data, want, denom, &mut out),
+                Err(CodecError::InvalidRegion(_))
+            ),
+            "{want:?} 1/{denom}"
+        );
+    }
+    // And the handle is clean afterwards: a plain decode still gives the whole image.
+    let mut px = Vec::new();
+    let full = d.decode_rgb8(&data, &mut px).unwrap();
+    assert_eq!((full.width, full.height, px.len()), (203, 101, 203 * 101 * 3));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -632,6 +747,47 @@ fn dct_scaling_stays_close() {
     }
     eprintln!("DCT scaling vs none: worst PSNR {worst:.1} dB");
     assert!(worst >= 30.0, "{worst:.1} dB");
+}
+
+/// Tiny, thin and long images against tiny, thin and long outputs: no panic, and the pixels
+/// still match the two-step references.
+#[test]
+fn extreme_shapes() {
+    let mut p = processor(true);
+    let images = [
+        support::jpeg(1, 1, 1),
+        support::jpeg(1, 37, 2),
+        support::jpeg(3000, 2, 3),
+        support::gray_jpeg(2, 900, 4),
+        support::png(1, 1, 5),
+    ];
+    let sizes = [(1, 1), (1, 300), (300, 1), (17, 3)];
+    for data in &images {
+        for &size in &sizes {
+            for t in [
+                rrc(size.0, size.1),
+                Transform::CenterCrop { size, resize: 1 },
+                // (Small: the two-step reference resizes the whole image, 3000x2 -> 10500x7.)
+                Transform::CenterCrop { size, resize: 7 },
+                Transform::Resize { size },
+            ] {
+                for index in 0..3 {
+                    let (out, crop) = run(&mut p, data, &t, index, Layout::Nchw).unwrap();
+                    let (hwc, _) = run(&mut p, data, &t, index, Layout::Nhwc).unwrap();
+                    let reference = match t {
+                        Transform::RandomResizedCrop { .. } => reference_rrc(data, &crop, size),
+                        Transform::CenterCrop { resize, .. } => reference_center(data, resize, size),
+                        Transform::Resize { .. } => {
+                            let (px, w, h) = decode_full(data);
+                            fir_resize(&px, (w, h), (size.1, size.0))
+                        }
+                    };
+                    assert!(psnr(&hwc, &reference) >= 40.0, "{t:?} #{index}");
+                    assert_eq!(out.len(), hwc.len());
+                }
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,22 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
+from _support import REPO, ringfeed_bin
 from PIL import Image
 
 import ringfeed
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ringfeed_bin() -> str:
-    env = os.environ.get("RINGFEED_BIN")
-    if env:
-        return env
-    for p in (REPO / "target" / "debug" / "ringfeed", REPO / "target" / "release" / "ringfeed"):
-        if p.exists():
-            return str(p)
-    pytest.fail("no ringfeed binary: run `cargo build -p ringfeed` or set RINGFEED_BIN")
 
 
 def ring_fds(pid: int) -> int:

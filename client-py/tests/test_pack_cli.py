@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import subprocess
 from pathlib import Path
@@ -13,21 +12,10 @@ from pathlib import Path
 import lmdb
 import msgpack
 import pytest
+from _support import ringfeed_bin
 from PIL import Image
 
 import ringfeed
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ringfeed_bin() -> str:
-    env = os.environ.get("RINGFEED_BIN")
-    if env:
-        return env
-    for p in (REPO / "target" / "debug" / "ringfeed", REPO / "target" / "release" / "ringfeed"):
-        if p.exists():
-            return str(p)
-    pytest.fail("no ringfeed binary: run `cargo build -p ringfeed` or set RINGFEED_BIN")
 
 
 def run(*args: str, ok: bool = True) -> subprocess.CompletedProcess:

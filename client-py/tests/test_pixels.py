@@ -9,35 +9,18 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import shutil
-import signal
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as tvf
+from _support import ringfeed_bin
 from PIL import Image
 from torchvision.transforms import RandomResizedCrop as TvRandomResizedCrop
 
 import ringfeed
-from ringfeed import _sidecar as sidecar
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ringfeed_bin() -> str:
-    env = os.environ.get("RINGFEED_BIN")
-    if env:
-        return env
-    for p in (REPO / "target" / "debug" / "ringfeed", REPO / "target" / "release" / "ringfeed"):
-        if p.exists():
-            return str(p)
-    pytest.fail("no ringfeed binary: run `cargo build -p ringfeed` or set RINGFEED_BIN")
 
 
 def photo(w: int, h: int, seed: int) -> Image.Image:
@@ -88,20 +71,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, b
     with ringfeed.PackedDataset(root / "ds") as ds:
         by_index = {i: bytes(ds.sample(i).data) for i in range(len(ds))}
     return root / "ds", by_index
-
-
-@pytest.fixture
-def sock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A private socket; servers the loader starts are stopped afterwards."""
-    monkeypatch.setenv("RINGFEED_BIN", ringfeed_bin())
-    d = tempfile.mkdtemp(prefix="rfp-", dir="/tmp")
-    before = {id(p) for p in sidecar._SPAWNED}
-    yield str(Path(d) / "ringfeed.sock")
-    for proc in [p for p in sidecar._SPAWNED if id(p) not in before]:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def reference_rgb(data: bytes) -> torch.Tensor:

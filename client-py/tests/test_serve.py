@@ -9,11 +9,7 @@ business; these tests pin what the client promises: order, coverage, resume, ran
 from __future__ import annotations
 
 import io
-import os
-import shutil
-import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,24 +17,14 @@ from typing import Any
 
 import pytest
 import torch
+from _support import ringfeed_bin
 from PIL import Image
 
 import ringfeed
 from ringfeed import RingfeedError, ServerDiedError, ServerError
 from ringfeed import _sidecar as sidecar
 
-REPO = Path(__file__).resolve().parents[2]
 N = 22
-
-
-def ringfeed_bin() -> str:
-    env = os.environ.get("RINGFEED_BIN")
-    if env:
-        return env
-    for p in (REPO / "target" / "debug" / "ringfeed", REPO / "target" / "release" / "ringfeed"):
-        if p.exists():
-            return str(p)
-    pytest.fail("no ringfeed binary: run `cargo build -p ringfeed` or set RINGFEED_BIN")
 
 
 def jpeg(w: int, h: int, seed: int) -> bytes:
@@ -70,20 +56,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def labels(dataset: Path) -> list[int]:
     with ringfeed.PackedDataset(dataset) as ds:
         return [ds.sample(i).label for i in range(len(ds))]
-
-
-@pytest.fixture
-def sock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A socket path in a fresh short directory, and the binary as RINGFEED_BIN; servers started are stopped after."""
-    monkeypatch.setenv("RINGFEED_BIN", ringfeed_bin())
-    d = tempfile.mkdtemp(prefix="rfs-", dir="/tmp")
-    before = {id(p) for p in sidecar._SPAWNED}
-    yield str(Path(d) / "ringfeed.sock")
-    for proc in [p for p in sidecar._SPAWNED if id(p) not in before]:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def loader(dataset: Path, sock: str, batch_size: int = 4, **kw: Any) -> ringfeed.Loader:

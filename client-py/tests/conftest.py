@@ -1,0 +1,29 @@
+"""Fixtures shared by the tests that run the real `ringfeed` binary."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _support import ringfeed_bin
+
+from ringfeed import _sidecar as sidecar
+
+
+@pytest.fixture
+def sock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A socket path in a fresh short directory, with the binary as RINGFEED_BIN; servers the
+    loader started are stopped afterwards."""
+    monkeypatch.setenv("RINGFEED_BIN", ringfeed_bin())
+    d = tempfile.mkdtemp(prefix="rfs-", dir="/tmp")
+    before = {id(p) for p in sidecar._SPAWNED}
+    yield str(Path(d) / "ringfeed.sock")
+    for proc in [p for p in sidecar._SPAWNED if id(p) not in before]:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    shutil.rmtree(d, ignore_errors=True)

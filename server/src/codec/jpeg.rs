@@ -307,21 +307,32 @@ impl TjDecompressor {
         }
         // JPEG sides are at most 65535, so this and `* 4` cannot overflow a 64-bit usize.
         let pixels = info.width as usize * info.height as usize;
-        let four_channel = matches!(
-            u32::try_from(header.colorspace),
-            Ok(raw::TJCS_TJCS_CMYK | raw::TJCS_TJCS_YCCK)
-        );
+        self.decode_pixels(data, header.colorspace, pixels, None, out, scratch)?;
+        Ok(info)
+    }
+
+    /// Decodes `pixels` pixels (the whole image, or `geometry`'s region) to packed RGB8 in `out`.
+    fn decode_pixels(
+        &mut self,
+        data: &[u8],
+        colorspace: c_int,
+        pixels: usize,
+        geometry: Option<Geometry>,
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), CodecError> {
+        let four_channel = matches!(u32::try_from(colorspace), Ok(raw::TJCS_TJCS_CMYK | raw::TJCS_TJCS_YCCK));
         out.resize(pixels * 3, 0);
         if four_channel {
             // libjpeg-turbo cannot convert CMYK/YCCK to RGB itself; it gives us the stored
             // (YCCK → CMYK converted) samples and we do what Pillow does.
             scratch.resize(pixels * 4, 0);
-            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4, None)?;
+            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4, geometry)?;
             cmyk_to_rgb(&scratch[..pixels * 4], out);
         } else {
-            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3, None)?;
+            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3, geometry)?;
         }
-        Ok(info)
+        Ok(())
     }
 
     /// Decodes a region of the image `header` describes (just probed from `data`) at scale
@@ -379,18 +390,7 @@ impl TjDecompressor {
         // The whole image at full size is an ordinary decode (no header re-read, no region).
         let geometry = (region != Rect::full(sw, sh) || denom != 1).then_some(Geometry { denom, region });
         let pixels = region.width as usize * region.height as usize;
-        let four_channel = matches!(
-            u32::try_from(header.colorspace),
-            Ok(raw::TJCS_TJCS_CMYK | raw::TJCS_TJCS_YCCK)
-        );
-        out.resize(pixels * 3, 0);
-        if four_channel {
-            scratch.resize(pixels * 4, 0);
-            self.decompress(data, scratch, raw::TJPF_TJPF_CMYK, pixels * 4, geometry)?;
-            cmyk_to_rgb(&scratch[..pixels * 4], out);
-        } else {
-            self.decompress(data, out, raw::TJPF_TJPF_RGB, pixels * 3, geometry)?;
-        }
+        self.decode_pixels(data, header.colorspace, pixels, geometry, out, scratch)?;
         Ok(region)
     }
 

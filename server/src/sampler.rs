@@ -145,29 +145,15 @@ impl EpochPlan {
     }
 }
 
-/// splitmix64 step: a small, well-mixed generator for the permutation.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// Separates the order's random stream from every sample's augmentation stream (which uses
+/// real dataset indices, all below this).
+const ORDER_STREAM: u64 = u64::MAX;
 
-/// Fisher–Yates with a generator seeded by `(seed, epoch)`, unbiased by rejection sampling.
+/// Fisher–Yates with the generator of `(seed, epoch)`, unbiased (`SampleRng::below`).
 fn shuffle(v: &mut [u64], seed: u64, epoch: u64) {
-    let mut state = seed ^ 0x5246_4F52_4445_5231; // "RFORDER1": separates order from augmentation
-    let _ = splitmix(&mut state);
-    state ^= epoch.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut rng = crate::ops::SampleRng::new(seed, epoch, ORDER_STREAM);
     for i in (1..v.len()).rev() {
-        let bound = i as u64 + 1;
-        let zone = u64::MAX - u64::MAX % bound;
-        let j = loop {
-            let r = splitmix(&mut state);
-            if r < zone {
-                break r % bound;
-            }
-        };
+        let j = rng.below(i as u64 + 1);
         v.swap(i, j as usize);
     }
 }

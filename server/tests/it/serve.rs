@@ -26,7 +26,10 @@ struct Server {
 
 impl Server {
     fn start(dir: &Path, threads: usize) -> Server {
-        let socket = dir.join(format!("sock-{threads}-{}", std::process::id()));
+        // A fresh name per server, so no server ever finds another's socket file.
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket = dir.join(format!("sock-{threads}-{n}"));
         let child = Command::new(bin())
             .args([
                 "serve",

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Training throughput on the GPU, fed by each loader, against the same model's ceiling.
+
+    python3 benches/e2e/gpu_train.py --images DIR --packed DIR [--models resnet50,resnet18]
+        [--workers 15] [--steps 150] [--out DIR]
+
+For each model (bf16 autocast, channels_last, batch 256, SGD):
+- ceiling: the data is a batch already on the GPU (the rate the GPU reaches when it never waits);
+- dataloader-pil: torch DataLoader over torchvision ImageFolder with PIL RandomResizedCrop(224) +
+  flip, `--workers` workers, pin_memory, uint8 tensors normalised on the GPU;
+- ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
+  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run.
+Each run skips 20 warm-up steps, then times `--steps` steps. The wait share is the time spent in
+`next(iterator)` (with a CUDA sync so the copy is counted) over the step time. Writes gpu.json and
+gpu.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torch import nn
+from torchvision import transforms
+
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
+BATCH = 256
+WARMUP = 20
+
+
+def make_model(name: str) -> nn.Module:
+    m = getattr(torchvision.models, name)(num_classes=1000)
+    return m.cuda().to(memory_format=torch.channels_last)
+
+
+def train(model: nn.Module, batches, steps: int) -> dict:
+    """Runs WARMUP + steps steps from `batches` (an iterator of (x, y) on the GPU)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    wait = 0.0
+    start = None
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            torch.cuda.synchronize()
+            start, wait = time.perf_counter(), 0.0
+        t = time.perf_counter()
+        x, y = next(batches)
+        torch.cuda.current_stream().synchronize()
+        wait += time.perf_counter() - t
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    total = time.perf_counter() - start
+    return {"img_per_s": steps * BATCH / total, "wait_share": wait / total, "seconds": total}
+
+
+def ceiling_batches():
+    x = torch.randn(BATCH, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (BATCH,), device="cuda")
+    while True:
+        yield x, y
+
+
+def dataloader_batches(images: Path, workers: int):
+    tf = transforms.Compose(
+        [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
+    )
+    ds = torchvision.datasets.ImageFolder(str(images), transform=tf)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=True,
+        drop_last=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
+    mean, std = MEAN.cuda(), STD.cuda()
+    while True:
+        for x, y in dl:
+            x = x.cuda(non_blocking=True).float().sub_(mean).div_(std).to(memory_format=torch.channels_last)
+            yield x, y.cuda(non_blocking=True)
+
+
+def ringfeed_batches(packed: Path, sock: str):
+    import ringfeed
+
+    ld = ringfeed.Loader(
+        packed,
+        BATCH,
+        transform=ringfeed.RandomResizedCrop(224) + ringfeed.Flip(),
+        device="cuda",
+        normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        dtype=torch.bfloat16,
+        socket=sock,
+        layout="NHWC",
+        slots=6,
+    )
+    epoch = 0
+    while True:
+        ld.set_epoch(epoch)
+        yield from ld
+        epoch += 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=Path, required=True)
+    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--models", default="resnet50,resnet18")
+    ap.add_argument("--loaders", default="ceiling,ringfeed,dataloader-pil")
+    ap.add_argument("--workers", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+
+    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
+    work = Path(tempfile.mkdtemp(prefix="rfg-", dir="/tmp"))
+    sock = str(work / "ringfeed.sock")
+    server = subprocess.Popen(
+        [binary, "serve", "--socket", sock, "--threads", str(a.workers)], stderr=subprocess.DEVNULL
+    )
+    results = []
+    try:
+        while not Path(sock).exists():
+            time.sleep(0.05)
+        for name in a.models.split(","):
+            for loader in a.loaders.split(","):
+                torch.manual_seed(0)
+                model = make_model(name)
+                batches = {
+                    "ceiling": lambda: ceiling_batches(),
+                    "dataloader-pil": lambda: dataloader_batches(a.images, a.workers),
+                    "ringfeed": lambda: ringfeed_batches(a.packed, sock),
+                }[loader]()
+                r = train(model, batches, a.steps)
+                r.update({"model": name, "loader": loader, "workers": a.workers, "steps": a.steps, "batch": BATCH})
+                results.append(r)
+                print(json.dumps(r), flush=True)
+                del batches, model
+                torch.cuda.empty_cache()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+    }
+    (a.out / "gpu.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
+    lines = [
+        "# Training throughput fed by each loader (bf16, channels_last, batch 256)",
+        "",
+        f"{meta['gpu']}, {meta['cpus']} CPU cores, torch {meta['torch']}; {a.workers} workers/threads; "
+        f"{a.steps} timed steps after {WARMUP} warm-up steps.",
+        "",
+        "| model | loader | img/s | share of ceiling | time waiting for data |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name in a.models.split(","):
+        rows = [r for r in results if r["model"] == name]
+        ceiling = next((r["img_per_s"] for r in rows if r["loader"] == "ceiling"), None)
+        for r in rows:
+            share = f"{r['img_per_s'] / ceiling * 100:.0f} %" if ceiling else "n/a"
+            lines.append(f"| {name} | {r['loader']} | {r['img_per_s']:.0f} | {share} | {r['wait_share'] * 100:.1f} % |")
+    (a.out / "gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

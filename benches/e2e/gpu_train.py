@@ -10,8 +10,9 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
   flip, `--workers` workers, pin_memory, uint8 tensors normalised on the GPU;
 - ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
   channels_last on the GPU, `--workers` decode threads in a sidecar started for the run.
-Each run skips 20 warm-up steps, then times `--steps` steps. The wait share is the time spent in
-`next(iterator)` (with a CUDA sync so the copy is counted) over the step time. Writes gpu.json and
+Each run skips 20 warm-up steps, then times `--steps` steps. The wait share is the wall time the
+training loop spends blocked in `next(iterator)` over the total: the time the loop could not
+queue GPU work because it had no batch. (Copies queued on the GPU are not counted; they overlap.) Writes gpu.json and
 gpu.md into --out.
 """
 
@@ -55,7 +56,6 @@ def train(model: nn.Module, batches, steps: int) -> dict:
             start, wait = time.perf_counter(), 0.0
         t = time.perf_counter()
         x, y = next(batches)
-        torch.cuda.current_stream().synchronize()
         wait += time.perf_counter() - t
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_fn(model(x), y)

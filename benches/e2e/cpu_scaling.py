@@ -83,8 +83,9 @@ def dataloader(images: Path, workers: int, kind: str, batches: int) -> float:
         while True:
             yield from dl
 
-    # Skip every batch the workers could have prefetched before timing starts (2 per worker).
-    return timed(forever(), 2 * workers + 2, batches)
+    # Skip every batch the workers could have prefetched (2 per worker), and time at least four
+    # times that many, so the figure is the workers' production rate, not a drained queue.
+    return timed(forever(), 2 * workers + 2, max(batches, 8 * workers))
 
 
 def ringfeed_loader(packed: Path, threads: int, batches: int) -> float:

@@ -15,12 +15,18 @@ use ringfeed::codec::{Decoder, Limits};
 use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
 
 fn images(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir).expect("readable directory").map(|e| e.expect("entry").path()).collect();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("readable directory")
+        .map(|e| e.expect("entry").path())
+        .collect();
     entries.sort();
     for p in entries {
         if p.is_dir() {
             images(&p, out);
-        } else if p.extension().is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg")) {
+        } else if p
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("jpg") || e.eq_ignore_ascii_case("jpeg"))
+        {
             out.push(p);
         }
     }
@@ -28,14 +34,22 @@ fn images(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dir = PathBuf::from(args.get(1).expect("usage: corpus_rate DIR [decode|rrc] [THREADS] [PASSES]"));
+    let dir = PathBuf::from(
+        args.get(1)
+            .expect("usage: corpus_rate DIR [decode|rrc] [THREADS] [PASSES]"),
+    );
     let mode = args.get(2).map_or("rrc", String::as_str).to_owned();
     let threads: usize = args.get(3).map_or(1, |t| t.parse().expect("THREADS"));
     let passes: usize = args.get(4).map_or(2, |t| t.parse().expect("PASSES"));
     let mut paths = Vec::new();
     images(&dir, &mut paths);
     let files: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).expect("readable file")).collect();
-    let t = Transform::RandomResizedCrop { size: (224, 224), scale: (0.08, 1.0), ratio: (0.75, 4.0 / 3.0), flip: 0.5 };
+    let t = Transform::RandomResizedCrop {
+        size: (224, 224),
+        scale: (0.08, 1.0),
+        ratio: (0.75, 4.0 / 3.0),
+        flip: 0.5,
+    };
     let start = Instant::now();
     let done: usize = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)

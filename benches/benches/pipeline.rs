@@ -1,0 +1,170 @@
+//! Criterion micro-benchmarks of the hot path, one stage at a time, on generated 500x375 JPEGs
+//! (4:2:0, quality 90, photographic-like noise):
+//!
+//! - `decode/full`: libjpeg-turbo decode of the whole image to RGB (the per-core limit);
+//! - `decode/region`: decode of a 60 %-area crop only (`tj3SetCroppingRegion`);
+//! - `resize/crop_to_224`: fast_image_resize of a decoded crop to 224x224, antialiased bilinear;
+//! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
+//! - `ring/handoff`: writing a batch of 256 224x224x3 samples and the slot header into a
+//!   pre-faulted ring slot (what the hand-off costs beyond the decode).
+//!
+//! `cargo bench -p ringfeed-benches --bench pipeline`
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use fast_image_resize as fr;
+use ringfeed::codec::{Decoder, Limits, Rect};
+use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
+use ringfeed::ring::{DType, FieldSpec, RingLayout, Segment, SlotHeader};
+
+const W: usize = 500;
+const H: usize = 375;
+
+/// Seeded JPEGs with gradients, shapes and noise (about 3 bits per pixel).
+fn corpus(n: u64) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|seed| {
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut px = Vec::with_capacity(W * H * 3);
+            for y in 0..H {
+                for x in 0..W {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let noise = (state % 24) as usize;
+                    let disc = ((x as i64 - 250).pow(2) + (y as i64 - 190).pow(2) < 90 * 90) as usize * 80;
+                    px.push(((x + noise + disc) % 256) as u8);
+                    px.push(((y * 2 + noise) % 256) as u8);
+                    px.push(((x + y + disc + seed as usize * 7) % 256) as u8);
+                }
+            }
+            let img = turbojpeg::Image {
+                pixels: &px[..],
+                width: W,
+                pitch: W * 3,
+                height: H,
+                format: turbojpeg::PixelFormat::RGB,
+            };
+            turbojpeg::compress(img, 90, turbojpeg::Subsamp::Sub2x2)
+                .expect("encode")
+                .to_vec()
+        })
+        .collect()
+}
+
+fn benches(c: &mut Criterion) {
+    let files = corpus(16);
+    let n = files.len() as u64;
+
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(n));
+    let mut decoder = Decoder::new(Limits::default()).expect("decoder");
+    let mut buf = Vec::new();
+    g.bench_function("full", |b| {
+        b.iter(|| {
+            for f in &files {
+                decoder.decode_rgb8(f, &mut buf).expect("decodes");
+            }
+        })
+    });
+    let crop = Rect {
+        left: 60,
+        top: 45,
+        width: 387,
+        height: 290,
+    };
+    g.bench_function("region", |b| {
+        b.iter(|| {
+            for f in &files {
+                decoder.decode_region_rgb8(f, crop, 1, &mut buf).expect("decodes");
+            }
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("resize");
+    g.throughput(Throughput::Elements(1));
+    let decoded = {
+        let mut v = Vec::new();
+        decoder.decode_rgb8(&files[0], &mut v).expect("decodes");
+        v
+    };
+    let src = fr::images::ImageRef::new(W as u32, H as u32, &decoded, fr::PixelType::U8x3).expect("source view");
+    let mut dst = fr::images::Image::new(224, 224, fr::PixelType::U8x3);
+    let mut resizer = fr::Resizer::new();
+    let opts = fr::ResizeOptions::new()
+        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .crop(60.0, 45.0, 387.0, 290.0);
+    g.bench_function("crop_to_224", |b| {
+        b.iter(|| resizer.resize(&src, &mut dst, &opts).expect("resizes"))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("transform");
+    g.throughput(Throughput::Elements(n));
+    let mut processor = Processor::new(Limits::default()).expect("processor");
+    let t = Transform::RandomResizedCrop {
+        size: (224, 224),
+        scale: (0.08, 1.0),
+        ratio: (0.75, 4.0 / 3.0),
+        flip: 0.5,
+    };
+    let mut out = vec![0u8; 224 * 224 * 3];
+    let mut epoch = 0u64;
+    g.bench_function("rrc224", |b| {
+        b.iter(|| {
+            epoch += 1;
+            for (i, f) in files.iter().enumerate() {
+                let mut rng = SampleRng::new(0, epoch, i as u64);
+                processor
+                    .process(f, &t, &mut rng, Layout::Nhwc, &mut out)
+                    .expect("transforms");
+            }
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("ring");
+    g.throughput(Throughput::Elements(256));
+    let fields = [
+        FieldSpec {
+            name: "image",
+            dtype: DType::U8,
+            shape: vec![224, 224, 3],
+        },
+        FieldSpec {
+            name: "label",
+            dtype: DType::I64,
+            shape: vec![],
+        },
+    ];
+    let segment = Segment::create(RingLayout::new(&fields, 256, 2).expect("layout"), "bench").expect("segment");
+    let image = segment.layout().field("image").expect("image field").clone();
+    let sample = vec![7u8; 224 * 224 * 3];
+    g.bench_function("handoff", |b| {
+        b.iter(|| {
+            for j in 0..256u64 {
+                let dst = segment.slot_ptr(1, image.offset + j * image.sample_bytes, image.sample_bytes);
+                // SAFETY: slot 1 belongs to this benchmark alone; `dst` is valid for one sample.
+                unsafe { std::ptr::copy_nonoverlapping(sample.as_ptr(), dst, sample.len()) };
+            }
+            let h = SlotHeader {
+                seq: 1,
+                run: 1,
+                epoch: 0,
+                batch: 0,
+                count: 256,
+                skipped: 0,
+            };
+            // SAFETY: as above, nothing else uses slot 1.
+            unsafe { segment.write_slot_header(1, &h) };
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = pipeline;
+    config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(4));
+    targets = benches
+}
+criterion_main!(pipeline);

@@ -367,56 +367,32 @@ async fn open_stream(
     Ok((state, ring_msg))
 }
 
-/// Converts and validates a transform request; returns it with the output size `(h, w)`.
+/// Converts a transform request and validates it (`ops::Transform::validate` holds the bounds of
+/// control.md, "Transforms"); returns it with its output size `(h, w)`.
 fn transform_from(t: &TransformRequest) -> Result<(Transform, (u32, u32)), String> {
-    let check_size = |size: [u32; 2]| {
-        if size.iter().all(|s| (1..=4096).contains(s)) {
-            Ok((size[0], size[1]))
-        } else {
-            Err(format!("transform.size {size:?} must be within 1..=4096"))
-        }
-    };
     let transform = match *t {
         TransformRequest::RandomResizedCrop {
             size,
             scale,
             ratio,
             flip,
-        } => {
-            let size = check_size(size)?;
-            if !(scale[0] > 0.0 && scale[0] <= scale[1] && scale[1] <= 1.0) {
-                return Err(format!("transform.scale {scale:?} must satisfy 0 < min <= max <= 1"));
-            }
-            if !(ratio[0] > 0.0 && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
-                return Err(format!("transform.ratio {ratio:?} must satisfy 0 < min <= max"));
-            }
-            if !(0.0..=1.0).contains(&flip) {
-                return Err(format!("transform.flip {flip} must be within 0..=1"));
-            }
-            (
-                Transform::RandomResizedCrop {
-                    size,
-                    scale: (scale[0], scale[1]),
-                    ratio: (ratio[0], ratio[1]),
-                    flip,
-                },
-                size,
-            )
-        }
-        TransformRequest::CenterCrop { size, resize } => {
-            let size = check_size(size)?;
-            if !(1..=8192).contains(&resize) {
-                return Err(format!("transform.resize {resize} must be within 1..=8192"));
-            }
-            (Transform::CenterCrop { size, resize }, size)
-        }
-        TransformRequest::Resize { size } => {
-            let size = check_size(size)?;
-            (Transform::Resize { size }, size)
-        }
+        } => Transform::RandomResizedCrop {
+            size: (size[0], size[1]),
+            scale: (scale[0], scale[1]),
+            ratio: (ratio[0], ratio[1]),
+            flip,
+        },
+        TransformRequest::CenterCrop { size, resize } => Transform::CenterCrop {
+            size: (size[0], size[1]),
+            resize,
+        },
+        TransformRequest::Resize { size } => Transform::Resize {
+            size: (size[0], size[1]),
+        },
     };
-    transform.0.validate()?;
-    Ok(transform)
+    transform.validate()?;
+    let size = transform.size();
+    Ok((transform, size))
 }
 
 /// Opens (or reuses) the dataset at `path`.

@@ -75,6 +75,10 @@ class Conn:
     closed: bool = False
 
 
+#: The dataset path fake servers claim to serve.
+DATASET = "/data/fake"
+
+
 class FakeServer:
     def __init__(
         self,
@@ -349,7 +353,7 @@ def main(argv: list[str]) -> int:
         with open(record, "a") as f:
             f.write(f"{os.getpid()} {' '.join(argv)}\n")
     print(f"fake server {os.getpid()} listening at {path}", file=sys.stderr, flush=True)
-    server = FakeServer(path, dataset=os.environ.get("FAKE_DATASET", "/data/fake"))
+    server = FakeServer(path, dataset=os.environ.get("FAKE_DATASET", DATASET))
     server.wait(lambda: server.conns, timeout=60)
     server.wait(lambda: all(c.closed for c in server.conns), timeout=60)
     time.sleep(0.2)

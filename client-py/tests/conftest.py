@@ -5,10 +5,12 @@ from __future__ import annotations
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _fakeserver import DATASET, FakeServer
 from _support import ringfeed_bin
 
 from ringfeed import _sidecar as sidecar
@@ -27,3 +29,27 @@ def sock(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    """A short directory for sockets (AF_UNIX paths are limited to 108 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(sockdir: Path) -> Iterator[Callable[..., FakeServer]]:
+    """Starts fake servers (the real protocol, checked for violations) on sockets in `sockdir`."""
+    servers: list[FakeServer] = []
+
+    def start(**kw: Any) -> FakeServer:
+        s = FakeServer(str(sockdir / f"s{len(servers)}.sock"), dataset=DATASET, **kw)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
+        assert not s.violations, s.violations

@@ -7,38 +7,16 @@ in the GPU batches (ring.md rule 5).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
-from _fakeserver import FakeServer
+from _fakeserver import DATASET, FakeServer
 
 import ringfeed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-DATASET = "/data/fake"
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., FakeServer]]:
-    d = Path(tempfile.mkdtemp(prefix="rfc-", dir="/tmp"))
-    servers: list[FakeServer] = []
-
-    def start(**kw: Any) -> FakeServer:
-        s = FakeServer(str(d / f"s{len(servers)}.sock"), dataset=DATASET, **kw)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.close()
-        assert not s.violations, s.violations
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def make(server: FakeServer, batch_size: int, size: int, **kw: Any) -> ringfeed.Loader:

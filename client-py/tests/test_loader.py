@@ -11,11 +11,9 @@ from __future__ import annotations
 import collections
 import gc
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,39 +23,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _fakeserver import POISON, FakeServer, plan
+from _fakeserver import DATASET, POISON, FakeServer, plan
 
 import ringfeed
 from ringfeed import ProtocolError, RingfeedError, ServerDiedError, ServerError
 from ringfeed import _sidecar as sidecar
 from ringfeed import loader as loader_mod
 
-DATASET = "/data/fake"
 H, W = 4, 6
 TESTS = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def sockdir() -> Iterator[Path]:
-    """A short directory for sockets (AF_UNIX paths are limited to 108 bytes)."""
-    d = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def serve(sockdir: Path) -> Iterator[Callable[..., FakeServer]]:
-    servers: list[FakeServer] = []
-
-    def start(**kw: Any) -> FakeServer:
-        s = FakeServer(str(sockdir / f"s{len(servers)}.sock"), dataset=DATASET, **kw)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.close()
-        assert not s.violations, s.violations
 
 
 def make(server: FakeServer, batch_size: int = 3, **kw: Any) -> ringfeed.Loader:

@@ -55,7 +55,7 @@ __all__ = [
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
 #: same major is accepted; the session then uses the smaller minor.
-PROTOCOL = (1, 0)
+PROTOCOL = (1, 1)
 
 #: The frame's length prefix: u32 little-endian.
 LENGTH = struct.Struct("<I")
@@ -66,8 +66,8 @@ MAX_FRAME_LEN = 65536
 MAX_INT = 1 << 53
 
 #: Every message type of control.md, by direction.
-CLIENT_TYPES = frozenset({"hello", "open", "start", "release", "stats", "close"})
-SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error"})
+CLIENT_TYPES = frozenset({"hello", "open", "start", "release", "stats", "snapshot", "close"})
+SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error", "snapshot"})
 ALL_TYPES = CLIENT_TYPES | SERVER_TYPES
 
 # The members a server message MUST carry (control.md, "req" column), by type. `int` means a JSON
@@ -84,11 +84,13 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "ready": {"run": "uint", "seq": "uint", "slot": "uint"},
     "end": {"run": "uint", "epoch": "uint", "batches": "uint", "skipped": "uint"},
     "error": {"code": "str", "message": "str", "fatal": "bool"},
+    "snapshot": {"server": "object", "streams": "list[object]"},
 }
 # Optional members whose type is still checked when present.
 _OPTIONAL: dict[str, dict[str, str]] = {
     "welcome": {"server": "str"},
     "error": {"sample": "uint", "key": "str"},
+    "ring": {"stream": "uint"},
 }
 
 # How many descriptors one recvmsg can take; a ring brings one, more than this is refused.
@@ -203,6 +205,8 @@ def _check_member(kind: str, member: str, value: Any, want: str) -> None:
         "str": lambda v: isinstance(v, str),
         "bool": lambda v: isinstance(v, bool),
         "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "object": lambda v: isinstance(v, dict),
+        "list[object]": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
         "version": lambda v: isinstance(v, list) and len(v) == 2 and all(type(x) is int and x >= 0 for x in v),
     }[want](value)
     if not ok:
@@ -211,6 +215,8 @@ def _check_member(kind: str, member: str, value: Any, want: str) -> None:
             "str": "a string",
             "bool": "a boolean",
             "list[str]": "an array of strings",
+            "object": "an object",
+            "list[object]": "an array of objects",
             "version": "[major, minor]",
         }[want]
         raise ProtocolError(f"`{kind}` member `{member}` should be {expected}, got {json.dumps(value)}")

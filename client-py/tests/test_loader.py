@@ -84,7 +84,7 @@ def test_handshake_and_open_carry_every_setting(serve: Callable[..., FakeServer]
     ):
         hello, op = server.conns[0].received[:2]
     assert hello["type"] == "hello"
-    assert hello["protocol"] == [1, 0]
+    assert hello["protocol"] == list(ringfeed.PROTOCOL)
     assert hello["pid"] == os.getpid()
     assert hello["client"].startswith("ringfeed-py ")
     assert op == {
@@ -338,7 +338,7 @@ def test_batch_larger_than_dataset_is_a_bad_request(serve: Callable[..., FakeSer
 def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None:
     """A server of another major version answers `version`; the loader raises it with both versions."""
     server = serve(protocol=(2, 0))
-    with pytest.raises(ServerError, match=r"client speaks protocol \[1, 0\], this server \(2, 0\)") as e:
+    with pytest.raises(ServerError, match=r"client speaks protocol \[1, 1\], this server \(2, 0\)") as e:
         make(server)
     assert e.value.code == "version"
 
@@ -346,7 +346,7 @@ def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None
 def test_server_of_another_major_is_refused_by_the_client(serve: Callable[..., FakeServer]) -> None:
     """A server that welcomes this client with another major version is refused, naming both versions."""
     server = serve(protocol=(2, 1), check_version=False)
-    with pytest.raises(ProtocolError, match=r"speaks protocol 2\.1, but this client speaks 1\.0"):
+    with pytest.raises(ProtocolError, match=r"speaks protocol 2\.1, but this client speaks 1\.1"):
         make(server)
 
 

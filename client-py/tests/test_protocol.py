@@ -90,9 +90,11 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 # -- encoding and decoding ------------------------------------------------------------------------
 
 
-def test_protocol_version_is_1_0() -> None:
-    """This client speaks protocol 1.0, exported once as ringfeed.PROTOCOL."""
-    assert PROTOCOL == ringfeed.PROTOCOL == (1, 0)
+def test_protocol_version_is_the_specs() -> None:
+    """This client speaks the version proto/control.md states, exported once as ringfeed.PROTOCOL."""
+    title = (Path(__file__).resolve().parents[2] / "proto" / "control.md").read_text().splitlines()[0]
+    major, minor = title.rsplit("version ", 1)[1].split(".")
+    assert PROTOCOL == ringfeed.PROTOCOL == (int(major), int(minor))
 
 
 def test_encode_is_compact_sorted_utf8() -> None:
@@ -443,7 +445,7 @@ def test_vector_frames_decode_and_encode_byte_for_byte(case: dict[str, Any]) -> 
     message = decode_frame(data)
     assert message == case["message"]
     assert encode(case["message"]) == data
-    if message["type"] in ("welcome", "ring", "ready", "end", "error"):
+    if message["type"] in ("welcome", "ring", "ready", "end", "error") or "server" in message:
         check_server_message(message)
 
 

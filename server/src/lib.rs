@@ -28,4 +28,6 @@ pub mod sampler;
 pub mod serve;
 pub mod shard;
 pub mod source;
+pub mod stats;
 pub mod stream;
+pub mod tune;

@@ -46,9 +46,14 @@ struct ServeArgs {
     /// /tmp/ringfeed-$UID/ringfeed.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
-    /// Decode threads shared by all clients (default: all cores).
+    /// Decode threads in the pool shared by all clients: the most that can ever run (default:
+    /// all cores). The autotuner decides how many of them work.
     #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
     threads: usize,
+    /// Decode threads the autotuner may use for all streams together [default: the cores minus
+    /// one per training process on the node].
+    #[arg(long, value_name = "N")]
+    cpu_budget: Option<u32>,
     /// Largest image accepted, in pixels.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_pixels)]
     max_pixels: u64,
@@ -403,6 +408,7 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         exit_when_idle: a.exit_when_idle.map(std::time::Duration::from_secs_f64),
         data_roots,
         max_ring_bytes: a.max_ring_bytes,
+        cpu_budget: a.cpu_budget,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

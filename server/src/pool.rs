@@ -4,6 +4,13 @@
 //! straight into its place in the batch's FILLING slot. The last job of a batch to finish hands
 //! the batch back to its stream, which sends `ready` in order.
 //!
+//! Scheduling: each stream has its own FIFO of jobs and an allotment of threads
+//! ([`StreamStats::threads`], set by the tuner). A free worker takes the next job of the stream
+//! that is closest to starving (fewest batches announced to its client and not yet released)
+//! among the streams running fewer jobs than their allotment; ties go round-robin. So a stream
+//! never occupies more threads than it was given, one client's backlog cannot starve another's,
+//! and workers beyond the allotments sleep.
+//!
 //! Invariants:
 //! - Each job writes only its own sample's bytes in each field of its batch's slot, so jobs of
 //!   one batch never write the same byte, and no job writes a slot that is not FILLING.
@@ -13,16 +20,17 @@
 //! - A job whose run was cancelled (the stream's `current_run` moved on) skips the work but still
 //!   counts down, so every batch comes back exactly once.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-
-use crossbeam_channel::{Receiver, Sender, unbounded};
+use std::time::Instant;
 
 use crate::codec::Limits;
 use crate::ops::{Layout, Processor, SampleRng, Transform};
 use crate::ring::{FieldDesc, Segment};
 use crate::source::Source;
+use crate::stats::{STAGES, Stage, StreamStats};
 
 /// Everything a job needs to know about its stream. Shared by the stream and its jobs.
 pub struct StreamCtx {
@@ -39,6 +47,8 @@ pub struct StreamCtx {
     pub current_run: AtomicU32,
     /// Where finished batches go.
     pub done: tokio::sync::mpsc::UnboundedSender<Arc<BatchTask>>,
+    /// Counters and knobs (threads allotted, depth).
+    pub stats: Arc<StreamStats>,
 }
 
 impl std::fmt::Debug for StreamCtx {
@@ -81,28 +91,90 @@ pub struct Job {
     pub pos: u32,
 }
 
+/// One stream's pending jobs.
+#[derive(Debug)]
+struct Queue {
+    stats: Arc<StreamStats>,
+    jobs: VecDeque<Job>,
+    running: u32,
+}
+
+#[derive(Debug, Default)]
+struct Sched {
+    queues: Vec<Queue>,
+    /// Where the round-robin tie-break starts.
+    cursor: usize,
+    stop: bool,
+}
+
+impl Sched {
+    /// The next job to run, if any stream may run one more.
+    fn pick(&mut self) -> Option<Job> {
+        let n = self.queues.len();
+        let mut best: Option<(usize, u32)> = None;
+        for k in 0..n {
+            let i = (self.cursor + k) % n;
+            let q = &self.queues[i];
+            if q.jobs.is_empty() || q.running >= q.stats.threads.load(Ordering::Relaxed).max(1) {
+                continue;
+            }
+            let lead = q.stats.held.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, l)| lead < l) {
+                best = Some((i, lead));
+            }
+        }
+        let (i, _) = best?;
+        self.cursor = (i + 1) % n.max(1);
+        let q = &mut self.queues[i];
+        q.running += 1;
+        q.jobs.pop_front()
+    }
+
+    /// A job of `stats`'s stream finished: frees its place, and drops an idle queue.
+    fn finished(&mut self, stats: &Arc<StreamStats>) {
+        if let Some(i) = self.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) {
+            self.queues[i].running -= 1;
+            if self.queues[i].running == 0 && self.queues[i].jobs.is_empty() {
+                self.queues.swap_remove(i);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    sched: Mutex<Sched>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// The worker threads.
 #[derive(Debug)]
 pub struct Pool {
-    tx: Option<Sender<Job>>,
+    shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Pool {
     /// Starts `threads` workers, each with its own decoder limited by `limits`.
     pub fn new(threads: usize, limits: Limits) -> std::io::Result<Self> {
-        let (tx, rx) = unbounded::<Job>();
+        let shared = Arc::new(Shared::default());
         let mut handles = Vec::with_capacity(threads);
         for n in 0..threads.max(1) {
-            let rx = rx.clone();
+            let shared = Arc::clone(&shared);
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("ringfeed-decode-{n}"))
-                    .spawn(move || worker(rx, limits))?,
+                    .spawn(move || worker(&shared, limits))?,
             );
         }
         Ok(Pool {
-            tx: Some(tx),
+            shared,
             threads: handles,
         })
     }
@@ -114,27 +186,45 @@ impl Pool {
 
     /// Queues every sample of `task`.
     pub fn submit(&self, task: Arc<BatchTask>) {
-        let tx = self.tx.as_ref().expect("the pool is running");
-        for pos in 0..task.indices.len() as u32 {
-            // The workers only stop when the pool is dropped, so the channel is open.
-            let _ = tx.send(Job {
-                batch: Arc::clone(&task),
-                pos,
-            });
-        }
+        let stats = &task.stream.stats;
+        let mut sched = self.shared.lock();
+        let i = match sched.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) {
+            Some(i) => i,
+            None => {
+                sched.queues.push(Queue {
+                    stats: Arc::clone(stats),
+                    jobs: VecDeque::new(),
+                    running: 0,
+                });
+                sched.queues.len() - 1
+            }
+        };
+        let q = &mut sched.queues[i];
+        q.jobs.extend((0..task.indices.len() as u32).map(|pos| Job {
+            batch: Arc::clone(&task),
+            pos,
+        }));
+        drop(sched);
+        self.shared.wake.notify_all();
+    }
+
+    /// Wakes the workers after allotments changed.
+    pub fn kick(&self) {
+        self.shared.wake.notify_all();
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        drop(self.tx.take());
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-fn worker(rx: Receiver<Job>, limits: Limits) {
+fn worker(shared: &Shared, limits: Limits) {
     let mut processor = match Processor::new(limits) {
         Ok(p) => Some(p),
         Err(e) => {
@@ -142,31 +232,57 @@ fn worker(rx: Receiver<Job>, limits: Limits) {
             None
         }
     };
-    for job in rx.iter() {
-        let task = &job.batch;
-        let ctx = &task.stream;
-        // Acquire: pairs with the stream's Release store of a new run, so a cancelled run is
-        // seen as soon as possible (a stale read only costs wasted work, never wrong output).
-        if ctx.current_run.load(Ordering::Acquire) == task.run {
-            let result = match processor.as_mut() {
-                Some(p) => run_job(p, &job),
-                None => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
-            };
-            if let Err((key, message)) = result {
-                let failure = SampleFailure {
-                    pos: job.pos,
-                    index: task.indices[job.pos as usize],
-                    key,
-                    message,
-                };
-                task.failures.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
+    loop {
+        let job = {
+            let mut sched = shared.lock();
+            loop {
+                if sched.stop {
+                    return;
+                }
+                if let Some(job) = sched.pick() {
+                    break job;
+                }
+                sched = shared.wake.wait(sched).unwrap_or_else(|p| p.into_inner());
             }
+        };
+        let stats = Arc::clone(&job.batch.stream.stats);
+        run(&mut processor, job);
+        let mut sched = shared.lock();
+        sched.finished(&stats);
+        // This stream may run one more job now; a sleeping worker may take it.
+        let more = sched.queues.iter().any(|q| !q.jobs.is_empty());
+        drop(sched);
+        if more {
+            shared.wake.notify_one();
         }
-        // SYNC POINT: Release makes this job's slot writes visible to whoever takes the count to
-        // zero; AcqRel on that last decrement acquires every other job's writes.
-        if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _ = ctx.done.send(Arc::clone(task));
+    }
+}
+
+/// Runs one job and counts it down.
+fn run(processor: &mut Option<Processor>, job: Job) {
+    let task = &job.batch;
+    let ctx = &task.stream;
+    // Acquire: pairs with the stream's Release store of a new run, so a cancelled run is
+    // seen as soon as possible (a stale read only costs wasted work, never wrong output).
+    if ctx.current_run.load(Ordering::Acquire) == task.run {
+        let result = match processor.as_mut() {
+            Some(p) => run_job(p, &job),
+            None => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
+        };
+        if let Err((key, message)) = result {
+            let failure = SampleFailure {
+                pos: job.pos,
+                index: task.indices[job.pos as usize],
+                key,
+                message,
+            };
+            task.failures.lock().unwrap_or_else(|p| p.into_inner()).push(failure);
         }
+    }
+    // SYNC POINT: Release makes this job's slot writes visible to whoever takes the count to
+    // zero; AcqRel on that last decrement acquires every other job's writes.
+    if task.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let _ = ctx.done.send(Arc::clone(task));
     }
 }
 
@@ -189,11 +305,15 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
     let ctx = &task.stream;
     let index = task.indices[job.pos as usize];
     let mut outcome: Result<(), (String, String)> = Ok(());
+    let mut times = [0u64; STAGES];
+    let t0 = Instant::now();
     ctx.source
         .with_sample(index, &mut |sample| {
-            outcome = write_sample(processor, job, index, sample)
+            times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
+            outcome = write_sample(processor, job, index, sample, &mut times)
         })
         .map_err(|e| (format!("#{index}"), e.to_string()))?;
+    ctx.stats.add_sample_times(times);
     outcome
 }
 
@@ -202,6 +322,7 @@ fn write_sample(
     job: &Job,
     index: u64,
     sample: crate::source::Sample<'_>,
+    times: &mut [u64; STAGES],
 ) -> Result<(), (String, String)> {
     let task = &job.batch;
     let ctx = &task.stream;
@@ -214,9 +335,13 @@ fn write_sample(
     // not touch a slot before `ready` (ring.md rules 1 and 2).
     let out = unsafe { std::slice::from_raw_parts_mut(dst, img.sample_bytes as usize) };
     let mut rng = SampleRng::new(ctx.seed, task.epoch, index);
+    let t0 = Instant::now();
     let crop = processor
         .process(sample.data, &ctx.transform, &mut rng, ctx.layout, out)
         .map_err(|e| (key(), e.to_string()))?;
+    let t1 = Instant::now();
+    // TODO(stage split): the processor reports decode and transform together until it times them.
+    times[Stage::Decode as usize] = (t1 - t0).as_nanos() as u64;
     // SAFETY: for each `put`, this job owns sample `pos` of the FILLING slot, as above.
     unsafe {
         put(task, &ctx.label, job.pos, &sample.label.to_le_bytes());
@@ -238,5 +363,6 @@ fn write_sample(
             put(task, f, job.pos, &b);
         }
     }
+    times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())
 }

@@ -31,7 +31,13 @@ pub struct ServeConfig {
     pub data_roots: Vec<PathBuf>,
     /// Largest ring (shared memory) one stream may ask for, in bytes.
     pub max_ring_bytes: u64,
+    /// Decode threads all autotuned streams may use together (None: cores minus one per
+    /// training process).
+    pub cpu_budget: Option<u32>,
 }
+
+/// How often the autotuner looks at the streams.
+pub const TUNE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Default `max_ring_bytes`: 16 GiB, room for 8 slots of 256 images at 448x448.
 pub const DEFAULT_MAX_RING_BYTES: u64 = 16 << 30;
@@ -97,18 +103,23 @@ pub async fn run(
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    let shared = Arc::new(Shared::new(
+    let mut shared = Shared::new(
         Pool::new(threads, config.limits)?,
         config.limits,
         config.data_roots.clone(),
         config.max_ring_bytes,
-    ));
+    );
+    shared.cpu_budget = config.cpu_budget;
+    let shared = Arc::new(shared);
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
+    let tuner = tokio::spawn(crate::tune::run(
+        Arc::clone(&shared) as Arc<dyn crate::tune::Target>,
+        crate::tune::Config::default(),
+        TUNE_INTERVAL,
+    ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
     let me = rustix::process::getuid().as_raw();
-    let idle = tokio::sync::Notify::new();
-    let idle = Arc::new(idle);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::pin!(shutdown);
     let mut served_any = false;
@@ -123,7 +134,7 @@ pub async fn run(
                     true
                 }
                 Some(_) => {
-                    idle.notified().await;
+                    shared.idle.notified().await;
                     false
                 }
                 None => std::future::pending().await,
@@ -142,12 +153,10 @@ pub async fn run(
                 }
                 served_any = true;
                 shared.connections.fetch_add(1, Ordering::AcqRel);
-                let (shared, stop_rx, idle) = (Arc::clone(&shared), stop_rx.clone(), Arc::clone(&idle));
+                let (shared, stop_rx) = (Arc::clone(&shared), stop_rx.clone());
                 tasks.spawn(async move {
                     serve_connection(stream, Arc::clone(&shared), stop_rx).await;
-                    if shared.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        idle.notify_one();
-                    }
+                    shared.leave();
                 });
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
@@ -167,6 +176,7 @@ pub async fn run(
         while tasks.join_next().await.is_some() {}
     })
     .await;
+    tuner.abort();
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
 }

@@ -47,6 +47,19 @@ pub struct Shared {
     pub data_roots: Vec<PathBuf>,
     /// Largest ring one stream may ask for, in bytes.
     pub max_ring_bytes: u64,
+    /// Open streams' counters and knobs.
+    pub registry: crate::stats::Registry,
+    /// CPUs this server may run on.
+    pub cores: u32,
+    /// `--cpu-budget`: decode threads all streams may use together (None: cores minus one per
+    /// training process).
+    pub cpu_budget: Option<u32>,
+    /// When the server started.
+    pub started: std::time::Instant,
+    /// The pool's busy share and the threads allotted, over the tuner's last interval.
+    pub busy: Mutex<(f64, u32)>,
+    /// Notified when the last connection left (for `--exit-when-idle`).
+    pub idle: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Shared {
@@ -66,7 +79,74 @@ impl Shared {
             connections: AtomicUsize::new(0),
             data_roots,
             max_ring_bytes,
+            registry: Default::default(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()) as u32,
+            cpu_budget: None,
+            started: std::time::Instant::now(),
+            busy: Mutex::new((0.0, 0)),
+            idle: tokio::sync::Notify::new(),
         }
+    }
+
+    /// A connection ends (or turns out to be an observer, which does not keep the server alive).
+    pub fn leave(&self) {
+        if self.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.idle.notify_one();
+        }
+    }
+
+    /// Decode threads all autotuned streams may use together: `--cpu-budget`, else the cores
+    /// minus one per training process on the node (the most of the streams' `local_world_size`
+    /// and the number of distinct client processes), at least 1, at most the pool.
+    pub fn budget(&self) -> u32 {
+        let pool = self.pool.threads() as u32;
+        if let Some(b) = self.cpu_budget {
+            return b.clamp(1, pool);
+        }
+        let streams = self.registry.list();
+        let mut pids: Vec<u32> = streams.iter().map(|s| s.pid).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        let declared = streams.iter().filter_map(|s| s.local_world_size).max().unwrap_or(0);
+        let ranks = (pids.len() as u32).max(declared).max(1);
+        self.cores.saturating_sub(ranks).clamp(1, pool)
+    }
+
+    /// The server's state, for an observer.
+    pub fn snapshot(&self) -> crate::stats::Snapshot {
+        let (busy, active) = *self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let streams: Vec<_> = self.registry.list().iter().map(|s| s.snapshot()).collect();
+        crate::stats::Snapshot {
+            server: crate::stats::ServerSnapshot {
+                version: concat!("ringfeed ", env!("CARGO_PKG_VERSION")).into(),
+                pid: std::process::id(),
+                uptime_s: (self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+                cores: self.cores,
+                cpu_budget: self.budget(),
+                threads: self.pool.threads() as u32,
+                active_threads: active.min(self.pool.threads() as u32),
+                busy: (busy * 100.0).round() / 100.0,
+            },
+            streams,
+        }
+    }
+}
+
+impl crate::tune::Target for Shared {
+    fn streams(&self) -> Vec<Arc<crate::stats::StreamStats>> {
+        self.registry.list()
+    }
+    fn budget(&self) -> u32 {
+        Shared::budget(self)
+    }
+    fn pool_threads(&self) -> u32 {
+        self.pool.threads() as u32
+    }
+    fn kick(&self) {
+        self.pool.kick();
+    }
+    fn set_busy(&self, busy: f64, active: u32) {
+        *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = (busy, active);
     }
 }
 
@@ -79,6 +159,7 @@ pub async fn serve_connection(
     shared: Arc<Shared>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let stream_pid = stream.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32);
     let (read, mut write) = stream.into_split();
     let (msg_tx, mut msg_rx) = mpsc::channel::<Result<ClientMessage, (ErrorCode, String)>>(64);
     let reader = tokio::spawn(read_messages(read, msg_tx));
@@ -103,27 +184,67 @@ pub async fn serve_connection(
         send(&mut write, &ServerMessage::Welcome { protocol: [PROTOCOL.0, PROTOCOL.1], server: Some(concat!("ringfeed ", env!("CARGO_PKG_VERSION")).into()) })
             .await?;
 
-        // Open.
+        // Open, or observe.
         let open = match msg_rx.recv().await {
             Some(Ok(ClientMessage::Open(o))) => o,
+            Some(Ok(ClientMessage::Snapshot {})) => return observe(&shared, &mut write, &mut msg_rx, &mut shutdown).await,
             Some(Ok(ClientMessage::Close)) | None => return Ok(()),
             Some(Ok(_)) => return fail(&mut write, ErrorCode::Protocol, "expected `open` after `hello`".into()).await,
             Some(Err((code, msg))) => return fail(&mut write, code, msg).await,
         };
         let (done_tx, done_rx) = mpsc::unbounded_channel();
-        let opened = match open_stream(&open, &shared, done_tx).await {
+        let pid = stream_pid.unwrap_or(0);
+        let opened = match open_stream(&open, &shared, done_tx, pid).await {
             Ok(s) => s,
             Err((code, msg)) => return fail(&mut write, code, msg).await,
         };
         let (mut state, ring_msg) = opened;
-        send_with_fd(&mut write, &ring_msg, state.ctx.segment.fd()).await.map_err(|e| e.to_string())?;
-        state.run_loop(&shared, &mut write, &mut msg_rx, done_rx, &mut shutdown).await
+        shared.registry.insert(Arc::clone(&state.ctx.stats));
+        let sent = send_with_fd(&mut write, &ring_msg, state.ctx.segment.fd()).await.map_err(|e| e.to_string());
+        let result = match sent {
+            Ok(()) => state.run_loop(&shared, &mut write, &mut msg_rx, done_rx, &mut shutdown).await,
+            Err(e) => Err(e),
+        };
+        shared.registry.remove(state.ctx.stats.id);
+        result
     }
     .await;
     if let Err(e) = result {
         tracing::debug!("connection ended: {e}");
     }
     reader.abort();
+}
+
+/// An observer connection: answers every `snapshot` until the client leaves. Observers do not
+/// keep an idle server alive.
+async fn observe(
+    shared: &Arc<Shared>,
+    write: &mut OwnedWriteHalf,
+    msgs: &mut mpsc::Receiver<Result<ClientMessage, (ErrorCode, String)>>,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> Reply {
+    shared.leave();
+    let result = async {
+        send(write, &ServerMessage::Snapshot(Box::new(shared.snapshot()))).await?;
+        loop {
+            tokio::select! {
+                msg = msgs.recv() => match msg {
+                    None | Some(Ok(ClientMessage::Close)) => return Ok(()),
+                    Some(Ok(ClientMessage::Snapshot {})) => {
+                        send(write, &ServerMessage::Snapshot(Box::new(shared.snapshot()))).await?;
+                    }
+                    Some(Ok(_)) => {
+                        return fail(write, ErrorCode::Protocol, "an observer connection may only send `snapshot` and `close`".into()).await;
+                    }
+                    Some(Err((code, m))) => return fail(write, code, m).await,
+                },
+                _ = shutdown.changed() => return Ok(()),
+            }
+        }
+    }
+    .await;
+    shared.connections.fetch_add(1, Ordering::AcqRel);
+    result
 }
 
 /// Sends a fatal error and ends the connection.
@@ -241,6 +362,7 @@ async fn open_stream(
     open: &OpenRequest,
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Arc<BatchTask>>,
+    pid: u32,
 ) -> Result<(StreamState, ServerMessage), (ErrorCode, String)> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     if !(1..=65536).contains(&open.batch_size) {
@@ -248,6 +370,18 @@ async fn open_stream(
     }
     if !(1..=64).contains(&open.slots) {
         return Err(bad(format!("open.slots {} is outside 1..=64", open.slots)));
+    }
+    if let Some(t) = open.threads.filter(|t| !(1..=1024).contains(t)) {
+        return Err(bad(format!("open.threads {t} is outside 1..=1024")));
+    }
+    if let Some(p) = open.prefetch.filter(|p| !(1..=open.slots).contains(p)) {
+        return Err(bad(format!(
+            "open.prefetch {p} is outside 1..=slots ({}); raise slots or lower prefetch",
+            open.slots
+        )));
+    }
+    if let Some(n) = open.local_world_size.filter(|n| !(1..=4096).contains(n)) {
+        return Err(bad(format!("open.local_world_size {n} is outside 1..=4096")));
     }
     let layout = match open.layout.as_str() {
         "NHWC" => Layout::Nhwc,
@@ -331,6 +465,31 @@ async fn open_stream(
         .map_err(|e| (ErrorCode::Internal, e.to_string()))?
         .map_err(|e| bad(e.to_string()))?;
     let field = |n: &str| segment.layout().field(n).cloned();
+    let pool = shared.pool.threads() as u32;
+    let (threads, depth) = if open.autotune != Some(false) {
+        // Until the tuner has measured the loop: as many threads as the budget allows.
+        (
+            open.threads.unwrap_or(u32::MAX).min(shared.budget()),
+            open.prefetch.unwrap_or((open.slots - 1).max(1)),
+        )
+    } else {
+        (
+            open.threads.unwrap_or(pool).min(pool),
+            open.prefetch.unwrap_or(open.slots),
+        )
+    };
+    let stats = Arc::new(crate::stats::StreamStats::new(
+        shared.registry.next_id(),
+        pid,
+        source.describe(),
+        open.batch_size,
+        open.slots,
+        open.autotune != Some(false),
+        open.threads,
+        open.local_world_size,
+        threads,
+        depth,
+    ));
     let ctx = Arc::new(StreamCtx {
         image: field("image").expect("the image field is always present"),
         label: field("label").expect("the label field is always present"),
@@ -343,6 +502,7 @@ async fn open_stream(
         seed: open.seed,
         current_run: AtomicU32::new(0),
         done,
+        stats,
     });
     let ring_msg = ServerMessage::Ring {
         segment_len: ctx.segment.len(),
@@ -354,6 +514,7 @@ async fn open_stream(
             .iter()
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect(),
+        stream: Some(ctx.stats.id),
     };
     let state = StreamState {
         slots: vec![Slot::Free; open.slots as usize],
@@ -483,6 +644,7 @@ impl StreamState {
                         break Err(e);
                     }
                 }
+                () = self.ctx.stats.wake.notified() => self.fill(shared),
                 _ = shutdown.changed() => {
                     break fail(write, ErrorCode::Internal, "the ringfeed server is shutting down".into()).await;
                 }
@@ -517,6 +679,8 @@ impl StreamState {
                 self.cancel_run();
                 self.runs += 1;
                 let id = self.runs;
+                self.ctx.stats.run.store(id, Ordering::Relaxed);
+                self.ctx.stats.epoch.store(epoch, Ordering::Relaxed);
                 // SYNC POINT: Release pairs with the workers' Acquire load; jobs of older runs
                 // that start after this store skip their work.
                 self.ctx.current_run.store(id, Ordering::Release);
@@ -550,7 +714,22 @@ impl StreamState {
                 self.fill(shared);
                 Ok(())
             }
-            ClientMessage::Stats { .. } => Ok(()),
+            ClientMessage::Stats {
+                steps,
+                wait_ns,
+                compute_ns,
+            } => {
+                self.ctx.stats.add_client_stats(steps, wait_ns, compute_ns);
+                Ok(())
+            }
+            ClientMessage::Snapshot {} => {
+                fail(
+                    write,
+                    ErrorCode::Protocol,
+                    "`snapshot` is for observer connections (send it instead of `open`)".into(),
+                )
+                .await
+            }
             ClientMessage::Hello { .. } | ClientMessage::Open(_) => {
                 fail(
                     write,
@@ -563,10 +742,32 @@ impl StreamState {
         }
     }
 
-    /// Gives FREE slots to the next batches of the run.
+    /// Publishes the slot counts to the stream's stats.
+    fn publish(&self) {
+        let stats = &self.ctx.stats;
+        let ready = self.run.as_ref().map_or(0, |r| r.finished.len()) as u32;
+        let filling = self.slots.iter().filter(|s| **s == Slot::Filling).count() as u32;
+        let held = self.slots.iter().filter(|s| matches!(s, Slot::Held { .. })).count() as u32;
+        stats.filling.store(filling.saturating_sub(ready), Ordering::Relaxed);
+        stats.ready.store(ready, Ordering::Relaxed);
+        stats.held.store(held, Ordering::Relaxed);
+    }
+
+    /// Gives FREE slots to the next batches of the run, up to the stream's depth (batches in
+    /// flight: FILLING, and finished but not yet announced).
     fn fill(&mut self, shared: &Arc<Shared>) {
+        self.fill_slots(shared);
+        self.publish();
+    }
+
+    fn fill_slots(&mut self, shared: &Arc<Shared>) {
+        let depth = self.ctx.stats.depth.load(Ordering::Relaxed).max(1) as usize;
         let Some(run) = self.run.as_mut() else { return };
         while run.next_submit < run.total {
+            let in_flight = self.slots.iter().filter(|s| **s == Slot::Filling).count();
+            if in_flight >= depth {
+                return;
+            }
             let Some(slot) = self.slots.iter().position(|s| *s == Slot::Free) else {
                 return;
             };
@@ -630,11 +831,18 @@ impl StreamState {
                 // batches still in flight free theirs when they come back.
                 self.cancel_run();
                 self.slots[slot as usize] = Slot::Free;
+                self.publish();
                 return send(write, &msg).await;
             }
             let count = compact(&self.ctx, &task, &failures);
             let run = self.run.as_mut().expect("the run is current");
             run.skipped += failures.len() as u64;
+            let stats = &self.ctx.stats;
+            stats.skipped.fetch_add(failures.len() as u64, Ordering::Relaxed);
+            if count > 0 {
+                stats.samples.fetch_add(u64::from(count), Ordering::Relaxed);
+                stats.batches.fetch_add(1, Ordering::Relaxed);
+            }
             if count == 0 {
                 self.slots[slot as usize] = Slot::Free;
                 continue;

@@ -54,6 +54,8 @@ pub enum ClientMessage {
         wait_ns: u64,
         compute_ns: u64,
     },
+    /// 1.1: an observer's request for the server's state.
+    Snapshot {},
     Close,
 }
 
@@ -118,6 +120,18 @@ pub struct OpenRequest {
     pub fields: Option<Vec<String>>,
     #[serde(default = "yes")]
     pub check_crc: bool,
+    /// 1.1: let the server's autotuner set threads and depth (absent: yes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autotune: Option<bool>,
+    /// 1.1: decode threads (pinned without autotune, a bound with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// 1.1: prefetch depth (fixed without autotune, the starting depth with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<u32>,
+    /// 1.1: training processes on this node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_world_size: Option<u32>,
 }
 
 /// Error codes (control.md, "error").
@@ -147,6 +161,8 @@ pub enum ServerMessage {
         samples_per_rank: u64,
         batches_per_epoch: u64,
         classes: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream: Option<u64>,
     },
     Ready {
         run: u32,
@@ -170,6 +186,8 @@ pub enum ServerMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         run: Option<u32>,
     },
+    /// 1.1: the answer to an observer's `snapshot`.
+    Snapshot(Box<crate::stats::Snapshot>),
 }
 
 impl ServerMessage {

@@ -393,7 +393,7 @@ fn bad_requests_get_clear_errors() {
         (r["code"].as_str(), r["fatal"].as_bool()),
         (Some("version"), Some(true))
     );
-    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.0"));
+    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.1"));
     assert!(c.recv().is_none(), "the server closes after a version error");
 
     let mut c = server.client();
@@ -493,4 +493,163 @@ fn ring_size_is_bounded() {
     ));
     assert_eq!(r["code"], "bad_request", "{r}");
     assert!(r["message"].as_str().unwrap().contains("--max-ring-bytes"), "{r}");
+}
+
+/// An observer connection's snapshot.
+fn snapshot(server: &Server) -> Value {
+    let mut o = server.client();
+    o.send(&json!({"type": "hello", "protocol": [1, 1]}));
+    assert_eq!(o.recv().unwrap()["type"], "welcome");
+    o.send(&json!({"type": "snapshot"}));
+    let s = o.recv().unwrap();
+    assert_eq!(s["type"], "snapshot", "{s}");
+    s
+}
+
+#[test]
+fn observers_see_every_stream_its_settings_and_the_clients_wait() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 40, &[1]);
+    let server = Server::start(tmp.path(), 3);
+    let empty = snapshot(&server);
+    assert_eq!(empty["streams"], json!([]));
+    assert_eq!(empty["server"]["threads"], 3);
+
+    // A pinned stream and an autotuned one.
+    let mut pinned = server.client();
+    let ring = pinned.open(open_msg(
+        &ds,
+        json!({"autotune": false, "threads": 2, "prefetch": 1, "slots": 3, "on_error": "skip"}),
+    ));
+    let pinned_id = ring["stream"].as_u64().expect("a 1.1 ring names its stream");
+    let mut tuned = server.client();
+    let tuned_id = tuned.open(open_msg(&ds, json!({})))["stream"].as_u64().unwrap();
+    assert_ne!(pinned_id, tuned_id);
+
+    let (batches, end) = pinned.epoch(0, 0);
+    assert_eq!(end["type"], "end");
+    tuned.send(&json!({"type": "stats", "steps": 10, "wait_ns": 1_000_000, "compute_ns": 99_000_000}));
+
+    // The tuner publishes the interval's rates every 0.5 s; wait for the client's stats to show.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (p, t) = loop {
+        let s = snapshot(&server);
+        let find = |id: u64| {
+            s["streams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["stream"] == id)
+                .cloned()
+        };
+        let (p, t) = (
+            find(pinned_id).expect("pinned stream listed"),
+            find(tuned_id).expect("tuned stream listed"),
+        );
+        if !t["wait"].is_null() || Instant::now() > deadline {
+            break (p, t);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        (p["autotune"].as_bool(), p["threads"].as_u64(), p["depth"].as_u64()),
+        (Some(false), Some(2), Some(1))
+    );
+    let delivered: usize = batches.iter().map(Vec::len).sum();
+    assert_eq!(p["samples"].as_u64(), Some(delivered as u64));
+    assert_eq!(p["batches"].as_u64(), Some(batches.len() as u64));
+    assert_eq!(p["skipped"].as_u64(), Some(1));
+    assert_eq!(p["slots"], json!({"free": 3, "filling": 0, "ready": 0, "held": 0}));
+    assert_eq!(p["dataset"].as_str().map(|d| d.contains("ds")), Some(true), "{p}");
+    assert_eq!(t["wait"].as_f64(), Some(0.01), "{t}");
+    assert_eq!(t["step_ms"].as_f64(), Some(9.9), "{t}");
+    assert_eq!(t["autotune"], true);
+
+    // Closing a stream removes it.
+    drop(pinned);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snapshot(&server)["streams"].as_array().unwrap().len() != 1 {
+        assert!(Instant::now() < deadline, "the closed stream is still listed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn observers_may_only_observe_and_streams_may_not_observe() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 9, &[]);
+    let server = Server::start(tmp.path(), 1);
+    let mut o = server.client();
+    o.hello();
+    o.send(&json!({"type": "snapshot"}));
+    assert_eq!(o.recv().unwrap()["type"], "snapshot");
+    o.send(&json!({"type": "start", "epoch": 0}));
+    let r = o.recv().unwrap();
+    assert_eq!(
+        (r["code"].as_str(), r["fatal"].as_bool()),
+        (Some("protocol"), Some(true)),
+        "{r}"
+    );
+
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({})));
+    c.send(&json!({"type": "snapshot"}));
+    let r = c.recv().unwrap();
+    assert_eq!(r["code"], "protocol", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("observer"), "{r}");
+
+    for (extra, member) in [
+        (json!({"threads": 0}), "open.threads"),
+        (json!({"prefetch": 5, "slots": 4}), "open.prefetch"),
+        (json!({"local_world_size": 0}), "open.local_world_size"),
+        (json!({"autotune": "yes"}), "invalid `open` message"),
+    ] {
+        let mut c = server.client();
+        let r = c.open(open_msg(&ds, extra));
+        assert_eq!(r["code"], "bad_request", "{r}");
+        assert!(r["message"].as_str().unwrap().contains(member), "{r}");
+    }
+}
+
+#[test]
+fn an_observer_does_not_keep_an_idle_server_alive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 9, &[]);
+    let socket = tmp.path().join("idle.sock");
+    let mut child = Command::new(bin())
+        .args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--exit-when-idle",
+            "0.5",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "the server did not start listening");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = Client::connect(&socket);
+    c.open(open_msg(&ds, json!({})));
+    let mut o = Client::connect(&socket);
+    o.hello();
+    o.send(&json!({"type": "snapshot"}));
+    assert_eq!(o.recv().unwrap()["streams"].as_array().unwrap().len(), 1);
+    drop(c);
+    // The observer stays connected; the server still exits after the grace period.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success());
+            break;
+        }
+        assert!(Instant::now() < deadline, "an observer kept the idle server alive");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(o);
 }

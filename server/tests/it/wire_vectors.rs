@@ -62,6 +62,28 @@ fn messages() -> Vec<(&'static str, Value)> {
                 "layout": "NHWC", "shuffle": false, "seed": 0, "drop_last": false, "rank": 0, "world_size": 1, "slots": 4,
                 "on_error": "raise", "check_crc": false}),
         ),
+        (
+            "open, 1.1 pinned threads and prefetch",
+            json!({"type": "open", "dataset": "/data/imagenet-train", "lmdb": {}, "batch_size": 64,
+                "transform": {"kind": "resize", "size": [128, 128]},
+                "layout": "NHWC", "shuffle": true, "seed": 0, "drop_last": true, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "raise", "check_crc": true,
+                "autotune": false, "threads": 6, "prefetch": 3, "local_world_size": 8}),
+        ),
+        ("hello, 1.1", json!({"type": "hello", "protocol": [1, 1]})),
+        ("snapshot request", json!({"type": "snapshot"})),
+        (
+            "snapshot",
+            json!({"type": "snapshot",
+                "server": {"version": "ringfeed 0.1.0", "pid": 4100, "uptime_s": 12.5, "cores": 16, "cpu_budget": 14,
+                    "threads": 16, "active_threads": 6, "busy": 5.71},
+                "streams": [{"stream": 3, "pid": 4242, "dataset": "/data/imagenet-train (312 shards, 1281167 samples)",
+                    "batch_size": 256, "epoch": 2, "run": 3, "slots": {"free": 1, "filling": 2, "ready": 0, "held": 1},
+                    "autotune": true, "threads": 6, "depth": 3, "samples": 512000, "batches": 2000, "skipped": 2,
+                    "samples_per_s": 4712.5, "wait": 0.0042, "step_ms": 53.11,
+                    "stage_us": {"read": 3.1, "decode": 1002.4, "transform": 171.9, "write": 0.4},
+                    "tune": "the loop needs 5.4 threads (4820 samples/s at 1124 µs each): 7 → 6"}]}),
+        ),
         ("start", json!({"type": "start", "epoch": 3, "first_batch": 120})),
         ("release", json!({"type": "release", "slot": 2, "seq": 9})),
         (
@@ -73,6 +95,11 @@ fn messages() -> Vec<(&'static str, Value)> {
             "ring",
             json!({"type": "ring", "segment_len": 157294592, "dataset_len": 1281167, "samples_per_rank": 160146,
                 "batches_per_epoch": 625, "classes": ["n01440764", "caf\u{e9}"]}),
+        ),
+        (
+            "ring, 1.1",
+            json!({"type": "ring", "segment_len": 4096, "dataset_len": 10, "samples_per_rank": 10,
+                "batches_per_epoch": 2, "classes": [], "stream": 7}),
         ),
         ("ready", json!({"type": "ready", "run": 1, "seq": 1, "slot": 0})),
         (
@@ -98,7 +125,9 @@ fn control_frames() {
         let frame = encode_frame(&msg);
         let (kind, value) = decode_frame(&frame[4..]).unwrap();
         assert_eq!(value, msg, "{name}");
-        let typed_frame = if ["hello", "open", "start", "release", "stats", "close"].contains(&kind.as_str()) {
+        let client = ["hello", "open", "start", "release", "stats", "close"].contains(&kind.as_str())
+            || (kind == "snapshot" && msg.get("server").is_none());
+        let typed_frame = if client {
             encode_frame(&serde_json::from_value::<ClientMessage>(msg.clone()).unwrap())
         } else {
             encode_frame(&serde_json::from_value::<ServerMessage>(msg.clone()).unwrap())
@@ -197,5 +226,18 @@ fn ring_layout() {
     assert_eq!(
         SlotHeader::decode(&fs::read(vectors().join("ring/slot.bin")).unwrap()).unwrap(),
         slot
+    );
+}
+
+#[test]
+fn protocol_version_is_the_specs() {
+    let spec = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/control.md")).unwrap();
+    let title = spec.lines().next().unwrap();
+    let version = title.rsplit("version ").next().unwrap();
+    let (major, minor) = version.split_once('.').unwrap();
+    assert_eq!(
+        ringfeed::control::PROTOCOL,
+        (major.parse().unwrap(), minor.parse().unwrap()),
+        "{title}"
     );
 }

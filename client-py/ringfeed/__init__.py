@@ -25,6 +25,7 @@ Layout:
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
+from ._observe import snapshot
 from ._protocol import PROTOCOL
 from ._reader import PackedDataset, Sample
 from ._shard import FormatError
@@ -50,5 +51,6 @@ __all__ = [
     "TimeoutError",
     "Transform",
     "__version__",
+    "snapshot",
     "verify",
 ]

@@ -34,12 +34,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import sys
 import time
 import weakref
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
+from ._observe import snapshot
 from ._protocol import PROTOCOL, Connection, check_server_message
 from ._ring import Segment
 from ._sidecar import connect, default_socket_path
@@ -65,6 +67,8 @@ MAX_SEED = (1 << 53) - 1
 MAX_EPOCH = (1 << 32) - 1
 #: A ``stats`` message is sent every this many batches (control.md, "stats").
 STATS_EVERY = 16
+#: ... or after this many seconds, whichever comes first (control.md, `stats`).
+STATS_PERIOD = 0.25
 #: Connections tried when a server closes before its welcome (see ``Loader._handshake``).
 HANDSHAKE_ATTEMPTS = 3
 #: Version of the ``state_dict()`` layout.
@@ -170,6 +174,15 @@ class Loader:
         check_crc: have the server check each packed record's CRC-32C on read.
         lmdb: LMDB options for an LMDB dataset: ``{"layout": ..., "labels": ..., "labels_key": ...}``.
         spawn_timeout: seconds to wait for a started sidecar to listen.
+        autotune: let the server set this stream's decode threads and prefetch depth from the
+            wait this loader measures (the default; see "Why is my GPU waiting?" in the README).
+            ``False`` pins ``threads`` and ``prefetch``.
+        threads: decode threads for this stream: with ``autotune=False`` exactly this many (at
+            most the server's pool; default: the whole pool), with autotune an upper bound.
+        prefetch: batches the server prepares at once, ``1 ..= slots``: fixed with
+            ``autotune=False`` (default ``slots``), the starting depth with autotune.
+        log_every: every this many batches, print one line to stderr: samples/s, the share of
+            time spent waiting for data, and the server's threads and depth for this stream.
 
     Raises:
         ValueError: a parameter is out of range (the message names it).
@@ -203,6 +216,10 @@ class Loader:
         check_crc: bool = True,
         lmdb: Mapping[str, Any] | None = None,
         spawn_timeout: float = 10.0,
+        autotune: bool = True,
+        threads: int | None = None,
+        prefetch: int | None = None,
+        log_every: int | None = None,
     ) -> None:
         # Everything that can be checked without the server is, first.
         self._res = _Stream()
@@ -227,6 +244,12 @@ class Loader:
         self.hold = _int_in("hold", hold, 1, self.slots)
         self.check_crc = _bool("check_crc", check_crc)
         self.lmdb = dict(lmdb) if lmdb is not None else None
+        self.autotune = _bool("autotune", autotune)
+        self.threads = None if threads is None else _int_in("threads", threads, 1, 1024)
+        self.prefetch = None if prefetch is None else _int_in("prefetch", prefetch, 1, self.slots)
+        self.log_every = None if log_every is None else _int_in("log_every", log_every, 1, 1 << 30)
+        #: The server's id for this stream (protocol 1.1), as ``ringfeed top`` shows it.
+        self.stream_id: int | None = None
         self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
         self._spawn = (socket is None) if spawn is None else _bool("spawn", spawn)
         self._spawn_timeout = _check_timeout("spawn_timeout", spawn_timeout) or 10.0
@@ -264,6 +287,8 @@ class Loader:
         self._closed = False
         self._stats = {"batches": 0, "wait_s": 0.0, "compute_s": 0.0, "skipped": 0}
         self._pending_stats = [0, 0, 0]  # steps, wait_ns, compute_ns since the last `stats` message
+        self._stats_sent = time.perf_counter()
+        self._log_mark = (time.perf_counter(), 0, 0.0, 0.0)  # time, batches, wait_s, compute_s at the last log line
         self._last_return: float | None = None
         try:
             self._connect()
@@ -299,6 +324,7 @@ class Loader:
         self.dataset_len: int = ring["dataset_len"]
         self.samples_per_rank: int = ring["samples_per_rank"]
         self.batches_per_epoch: int = ring["batches_per_epoch"]
+        self.stream_id = ring.get("stream")
         if self._cuda:
             from ._device import CudaCopier
 
@@ -355,6 +381,15 @@ class Loader:
         }
         if self.lmdb is not None:
             msg["lmdb"] = self.lmdb
+        if self.server_protocol >= (1, 1):
+            msg["autotune"] = self.autotune
+            if self.threads is not None:
+                msg["threads"] = self.threads
+            if self.prefetch is not None:
+                msg["prefetch"] = self.prefetch
+            local = _env_int("LOCAL_WORLD_SIZE")
+            if local is not None and 1 <= local <= 4096:
+                msg["local_world_size"] = local
         return msg
 
     def _check_ring(self, segment: Segment) -> None:
@@ -654,11 +689,39 @@ class Loader:
         p[0] += 1
         p[1] += int(wait * 1e9)
         p[2] += int(compute * 1e9)
-        if p[0] >= STATS_EVERY:
+        if p[0] >= STATS_EVERY or now - self._stats_sent >= STATS_PERIOD:
             conn = self._res.conn
             assert conn is not None
             conn.send({"type": "stats", "steps": p[0], "wait_ns": p[1], "compute_ns": p[2]})
             p[:] = [0, 0, 0]
+            self._stats_sent = now
+        if self.log_every is not None and self._stats["batches"] % self.log_every == 0:
+            self._log_line(now)
+
+    def _log_line(self, now: float) -> None:
+        t0, b0, w0, c0 = self._log_mark
+        st = self._stats
+        self._log_mark = (now, st["batches"], st["wait_s"], st["compute_s"])
+        batches, wait, compute = st["batches"] - b0, st["wait_s"] - w0, st["compute_s"] - c0
+        rate = batches * self.batch_size / max(now - t0, 1e-9)
+        share = wait / max(wait + compute, 1e-9)
+        server = self._server_view()
+        tuned = f" (server: {server['threads']} threads, depth {server['depth']})" if server else ""
+        print(
+            f"ringfeed: batch {st['batches']}: {rate:.0f} samples/s, waiting for data {share:.1%} of the time{tuned}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _server_view(self) -> dict[str, Any] | None:
+        """This stream's entry in the server's snapshot, or None (a 1.0 server, or unreachable)."""
+        if self.stream_id is None:
+            return None
+        try:
+            snap = snapshot(self.socket_path, timeout=5.0)
+        except RingfeedError:
+            return None
+        return next((s for s in snap["streams"] if s["stream"] == self.stream_id), None)
 
     # -- epochs, state ------------------------------------------------------------------------------
 
@@ -727,10 +790,22 @@ class Loader:
 
     # -- life cycle ---------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, server: bool = True) -> dict[str, Any]:
         """Counters since construction: ``batches``, ``wait_s`` (time spent waiting for batches),
-        ``compute_s`` (time between batches), ``skipped`` (samples left out under ``on_error="skip"``)."""
-        return dict(self._stats)
+        ``compute_s`` (time between batches), ``skipped`` (samples left out under ``on_error="skip"``),
+        ``wait_share`` (``wait_s`` over ``wait_s + compute_s``).
+
+        With ``server`` (and a 1.1 server), ``"server"`` holds what the server measures for this
+        stream, as ``ringfeed top`` shows it: ``threads``, ``depth``, ``slots``, ``samples_per_s``,
+        ``wait``, ``step_ms``, ``stage_us`` (read/decode/transform/write per sample), ``tune``
+        (the autotuner's last decision). ``None`` when the server cannot say.
+        """
+        out: dict[str, Any] = dict(self._stats)
+        total = out["wait_s"] + out["compute_s"]
+        out["wait_share"] = out["wait_s"] / total if total > 0 else 0.0
+        if server:
+            out["server"] = self._server_view()
+        return out
 
     def close(self) -> None:
         """Releases everything: waits for GPU copies, unpins, closes the stream and unmaps the ring.

@@ -19,6 +19,7 @@
 pub mod codec;
 pub mod control;
 pub mod inspect;
+pub mod observe;
 pub mod ops;
 pub mod pack;
 pub mod pool;

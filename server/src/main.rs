@@ -38,6 +38,25 @@ enum Command {
     Inspect(InspectArgs),
     /// Run the sidecar: serve decoded batches to training processes over a Unix socket.
     Serve(ServeArgs),
+    /// Show every stream of a running server: throughput, the training loop's wait, threads,
+    /// depth, slot states and per-stage times, refreshed every second.
+    Top(TopArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct TopArgs {
+    /// The server's socket [default: as for `serve`].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Print one snapshot and exit (for scripts).
+    #[arg(long)]
+    once: bool,
+    /// Print snapshots as JSON lines (with --once: one line).
+    #[arg(long)]
+    json: bool,
+    /// Seconds between refreshes.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    interval: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -64,6 +83,9 @@ struct ServeArgs {
     /// Only serve datasets under this directory (repeatable).
     #[arg(long, value_name = "DIR")]
     data_root: Vec<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics; ADDR is PORT (on 127.0.0.1) or HOST:PORT.
+    #[arg(long, value_name = "ADDR", value_parser = ringfeed::observe::metrics_addr)]
+    metrics: Option<std::net::SocketAddr>,
     /// Largest shared-memory ring one client may ask for, e.g. 16GiB.
     #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
     max_ring_bytes: u64,
@@ -409,6 +431,7 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         data_roots,
         max_ring_bytes: a.max_ring_bytes,
         cpu_budget: a.cpu_budget,
+        metrics: a.metrics,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -425,9 +448,42 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_top(a: TopArgs) -> Result<ExitCode> {
+    use std::io::{IsTerminal, Write};
+    if !(0.05..=3600.0).contains(&a.interval) {
+        bail!("--interval {} must be between 0.05 and 3600 seconds", a.interval);
+    }
+    let socket = a.socket.unwrap_or_else(ringfeed::control::socket::default_socket_path);
+    let mut observer = ringfeed::observe::Observer::connect(&socket)?;
+    let live = !a.once && !a.json && std::io::stdout().is_terminal();
+    let mut out = std::io::stdout().lock();
+    loop {
+        let snap = observer.snapshot(&socket)?;
+        let text = if a.json {
+            serde_json::to_string(&snap)? + "\n"
+        } else {
+            ringfeed::observe::render(&snap)
+        };
+        if live {
+            // Home, clear, redraw.
+            write!(out, "\x1b[H\x1b[2J{text}")?;
+        } else {
+            write!(out, "{text}")?;
+        }
+        out.flush()?;
+        if a.once {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG")
+                .unwrap_or_else(|_| "warn,ringfeed::tune=info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -436,6 +492,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => run_verify(a),
         Command::Inspect(a) => run_inspect(a),
         Command::Serve(a) => run_serve(a),
+        Command::Top(a) => run_top(a),
     };
     match result {
         Ok(code) => code,

@@ -34,6 +34,8 @@ pub struct ServeConfig {
     /// Decode threads all autotuned streams may use together (None: cores minus one per
     /// training process).
     pub cpu_budget: Option<u32>,
+    /// Serve Prometheus metrics over HTTP on this address.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// How often the autotuner looks at the streams.
@@ -112,6 +114,20 @@ pub async fn run(
     shared.cpu_budget = config.cpu_budget;
     let shared = Arc::new(shared);
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
+    let metrics = match config.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("--metrics {addr}: {e}; choose another port")))?;
+            tracing::info!(%addr, "metrics on http://{addr}/metrics");
+            let source = Arc::clone(&shared);
+            Some(tokio::spawn(crate::observe::serve_metrics(
+                listener,
+                Arc::new(move || source.snapshot()),
+            )))
+        }
+        None => None,
+    };
     let tuner = tokio::spawn(crate::tune::run(
         Arc::clone(&shared) as Arc<dyn crate::tune::Target>,
         crate::tune::Config::default(),
@@ -177,6 +193,9 @@ pub async fn run(
     })
     .await;
     tuner.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     let _ = std::fs::remove_file(&config.socket);
     Ok(())
 }

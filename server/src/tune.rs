@@ -14,7 +14,8 @@
 //!   hides a synchronisation). If the loop still waits more than [`Config::wait_high`] of its
 //!   time while the stream has what the model wants, the stream gets one thread more when its
 //!   threads are saturated, else one batch more of depth (the wait comes from bursts, not from
-//!   the rate). The extra threads are shed one at a time after [`Config::calm_intervals`]
+//!   the rate). With idle threads and every slot in flight the wait is latency (an epoch's first
+//!   batch, a client holding its slots), and nothing changes. The extra threads are shed one at a time after [`Config::calm_intervals`]
 //!   intervals without waiting.
 //! - **Hysteresis.** Growing is immediate; shrinking waits until the model has asked for fewer
 //!   threads for [`Config::shrink_intervals`] intervals in a row, and then gives back at most a
@@ -186,7 +187,7 @@ impl Tuner {
                         Some(w) if w > cfg.wait_high => {
                             st.calm = 0;
                             if o.threads >= (base + st.extra).min(cap) {
-                                if busy >= cfg.saturated || depth >= o.slots {
+                                if busy >= cfg.saturated {
                                     if base + st.extra < cap {
                                         st.extra += 1;
                                         reason = Some(format!(
@@ -195,7 +196,7 @@ impl Tuner {
                                             busy * 100.0
                                         ));
                                     }
-                                } else {
+                                } else if depth < o.slots {
                                     depth += 1;
                                     reason = Some(format!(
                                         "waiting {:.1}% with threads {:.0}% busy: one batch more in flight",
@@ -203,6 +204,9 @@ impl Tuner {
                                         busy * 100.0
                                     ));
                                 }
+                                // Otherwise the threads idle and every slot may be in flight: the
+                                // wait is latency (an epoch's first batch, a client holding its
+                                // slots), which more threads would not remove.
                             }
                         }
                         Some(w) if w < cfg.wait_low => {

@@ -1,0 +1,186 @@
+"""Observability against a real server: `ringfeed top --once` and the Prometheus endpoint
+(`ringfeed serve --metrics`), read by prometheus_client's text-format parser."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _support import ringfeed_bin
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+import ringfeed
+
+N = 24
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A packed dataset of N small JPEGs in 2 classes."""
+    root = tmp_path_factory.mktemp("observe")
+    for i in range(N):
+        p = root / "src" / f"c{i % 2}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        Image.new("RGB", (48 + i, 40), (i * 9 % 256, 80, 160)).save(buf, "JPEG", quality=90)
+        p.write_bytes(buf.getvalue())
+    r = subprocess.run(
+        [ringfeed_bin(), "pack", str(root / "src"), str(root / "ds"), "--progress", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return root / "ds"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(sockdir: Path) -> Iterator[tuple[str, int]]:
+    """A real server with --metrics on a loopback port; yields (socket, port)."""
+    sock, port = str(sockdir / "s.sock"), free_port()
+    proc = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--socket", sock, "--threads", "2", "--metrics", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while not Path(sock).exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    yield sock, port
+    proc.terminate()
+    proc.communicate(timeout=10)
+
+
+def top(sock: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ringfeed_bin(), "top", "--socket", sock, "--once", *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def metrics(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return {
+        f.name: [(s.labels, s.value) for s in f.samples if s.name == f.name or s.name == f.name + "_total"]
+        for f in text_string_to_metric_families(body)
+    }
+
+
+def test_top_and_metrics_show_a_live_stream(dataset: Path, server: tuple[str, int]) -> None:
+    sock, port = server
+    with ringfeed.Loader(
+        dataset, 4, ringfeed.RandomResizedCrop(16), socket=sock, spawn=False, timeout=30, autotune=False, threads=2
+    ) as ld:
+        it = iter(ld)
+        for _ in range(3):
+            next(it)
+        # The third batch is held; two were released. The server has counted three deliveries.
+        snap = json.loads(top(sock, "--json").stdout)
+        (stream,) = snap["streams"]
+        assert str(dataset) in stream["dataset"]
+        assert stream["batches"] >= 3
+        assert stream["samples"] >= 12
+        assert (stream["autotune"], stream["threads"]) == (False, 2)
+        assert sum(stream["slots"].values()) == ld.slots
+        assert snap["server"]["threads"] == 2
+
+        table = top(sock)
+        assert table.returncode == 0, table.stderr
+        assert str(dataset) in table.stdout, table.stdout
+        assert "2*" in table.stdout, table.stdout
+
+        m = metrics(port)
+        (labels, samples), *_ = m["ringfeed_stream_samples"]
+        assert str(dataset) in labels["dataset"]
+        assert samples >= 12
+        assert m["ringfeed_pool_threads"] == [({}, 2.0)]
+        assert m["ringfeed_stream_threads"][0][1] == 2.0
+        states = {lab["state"]: v for lab, v in m["ringfeed_stream_slots"]}
+        assert set(states) == {"free", "filling", "ready", "held"}
+        assert sum(states.values()) == ld.slots
+        assert {lab["stage"] for lab, _ in m["ringfeed_stream_stage_seconds"]} == {
+            "read",
+            "decode",
+            "transform",
+            "write",
+        }
+    # Closed: the stream is gone from both views.
+    deadline = time.monotonic() + 10
+    while json.loads(top(sock, "--json").stdout)["streams"]:
+        assert time.monotonic() < deadline, "a closed stream is still listed"
+        time.sleep(0.05)
+    assert "ringfeed_stream_samples" not in metrics(port) or not metrics(port)["ringfeed_stream_samples"]
+
+
+def test_metrics_serves_only_its_path(server: tuple[str, int]) -> None:
+    _, port = server
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).close()
+    assert e.value.code == 404
+    e.value.close()
+
+
+def test_top_without_a_server_names_the_socket(sockdir: Path) -> None:
+    r = top(str(sockdir / "nothing.sock"))
+    assert r.returncode != 0
+    assert "nothing.sock" in r.stderr, r.stderr
+    assert "ringfeed serve" in r.stderr, r.stderr
+
+
+def test_a_slow_training_loop_gets_fewer_threads_and_stats_show_why(
+    dataset: Path, sockdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The autotuner, end to end: a loop that computes 0.15 s per batch of 4 tiny images needs a
+    fraction of one thread; the server sheds the second thread and says why."""
+    sock = str(sockdir / "t.sock")
+    proc = subprocess.Popen(
+        [ringfeed_bin(), "serve", "--socket", sock, "--threads", "2", "--cpu-budget", "2"],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(sock).exists():
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        with ringfeed.Loader(dataset, 4, ringfeed.Resize(16), socket=sock, spawn=False, timeout=30, log_every=5) as ld:
+            first = ld.stats()["server"]
+            assert first is not None
+            assert first["threads"] == 2, first  # all of the budget until the loop has been measured
+            deadline = time.monotonic() + 30
+            server = first
+            epoch = 0
+            while server["threads"] != 1:
+                assert time.monotonic() < deadline, f"still {server['threads']} threads: {server}"
+                ld.set_epoch(epoch)
+                epoch += 1
+                for _ in ld:
+                    time.sleep(0.15)
+                server = ld.stats()["server"]
+            stats = ld.stats()
+        assert "needs" in server["tune"], server
+        assert server["step_ms"] > 100, server
+        assert 0.0 <= stats["wait_share"] < 0.5, stats
+        assert stats["batches"] >= 6
+        log = capsys.readouterr().err
+        assert "samples/s, waiting for data" in log, log
+        assert "(server: " in log, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

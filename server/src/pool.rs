@@ -93,23 +93,50 @@ pub struct Job {
 
 /// One stream's pending jobs.
 #[derive(Debug)]
-struct Queue {
+struct Queue<J> {
     stats: Arc<StreamStats>,
-    jobs: VecDeque<Job>,
+    jobs: VecDeque<J>,
     running: u32,
 }
 
-#[derive(Debug, Default)]
-struct Sched {
-    queues: Vec<Queue>,
+/// The streams' queues (generic over the job, so the policy is testable without decoding).
+#[derive(Debug)]
+struct Sched<J> {
+    queues: Vec<Queue<J>>,
     /// Where the round-robin tie-break starts.
     cursor: usize,
     stop: bool,
 }
 
-impl Sched {
+impl<J> Default for Sched<J> {
+    fn default() -> Self {
+        Sched {
+            queues: Vec::new(),
+            cursor: 0,
+            stop: false,
+        }
+    }
+}
+
+impl<J> Sched<J> {
+    /// Appends `jobs` to `stats`'s stream's queue.
+    fn push(&mut self, stats: &Arc<StreamStats>, jobs: impl Iterator<Item = J>) {
+        let i = match self.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) {
+            Some(i) => i,
+            None => {
+                self.queues.push(Queue {
+                    stats: Arc::clone(stats),
+                    jobs: VecDeque::new(),
+                    running: 0,
+                });
+                self.queues.len() - 1
+            }
+        };
+        self.queues[i].jobs.extend(jobs);
+    }
+
     /// The next job to run, if any stream may run one more.
-    fn pick(&mut self) -> Option<Job> {
+    fn pick(&mut self) -> Option<J> {
         let n = self.queues.len();
         let mut best: Option<(usize, u32)> = None;
         for k in 0..n {
@@ -143,12 +170,12 @@ impl Sched {
 
 #[derive(Debug, Default)]
 struct Shared {
-    sched: Mutex<Sched>,
+    sched: Mutex<Sched<Job>>,
     wake: Condvar,
 }
 
 impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sched<Job>> {
         self.sched.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -186,24 +213,15 @@ impl Pool {
 
     /// Queues every sample of `task`.
     pub fn submit(&self, task: Arc<BatchTask>) {
-        let stats = &task.stream.stats;
+        let stats = Arc::clone(&task.stream.stats);
         let mut sched = self.shared.lock();
-        let i = match sched.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) {
-            Some(i) => i,
-            None => {
-                sched.queues.push(Queue {
-                    stats: Arc::clone(stats),
-                    jobs: VecDeque::new(),
-                    running: 0,
-                });
-                sched.queues.len() - 1
-            }
-        };
-        let q = &mut sched.queues[i];
-        q.jobs.extend((0..task.indices.len() as u32).map(|pos| Job {
-            batch: Arc::clone(&task),
-            pos,
-        }));
+        sched.push(
+            &stats,
+            (0..task.indices.len() as u32).map(|pos| Job {
+                batch: Arc::clone(&task),
+                pos,
+            }),
+        );
         drop(sched);
         self.shared.wake.notify_all();
     }
@@ -365,4 +383,51 @@ fn write_sample(
     }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(id: u64, threads: u32) -> Arc<StreamStats> {
+        Arc::new(StreamStats::new(id, 1, format!("d{id}"), 8, 4, true, None, None, threads, 2))
+    }
+
+    #[test]
+    fn a_stream_never_runs_more_jobs_than_its_threads() {
+        let a = stream(1, 2);
+        let mut s = Sched::default();
+        s.push(&a, 0..10u32);
+        assert_eq!((s.pick(), s.pick(), s.pick()), (Some(0), Some(1), None));
+        s.finished(&a);
+        assert_eq!(s.pick(), Some(2));
+        // More threads allotted: more run at once.
+        a.threads.store(4, Ordering::Relaxed);
+        assert_eq!((s.pick(), s.pick(), s.pick()), (Some(3), Some(4), None));
+    }
+
+    #[test]
+    fn streams_take_turns_and_the_starving_one_goes_first() {
+        let (a, b) = (stream(1, 8), stream(2, 8));
+        let mut s = Sched::default();
+        s.push(&a, [10u32, 11, 12, 13].into_iter());
+        s.push(&b, [20u32, 21, 22, 23].into_iter());
+        // A backlog of a's jobs does not hold b back: they alternate.
+        let order: Vec<_> = (0..4).map(|_| s.pick().unwrap()).collect();
+        assert_eq!(order, [10, 20, 11, 21]);
+        // a's client holds two batches to consume, b's none: b is closer to starving.
+        a.held.store(2, Ordering::Relaxed);
+        assert_eq!((s.pick(), s.pick(), s.pick()), (Some(22), Some(23), Some(12)));
+    }
+
+    #[test]
+    fn an_idle_queue_is_dropped_once_its_jobs_finished() {
+        let a = stream(1, 1);
+        let mut s = Sched::default();
+        s.push(&a, [1u32].into_iter());
+        assert_eq!(s.pick(), Some(1));
+        assert_eq!(s.queues.len(), 1);
+        s.finished(&a);
+        assert!(s.queues.is_empty());
+    }
 }

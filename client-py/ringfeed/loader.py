@@ -744,12 +744,13 @@ class Loader:
                 # Plain RingfeedError: nothing listens (yet); ServerDiedError: it went away again.
                 if not (type(e) is RingfeedError or isinstance(e, ServerDiedError)):
                     raise
-                if time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise ServerDiedError(
                         f"lost the ringfeed server at {self.socket_path} ({cause}), and could not reconnect "
                         f"within reconnect_timeout={self.reconnect_timeout} s: {e}"
                     ) from cause
-                time.sleep(delay)
+                time.sleep(min(delay, left))
                 delay = min(delay * 2, 0.25)
             except BaseException:
                 self._res.close()

@@ -12,7 +12,7 @@ server once a second: RSS, open descriptors, ring memfds and their mappings, thr
 
 Writes ``DIR/soak.json`` (every sample, every interval, every client's epochs) and ``DIR/soak.md``
 (a summary): throughput per ``--interval`` seconds, the least-squares slope of the server's RSS
-(KiB/min, over the run after the first 10 % as warm-up), the descriptor and thread counts before,
+(KiB/min, after the first 10 % as warm-up and while every client is connected), the descriptor and thread counts before,
 during and after, and the error count. Exits 1 when a client failed, an epoch's coverage was wrong,
 or the server did not return to its pre-client descriptor, memfd and thread counts.
 """
@@ -46,6 +46,12 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float:
     if var == 0:
         return float("nan")
     return sum((t - mt) * (v - mv) for t, v in points) / var * 60.0
+
+
+def steady(samples: list[dict[str, Any]], seconds: float, clients: int) -> list[tuple[float, float]]:
+    """``(t, rss_kib)`` after the first 10 % (warm-up) and while every client still holds its ring
+    (the rings' pages count in the server's RSS, so the last clients leaving is not a trend)."""
+    return [(s["t"], s["rss_kib"]) for s in samples if s["t"] >= seconds * 0.1 and s["memfds"] == clients]
 
 
 def main() -> int:
@@ -125,7 +131,7 @@ def main() -> int:
         intervals.append(
             {"from_s": lo, "to_s": hi, "batches": batches, "images_per_s": batches * a.batch_size / a.interval}
         )
-    warm = [(s["t"], s["rss_kib"]) for s in samples if s["t"] >= a.seconds * 0.1]
+    warm = steady(samples, a.seconds, a.clients)
     slope = slope_per_minute(warm)
     slope_all = slope_per_minute([(s["t"], s["rss_kib"]) for s in samples])
     per_client = []
@@ -210,7 +216,7 @@ def summary(r: dict[str, Any], a: argparse.Namespace) -> str:
         f"batches: {r['total_batches']}",
         f"- server RSS: {s['rss_kib']['first']} KiB at the start, {s['rss_kib']['last']} KiB at the end "
         f"(min {s['rss_kib']['min']}, max {s['rss_kib']['max']}); least-squares slope "
-        f"**{s['rss_slope_kib_per_min']:.2f} KiB/min** after the first 10 % "
+        f"**{s['rss_slope_kib_per_min']:.2f} KiB/min** after the first 10 % and while every client ran "
         f"({s['rss_slope_kib_per_min_including_warmup']:.2f} including it)",
         f"- server before clients: {s['before_clients']}",
         f"- server at most during: {s['max_during']}",

@@ -231,7 +231,8 @@ def main() -> None:
                     "seconds_to_wait_under_2pct": None if recovered is None else round(recovered - switch, 2),
                     "timeline": sp["timeline"],
                 }
-                print(f"{tag} speed-up at {switch:.0f} s: wait < 2% after {res['speedup']['seconds_to_wait_under_2pct']} s")
+                took = res["speedup"]["seconds_to_wait_under_2pct"]
+                print(f"{tag} speed-up at {switch:.0f} s: wait < 2% after {took} s")
         finally:
             res["server_log_tail"] = server.close().splitlines()[-40:]
         results["scenarios"][tag] = res

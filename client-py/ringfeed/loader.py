@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -49,6 +50,8 @@ from ._transforms import Flip, Transform
 from ._version import __version__
 
 __all__ = ["Loader"]
+
+log = logging.getLogger("ringfeed")
 
 #: Fields a stream always carries, and the ones it carries on request (ring.md, "Fields a stream
 #: carries"), with each one's dtype and per-sample shape (``None``: the image's, checked apart).
@@ -183,6 +186,34 @@ class Loader:
             ``autotune=False`` (default ``slots``), the starting depth with autotune.
         log_every: every this many batches, print one line to stderr: samples/s, the share of
             time spent waiting for data, and the server's threads and depth for this stream.
+        reconnect: how many times in a row the loader may re-establish a lost stream (see
+            "Losing the server" below); ``0`` (the default) raises ``ServerDiedError`` at once.
+        reconnect_timeout: seconds one re-establishment may take: waiting for a server to listen
+            at ``socket`` again (or for the restarted sidecar), connecting and re-opening.
+
+    Losing the server:
+        When the server's connection closes under the loader (the server was killed, crashed or
+        restarted; ``ServerDiedError``), a loader with ``reconnect=0`` raises at once, never
+        after a timeout, and ``state_dict()`` resumes exactly in a new loader.
+
+        With ``reconnect=N``, the loader instead re-establishes the stream itself, inside the
+        same iteration: it connects again (when the loader may start a sidecar, a dead one is
+        restarted, under the same lock that lets local ranks share one; with an explicit
+        ``socket``, it waits up to ``reconnect_timeout`` seconds for a server to listen there
+        again), re-opens the stream (checking that the dataset still has the same length and
+        batches per epoch) and restarts the epoch at the batch after the last one it delivered.
+        Since batches are a pure function of ``(seed, epoch, batch index)``, the iteration
+        continues as if nothing happened: every sample of the epoch is delivered exactly once.
+        ``N`` bounds the re-establishments in a row without a batch delivered in between, so a
+        server that dies on the same batch every time is reported (``ServerDiedError``, after
+        ``N`` attempts) instead of being restarted for ever. Each one is logged as a warning on
+        the ``ringfeed`` logger and counted in ``stats()["reconnects"]``.
+
+        Not retried: a server that says why it stops (an ``error`` message, e.g. SIGTERM's
+        "shutting down", raised as ``ServerError``), protocol violations, timeouts, a refused
+        ``open`` after reconnecting, and failures in the constructor. CPU batches handed out
+        before the loss stay readable memory but no longer belong to any stream (copy what you
+        keep); in CUDA mode the copies in flight are completed first.
 
     Raises:
         ValueError: a parameter is out of range (the message names it).
@@ -220,6 +251,8 @@ class Loader:
         threads: int | None = None,
         prefetch: int | None = None,
         log_every: int | None = None,
+        reconnect: int = 0,
+        reconnect_timeout: float = 30.0,
     ) -> None:
         # Everything that can be checked without the server is, first.
         self._res = _Stream()
@@ -253,6 +286,8 @@ class Loader:
         self.socket_path = os.fspath(socket) if socket is not None else default_socket_path()
         self._spawn = (socket is None) if spawn is None else _bool("spawn", spawn)
         self._spawn_timeout = _check_timeout("spawn_timeout", spawn_timeout) or 10.0
+        self.reconnect = _int_in("reconnect", reconnect, 0, 1 << 30)
+        self.reconnect_timeout = _check_timeout("reconnect_timeout", reconnect_timeout) or 30.0
         self.device = resolve_device(device)
         self._cuda = self.device != "cpu" and self.device.type == "cuda"
         self._normalizer = None
@@ -285,7 +320,8 @@ class Loader:
         self._yielded: collections.deque[tuple[int, list[weakref.ref[Any]]]] = collections.deque()
         self._broken: BaseException | None = None
         self._closed = False
-        self._stats = {"batches": 0, "wait_s": 0.0, "compute_s": 0.0, "skipped": 0}
+        self._stats = {"batches": 0, "wait_s": 0.0, "compute_s": 0.0, "skipped": 0, "reconnects": 0}
+        self._reconnects_in_row = 0  # re-establishments since the last batch or `end` (see `_recover`)
         self._pending_stats = [0, 0, 0]  # steps, wait_ns, compute_ns since the last `stats` message
         self._stats_sent = time.perf_counter()
         self._log_mark = (time.perf_counter(), 0, 0.0, 0.0)  # time, batches, wait_s, compute_s at the last log line
@@ -486,19 +522,23 @@ class Loader:
         if first >= self.batches_per_epoch:
             # The whole epoch was delivered before the state was saved: nothing is left of it.
             return _nothing()
+        self._run_epoch = self._epoch
+        self._resilient(self._start_run)
+        return self._batches(iteration)
+
+    def _start_run(self) -> None:
+        """Sends ``start`` for the current iteration, from the first batch not yet delivered."""
         conn = self._res.conn
         assert conn is not None
-        self._guard(conn.send, {"type": "start", "epoch": self._epoch, "first_batch": first})
+        self._guard(conn.send, {"type": "start", "epoch": self._run_epoch, "first_batch": self._delivered})
         self._run += 1
-        self._run_epoch = self._epoch
-        self._first = self._next_batch_index = first
-        return self._batches(iteration)
+        self._first = self._next_batch_index = self._delivered
 
     def _batches(self, iteration: int) -> Generator[Any, None, None]:
         batch = None
         try:
             while True:
-                batch = self._guard(self._next, iteration)
+                batch = self._resilient(self._guard, self._next, iteration, resume=True)
                 if batch is None:
                     return
                 yield batch
@@ -527,6 +567,7 @@ class Loader:
                 if got is None:
                     continue
                 batch = self._make_batch(*got)
+                self._reconnects_in_row = 0
                 self._count_step(t0)
                 return batch
             if kind == "end":
@@ -540,6 +581,7 @@ class Loader:
                         f"`end` says epoch {msg['epoch']} with {msg['batches']} batches, but this run delivered "
                         f"{batches} batches of epoch {self._run_epoch}"
                     )
+                self._reconnects_in_row = 0
                 return None  # `skipped` was counted batch by batch, from the slot headers
             raise ProtocolError(f"unexpected `{kind}` message during an epoch")
 
@@ -692,7 +734,10 @@ class Loader:
         if p[0] >= STATS_EVERY or now - self._stats_sent >= STATS_PERIOD:
             conn = self._res.conn
             assert conn is not None
-            conn.send({"type": "stats", "steps": p[0], "wait_ns": p[1], "compute_ns": p[2]})
+            # The batch is already counted as delivered: a server that died since is reported by
+            # the next receive (or recovered from), not here, where the batch would be lost.
+            with contextlib.suppress(ServerDiedError):
+                conn.send({"type": "stats", "steps": p[0], "wait_ns": p[1], "compute_ns": p[2]})
             p[:] = [0, 0, 0]
             self._stats_sent = now
         if self.log_every is not None and self._stats["batches"] % self.log_every == 0:
@@ -722,6 +767,68 @@ class Loader:
         except RingfeedError:
             return None
         return next((s for s in snap["streams"] if s["stream"] == self.stream_id), None)
+
+    # -- losing the server (``reconnect``) ------------------------------------------------------------
+
+    def _resilient(self, fn: Any, *args: Any, resume: bool = False) -> Any:
+        """Runs ``fn``; if the server is lost and ``reconnect`` allows, re-establishes the stream
+        (restarting the run at the first undelivered batch when ``resume``) and runs it again."""
+        while True:
+            try:
+                return fn(*args)
+            except ServerDiedError as e:
+                if self._closed or self._reconnects_in_row >= self.reconnect:
+                    raise
+                self._recover(e)
+                if resume:
+                    self._resilient(self._start_run)
+
+    def _recover(self, cause: ServerDiedError) -> None:
+        """Connects again and re-opens the stream; ``_guard`` has already closed the dead one.
+
+        Retries while nothing listens at the socket (or the new server goes away during the
+        handshake) for up to ``reconnect_timeout`` seconds; any other failure is final. The new
+        connection numbers its runs and ``seq`` from the start.
+        """
+        self._reconnects_in_row += 1
+        log.warning(
+            "lost the ringfeed server at %s (%s); reconnecting (%d of %d in a row), then resuming epoch %d at batch %d",
+            self.socket_path, cause, self._reconnects_in_row, self.reconnect, self._run_epoch, self._delivered,
+        )  # fmt: skip
+        known = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch)
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.02
+        while True:
+            try:
+                self._connect()
+                break
+            except RingfeedError as e:
+                self._res.close()
+                # Plain RingfeedError: nothing listens (yet); ServerDiedError: it went away again.
+                if not (type(e) is RingfeedError or isinstance(e, ServerDiedError)):
+                    raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ServerDiedError(
+                        f"lost the ringfeed server at {self.socket_path} ({cause}), and could not reconnect "
+                        f"within reconnect_timeout={self.reconnect_timeout} s: {e}"
+                    ) from cause
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.25)
+            except BaseException:
+                self._res.close()
+                raise
+        now = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch)
+        if now != known:
+            self._res.close()
+            raise RingfeedError(
+                f"after reconnecting, the dataset {self.path} has (samples, samples per rank, batches per epoch) "
+                f"{now}, not {known}: it changed, so the epoch cannot be resumed"
+            ) from cause
+        self._broken = None
+        self._run = self._last_seq = 0
+        self._pending_stats = [0, 0, 0]
+        self._stats["reconnects"] += 1
 
     # -- epochs, state ------------------------------------------------------------------------------
 

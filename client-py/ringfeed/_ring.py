@@ -257,8 +257,12 @@ def decode_slot_header(buf: Any, at: int = 0, *, batch_size: int | None = None, 
         raise _error(f"the slot header at byte {at} has checksum {stored:#010x}, computed {computed:#010x}")
     if minor == MINOR and any(reserved):
         raise _error(f"the slot header at byte {at} has non-zero reserved bytes")
-    if count < 1 or (batch_size is not None and count > batch_size):
-        raise _error(f"the slot header at byte {at} has count {count}, outside 1..={batch_size}")
+    if count + skipped < 1 or (batch_size is not None and count > batch_size):
+        # count 0 is a batch whose every sample was skipped (ring.md, "Slot header").
+        raise _error(
+            f"the slot header at byte {at} has count {count} (skipped {skipped}), outside 0..={batch_size} "
+            f"or with nothing skipped"
+        )
     return SlotHeader(seq, run, epoch, batch, count, skipped)
 
 

@@ -632,6 +632,13 @@ class Loader:
                 f"{self._next_batch_index} of epoch {self._run_epoch}"
             )
         self._next_batch_index += 1
+        if header.count == 0:
+            # Every sample was skipped (on_error="skip"): the batch counts as delivered, for
+            # state_dict() and `end`, but there is nothing to hand out.
+            self._delivered += 1
+            self._stats["skipped"] += header.skipped
+            res.release(slot)
+            return None
         return slot, header
 
     def _make_batch(self, slot: int, header: Any) -> Any:

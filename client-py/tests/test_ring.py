@@ -195,12 +195,23 @@ def test_slot_header_crc_mismatch_is_refused(built: Built, offset: int, what: st
 
 @pytest.mark.parametrize("count", [0, 3])
 def test_slot_header_count_out_of_range(built: Built, count: int) -> None:
-    """A slot's count must lie in 1..=batch_size."""
+    """A slot's count must lie in 0..=batch_size, and 0 only when samples were skipped."""
     built.write(built.slot_at(0), bytes(slot_header(seq=1, run=1, epoch=0, batch=0, count=count)))
     seg = open_segment(built)
     try:
-        with pytest.raises(ProtocolError, match=f"count {count}, outside 1..=2"):
+        with pytest.raises(ProtocolError, match=f"count {count} \\(skipped 0\\), outside 0..=2"):
             seg.slot_header(0)
+    finally:
+        seg.close()
+
+
+def test_slot_header_of_a_batch_whose_every_sample_was_skipped(built: Built) -> None:
+    """count 0 with skipped samples is an empty batch (ring.md, "Slot header")."""
+    built.write(built.slot_at(0), bytes(slot_header(seq=1, run=1, epoch=0, batch=0, count=0, skipped=2)))
+    seg = open_segment(built)
+    try:
+        h = seg.slot_header(0)
+        assert (h.count, h.skipped) == (0, 2)
     finally:
         seg.close()
 

@@ -251,3 +251,13 @@ def test_corrupt_samples_raise_or_are_skipped(tmp_path: Path, sock: str) -> None
         seen = [i for b in epoch(ld) for i in b["index"].tolist()]
         assert seen == [0, 1, 2, 3, 4, 6, 7]
         assert ld.stats()["skipped"] == 1
+    # A batch whose every sample fails: nothing of it is handed out, but it counts as delivered,
+    # so the numbering of the next batches and the resume point stay those of the epoch.
+    with loader(tmp_path / "ds", sock, batch_size=1, shuffle=False, on_error="skip") as ld:
+        seen = [i for b in epoch(ld) for i in b["index"].tolist()]
+        assert seen == [0, 1, 2, 3, 4, 6, 7]
+        assert ld.stats()["skipped"] == 1
+        assert ld.state_dict()["batches_delivered"] == 8
+        # Resuming after the empty batch starts at the right place.
+        ld.load_state_dict({**ld.state_dict(), "batches_delivered": 5})
+        assert [b["index"].tolist() for b in epoch(ld)] == [[6], [7]]

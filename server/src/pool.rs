@@ -390,7 +390,18 @@ mod tests {
     use super::*;
 
     fn stream(id: u64, threads: u32) -> Arc<StreamStats> {
-        Arc::new(StreamStats::new(id, 1, format!("d{id}"), 8, 4, true, None, None, threads, 2))
+        Arc::new(StreamStats::new(
+            id,
+            1,
+            format!("d{id}"),
+            8,
+            4,
+            true,
+            None,
+            None,
+            threads,
+            2,
+        ))
     }
 
     #[test]

@@ -611,11 +611,11 @@ async fn open_source(
     .await
     .map_err(|e| (ErrorCode::Internal, e.to_string()))?
     .map_err(dataset_err)?;
-    shared
-        .sources
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, Arc::downgrade(&opened));
+    let mut sources = shared.sources.lock().unwrap_or_else(|p| p.into_inner());
+    // Entries of datasets no stream holds any more go, so the map stays as small as the open set
+    // (clients choose the keys).
+    sources.retain(|_, w| w.strong_count() > 0);
+    sources.insert(key, Arc::downgrade(&opened));
     Ok(opened)
 }
 
@@ -843,10 +843,8 @@ impl StreamState {
                 stats.samples.fetch_add(u64::from(count), Ordering::Relaxed);
                 stats.batches.fetch_add(1, Ordering::Relaxed);
             }
-            if count == 0 {
-                self.slots[slot as usize] = Slot::Free;
-                continue;
-            }
+            // A batch whose every sample was skipped is still announced, with count 0, so the
+            // client's batch numbering (and its resume point) stays that of the epoch.
             self.seq += 1;
             let header = SlotHeader {
                 seq: self.seq,

@@ -50,7 +50,7 @@ use fast_image_resize::Resizer;
 pub use geometry::{random_resized_crop_params, resize_shorter};
 pub use rng::SampleRng;
 
-use crate::codec::{CodecError, Decoder, Limits, Rect};
+use crate::codec::{CodecError, Decoder, JpegTuning, Limits, Rect};
 use geometry::{center_axis, round_py};
 use write::{BoxF, Dst, Src};
 
@@ -241,6 +241,10 @@ pub struct Options {
     /// faster only for large sources, and its pixels differ from torchvision's (a different
     /// prefilter).
     pub dct_scaling: bool,
+    /// libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` (see [`JpegTuning`]). Default `false`.
+    pub fast_upsample: bool,
+    /// libjpeg-turbo's `TJPARAM_FASTDCT` (see [`JpegTuning`]). Default `false`.
+    pub fast_dct: bool,
 }
 
 impl Default for Options {
@@ -248,6 +252,17 @@ impl Default for Options {
         Options {
             region_decode: true,
             dct_scaling: false,
+            fast_upsample: false,
+            fast_dct: false,
+        }
+    }
+}
+
+impl Options {
+    fn jpeg_tuning(&self) -> JpegTuning {
+        JpegTuning {
+            fast_upsample: self.fast_upsample,
+            fast_dct: self.fast_dct,
         }
     }
 }
@@ -434,8 +449,10 @@ impl Processor {
 
     /// A processor decoding under `limits`, with `options`.
     pub fn with_options(limits: Limits, options: Options) -> Result<Self, CodecError> {
+        let mut decoder = Decoder::new(limits)?;
+        decoder.set_jpeg_tuning(options.jpeg_tuning())?;
         Ok(Processor {
-            decoder: Decoder::new(limits)?,
+            decoder,
             resizer: Resizer::new(),
             pixels: Vec::new(),
             hwc: Vec::new(),
@@ -448,9 +465,12 @@ impl Processor {
         self.options
     }
 
-    /// Changes the options for the following samples.
-    pub fn set_options(&mut self, options: Options) {
+    /// Changes the options for the following samples. Fails only if libjpeg-turbo cannot
+    /// allocate a handle.
+    pub fn set_options(&mut self, options: Options) -> Result<(), CodecError> {
+        self.decoder.set_jpeg_tuning(options.jpeg_tuning())?;
         self.options = options;
+        Ok(())
     }
 
     /// Decodes `data`, applies `t` with random numbers from `rng`, and writes the
@@ -497,7 +517,7 @@ impl Processor {
             };
             let d = self
                 .decoder
-                .decode_region_rgb8(data, plan.want, denom, &mut self.pixels)?;
+                .decode_region_into(data, plan.want, denom, &mut self.pixels)?;
             (d.rect, d.scale_denom)
         } else {
             let d = self.decoder.decode_rgb8(data, &mut self.pixels)?;
@@ -529,7 +549,7 @@ impl Processor {
             height: plan.sample.height / df,
         };
         let src = Src {
-            pixels: &self.pixels,
+            pixels: &self.pixels[..rect.width as usize * rect.height as usize * 3],
             size: (rect.width, rect.height),
             bounds,
         };

@@ -22,7 +22,7 @@ fn processor(region_decode: bool) -> Processor {
         Limits::default(),
         Options {
             region_decode,
-            dct_scaling: false,
+            ..Options::default()
         },
     )
     .unwrap()
@@ -727,8 +727,8 @@ fn dct_scaling_stays_close() {
     let mut scaled = Processor::with_options(
         Limits::default(),
         Options {
-            region_decode: true,
             dct_scaling: true,
+            ..Options::default()
         },
     )
     .unwrap();

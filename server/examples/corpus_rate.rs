@@ -12,9 +12,15 @@
 //! - `decode`: full libjpeg-turbo decode to RGB;
 //! - `rrc`: `Processor` with default [`Options`] (what the server runs);
 //! - `rrc-full`: the reference path, every image decoded whole (`region_decode: false`);
-//! - `rrc-dct`: DCT-domain downscaling allowed (`dct_scaling: true`);
+//! - `rrc-dct`: DCT-domain downscaling allowed (`dct_scaling: true`, default headroom 2);
+//!   `rrc-dct1`: the same with `dct_headroom: 1` (scale whenever the box is `d` times the output);
 //! - `rrc-fastup`, `rrc-fastdct`: libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` / `TJPARAM_FASTDCT`;
 //! - `rrc-noflip` / `rrc-flip`: the same crops as `rrc`, never / always flipped.
+//!
+//!
+//! `DIR psnr MODES` instead compares the output of each `rrc*` mode with `rrc-full` (the exact
+//! reference, a full decode), image by image over the same crops and flips, and prints the
+//! PSNR of the pooled error, the worst image and the number of images that differ at all.
 //!
 //! Files are read into memory first, so the rate is CPU work only. Each thread warms up on its
 //! first 32 files before the clock starts. Prints one JSON object per (rep, mode), with the
@@ -98,6 +104,14 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
             },
             0.5,
         ),
+        "rrc-dct1" => (
+            Options {
+                dct_scaling: true,
+                dct_headroom: 1,
+                ..base
+            },
+            0.5,
+        ),
         "rrc-fastup" => (
             Options {
                 fast_upsample: true,
@@ -105,13 +119,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
             },
             0.5,
         ),
-        "rrc-fastdct" => (
-            Options {
-                fast_dct: true,
-                ..base
-            },
-            0.5,
-        ),
+        "rrc-fastdct" => (Options { fast_dct: true, ..base }, 0.5),
         "rrc-noflip" => (base, 0.0),
         "rrc-flip" => (base, 1.0),
         _ => return None,
@@ -174,6 +182,48 @@ fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, 
     })
 }
 
+/// PSNR of each mode's output against `rrc-full`, over every file.
+fn psnr(files: &[Vec<u8>], modes: &[String]) {
+    let t = Transform::random_resized_crop((224, 224));
+    let (reference, _) = rrc_mode("rrc-full").expect("reference mode");
+    let mut exact = Processor::with_options(Limits::default(), reference).expect("processor");
+    let mut want = vec![0u8; t.output_len()];
+    let mut got = vec![0u8; t.output_len()];
+    for mode in modes {
+        let (options, _) = rrc_mode(mode).unwrap_or_else(|| panic!("unknown mode {mode:?}"));
+        let mut p = Processor::with_options(Limits::default(), options).expect("processor");
+        let (mut se, mut n, mut worst, mut differ) = (0.0f64, 0usize, f64::INFINITY, 0usize);
+        for (i, data) in files.iter().enumerate() {
+            let a = exact.process(data, &t, &mut SampleRng::new(0, 0, i as u64), Layout::Nhwc, &mut want);
+            let b = p.process(data, &t, &mut SampleRng::new(0, 0, i as u64), Layout::Nhwc, &mut got);
+            if a.is_err() || b.is_err() {
+                continue;
+            }
+            let e: f64 = want
+                .iter()
+                .zip(&got)
+                .map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2))
+                .sum();
+            se += e;
+            n += want.len();
+            if e > 0.0 {
+                differ += 1;
+                worst = worst.min(10.0 * (255.0f64.powi(2) * want.len() as f64 / e).log10());
+            }
+        }
+        let pooled = if se == 0.0 {
+            f64::INFINITY
+        } else {
+            10.0 * (255.0f64.powi(2) * n as f64 / se).log10()
+        };
+        println!(
+            "{}",
+            serde_json::json!({"psnr_vs": "rrc-full", "mode": mode, "pooled_db": pooled.min(999.0),
+                "worst_image_db": worst.min(999.0), "images_differing": differ, "files": files.len()})
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = PathBuf::from(
@@ -186,12 +236,28 @@ fn main() {
         .split(',')
         .map(str::to_owned)
         .collect();
-    let threads: usize = args.get(3).map_or(1, |t| t.parse().expect("THREADS"));
-    let passes: usize = args.get(4).map_or(2, |t| t.parse().expect("PASSES"));
-    let reps: usize = args.get(5).map_or(1, |t| t.parse().expect("REPS"));
+    let is_psnr = args.get(2).is_some_and(|m| m == "psnr");
+    let number = |i: usize, default: usize, what: &str| -> usize {
+        match args.get(i) {
+            Some(v) if !is_psnr => v.parse().expect(what),
+            _ => default,
+        }
+    };
+    let threads = number(3, 1, "THREADS");
+    let passes = number(4, 2, "PASSES");
+    let reps = number(5, 1, "REPS");
     let mut paths = Vec::new();
     images(&dir, &mut paths);
     let files: Vec<Vec<u8>> = paths.iter().map(|p| std::fs::read(p).expect("readable file")).collect();
+    if modes == ["psnr"] {
+        let compare: Vec<String> = args
+            .get(3)
+            .map_or("rrc,rrc-dct,rrc-dct1,rrc-fastup,rrc-fastdct", String::as_str)
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        return psnr(&files, &compare);
+    }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for rep in 0..reps {
         for (m, mode) in modes.iter().enumerate() {

@@ -241,6 +241,12 @@ pub struct Options {
     /// faster only for large sources, and its pixels differ from torchvision's (a different
     /// prefilter).
     pub dct_scaling: bool,
+    /// With [`Options::dct_scaling`]: the downscale factor that must remain for the resampler
+    /// after the DCT scaling, in both dimensions (at least 1). A denominator `d` is used only
+    /// when the sampled box is at least `d * dct_headroom` times the output. Default 2: the
+    /// antialiasing filter still averages over at least two decoded pixels per output pixel,
+    /// so the DCT's own (box-like) downscale is only a prefilter.
+    pub dct_headroom: u32,
     /// libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` (see [`JpegTuning`]). Default `false`.
     pub fast_upsample: bool,
     /// libjpeg-turbo's `TJPARAM_FASTDCT` (see [`JpegTuning`]). Default `false`.
@@ -252,6 +258,7 @@ impl Default for Options {
         Options {
             region_decode: true,
             dct_scaling: false,
+            dct_headroom: 2,
             fast_upsample: false,
             fast_dct: false,
         }
@@ -386,13 +393,13 @@ impl Plan {
         }
     }
 
-    /// The largest DCT scaling denominator (8, 4, 2) that keeps the sampled box at least as
-    /// large as the output part it fills, or 1.
-    fn scale_denom(&self) -> u32 {
+    /// The largest DCT scaling denominator (8, 4, 2) that keeps the sampled box at least
+    /// `headroom` times as large as the output part it fills, or 1.
+    fn scale_denom(&self, headroom: u32) -> u32 {
         [8, 4, 2]
             .into_iter()
             .find(|&d| {
-                let d = f64::from(d);
+                let d = f64::from(d) * f64::from(headroom.max(1));
                 self.sample.width >= d * f64::from(self.dst.width)
                     && self.sample.height >= d * f64::from(self.dst.height)
             })
@@ -511,7 +518,7 @@ impl Processor {
         // Decode: the plan's rectangle, or the whole image.
         let (rect, denom) = if self.options.region_decode {
             let denom = if self.options.dct_scaling {
-                plan.scale_denom()
+                plan.scale_denom(self.options.dct_headroom)
             } else {
                 1
             };

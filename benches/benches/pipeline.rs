@@ -5,6 +5,8 @@
 //! - `decode/region`: decode of a 60 %-area crop only (`tj3SetCroppingRegion`);
 //! - `resize/crop_to_224`: fast_image_resize of a decoded crop to 224x224, antialiased bilinear;
 //! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
+//! - `transform/rrc224_large_{exact,dct}`: the same on 2000x1500 sources, exact and with DCT scaling
+//!   (`Options::dct_scaling`, default headroom 2), the only sources where it can engage;
 //! - `ring/handoff`: writing a batch of 256 224x224x3 samples and the slot header into a
 //!   pre-faulted ring slot (what the hand-off costs beyond the decode).
 //!
@@ -13,7 +15,7 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fast_image_resize as fr;
 use ringfeed::codec::{Decoder, Limits, Rect};
-use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
+use ringfeed::ops::{Layout, Options, Processor, SampleRng, Transform};
 use ringfeed::ring::{DType, FieldSpec, RingLayout, Segment, SlotHeader};
 
 const W: usize = 500;
@@ -21,12 +23,17 @@ const H: usize = 375;
 
 /// Seeded JPEGs with gradients, shapes and noise (about 3 bits per pixel).
 fn corpus(n: u64) -> Vec<Vec<u8>> {
+    corpus_sized(n, W, H)
+}
+
+/// [`corpus`] at another size (the disc stays where it is).
+fn corpus_sized(n: u64, w: usize, h: usize) -> Vec<Vec<u8>> {
     (0..n)
         .map(|seed| {
             let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut px = Vec::with_capacity(W * H * 3);
-            for y in 0..H {
-                for x in 0..W {
+            let mut px = Vec::with_capacity(w * h * 3);
+            for y in 0..h {
+                for x in 0..w {
                     state ^= state << 13;
                     state ^= state >> 7;
                     state ^= state << 17;
@@ -39,9 +46,9 @@ fn corpus(n: u64) -> Vec<Vec<u8>> {
             }
             let img = turbojpeg::Image {
                 pixels: &px[..],
-                width: W,
-                pitch: W * 3,
-                height: H,
+                width: w,
+                pitch: w * 3,
+                height: h,
                 format: turbojpeg::PixelFormat::RGB,
             };
             turbojpeg::compress(img, 90, turbojpeg::Subsamp::Sub2x2)
@@ -121,6 +128,27 @@ fn benches(c: &mut Criterion) {
             }
         })
     });
+    let large = corpus_sized(4, 2000, 1500);
+    for (name, dct_scaling) in [("rrc224_large_exact", false), ("rrc224_large_dct", true)] {
+        let options = Options {
+            dct_scaling,
+            ..Options::default()
+        };
+        let mut processor = Processor::with_options(Limits::default(), options).expect("processor");
+        let mut epoch = 0u64;
+        g.throughput(Throughput::Elements(large.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                epoch += 1;
+                for (i, f) in large.iter().enumerate() {
+                    let mut rng = SampleRng::new(0, epoch, i as u64);
+                    processor
+                        .process(f, &t, &mut rng, Layout::Nhwc, &mut out)
+                        .expect("transforms");
+                }
+            })
+        });
+    }
     g.finish();
 
     let mut g = c.benchmark_group("ring");

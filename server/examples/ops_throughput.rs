@@ -138,11 +138,11 @@ fn main() {
     let fast = Options::default();
     let full = Options {
         region_decode: false,
-        dct_scaling: false,
+        ..Options::default()
     };
     let scaled = Options {
-        region_decode: true,
         dct_scaling: true,
+        ..Options::default()
     };
     let rows: [Row<'_>; 10] = [
         (

@@ -210,6 +210,17 @@ pub struct RegionDecoded {
     pub scale_denom: u32,
 }
 
+/// libjpeg-turbo's speed/accuracy switches for JPEG decoding ([`Decoder::set_jpeg_tuning`]).
+/// Both off by default: then pixels equal Pillow's decode (same library, same defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JpegTuning {
+    /// `TJPARAM_FASTUPSAMPLE`: nearest-neighbour chroma upsampling (merged with the colour
+    /// conversion) instead of the triangle ("fancy") filter.
+    pub fast_upsample: bool,
+    /// `TJPARAM_FASTDCT`: the fast integer IDCT (`JDCT_IFAST`) instead of the accurate one.
+    pub fast_dct: bool,
+}
+
 /// Options of [`Decoder::reencode_jpeg`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reencode {
@@ -344,6 +355,11 @@ impl Decoder {
         })
     }
 
+    /// Sets libjpeg-turbo's speed/accuracy switches for the following JPEG decodes.
+    pub fn set_jpeg_tuning(&mut self, tuning: JpegTuning) -> Result<(), CodecError> {
+        self.tj.set_tuning(tuning)
+    }
+
     /// The limits this decoder enforces.
     pub fn limits(&self) -> Limits {
         self.limits
@@ -388,6 +404,21 @@ impl Decoder {
     /// A sequential JPEG is read only down to the region's last row: damage below it is not
     /// seen, except truncation (the file must have an EOI marker after its scan data).
     pub fn decode_region_rgb8(
+        &mut self,
+        data: &[u8],
+        want: Rect,
+        scale_denom: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<RegionDecoded, CodecError> {
+        let d = self.decode_region_into(data, want, scale_denom, out)?;
+        out.truncate(d.rect.width as usize * d.rect.height as usize * 3);
+        Ok(d)
+    }
+
+    /// [`Decoder::decode_region_rgb8`], except that `out` is only ever grown: the pixels are
+    /// its first `rect.width * rect.height * 3` bytes and whatever follows is stale. A buffer
+    /// reused across samples then never has bytes zeroed that the decoder overwrites anyway.
+    pub fn decode_region_into(
         &mut self,
         data: &[u8],
         want: Rect,

@@ -50,7 +50,7 @@ use fast_image_resize::Resizer;
 pub use geometry::{random_resized_crop_params, resize_shorter};
 pub use rng::SampleRng;
 
-use crate::codec::{CodecError, Decoder, Limits, Rect};
+use crate::codec::{CodecError, Decoder, JpegTuning, Limits, Rect};
 use geometry::{center_axis, round_py};
 use write::{BoxF, Dst, Src};
 
@@ -241,6 +241,16 @@ pub struct Options {
     /// faster only for large sources, and its pixels differ from torchvision's (a different
     /// prefilter).
     pub dct_scaling: bool,
+    /// With [`Options::dct_scaling`]: the downscale factor that must remain for the resampler
+    /// after the DCT scaling, in both dimensions (at least 1). A denominator `d` is used only
+    /// when the sampled box is at least `d * dct_headroom` times the output. Default 2: the
+    /// antialiasing filter still averages over at least two decoded pixels per output pixel,
+    /// so the DCT's own (box-like) downscale is only a prefilter.
+    pub dct_headroom: u32,
+    /// libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` (see [`JpegTuning`]). Default `false`.
+    pub fast_upsample: bool,
+    /// libjpeg-turbo's `TJPARAM_FASTDCT` (see [`JpegTuning`]). Default `false`.
+    pub fast_dct: bool,
 }
 
 impl Default for Options {
@@ -248,6 +258,18 @@ impl Default for Options {
         Options {
             region_decode: true,
             dct_scaling: false,
+            dct_headroom: 2,
+            fast_upsample: false,
+            fast_dct: false,
+        }
+    }
+}
+
+impl Options {
+    fn jpeg_tuning(&self) -> JpegTuning {
+        JpegTuning {
+            fast_upsample: self.fast_upsample,
+            fast_dct: self.fast_dct,
         }
     }
 }
@@ -371,13 +393,13 @@ impl Plan {
         }
     }
 
-    /// The largest DCT scaling denominator (8, 4, 2) that keeps the sampled box at least as
-    /// large as the output part it fills, or 1.
-    fn scale_denom(&self) -> u32 {
+    /// The largest DCT scaling denominator (8, 4, 2) that keeps the sampled box at least
+    /// `headroom` times as large as the output part it fills, or 1.
+    fn scale_denom(&self, headroom: u32) -> u32 {
         [8, 4, 2]
             .into_iter()
             .find(|&d| {
-                let d = f64::from(d);
+                let d = f64::from(d) * f64::from(headroom.max(1));
                 self.sample.width >= d * f64::from(self.dst.width)
                     && self.sample.height >= d * f64::from(self.dst.height)
             })
@@ -434,8 +456,10 @@ impl Processor {
 
     /// A processor decoding under `limits`, with `options`.
     pub fn with_options(limits: Limits, options: Options) -> Result<Self, CodecError> {
+        let mut decoder = Decoder::new(limits)?;
+        decoder.set_jpeg_tuning(options.jpeg_tuning())?;
         Ok(Processor {
-            decoder: Decoder::new(limits)?,
+            decoder,
             resizer: Resizer::new(),
             pixels: Vec::new(),
             hwc: Vec::new(),
@@ -448,9 +472,12 @@ impl Processor {
         self.options
     }
 
-    /// Changes the options for the following samples.
-    pub fn set_options(&mut self, options: Options) {
+    /// Changes the options for the following samples. Fails only if libjpeg-turbo cannot
+    /// allocate a handle.
+    pub fn set_options(&mut self, options: Options) -> Result<(), CodecError> {
+        self.decoder.set_jpeg_tuning(options.jpeg_tuning())?;
         self.options = options;
+        Ok(())
     }
 
     /// Decodes `data`, applies `t` with random numbers from `rng`, and writes the
@@ -491,13 +518,13 @@ impl Processor {
         // Decode: the plan's rectangle, or the whole image.
         let (rect, denom) = if self.options.region_decode {
             let denom = if self.options.dct_scaling {
-                plan.scale_denom()
+                plan.scale_denom(self.options.dct_headroom)
             } else {
                 1
             };
             let d = self
                 .decoder
-                .decode_region_rgb8(data, plan.want, denom, &mut self.pixels)?;
+                .decode_region_into(data, plan.want, denom, &mut self.pixels)?;
             (d.rect, d.scale_denom)
         } else {
             let d = self.decoder.decode_rgb8(data, &mut self.pixels)?;
@@ -529,7 +556,7 @@ impl Processor {
             height: plan.sample.height / df,
         };
         let src = Src {
-            pixels: &self.pixels,
+            pixels: &self.pixels[..rect.width as usize * rect.height as usize * 3],
             size: (rect.width, rect.height),
             bounds,
         };

@@ -85,17 +85,23 @@ pub(super) fn resample(resizer: &mut Resizer, src: Src<'_>, sample: BoxF, dst: D
 }
 
 /// Mirrors every row of the packed RGB8 image `image` (`width` pixels per row) in place.
+///
+/// One pass that swaps pixel `x` with pixel `width - 1 - x` (a middle pixel stays); the
+/// earlier `reverse()` of the bytes plus a channel swap per pixel walked the image twice and
+/// cost 2.2 % of a RandomResizedCrop's instructions.
 pub(super) fn flip_rows(image: &mut [u8], width: usize) {
     let row_len = width * 3;
     if row_len == 0 {
         return;
     }
+    let half = width / 2 * 3;
     for row in image.chunks_exact_mut(row_len) {
-        // Reversing the bytes reverses the pixel order and each pixel's channel order; undo
-        // the latter.
-        row.reverse();
-        for px in row.chunks_exact_mut(3) {
-            px.swap(0, 2);
+        let (left, rest) = row.split_at_mut(half);
+        let right = &mut rest[row_len - 2 * half..];
+        for (a, b) in left.chunks_exact_mut(3).zip(right.rchunks_exact_mut(3)) {
+            let t = [a[0], a[1], a[2]];
+            a.copy_from_slice(b);
+            b.copy_from_slice(&t);
         }
     }
 }
@@ -144,6 +150,18 @@ mod tests {
         flip_rows(&mut img, 3);
         assert_eq!(img, [7, 8, 9, 4, 5, 6, 1, 2, 3, 16, 17, 18, 13, 14, 15, 10, 11, 12]);
         flip_rows(&mut img[..0], 0);
+        // Even and odd widths, against a plain per-pixel reference.
+        for w in 1..9 {
+            let src = ramp(w, 2);
+            let mut img = src.clone();
+            flip_rows(&mut img, w);
+            for y in 0..2 {
+                for x in 0..w {
+                    let (d, s) = ((y * w + x) * 3, (y * w + w - 1 - x) * 3);
+                    assert_eq!(img[d..d + 3], src[s..s + 3], "w={w}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -358,8 +358,10 @@ fn write_sample(
         .process(sample.data, &ctx.transform, &mut rng, ctx.layout, out)
         .map_err(|e| (key(), e.to_string()))?;
     let t1 = Instant::now();
-    // TODO(stage split): the processor reports decode and transform together until it times them.
-    times[Stage::Decode as usize] = (t1 - t0).as_nanos() as u64;
+    let total = (t1 - t0).as_nanos() as u64;
+    let decode = processor.last_decode_ns().min(total);
+    times[Stage::Decode as usize] = decode;
+    times[Stage::Transform as usize] = total - decode;
     // SAFETY: for each `put`, this job owns sample `pos` of the FILLING slot, as above.
     unsafe {
         put(task, &ctx.label, job.pos, &sample.label.to_le_bytes());

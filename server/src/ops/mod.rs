@@ -284,6 +284,8 @@ pub struct Processor {
     /// The resampled image in HWC order, staged here for an NCHW output.
     hwc: Vec<u8>,
     options: Options,
+    /// Nanoseconds the last `process` spent decoding (the rest was the transform).
+    decode_ns: u64,
 }
 
 impl std::fmt::Debug for Processor {
@@ -463,6 +465,7 @@ impl Processor {
             resizer: Resizer::new(),
             pixels: Vec::new(),
             hwc: Vec::new(),
+            decode_ns: 0,
             options,
         })
     }
@@ -482,6 +485,12 @@ impl Processor {
 
     /// Decodes `data`, applies `t` with random numbers from `rng`, and writes the
     /// `height * width * 3` bytes of the result into `out` in `layout`. Returns the crop taken.
+    /// Nanoseconds the last [`process`](Self::process) spent decoding (header probe excluded);
+    /// the rest of its time was the transform. For the per-stage times of `snapshot`.
+    pub fn last_decode_ns(&self) -> u64 {
+        self.decode_ns
+    }
+
     pub fn process(
         &mut self,
         data: &[u8],
@@ -516,6 +525,7 @@ impl Processor {
         let plan = Plan::new(t, width, height, rng);
 
         // Decode: the plan's rectangle, or the whole image.
+        let started = std::time::Instant::now();
         let (rect, denom) = if self.options.region_decode {
             let denom = if self.options.dct_scaling {
                 plan.scale_denom(self.options.dct_headroom)
@@ -530,6 +540,7 @@ impl Processor {
             let d = self.decoder.decode_rgb8(data, &mut self.pixels)?;
             (Rect::full(d.width, d.height), 1)
         };
+        self.decode_ns = started.elapsed().as_nanos() as u64;
         let df = f64::from(denom);
 
         // Everything relative to the decoded rectangle, at its scale.

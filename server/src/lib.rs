@@ -9,6 +9,7 @@
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
 //! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
 //!   LMDB read in place ([`source::lmdb`]).
+//! - [`fault`]: SIGBUS on a mapped file that changed on disk becomes an error naming the file.
 //! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
 //! - [`ops`]: per-sample transforms (RandomResizedCrop, Resize + CenterCrop, Resize) decoded
 //!   by region and written straight into the caller's output buffer.
@@ -18,6 +19,7 @@
 
 pub mod codec;
 pub mod control;
+pub mod fault;
 pub mod inspect;
 pub mod observe;
 pub mod ops;

@@ -119,6 +119,18 @@ pub enum ShardError {
     Corrupt { path: PathBuf, offset: u64, detail: String },
     #[error("sample {index} is out of range: {} has {len} samples", dir.display())]
     OutOfRange { dir: PathBuf, index: u64, len: u64 },
+    /// A mapped file changed on disk after it was opened: reading it raised SIGBUS (see
+    /// [`crate::fault`]). `offset` is where the first fault in the file happened.
+    #[error(
+        "{} at byte {offset}: the file changed on disk after it was opened, reading it failed (SIGBUS) while reading {what}; {now}. Re-pack or restore the dataset, then open it again (a server keeps the open dataset until every stream reading it has ended)",
+        path.display()
+    )]
+    Changed {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+        now: String,
+    },
 }
 
 impl ShardError {
@@ -130,7 +142,7 @@ impl ShardError {
             ShardError::BadMagic { .. } => "bad_magic",
             ShardError::UnsupportedVersion { .. } => "unsupported_version",
             ShardError::Checksum { .. } => "checksum",
-            ShardError::Truncated { .. } => "truncated",
+            ShardError::Truncated { .. } | ShardError::Changed { .. } => "truncated",
             ShardError::Corrupt { .. } => "corrupt",
             ShardError::OutOfRange { .. } => "out_of_range",
         }
@@ -145,7 +157,8 @@ impl ShardError {
             | ShardError::UnsupportedVersion { path, offset, .. }
             | ShardError::Checksum { path, offset, .. }
             | ShardError::Truncated { path, offset, .. }
-            | ShardError::Corrupt { path, offset, .. } => (Some(path), Some(*offset)),
+            | ShardError::Corrupt { path, offset, .. }
+            | ShardError::Changed { path, offset, .. } => (Some(path), Some(*offset)),
         }
     }
 

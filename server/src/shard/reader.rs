@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use crate::fault::Watch;
+
 use super::{
     CLASS_ENTRY_LEN, ClassEntry, INDEX_FILE, INDEX_FOOTER_LEN, INDEX_HEADER_LEN, IndexFooter, IndexHeader,
     RECORD_ENTRY_LEN, RecordEntry, SAMPLE_ENTRY_LEN, SHARD_ENTRY_LEN, SHARD_FOOTER_LEN, SHARD_HEADER_LEN, SampleEntry,
@@ -23,7 +25,12 @@ use super::{
 /// The bytes of one file: mapped, or held in memory (for fuzzing and tests).
 #[derive(Debug)]
 pub(crate) enum Backing {
-    Map(Mmap),
+    /// A mapped file. The watch is declared first so that it is dropped (unregistered) before
+    /// the map is unmapped.
+    Map {
+        watch: Option<Watch>,
+        map: Mmap,
+    },
     Owned(Vec<u8>),
 }
 
@@ -31,7 +38,7 @@ impl std::ops::Deref for Backing {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            Backing::Map(m) => m,
+            Backing::Map { map, .. } => map,
             Backing::Owned(v) => v,
         }
     }
@@ -51,12 +58,49 @@ impl Mapped {
         // immutable once `pack` has renamed it into place; every access below is bounds-checked
         // against the length the file had when it was mapped. If another process truncates the
         // file anyway, touching the lost pages raises SIGBUS: that hazard is inherent to mmap and
-        // is what `ringfeed verify` and the record CRCs exist to detect before training.
+        // is what `ringfeed verify` and the record CRCs exist to detect before training, and
+        // what the watch below turns into an error where the SIGBUS handler is installed.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ShardError::io(path, e))?;
+        // SAFETY: the map is read-only, page-aligned, and unmapped only after the watch is
+        // dropped (`Backing::Map` declares the watch first). Every reader of these bytes checks
+        // `Mapped::fault` before trusting them (`PackedSource`; `verify` and `inspect` run
+        // without the handler installed, where a SIGBUS stays fatal as before).
+        let watch = (!map.is_empty()).then(|| unsafe { Watch::register(map.as_ptr(), map.len(), 0) });
         Ok(Mapped {
             path: path.to_owned(),
-            map: Backing::Map(map),
+            map: Backing::Map { watch, map },
         })
+    }
+
+    /// The file offset of the first SIGBUS in this mapping, if the file changed on disk after
+    /// it was mapped (see [`crate::fault`]).
+    pub(crate) fn fault(&self) -> Option<u64> {
+        match &self.map {
+            Backing::Map { watch: Some(w), .. } => w.fault(),
+            _ => None,
+        }
+    }
+
+    /// The error for a mapping that faulted at `offset`; `what` says what was being read.
+    pub(crate) fn changed(&self, offset: u64, what: String) -> ShardError {
+        let was = self.len();
+        let now = match std::fs::metadata(&self.path) {
+            Ok(m) if m.len() < was => format!(
+                "the file is now {} bytes, it had {was} when opened (truncated)",
+                m.len()
+            ),
+            Ok(m) if m.len() == was => format!(
+                "the file still has its {was} bytes (it was truncated and rewritten, or could not be read: an i/o error?)"
+            ),
+            Ok(m) => format!("the file is now {} bytes, it had {was} when opened", m.len()),
+            Err(e) => format!("the file cannot be read any more ({e})"),
+        };
+        ShardError::Changed {
+            path: self.path.clone(),
+            offset,
+            what,
+            now,
+        }
     }
 
     pub(crate) fn len(&self) -> u64 {
@@ -464,6 +508,35 @@ impl Dataset {
             });
         }
         Ok(s)
+    }
+
+    /// Checks that the files sample `i` was read from did not change on disk since they were
+    /// mapped (see [`crate::fault`]): the index, and the shard of `sample` (every shard when the
+    /// lookup failed and `sample` is `None`). Call it after the sample's bytes have been used:
+    /// bytes read after a fault are zeros, not the file's. A file that faulted fails every later
+    /// check, so no sample of it is served again.
+    pub fn check_faults(&self, i: u64, sample: Option<&PackedSample<'_>>) -> Result<(), ShardError> {
+        if let Some(at) = self.index.fault() {
+            return Err(self.index.changed(at, format!("the index entry of sample {i}")));
+        }
+        let check = |shard: &Shard, what: &dyn Fn() -> String| match shard.file.fault() {
+            Some(at) => Err(shard.file.changed(at, what())),
+            None => Ok(()),
+        };
+        match sample {
+            Some(s) => check(&self.shards[s.shard as usize], &|| {
+                format!(
+                    "sample {i} (record {}, bytes {}..{})",
+                    s.record,
+                    s.offset,
+                    s.offset + s.data.len() as u64
+                )
+            }),
+            None => self
+                .shards
+                .iter()
+                .try_for_each(|shard| check(shard, &|| format!("sample {i}"))),
+        }
     }
 
     pub(crate) fn index_path(&self) -> &Path {

@@ -10,6 +10,7 @@ mod ops;
 mod pack;
 mod serve;
 mod shard;
+mod storage;
 mod support;
 mod vectors;
 mod wire_vectors;

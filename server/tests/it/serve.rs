@@ -19,13 +19,13 @@ use serde_json::{Value, json};
 use crate::support::{bin, jpeg, write_tree};
 
 /// A server process on a private socket, killed when dropped.
-struct Server {
-    child: Child,
+pub struct Server {
+    pub child: Child,
     socket: PathBuf,
 }
 
 impl Server {
-    fn start(dir: &Path, threads: usize) -> Server {
+    pub fn start(dir: &Path, threads: usize) -> Server {
         // A fresh name per server, so no server ever finds another's socket file.
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -50,7 +50,7 @@ impl Server {
         Server { child, socket }
     }
 
-    fn client(&self) -> Client {
+    pub fn client(&self) -> Client {
         Client::connect(&self.socket)
     }
 }
@@ -63,7 +63,7 @@ impl Drop for Server {
 }
 
 /// A blocking client of the control protocol.
-struct Client {
+pub struct Client {
     sock: UnixStream,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
@@ -73,7 +73,7 @@ struct Client {
 }
 
 /// One delivered batch: (dataset index, label, image bytes) per sample.
-type Batch = Vec<(i64, i64, Vec<u8>)>;
+pub type Batch = Vec<(i64, i64, Vec<u8>)>;
 
 impl Client {
     fn connect(path: &Path) -> Client {
@@ -135,7 +135,7 @@ impl Client {
     }
 
     /// hello + open; returns the server's answer (`ring` or `error`), mapping the ring.
-    fn open(&mut self, open: Value) -> Value {
+    pub fn open(&mut self, open: Value) -> Value {
         self.hello();
         let mut m = open;
         m["type"] = json!("open");
@@ -175,7 +175,7 @@ impl Client {
     }
 
     /// `start`, then every batch until `end` (releasing each); returns the batches and `end`.
-    fn epoch(&mut self, epoch: u64, first_batch: u64) -> (Vec<Batch>, Value) {
+    pub fn epoch(&mut self, epoch: u64, first_batch: u64) -> (Vec<Batch>, Value) {
         self.start(epoch, first_batch);
         let mut batches = Vec::new();
         loop {
@@ -203,7 +203,7 @@ impl Client {
 }
 
 /// A packed dataset of `n` small JPEGs in 3 classes; returns its directory.
-fn dataset(root: &Path, n: usize, bad: &[usize]) -> PathBuf {
+pub fn dataset(root: &Path, n: usize, bad: &[usize]) -> PathBuf {
     let src = root.join("src");
     let files: Vec<(String, Vec<u8>)> = (0..n)
         .map(|i| {
@@ -229,7 +229,7 @@ fn dataset(root: &Path, n: usize, bad: &[usize]) -> PathBuf {
     out
 }
 
-fn open_msg(ds: &Path, extra: Value) -> Value {
+pub fn open_msg(ds: &Path, extra: Value) -> Value {
     let mut m = json!({"dataset": ds.to_str().unwrap(), "batch_size": 8,
         "transform": {"kind": "random_resized_crop", "size": [16, 16]}, "fields": ["image", "label", "index"],
         "drop_last": false, "seed": 11});

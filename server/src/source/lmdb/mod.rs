@@ -43,6 +43,7 @@ use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, MdbError, RoT
 use self::keys::KeyTable;
 use self::record::Image;
 use super::{NO_LABEL, Sample, SampleReader, Source, SourceError};
+use crate::fault::Watch;
 
 /// How the values of an LMDB are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,6 +170,12 @@ fn lower(err: &dyn fmt::Display) -> String {
 
 /// An LMDB environment opened by this process, shared by every [`LmdbSource`] on the same path.
 struct SharedEnv {
+    /// The data file's mappings, watched for SIGBUS ([`crate::fault`]). Declared before `env` so
+    /// they are unregistered before LMDB unmaps the file.
+    watches: Vec<Watch>,
+    /// The data file, and its length when the environment was opened, for fault messages.
+    data_file: PathBuf,
+    opened_len: u64,
     env: Env<WithoutTls>,
     /// The unnamed (main) database, where py-lmdb's `txn.put` writes.
     db: Database<'static, Bytes, Bytes>,
@@ -378,6 +385,19 @@ fn open_env(user_path: &Path, target: &Target, force_no_lock: bool) -> Result<Sh
         }
     };
 
+    // SAFETY: LMDB maps the data file read-only (MDB_RDONLY, without MDB_WRITEMAP) for the life
+    // of `env`, and the watches are dropped first (locals here, fields of `SharedEnv` below,
+    // both in that order). Every read checks them after using the bytes (`LmdbSource::faulted`).
+    let watches = unsafe { crate::fault::watch_file_mappings(&target.data_file) }.map_err(|e| LmdbError::Open {
+        path: user_path.to_owned(),
+        reason: format!(
+            "cannot find the memory map of {}: {}",
+            target.data_file.display(),
+            lower(&e)
+        ),
+    })?;
+    let opened_len = fs::metadata(&target.data_file).map(|m| m.len()).unwrap_or(0);
+
     let reason = |e: &heed::Error| LmdbError::Read {
         path: user_path.to_owned(),
         reason: format!("cannot open the main database: {}", lower(e)),
@@ -396,7 +416,14 @@ fn open_env(user_path: &Path, target: &Target, force_no_lock: bool) -> Result<Sh
             path: user_path.to_owned(),
             reason: "the main database is missing".into(),
         })?;
-    Ok(SharedEnv { env, db, no_lock })
+    Ok(SharedEnv {
+        watches,
+        data_file: target.data_file.clone(),
+        opened_len,
+        env,
+        db,
+        no_lock,
+    })
 }
 
 fn open_error(user_path: &Path, target: &Target, e: &heed::Error) -> LmdbError {
@@ -520,6 +547,10 @@ impl LmdbSource {
     }
 
     fn open_with(path: &Path, opts: &LmdbOptions, force_no_lock: bool) -> Result<Self, LmdbError> {
+        crate::fault::install().map_err(|e| LmdbError::Open {
+            path: path.to_owned(),
+            reason: format!("cannot install the SIGBUS handler: {}", lower(&e)),
+        })?;
         let shared = shared_env(path, force_no_lock)?;
         let read_err = |what: &str, e: &heed::Error| LmdbError::Read {
             path: path.to_owned(),
@@ -633,6 +664,12 @@ impl LmdbSource {
             }
         };
         drop(rtxn);
+        if let Some(reason) = faulted(&shared) {
+            return Err(LmdbError::Read {
+                path: path.to_owned(),
+                reason,
+            });
+        }
 
         Ok(LmdbSource {
             path: path.to_owned(),
@@ -654,6 +691,14 @@ impl LmdbSource {
         self.shared.no_lock
     }
 
+    /// The error for sample `index` if the data file faulted (see [`faulted`]).
+    fn check_faults(&self, index: u64) -> Result<(), SourceError> {
+        match faulted(&self.shared) {
+            Some(reason) => Err(self.sample_error(index, self.keys.get(index).unwrap_or_default(), reason)),
+            None => Ok(()),
+        }
+    }
+
     fn sample_error(&self, index: u64, key: &[u8], reason: String) -> SourceError {
         SourceError::Lmdb(LmdbError::Sample {
             path: self.path.clone(),
@@ -662,6 +707,27 @@ impl LmdbSource {
             reason,
         })
     }
+}
+
+/// Why the environment's bytes cannot be trusted, if its data file raised SIGBUS since it was
+/// opened (truncated, or unreadable). The fault stays: every later read fails the same way.
+fn faulted(shared: &SharedEnv) -> Option<String> {
+    let at = shared.watches.iter().find_map(|w| w.fault())?;
+    let was = shared.opened_len;
+    let now = match fs::metadata(&shared.data_file) {
+        Ok(m) if m.len() < was => format!("it is now {} bytes, it had {was} when opened (truncated)", m.len()),
+        Ok(m) => format!(
+            "it is now {} bytes, it had {was} when opened (rewritten, or an i/o error?)",
+            m.len()
+        ),
+        Err(e) => format!("it cannot be read any more ({})", lower(&e)),
+    };
+    Some(format!(
+        "{} changed on disk after it was opened: reading byte {at} failed (SIGBUS); {now}. The lmdb \
+         must not be written while ringfeed reads it: restore it, then open it again (a server \
+         keeps the open lmdb until every stream reading it has ended)",
+        shared.data_file.display()
+    ))
 }
 
 /// Parses a label table and gives each sample of `keys` its label: (labels, class names).
@@ -730,12 +796,25 @@ impl Source for LmdbSource {
     }
 
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
+        Ok(Box::new(self.lmdb_reader()?))
+    }
+
+    fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
+        let mut reader = self.lmdb_reader()?;
+        f(reader.get(index)?);
+        // The decoder may have read zeros where the file was cut: say so instead of its result.
+        self.check_faults(index)
+    }
+}
+
+impl LmdbSource {
+    fn lmdb_reader(&self) -> Result<LmdbReader<'_>, SourceError> {
         let txn = self.shared.env.read_txn().map_err(|e| txn_error(&self.path, &e))?;
-        Ok(Box::new(LmdbReader {
+        Ok(LmdbReader {
             src: self,
             txn,
             scratch: Vec::new(),
-        }))
+        })
     }
 }
 
@@ -759,6 +838,18 @@ impl fmt::Debug for LmdbReader<'_> {
 
 impl SampleReader for LmdbReader<'_> {
     fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
+        let src = self.src;
+        // Before and after the lookup: a data file that faulted is never read again, and a fault
+        // during this lookup (LMDB read zeros) is reported as such, not as what the zeros gave.
+        src.check_faults(index)?;
+        let got = self.lookup(index);
+        src.check_faults(index)?;
+        got
+    }
+}
+
+impl LmdbReader<'_> {
+    fn lookup(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
         let src = self.src;
         let Some(key) = src.keys.get(index) else {
             return Err(SourceError::OutOfRange {

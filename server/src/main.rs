@@ -83,6 +83,10 @@ struct ServeArgs {
     /// Only serve datasets under this directory (repeatable).
     #[arg(long, value_name = "DIR")]
     data_root: Vec<PathBuf>,
+    /// Pin each decode thread to its own CPU, from the last CPU of the process's affinity mask
+    /// down (with --threads N, N CPUs; run the training processes on the others).
+    #[arg(long)]
+    pin_threads: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics; ADDR is PORT (on 127.0.0.1) or HOST:PORT.
     #[arg(long, value_name = "ADDR", value_parser = ringfeed::observe::metrics_addr)]
     metrics: Option<std::net::SocketAddr>,
@@ -432,6 +436,7 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         max_ring_bytes: a.max_ring_bytes,
         cpu_budget: a.cpu_budget,
         metrics: a.metrics,
+        pin_threads: a.pin_threads,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -188,16 +188,37 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Starts `threads` workers, each with its own decoder limited by `limits`.
-    pub fn new(threads: usize, limits: Limits) -> std::io::Result<Self> {
+    /// Starts `threads` workers, each with its own decoder limited by `limits`. With `pin`, worker
+    /// `n` runs only on the `n`-th CPU of the process's affinity mask counted from the last one
+    /// (the first CPUs are where the training processes and the control plane usually start).
+    pub fn new(threads: usize, limits: Limits, pin: bool) -> std::io::Result<Self> {
         let shared = Arc::new(Shared::default());
+        let cpus: Vec<usize> = if pin {
+            let mask = rustix::thread::sched_getaffinity(None)?;
+            (0..rustix::thread::CpuSet::MAX_CPU)
+                .rev()
+                .filter(|&c| mask.is_set(c))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut handles = Vec::with_capacity(threads);
         for n in 0..threads.max(1) {
             let shared = Arc::clone(&shared);
+            let cpu = (!cpus.is_empty()).then(|| cpus[n % cpus.len()]);
             handles.push(
                 std::thread::Builder::new()
                     .name(format!("ringfeed-decode-{n}"))
-                    .spawn(move || worker(&shared, limits))?,
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            let mut set = rustix::thread::CpuSet::new();
+                            set.set(cpu);
+                            if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                                tracing::warn!("--pin-threads: decode thread {n} cannot be pinned to CPU {cpu}: {e}; it runs unpinned");
+                            }
+                        }
+                        worker(&shared, limits)
+                    })?,
             );
         }
         Ok(Pool {

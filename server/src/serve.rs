@@ -36,6 +36,8 @@ pub struct ServeConfig {
     pub cpu_budget: Option<u32>,
     /// Serve Prometheus metrics over HTTP on this address.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Pin each decode thread to its own CPU.
+    pub pin_threads: bool,
 }
 
 /// How often the autotuner looks at the streams.
@@ -106,7 +108,7 @@ pub async fn run(
         n => n,
     };
     let mut shared = Shared::new(
-        Pool::new(threads, config.limits)?,
+        Pool::new(threads, config.limits, config.pin_threads)?,
         config.limits,
         config.data_roots.clone(),
         config.max_ring_bytes,

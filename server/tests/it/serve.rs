@@ -653,3 +653,39 @@ fn an_observer_does_not_keep_an_idle_server_alive() {
     }
     drop(o);
 }
+
+#[test]
+fn pinned_decode_threads_each_run_on_one_cpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let socket = tmp.path().join("pin.sock");
+    let mut child = Command::new(bin())
+        .args(["serve", "--socket", socket.to_str().unwrap(), "--threads", "2", "--pin-threads"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "the server did not start listening");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut pinned = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+        let dir = task.unwrap().path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap();
+        if name.starts_with("ringfeed-decode") {
+            let status = std::fs::read_to_string(dir.join("status")).unwrap();
+            let cpus = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap();
+            pinned.push(cpus.split(':').nth(1).unwrap().trim().to_owned());
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(pinned.len(), 2, "{pinned:?}");
+    for cpus in &pinned {
+        assert!(cpus.parse::<usize>().is_ok(), "a decode thread may run on {cpus:?}, not one CPU");
+    }
+    let online = std::thread::available_parallelism().unwrap().get();
+    if online > 1 {
+        assert_ne!(pinned[0], pinned[1], "two threads on one CPU: {pinned:?}");
+    }
+}

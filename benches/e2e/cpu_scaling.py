@@ -88,18 +88,20 @@ def dataloader(images: Path, workers: int, kind: str, batches: int) -> float:
     return timed(forever(), 2 * workers + 2, max(batches, 8 * workers))
 
 
-def ringfeed_loader(packed: Path, threads: int, batches: int) -> float:
+def ringfeed_loader(packed: Path, threads: int, batches: int, pin: bool = False) -> float:
     import ringfeed
 
     binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
     work = Path(tempfile.mkdtemp(prefix="rfc-", dir="/tmp"))
     sock = work / "ringfeed.sock"
-    server = subprocess.Popen([binary, "serve", "--socket", str(sock), "--threads", str(threads)])
+    cmd = [binary, "serve", "--socket", str(sock), "--threads", str(threads)] + (["--pin-threads"] if pin else [])
+    server = subprocess.Popen(cmd)
     try:
         while not sock.exists():
             time.sleep(0.05)
         tf = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
-        with ringfeed.Loader(packed, BATCH, transform=tf, socket=str(sock)) as ld:
+        # Fixed settings: this measures the decode path, not the autotuner (benches/autotune.py).
+        with ringfeed.Loader(packed, BATCH, transform=tf, socket=str(sock), autotune=False, threads=threads) as ld:
 
             def forever():
                 epoch = 0
@@ -123,6 +125,7 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2,4,8,15")
     ap.add_argument("--batches", type=int, default=24)
     ap.add_argument("--out", type=Path, default=Path())
+    ap.add_argument("--pin", action="store_true", help="also the Loader with `serve --pin-threads`")
     a = ap.parse_args()
     rows = []
     for t in [int(x) for x in a.threads.split(",")]:
@@ -131,6 +134,7 @@ def main() -> None:
             "turbo_decode_only": native(a.images, "decode", t),
             "ringfeed_transform": native(a.images, "rrc", t),
             "ringfeed_loader": ringfeed_loader(a.packed, t, a.batches),
+            **({"ringfeed_loader_pinned": ringfeed_loader(a.packed, t, a.batches, pin=True)} if a.pin else {}),
             "dataloader_pil": dataloader(a.images, t, "pil", a.batches),
             "dataloader_tvio": dataloader(a.images, t, "tvio", a.batches),
         }
@@ -140,6 +144,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "cpu.json").write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
     cols = ["turbo_decode_only", "ringfeed_transform", "ringfeed_loader", "dataloader_pil", "dataloader_tvio"]
+    if a.pin:
+        cols.insert(3, "ringfeed_loader_pinned")
     lines = [
         "# Decode + RandomResizedCrop(224) + flip, img/s by threads (DataLoader: workers)",
         "",

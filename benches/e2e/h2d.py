@@ -59,7 +59,8 @@ def main() -> None:
             next(iter(ld))  # the ring is mapped and registered
             res = ld._res
             copier, segment = res.cuda, res.segment
-            assert copier is not None and segment is not None
+            assert copier is not None
+            assert segment is not None
             ring_src = segment.view(0, "image")  # slot 0's image field: a batch's bytes in the ring
             dst = torch.empty(ring_src.shape, dtype=ring_src.dtype, device="cuda")
             pinned_src = torch.empty(ring_src.shape, dtype=ring_src.dtype, pin_memory=True)

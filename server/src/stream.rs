@@ -335,7 +335,15 @@ enum Slot {
 /// The run in progress.
 #[derive(Debug)]
 struct Run {
+    /// The protocol's run number (control.md, `start`); for a speculative run, the number it
+    /// will have if the client's next `start` confirms it.
     id: u32,
+    /// The generation its jobs carry (`StreamCtx::current_run`); unique per stream, never reused,
+    /// so a cancelled speculation's jobs can never pass for a later run's.
+    generation: u32,
+    /// False while the run is speculative: the next epoch, prepared before the client asked for
+    /// it. Its batches are decoded but nothing is sent until a `start` confirms it.
+    confirmed: bool,
     epoch: u64,
     plan: EpochPlan,
     next_submit: u64,
@@ -353,6 +361,8 @@ struct StreamState {
     slots: Vec<Slot>,
     seq: u64,
     runs: u32,
+    /// Run generations handed out (see `Run::generation`).
+    gens: u32,
     run: Option<Run>,
     skip_errors: bool,
 }
@@ -522,6 +532,7 @@ async fn open_stream(
         sampler,
         seq: 0,
         runs: 0,
+        gens: 0,
         run: None,
         skip_errors,
     };
@@ -676,27 +687,29 @@ impl StreamState {
                     )
                     .await;
                 }
-                self.cancel_run();
-                self.runs += 1;
-                let id = self.runs;
-                self.ctx.stats.run.store(id, Ordering::Relaxed);
+                let speculated = self
+                    .run
+                    .as_ref()
+                    .is_some_and(|r| !r.confirmed && r.epoch == epoch && r.next_send == first_batch);
+                if speculated {
+                    // The epoch this stream prepared ahead is the one asked for: confirm it and
+                    // send what is ready.
+                    self.runs += 1;
+                    let run = self.run.as_mut().expect("checked above");
+                    debug_assert_eq!(run.id, self.runs);
+                    run.id = self.runs;
+                    run.confirmed = true;
+                } else {
+                    self.cancel_run();
+                    self.runs += 1;
+                    self.begin_run(self.runs, epoch, plan, first_batch, true);
+                }
+                self.ctx.stats.run.store(self.runs, Ordering::Relaxed);
                 self.ctx.stats.epoch.store(epoch, Ordering::Relaxed);
-                // SYNC POINT: Release pairs with the workers' Acquire load; jobs of older runs
-                // that start after this store skip their work.
-                self.ctx.current_run.store(id, Ordering::Release);
-                self.run = Some(Run {
-                    id,
-                    epoch,
-                    plan,
-                    next_submit: first_batch,
-                    next_send: first_batch,
-                    total,
-                    delivered: 0,
-                    skipped: 0,
-                    finished: BTreeMap::new(),
-                });
                 self.fill(shared);
-                self.maybe_end(write).await
+                self.send_ready(write).await?;
+                self.fill(shared);
+                self.maybe_end(shared, write).await
             }
             ClientMessage::Release { slot, seq } => {
                 match self.slots.get(slot as usize) {
@@ -775,7 +788,7 @@ impl StreamState {
             let indices = run.plan.batch(run.next_submit).to_vec();
             let task = Arc::new(BatchTask {
                 stream: Arc::clone(&self.ctx),
-                run: run.id,
+                run: run.generation,
                 epoch: run.epoch,
                 batch: run.next_submit,
                 slot: slot as u32,
@@ -789,14 +802,46 @@ impl StreamState {
     }
 
     async fn on_finished(&mut self, task: Arc<BatchTask>, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
-        let Some(run) = self.run.as_mut().filter(|r| r.id == task.run) else {
+        let Some(run) = self.run.as_mut().filter(|r| r.generation == task.run) else {
             // A batch of a cancelled run: its slot is free again.
             self.slots[task.slot as usize] = Slot::Free;
             self.fill(shared);
             return Ok(());
         };
         run.finished.insert(task.batch, task);
-        // Send every batch that is next in order.
+        self.send_ready(write).await?;
+        self.fill(shared);
+        self.maybe_end(shared, write).await
+    }
+
+    /// Starts run `id` (generation: a new one) of `epoch` at `first_batch`.
+    fn begin_run(&mut self, id: u32, epoch: u64, plan: EpochPlan, first_batch: u64, confirmed: bool) {
+        self.gens += 1;
+        let generation = self.gens;
+        // SYNC POINT: Release pairs with the workers' Acquire load; jobs of older runs that start
+        // after this store skip their work.
+        self.ctx.current_run.store(generation, Ordering::Release);
+        let total = plan.batches();
+        self.run = Some(Run {
+            id,
+            generation,
+            confirmed,
+            epoch,
+            plan,
+            next_submit: first_batch,
+            next_send: first_batch,
+            total,
+            delivered: 0,
+            skipped: 0,
+            finished: BTreeMap::new(),
+        });
+    }
+
+    /// Sends every finished batch that is next in order (nothing while the run is speculative).
+    async fn send_ready(&mut self, write: &mut OwnedWriteHalf) -> Reply {
+        if !self.run.as_ref().is_some_and(|r| r.confirmed) {
+            return Ok(());
+        }
         loop {
             let task = {
                 let run = self.run.as_mut().expect("the run is current");
@@ -866,8 +911,7 @@ impl StreamState {
             };
             send(write, &ready).await?;
         }
-        self.fill(shared);
-        self.maybe_end(write).await
+        Ok(())
     }
 
     /// Ends the current run: its jobs stop working, and the slots of its finished but unsent
@@ -882,10 +926,13 @@ impl StreamState {
         }
     }
 
-    /// Sends `end` once every batch of the run has been sent.
-    async fn maybe_end(&mut self, write: &mut OwnedWriteHalf) -> Reply {
+    /// Sends `end` once every batch of the run has been sent, then prepares the next epoch
+    /// speculatively: a training loop almost always asks for it next, and its first batches are
+    /// then ready at once instead of stalling the loop at every epoch boundary. A `start` of
+    /// anything else cancels the speculation; its cost is at most `depth` batches of decoding.
+    async fn maybe_end(&mut self, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
         let Some(run) = &self.run else { return Ok(()) };
-        if run.next_send < run.total {
+        if !run.confirmed || run.next_send < run.total {
             return Ok(());
         }
         let msg = ServerMessage::End {
@@ -894,8 +941,15 @@ impl StreamState {
             batches: run.delivered,
             skipped: run.skipped,
         };
+        let next = run.epoch + 1;
         self.run = None;
-        send(write, &msg).await
+        send(write, &msg).await?;
+        if next <= u64::from(u32::MAX) {
+            let plan = self.sampler.plan(next);
+            self.begin_run(self.runs + 1, next, plan, 0, false);
+            self.fill(shared);
+        }
+        Ok(())
     }
 }
 

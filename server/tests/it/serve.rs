@@ -559,7 +559,9 @@ fn observers_see_every_stream_its_settings_and_the_clients_wait() {
     assert_eq!(p["samples"].as_u64(), Some(delivered as u64));
     assert_eq!(p["batches"].as_u64(), Some(batches.len() as u64));
     assert_eq!(p["skipped"].as_u64(), Some(1));
-    assert_eq!(p["slots"], json!({"free": 3, "filling": 0, "ready": 0, "held": 0}));
+    // After `end`, the next epoch is prepared ahead: one batch (prefetch 1) filling or ready.
+    let n = |k: &str| p["slots"][k].as_u64().unwrap();
+    assert_eq!((n("free"), n("filling") + n("ready"), n("held")), (2, 1, 0), "{p}");
     assert_eq!(p["dataset"].as_str().map(|d| d.contains("ds")), Some(true), "{p}");
     assert_eq!(t["wait"].as_f64(), Some(0.01), "{t}");
     assert_eq!(t["step_ms"].as_f64(), Some(9.9), "{t}");
@@ -659,7 +661,14 @@ fn pinned_decode_threads_each_run_on_one_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let socket = tmp.path().join("pin.sock");
     let mut child = Command::new(bin())
-        .args(["serve", "--socket", socket.to_str().unwrap(), "--threads", "2", "--pin-threads"])
+        .args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--threads",
+            "2",
+            "--pin-threads",
+        ])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -668,24 +677,70 @@ fn pinned_decode_threads_each_run_on_one_cpu() {
         assert!(Instant::now() < deadline, "the server did not start listening");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut pinned = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
-        let dir = task.unwrap().path();
-        let name = std::fs::read_to_string(dir.join("comm")).unwrap();
-        if name.starts_with("ringfeed-decode") {
-            let status = std::fs::read_to_string(dir.join("status")).unwrap();
-            let cpus = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")).unwrap();
-            pinned.push(cpus.split(':').nth(1).unwrap().trim().to_owned());
+    // The socket listens before the pool has started; poll until both threads have pinned
+    // themselves.
+    let decode_cpus = || {
+        let mut pinned = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap() {
+            let dir = task.unwrap().path();
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if name.starts_with("ringfeed-decode") {
+                let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+                if let Some(cpus) = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")) {
+                    pinned.push(cpus.split(':').nth(1).unwrap().trim().to_owned());
+                }
+            }
         }
+        pinned
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pinned = decode_cpus();
+    while !(pinned.len() == 2 && pinned.iter().all(|c| c.parse::<usize>().is_ok())) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        pinned = decode_cpus();
     }
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(pinned.len(), 2, "{pinned:?}");
     for cpus in &pinned {
-        assert!(cpus.parse::<usize>().is_ok(), "a decode thread may run on {cpus:?}, not one CPU");
+        assert!(
+            cpus.parse::<usize>().is_ok(),
+            "a decode thread may run on {cpus:?}, not one CPU"
+        );
     }
     let online = std::thread::available_parallelism().unwrap().get();
     if online > 1 {
         assert_ne!(pinned[0], pinned[1], "two threads on one CPU: {pinned:?}");
     }
+}
+
+#[test]
+fn the_next_epoch_prepared_ahead_is_the_epoch_asked_for_or_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 29, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let fresh = |epoch: u64, first: u64| {
+        let mut c = server.client();
+        c.open(open_msg(&ds, json!({})));
+        c.epoch(epoch, first).0
+    };
+    let mut c = server.client();
+    c.open(open_msg(&ds, json!({"slots": 3})));
+    let (e0, end) = c.epoch(0, 0);
+    assert_eq!(end["run"], 1);
+    // Epoch 1 was prepared after epoch 0's end; it is exactly epoch 1, as run 2.
+    let (e1, end) = c.epoch(1, 0);
+    assert_eq!((end["run"].as_u64(), end["epoch"].as_u64()), (Some(2), Some(1)));
+    assert!(e1 == fresh(1, 0));
+    assert!(e1 != e0);
+    // Epoch 2 was prepared; asking for epoch 5, or for epoch 2 from its middle, drops it.
+    let (e5, end) = c.epoch(5, 0);
+    assert_eq!(end["run"], 3);
+    assert!(e5 == fresh(5, 0));
+    let (e6_tail, end) = c.epoch(6, 2);
+    assert_eq!(end["run"], 4);
+    assert!(e6_tail == fresh(6, 2));
+    // And the speculation after a resumed run is the next epoch from its start.
+    let (e7, _) = c.epoch(7, 0);
+    assert!(e7 == fresh(7, 0));
 }

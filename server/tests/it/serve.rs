@@ -744,3 +744,196 @@ fn the_next_epoch_prepared_ahead_is_the_epoch_asked_for_or_dropped() {
     let (e7, _) = c.epoch(7, 0);
     assert!(e7 == fresh(7, 0));
 }
+
+/// The bad-input corpus of the reliability issue, packed as it is (no checks), served under both
+/// error policies: every bad sample ends in a `sample` error naming it or in the skip count,
+/// every good one (however unusual its encoding) is delivered, and the server serves on.
+#[test]
+fn a_corpus_of_bad_and_unusual_samples_is_served_or_skipped_never_crashing() {
+    use crate::codec::images::{self, JpegOpts};
+    let tmp = tempfile::tempdir().unwrap();
+    let photo = |w, h, seed| images::photo(w, h, seed);
+    let jpeg = |o: JpegOpts| images::jpeg_rgb(&photo(64, 48, 3), 64, 48, &o);
+    let good_jpeg = jpeg(JpegOpts::default());
+    let mut truncated = good_jpeg.clone();
+    truncated.truncate(good_jpeg.len() / 2);
+    let mut big_exif = images::with_exif(&good_jpeg, 6, true);
+    // An APP1 segment near its 64 KiB maximum, after the real EXIF one.
+    let mut app1 = vec![0xFF, 0xE1, 0xFF, 0xF0];
+    app1.extend(std::iter::repeat_n(0x41, 0xFFF0 - 2));
+    big_exif.splice(2..2, app1);
+    let gray_px: Vec<u8> = photo(40, 30, 5).chunks(3).map(|p| p[1]).collect();
+    let rows16: Vec<u8> = (0..30 * 40 * 3 * 2).map(|x| (x * 7 % 251) as u8).collect();
+    let cases: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("good.jpg", good_jpeg.clone(), true),
+        ("truncated.jpg", truncated, false),
+        // Zero-byte files cannot be packed (pack refuses or skips them: pack.rs); the shortest
+        // record there can be is one byte.
+        ("one-byte.jpg", vec![0xFF], false),
+        ("random.jpg", crate::support::Rng(9).bytes(4000), false),
+        ("bomb.png", images::png_huge_header(100_000, 100_000), false),
+        ("sof-bomb.jpg", images::with_sof_size(&good_jpeg, 60_000, 60_000), false),
+        (
+            "cmyk.jpg",
+            images::jpeg_cmyk(&images::cmyk_content(32, 24), 32, 24, false),
+            true,
+        ),
+        ("gray.jpg", images::jpeg_gray(&gray_px, 40, 30), true),
+        ("rgb16.png", images::png(40, 30, 16, 2, &rows16, &[]), true),
+        ("big-exif.jpg", big_exif, true),
+        (
+            "progressive.jpg",
+            jpeg(JpegOpts {
+                progressive: true,
+                ..JpegOpts::default()
+            }),
+            true,
+        ),
+        (
+            "arithmetic.jpg",
+            jpeg(JpegOpts {
+                arithmetic: true,
+                ..JpegOpts::default()
+            }),
+            true,
+        ),
+    ];
+    let specs: Vec<crate::support::Spec> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (key, data, _))| crate::support::Spec {
+            key: key.as_bytes().to_vec(),
+            label: i as i64,
+            meta: Vec::new(),
+            data: data.clone(),
+        })
+        .collect();
+    let ds = tmp.path().join("bad");
+    crate::support::write_dataset(&ds, &specs, &[], crate::support::small_options());
+    let good: BTreeSet<i64> = cases
+        .iter()
+        .enumerate()
+        .filter(|c| c.1.2)
+        .map(|(i, _)| i as i64)
+        .collect();
+    let server = Server::start(tmp.path(), 2);
+    let shuffled = |extra: Value| {
+        let mut m = open_msg(
+            &ds,
+            json!({"shuffle": false, "batch_size": 3, "transform": {"kind": "random_resized_crop", "size": [24, 24]}}),
+        );
+        for (k, v) in extra.as_object().unwrap() {
+            m[k] = v.clone();
+        }
+        m
+    };
+
+    let mut skip = server.client();
+    skip.open(shuffled(json!({"on_error": "skip"})));
+    let (batches, end) = skip.epoch(0, 0);
+    assert_eq!(end["type"], "end", "{end}");
+    let delivered: BTreeSet<i64> = batches.iter().flatten().map(|s| s.0).collect();
+    assert_eq!(delivered, good, "every good sample, and only those");
+    assert_eq!(end["skipped"].as_u64(), Some((cases.len() - good.len()) as u64));
+
+    let mut raise = server.client();
+    raise.open(shuffled(json!({})));
+    let (_, err) = raise.epoch(0, 0);
+    assert_eq!(
+        (err["type"].as_str(), err["code"].as_str()),
+        (Some("error"), Some("sample")),
+        "{err}"
+    );
+    assert_eq!(err["sample"], 1, "the first bad sample in order: {err}");
+    assert_eq!(err["key"], "truncated.jpg");
+    assert!(err["message"].as_str().unwrap().contains("on_error"), "{err}");
+
+    // The server serves on: the same connection starts again, and a new client gets an epoch.
+    let (_, err) = raise.epoch(1, 0);
+    assert_eq!(err["code"], "sample");
+    let mut again = server.client();
+    again.open(shuffled(json!({"on_error": "skip"})));
+    assert_eq!(again.epoch(2, 0).1["type"], "end");
+}
+
+/// Runs `ringfeed top --once` against `socket` as uid/gid 65534 (nobody); returns its stderr.
+fn top_as_nobody(socket: &Path) -> (bool, String) {
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(bin())
+        .args(["top", "--once", "--socket", socket.to_str().unwrap()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn another_user_is_kept_out_by_the_socket_mode_and_by_the_peer_uid_check() {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // A directory the other user may enter, so only the socket's own mode and the uid check
+    // stand in the way.
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = Server::start(tmp.path(), 1);
+    let mode = std::fs::metadata(&server.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let (ok, err) = top_as_nobody(&server.socket);
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    // Even with the socket opened to everyone, the server refuses a peer of another uid.
+    std::fs::set_permissions(&server.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (ok, err) = top_as_nobody(&server.socket);
+    assert!(!ok && err.contains("closed the connection"), "{err}");
+    // Its own user is still served.
+    let mut c = server.client();
+    c.hello();
+}
+
+#[test]
+fn data_root_confines_datasets_whatever_path_the_client_sends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let inside = dataset(&root, 9, &[]);
+    let outside = dataset(&tmp.path().join("elsewhere"), 9, &[]);
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let socket = tmp.path().join("dr.sock");
+    let mut child = Command::new(bin())
+        .args([
+            "serve",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--data-root",
+        ])
+        .arg(&root)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while UnixStream::connect(&socket).is_err() {
+        assert!(Instant::now() < deadline, "the server did not start listening");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let try_open = |path: PathBuf| {
+        let mut c = Client::connect(&socket);
+        c.open(open_msg(&path, json!({})))
+    };
+    assert_eq!(try_open(inside.clone())["type"], "ring");
+    for path in [
+        outside.clone(),
+        root.join("link"),
+        root.join("..").join("elsewhere").join("ds"),
+    ] {
+        let r = try_open(path.clone());
+        assert_eq!(r["code"], "dataset", "{} → {r}", path.display());
+        assert!(r["message"].as_str().unwrap().contains("--data-root"), "{r}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

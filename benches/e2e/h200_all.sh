@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Every GPU-machine benchmark of results/2026-11-30-h200-host-2/, in the order they ran there.
+# The GPU machine reaches no registry: build on a development machine first
+#   cargo build --release -p ringfeed --bin ringfeed --example corpus_rate
+# and bring target/release/ringfeed, target/release/examples/corpus_rate and
+# ../shared/datasets/make_photos.py (the device tool's `carry`). Usage:
+#   RINGFEED_BIN=... CORPUS_RATE_BIN=... MAKE_PHOTOS=... benches/e2e/h200_all.sh OUT_DIR
+# (the device runs split these lines over several calls of at most 10 minutes each).
+set -euxo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: h200_all.sh OUT_DIR}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/client-py RINGFEED_LOG=warn
+if [ ! -f bench-data/packed/index.rfi ]; then
+  python3 "${MAKE_PHOTOS:?}" bench-data/corpus --count 8000 --jobs 16 > /dev/null
+  "$RINGFEED_BIN" pack bench-data/corpus bench-data/packed --progress none
+fi
+python3 benches/e2e/h2d.py bench-data/packed --json "$out/h2d.json"
+python3 benches/e2e/cpu_scaling.py --images bench-data/corpus --packed bench-data/packed --threads 1,4,8,15 --batches 24 --pin --out "$out/cpu"
+python3 benches/e2e/gpu_train.py --images bench-data/corpus --packed bench-data/packed --models resnet50,resnet18 --workers 15 --steps 150 --out "$out/gpu"
+python3 benches/autotune.py bench-data/packed --out "$out/autotune" --step-ms 40 --batch-size 128 --fixed 1,2,4,6,8,15 --seconds 15 --auto-seconds 40 --threads 16
+python3 benches/autotune.py bench-data/packed --out "$out/autotune-gpu" --batch-size 256 --fixed 4,6,8,10,15 --seconds 15 --auto-seconds 45 --threads 16 --model resnet50 --skip-sim

@@ -209,8 +209,9 @@ class Loader:
         ``N`` attempts) instead of being restarted for ever. Each one is logged as a warning on
         the ``ringfeed`` logger and counted in ``stats()["reconnects"]``.
 
-        Not retried: a server that says why it stops (an ``error`` message, e.g. SIGTERM's
-        "shutting down", raised as ``ServerError``), protocol violations, timeouts, a refused
+        A server stopped on purpose (SIGTERM or SIGINT) says so with a ``shutdown`` error; that is
+        reconnected too, so a sidecar can be restarted under running jobs. Not retried: any other
+        ``error`` from the server (``ServerError``), protocol violations, timeouts, a refused
         ``open`` after reconnecting, and failures in the constructor. CPU batches handed out
         before the loss stay readable memory but no longer belong to any stream (copy what you
         keep); in CUDA mode the copies in flight are completed first.
@@ -783,14 +784,17 @@ class Loader:
         while True:
             try:
                 return fn(*args)
-            except ServerDiedError as e:
-                if self._closed or self._reconnects_in_row >= self.reconnect:
+            except (ServerDiedError, ServerError) as e:
+                # A server that dies, or one that says it stops on purpose (`shutdown`, 1.1: a
+                # restart), is worth reconnecting to; any other error from the server is final.
+                lost = isinstance(e, ServerDiedError) or (e.code == "shutdown" and e.fatal)
+                if not lost or self._closed or self._reconnects_in_row >= self.reconnect:
                     raise
                 self._recover(e)
                 if resume:
                     self._resilient(self._start_run)
 
-    def _recover(self, cause: ServerDiedError) -> None:
+    def _recover(self, cause: BaseException) -> None:
         """Connects again and re-opens the stream; ``_guard`` has already closed the dead one.
 
         Retries while nothing listens at the socket (or the new server goes away during the

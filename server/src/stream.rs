@@ -657,7 +657,7 @@ impl StreamState {
                 }
                 () = self.ctx.stats.wake.notified() => self.fill(shared),
                 _ = shutdown.changed() => {
-                    break fail(write, ErrorCode::Internal, "the ringfeed server is shutting down".into()).await;
+                    break fail(write, ErrorCode::Shutdown, "the ringfeed server is shutting down (SIGTERM or SIGINT); a Loader with reconnect=N resumes on its successor".into()).await;
                 }
             }
         };

@@ -144,6 +144,8 @@ pub enum ErrorCode {
     Dataset,
     Sample,
     Internal,
+    /// 1.1: the server is stopping on purpose (SIGTERM/SIGINT); its successor can be reconnected to.
+    Shutdown,
 }
 
 /// Messages a server sends.

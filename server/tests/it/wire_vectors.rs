@@ -111,6 +111,10 @@ fn messages() -> Vec<(&'static str, Value)> {
             json!({"type": "error", "code": "sample", "message": "sample 17 (key \"a/b.jpg\") does not decode: corrupt jpeg image: Premature end of JPEG file", "fatal": false, "sample": 17, "key": "a/b.jpg", "run": 3}),
         ),
         (
+            "error, shutdown (1.1)",
+            json!({"type": "error", "code": "shutdown", "message": "the ringfeed server is shutting down (SIGTERM or SIGINT); a Loader with reconnect=N resumes on its successor", "fatal": true}),
+        ),
+        (
             "error, version",
             json!({"type": "error", "code": "version", "message": "client speaks protocol 2.0, this server 1.0", "fatal": true}),
         ),

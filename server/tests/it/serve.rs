@@ -473,7 +473,7 @@ fn a_killed_server_is_noticed_at_once_and_sigterm_is_graceful() {
     let r = c.recv().unwrap();
     assert_eq!(
         (r["code"].as_str(), r["fatal"].as_bool()),
-        (Some("internal"), Some(true))
+        (Some("shutdown"), Some(true))
     );
     assert!(r["message"].as_str().unwrap().contains("shutting down"));
     assert!(server.child.wait().unwrap().success());

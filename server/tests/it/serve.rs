@@ -26,6 +26,11 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &Path, threads: usize) -> Server {
+        Server::start_args(dir, threads, &[])
+    }
+
+    /// A server with `--threads threads` and `extra` flags, once it listens.
+    pub fn start_args(dir: &Path, threads: usize, extra: &[&str]) -> Server {
         // A fresh name per server, so no server ever finds another's socket file.
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -38,6 +43,7 @@ impl Server {
                 "--threads",
                 &threads.to_string(),
             ])
+            .args(extra)
             .env("RINGFEED_LOG", "warn")
             .stderr(Stdio::null())
             .spawn()
@@ -617,25 +623,8 @@ fn observers_may_only_observe_and_streams_may_not_observe() {
 fn an_observer_does_not_keep_an_idle_server_alive() {
     let tmp = tempfile::tempdir().unwrap();
     let ds = dataset(tmp.path(), 9, &[]);
-    let socket = tmp.path().join("idle.sock");
-    let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--exit-when-idle",
-            "0.5",
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "the server did not start listening");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut server = Server::start_args(tmp.path(), 1, &["--exit-when-idle", "0.5"]);
+    let socket = server.socket.clone();
     let mut c = Client::connect(&socket);
     c.open(open_msg(&ds, json!({})));
     let mut o = Client::connect(&socket);
@@ -646,7 +635,7 @@ fn an_observer_does_not_keep_an_idle_server_alive() {
     // The observer stays connected; the server still exits after the grace period.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = server.child.try_wait().unwrap() {
             assert!(status.success());
             break;
         }
@@ -659,24 +648,8 @@ fn an_observer_does_not_keep_an_idle_server_alive() {
 #[test]
 fn pinned_decode_threads_each_run_on_one_cpu() {
     let tmp = tempfile::tempdir().unwrap();
-    let socket = tmp.path().join("pin.sock");
-    let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--threads",
-            "2",
-            "--pin-threads",
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "the server did not start listening");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = Server::start_args(tmp.path(), 2, &["--pin-threads"]);
+    let child = &server.child;
     // The socket listens before the pool has started; poll until both threads have pinned
     // themselves.
     let decode_cpus = || {
@@ -699,8 +672,7 @@ fn pinned_decode_threads_each_run_on_one_cpu() {
         std::thread::sleep(Duration::from_millis(20));
         pinned = decode_cpus();
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
     assert_eq!(pinned.len(), 2, "{pinned:?}");
     for cpus in &pinned {
         assert!(
@@ -905,25 +877,8 @@ fn data_root_confines_datasets_whatever_path_the_client_sends() {
     let inside = dataset(&root, 9, &[]);
     let outside = dataset(&tmp.path().join("elsewhere"), 9, &[]);
     std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
-    let socket = tmp.path().join("dr.sock");
-    let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--socket",
-            socket.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--data-root",
-        ])
-        .arg(&root)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "the server did not start listening");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let server = Server::start_args(tmp.path(), 1, &["--data-root", root.to_str().unwrap()]);
+    let socket = server.socket.clone();
     let try_open = |path: PathBuf| {
         let mut c = Client::connect(&socket);
         c.open(open_msg(&path, json!({})))
@@ -938,6 +893,4 @@ fn data_root_confines_datasets_whatever_path_the_client_sends() {
         assert_eq!(r["code"], "dataset", "{} → {r}", path.display());
         assert!(r["message"].as_str().unwrap().contains("--data-root"), "{r}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
 }

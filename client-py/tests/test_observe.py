@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 import subprocess
@@ -14,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fleet import make_dataset
 from _support import ringfeed_bin
-from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 import ringfeed
@@ -26,21 +25,7 @@ N = 24
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A packed dataset of N small JPEGs in 2 classes."""
-    root = tmp_path_factory.mktemp("observe")
-    for i in range(N):
-        p = root / "src" / f"c{i % 2}" / f"{i:03d}.jpg"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        Image.new("RGB", (48 + i, 40), (i * 9 % 256, 80, 160)).save(buf, "JPEG", quality=90)
-        p.write_bytes(buf.getvalue())
-    r = subprocess.run(
-        [ringfeed_bin(), "pack", str(root / "src"), str(root / "ds"), "--progress", "none"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr
-    return root / "ds"
+    return make_dataset(tmp_path_factory.mktemp("observe"), N, classes=2)
 
 
 def free_port() -> int:

@@ -68,13 +68,21 @@ def main() -> None:
                 loss.backward()
                 opt.step()
                 images_seen += images.shape[0]
-                loss_sum += float(loss)
+                loss_sum += loss.item()
                 steps += 1
                 t = time.perf_counter()
             total = time.perf_counter() - start
             print(
                 f"epoch {epoch}: {images_seen} images in {total:.2f} s = {images_seen / total:.0f} img/s, "
                 f"waited for data {wait / total * 100:.1f} % of the time, mean loss {loss_sum / max(steps, 1):.3f}"
+            )
+        # What the server's autotuner made of this loop (`ringfeed top` shows the same, live).
+        server = loader.stats()["server"]
+        if server is not None:
+            print(
+                f"server: {server['threads']} decode threads, {server['depth']} batches in flight; "
+                f"per sample {server['stage_us']['decode']:.0f} µs decode + {server['stage_us']['transform']:.0f} µs "
+                f"transform; last tuning: {server['tune'] or 'none'}"
             )
         # The loader alone, with no model: how fast ringfeed delivers on this machine.
         loader.set_epoch(a.epochs)

@@ -157,6 +157,18 @@ impl<J> Sched<J> {
         q.jobs.pop_front()
     }
 
+    /// Takes every queued job of `stats`'s stream out (a running job finishes on its own).
+    fn purge(&mut self, stats: &Arc<StreamStats>) -> VecDeque<J> {
+        let Some(i) = self.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) else {
+            return VecDeque::new();
+        };
+        let jobs = std::mem::take(&mut self.queues[i].jobs);
+        if self.queues[i].running == 0 {
+            self.queues.swap_remove(i);
+        }
+        jobs
+    }
+
     /// A job of `stats`'s stream finished: frees its place, and drops an idle queue.
     fn finished(&mut self, stats: &Arc<StreamStats>) {
         if let Some(i) = self.queues.iter().position(|q| Arc::ptr_eq(&q.stats, stats)) {
@@ -245,6 +257,17 @@ impl Pool {
         );
         drop(sched);
         self.shared.wake.notify_all();
+    }
+
+    /// Drops the queued jobs of a stream whose connection has ended. Nobody waits for its batches
+    /// any more; without this, its jobs (which would only skip their work) could wait behind the
+    /// other streams for as long as those have work, holding the stream's ring.
+    pub fn purge(&self, stats: &Arc<StreamStats>) {
+        let dropped = {
+            let mut sched = self.shared.lock();
+            sched.purge(stats)
+        };
+        drop(dropped); // outside the lock: the last job may free the ring
     }
 
     /// Wakes the workers after allotments changed.
@@ -452,6 +475,20 @@ mod tests {
         // a's client holds two batches to consume, b's none: b is closer to starving.
         a.held.store(2, Ordering::Relaxed);
         assert_eq!((s.pick(), s.pick(), s.pick()), (Some(22), Some(23), Some(12)));
+    }
+
+    #[test]
+    fn a_gone_stream_is_purged_even_while_another_always_has_work() {
+        let (gone, busy) = (stream(1, 8), stream(2, 8));
+        gone.held.store(1, Ordering::Relaxed); // frozen at its last value when the client died
+        let mut s = Sched::default();
+        s.push(&gone, [10u32, 11].into_iter());
+        s.push(&busy, [20u32, 21].into_iter());
+        assert_eq!(s.pick(), Some(20), "the starving stream goes first");
+        assert_eq!(s.purge(&gone), [10, 11]);
+        assert_eq!(s.queues.len(), 1);
+        assert_eq!(s.pick(), Some(21));
+        assert_eq!(s.pick(), None);
     }
 
     #[test]

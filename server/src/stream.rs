@@ -206,6 +206,9 @@ pub async fn serve_connection(
             Err(e) => Err(e),
         };
         shared.registry.remove(state.ctx.stats.id);
+        // The run was cancelled when the loop ended; its queued jobs go now, not when the pool
+        // gets round to them (they would hold the ring until then).
+        shared.pool.purge(&state.ctx.stats);
         result
     }
     .await;

@@ -40,6 +40,9 @@ pub struct ServeConfig {
     pub pin_threads: bool,
 }
 
+/// How long connections get to end after SIGTERM/SIGINT.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
 /// How often the autotuner looks at the streams.
 pub const TUNE_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -190,10 +193,10 @@ pub async fn run(
         }
     }
     let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    // A responsive client has its `shutdown` error within milliseconds; a task still running
+    // after the grace period is blocked writing to a client that does not read (or creating a
+    // ring), and is dropped with the runtime.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, async { while tasks.join_next().await.is_some() {} }).await;
     tuner.abort();
     if let Some(m) = metrics {
         m.abort();

@@ -106,11 +106,18 @@ def main() -> int:
                 break  # a client overran its deadline by 5 minutes: counted as an error below
             time.sleep(1.0)
         codes = [c.wait(timeout=10) for c in clients]
-        # The server must return to what it held before any client: descriptors and memfds at
-        # once, threads once tokio's idle blocking threads have exited (10 s).
-        want = (before["fds"], 0, 0, before["threads"])
+        # The server must hold no more than before any client: descriptors and memfds at once,
+        # threads once tokio's idle blocking threads have exited (10 s). (Fewer descriptors than
+        # the baseline is no leak: the baseline may include the start-up probe's connection,
+        # which the server closes on its own time.)
         back, after, settle_s = settle(
-            server.pid, lambda s: (s["fds"], s["memfds"], s["memfd_maps"], s["threads"]) == want, 30
+            server.pid,
+            lambda s: (
+                s["fds"] <= before["fds"]
+                and (s["memfds"], s["memfd_maps"]) == (0, 0)
+                and s["threads"] <= before["threads"]
+            ),
+            30,
         )
         server_alive = server.alive()
     finally:
@@ -220,7 +227,7 @@ def summary(r: dict[str, Any], a: argparse.Namespace) -> str:
         f"({s['rss_slope_kib_per_min_including_warmup']:.2f} including it)",
         f"- server before clients: {s['before_clients']}",
         f"- server at most during: {s['max_during']}",
-        f"- server after clients left: {s['after']} (returned to the pre-client fds/memfds/threads: "
+        f"- server after clients left: {s['after']} (back to at most the pre-client fds and threads, no memfds: "
         f"**{s['returned_to_baseline']}**, in {s['settle_s']:.1f} s)",
         f"- server exit status on SIGTERM: {s['exit_status_on_sigterm']}",
         "",

@@ -432,10 +432,14 @@ def test_vector_segment_maps_with_expected_slot_offsets() -> None:
 
 @needs_vectors
 def test_vector_slot_header_decodes_as_expected() -> None:
-    """slot.bin decodes to expected.json's slot header."""
+    """slot.bin and slot-all-skipped.bin (count 0) decode to expected.json's slot headers."""
     want = expected()
     got = ring.decode_slot_header((VECTORS / "slot.bin").read_bytes(), batch_size=want["segment"]["batch_size"])
     assert got._asdict() == want["slot"]
+    batch_size = want["segment"]["batch_size"]
+    skipped = ring.decode_slot_header((VECTORS / "slot-all-skipped.bin").read_bytes(), batch_size=batch_size)
+    assert skipped._asdict() == want["slot_all_skipped"]
+    assert bytes(slot_header(**want["slot_all_skipped"])) == (VECTORS / "slot-all-skipped.bin").read_bytes()
 
 
 @needs_vectors

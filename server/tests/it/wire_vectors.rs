@@ -208,6 +208,15 @@ fn ring_layout() {
         count: 2,
         skipped: 0,
     };
+    // A batch whose every sample was skipped is announced with count 0 (ring.md, "Slot header").
+    let all_skipped = SlotHeader {
+        seq: 6,
+        run: 2,
+        epoch: 1,
+        batch: 4,
+        count: 0,
+        skipped: 2,
+    };
     let h = &layout.header;
     let expected = json!({
         "description": "ring segment header page and one slot header, written by server/tests/it/wire_vectors.rs",
@@ -219,10 +228,12 @@ fn ring_layout() {
             })).collect::<Vec<_>>(),
         },
         "slot": {"seq": slot.seq, "run": slot.run, "epoch": slot.epoch, "batch": slot.batch, "count": slot.count, "skipped": slot.skipped},
+        "slot_all_skipped": {"seq": all_skipped.seq, "run": all_skipped.run, "epoch": all_skipped.epoch, "batch": all_skipped.batch, "count": 0, "skipped": all_skipped.skipped},
         "slot_offsets": (0..h.slot_count).map(|s| layout.slot_offset(s)).collect::<Vec<_>>(),
     });
     pinned(&vectors().join("ring/segment.bin"), &header);
     pinned(&vectors().join("ring/slot.bin"), &slot.encode());
+    pinned(&vectors().join("ring/slot-all-skipped.bin"), &all_skipped.encode());
     pinned(
         &vectors().join("ring/expected.json"),
         (serde_json::to_string_pretty(&expected).unwrap() + "\n").as_bytes(),
@@ -230,6 +241,10 @@ fn ring_layout() {
     assert_eq!(
         SlotHeader::decode(&fs::read(vectors().join("ring/slot.bin")).unwrap()).unwrap(),
         slot
+    );
+    assert_eq!(
+        SlotHeader::decode(&fs::read(vectors().join("ring/slot-all-skipped.bin")).unwrap()).unwrap(),
+        all_skipped
     );
 }
 

@@ -307,28 +307,29 @@ fn worker(shared: &Shared, limits: Limits) {
                 sched = shared.wake.wait(sched).unwrap_or_else(|p| p.into_inner());
             }
         };
-        let stats = Arc::clone(&job.batch.stream.stats);
-        run(&mut processor, job);
+        run(&mut processor, &job);
         let mut sched = shared.lock();
-        sched.finished(&stats);
+        sched.finished(&job.batch.stream.stats);
         // This stream may run one more job now; a sleeping worker may take it.
         let more = sched.queues.iter().any(|q| !q.jobs.is_empty());
         drop(sched);
         if more {
             shared.wake.notify_one();
         }
+        // Outside the lock: the last job of a closed stream frees its ring here.
+        drop(job);
     }
 }
 
 /// Runs one job and counts it down.
-fn run(processor: &mut Option<Processor>, job: Job) {
+fn run(processor: &mut Option<Processor>, job: &Job) {
     let task = &job.batch;
     let ctx = &task.stream;
     // Acquire: pairs with the stream's Release store of a new run, so a cancelled run is
     // seen as soon as possible (a stale read only costs wasted work, never wrong output).
     if ctx.current_run.load(Ordering::Acquire) == task.run {
         let result = match processor.as_mut() {
-            Some(p) => run_job(p, &job),
+            Some(p) => run_job(p, job),
             None => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
         };
         if let Err((key, message)) = result {

@@ -3,6 +3,7 @@
 //!
 //! - `decode/full`: libjpeg-turbo decode of the whole image to RGB (the per-core limit);
 //! - `decode/region`: decode of a 60 %-area crop only (`tj3SetCroppingRegion`);
+//! - `decode/crc32c_check`: the record checksum `check_crc` verifies per sample (on by default);
 //! - `resize/crop_to_224`: fast_image_resize of a decoded crop to 224x224, antialiased bilinear;
 //! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
 //! - `transform/rrc224_large_{exact,dct}`: the same on 2000x1500 sources, exact and with DCT scaling
@@ -85,6 +86,11 @@ fn benches(c: &mut Criterion) {
                 decoder.decode_region_rgb8(f, crop, 1, &mut buf).expect("decodes");
             }
         })
+    });
+    // What `check_crc` (on by default) adds per sample: CRC-32C of the record, in the same run
+    // as the decode it accompanies.
+    g.bench_function("crc32c_check", |b| {
+        b.iter(|| files.iter().map(|f| crc32c::crc32c(f)).fold(0u32, |a, c| a ^ c))
     });
     g.finish();
 

@@ -13,6 +13,8 @@
 //! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
 //! - [`ops`]: per-sample transforms (RandomResizedCrop, Resize + CenterCrop, Resize) decoded
 //!   by region and written straight into the caller's output buffer.
+//! - [`resample`]: the antialiased bilinear resampler behind [`ops`] and re-encoding, which
+//!   allocates nothing once warm.
 //! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
 //! - [`inspect`]: human summaries of a packed dataset or an LMDB.
 //! - [`progress`]: progress bars and plain progress lines for long commands.
@@ -26,6 +28,7 @@ pub mod ops;
 pub mod pack;
 pub mod pool;
 pub mod progress;
+pub mod resample;
 pub mod ring;
 pub mod sampler;
 pub mod serve;

@@ -307,7 +307,7 @@ pub enum CodecError {
         from: (u32, u32),
         /// Target (width, height).
         to: (u32, u32),
-        /// fast_image_resize's message.
+        /// The resampler's message.
         reason: String,
     },
 }
@@ -326,7 +326,7 @@ pub struct Decoder {
     rgb: Vec<u8>,
     /// The downscaled RGB8 image inside `reencode_jpeg`.
     resized: Vec<u8>,
-    resizer: fast_image_resize::Resizer,
+    resizer: crate::resample::Resampler,
 }
 
 impl fmt::Debug for Decoder {
@@ -351,7 +351,7 @@ impl Decoder {
             scratch: Vec::new(),
             rgb: Vec::new(),
             resized: Vec::new(),
-            resizer: fast_image_resize::Resizer::new(),
+            resizer: crate::resample::Resampler::new(),
         })
     }
 
@@ -513,7 +513,7 @@ impl Decoder {
     }
 
     /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an
-    /// antialiased bilinear filter (fast_image_resize `Convolution(Bilinear)`), and encodes a
+    /// antialiased bilinear filter ([`crate::resample`]), and encodes a
     /// baseline 4:2:0 JPEG at `quality` with libjpeg-turbo into `out`. The returned size is the
     /// size of the encoded JPEG.
     ///

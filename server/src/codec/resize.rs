@@ -2,14 +2,13 @@
 //!
 //! `fit` never upscales and keeps the aspect ratio to the nearest pixel: the long side becomes
 //! `max_side`, the short side is rounded (and at least 1). The downscale is
-//! fast_image_resize's `Convolution(Bilinear)`: a triangle filter whose support grows with the
-//! scale factor, like Pillow's `resize(.., BILINEAR)` and torchvision's `antialias=True`. It is
-//! integer fixed-point arithmetic, so the same input gives the same bytes on every run.
-
-use fast_image_resize::images::{Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+//! [`crate::resample`]: a triangle filter whose support grows with the scale factor, like
+//! Pillow's `resize(.., BILINEAR)` and torchvision's `antialias=True`. It is integer
+//! fixed-point arithmetic, so the same input gives the same bytes on every run and every CPU.
 
 use super::CodecError;
+use crate::codec::Rect;
+use crate::resample::{Resampler, SampleBox, Source, Target};
 
 /// The output size for a `width`×`height` source and a `max_side` (at least 1).
 pub(super) fn fit(width: u32, height: u32, max_side: u32) -> (u32, u32) {
@@ -31,20 +30,38 @@ pub(super) fn fit(width: u32, height: u32, max_side: u32) -> (u32, u32) {
 
 /// Downscales the packed RGB8 `src` (`from`) into `dst` (resized to `to`).
 pub(super) fn bilinear(
-    resizer: &mut Resizer,
+    resampler: &mut Resampler,
     src: &[u8],
     from: (u32, u32),
     dst: &mut Vec<u8>,
     to: (u32, u32),
 ) -> Result<(), CodecError> {
-    let fail = |reason: String| CodecError::Resize { from, to, reason };
     dst.resize(to.0 as usize * to.1 as usize * 3, 0);
-    let src = ImageRef::new(from.0, from.1, src, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
-    let mut dst = Image::from_slice_u8(to.0, to.1, dst, PixelType::U8x3).map_err(|e| fail(e.to_string()))?;
-    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-    resizer
-        .resize(&src, &mut dst, &options)
-        .map_err(|e| fail(e.to_string()))
+    let source = Source {
+        pixels: src,
+        width: from.0,
+        height: from.1,
+        bounds: Rect::full(from.0, from.1),
+    };
+    let sample = SampleBox {
+        left: 0.0,
+        top: 0.0,
+        width: f64::from(from.0),
+        height: f64::from(from.1),
+    };
+    let target = Target {
+        pixels: dst,
+        width: to.0,
+        height: to.1,
+        rect: Rect::full(to.0, to.1),
+    };
+    resampler
+        .resample(source, sample, target)
+        .map_err(|e| CodecError::Resize {
+            from,
+            to,
+            reason: e.to_string(),
+        })
 }
 
 #[cfg(test)]
@@ -68,16 +85,42 @@ mod tests {
     fn bilinear_averages_a_flat_image_to_itself() {
         let src = vec![77u8; 40 * 30 * 3];
         let mut dst = Vec::new();
-        bilinear(&mut Resizer::new(), &src, (40, 30), &mut dst, (8, 6)).unwrap();
+        bilinear(&mut Resampler::new(), &src, (40, 30), &mut dst, (8, 6)).unwrap();
         assert_eq!(dst.len(), 8 * 6 * 3);
         assert!(dst.iter().all(|&b| b == 77));
     }
 
-    /// fast_image_resize dispatches SIMD at run time; its fixed-point kernels must agree with
-    /// the portable code, or re-encoded bytes would depend on the CPU that packed them.
+    /// The re-encode's downscale is fir's `Convolution(Bilinear)`, bit for bit (the packer's
+    /// output did not change when fir was replaced).
+    #[test]
+    fn bilinear_is_fir_bit_for_bit() {
+        use fast_image_resize::images::{Image, ImageRef};
+        use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut resampler = Resampler::new();
+        for (from, to) in [((173, 91), (64, 34)), ((640, 481), (256, 192)), ((1000, 3), (10, 1))] {
+            let src: Vec<u8> = (0..from.0 * from.1 * 3)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let mut ours = Vec::new();
+            bilinear(&mut resampler, &src, from, &mut ours, to).unwrap();
+            let image = ImageRef::new(from.0, from.1, &src, PixelType::U8x3).unwrap();
+            let mut fir = Image::new(to.0, to.1, PixelType::U8x3);
+            let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+            Resizer::new().resize(&image, &mut fir, &options).unwrap();
+            assert!(ours == fir.buffer(), "{from:?} -> {to:?}");
+        }
+    }
+
+    /// The resampler picks a build of its kernels by CPU; every build must give the same
+    /// bytes, or re-encoded files would depend on the CPU that packed them.
     #[test]
     fn bilinear_is_identical_for_every_cpu_extension() {
-        use fast_image_resize::CpuExtensions;
         let (from, to) = ((173, 91), (64, 34));
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let src: Vec<u8> = (0..from.0 * from.1 * 3)
@@ -88,22 +131,14 @@ mod tests {
                 x as u8
             })
             .collect();
-        let run = |ext: CpuExtensions| {
-            let mut resizer = Resizer::new();
-            // SAFETY: only extensions this CPU supports are passed (filtered below).
-            unsafe { resizer.set_cpu_extensions(ext) };
+        let mut outputs = crate::resample::every_isa().into_iter().map(|(name, mut r)| {
             let mut dst = Vec::new();
-            bilinear(&mut resizer, &src, from, &mut dst, to).unwrap();
-            dst
-        };
-        let portable = run(CpuExtensions::None);
-        #[cfg(target_arch = "x86_64")]
-        for ext in [CpuExtensions::Sse4_1, CpuExtensions::Avx2] {
-            if ext.is_supported() {
-                assert!(run(ext) == portable, "{ext:?} differs from the portable code");
-            }
+            bilinear(&mut r, &src, from, &mut dst, to).unwrap();
+            (name, dst)
+        });
+        let (_, portable) = outputs.next().expect("the portable build");
+        for (name, dst) in outputs {
+            assert!(dst == portable, "{name} differs from the portable build");
         }
-        #[cfg(target_arch = "aarch64")]
-        assert!(run(CpuExtensions::Neon) == portable);
     }
 }

@@ -17,8 +17,9 @@
 //!   around it as it would in the resized whole.
 //! - [`Transform::Resize`]: stretch to exactly `size`.
 //!
-//! Resampling is fast_image_resize's `Convolution(Bilinear)`: Pillow's antialiased bilinear,
-//! which torchvision's uint8 `antialias=True` path also follows.
+//! Resampling is [`crate::resample`]: Pillow's antialiased bilinear, which torchvision's uint8
+//! `antialias=True` path also follows (and, bit for bit, fast_image_resize's
+//! `Convolution(Bilinear)`, which it replaced).
 //!
 //! # Invariants
 //! - **Output is a pure function of (bytes, transform, rng state, layout)**: the same inputs
@@ -30,9 +31,10 @@
 //!   grey, CMYK/YCCK, progressive, arithmetic and EXIF-oriented files). Every other format is
 //!   decoded whole. [`Options::region_decode`] turns region decoding off (the reference path
 //!   in tests); [`Options::dct_scaling`] trades exactness for speed on large sources.
-//! - **No per-sample allocation of ours once warm**: the decoded region, the NCHW staging image
-//!   and the resizer's buffers are per-processor and keep their capacity. (libjpeg-turbo and
-//!   fast_image_resize still allocate small internal tables per call.)
+//! - **No per-sample heap allocation in Rust once warm** (tested by `tests/alloc.rs`): the
+//!   decoded region, the NCHW staging image and the resampler's coefficient tables and rows are
+//!   per-processor and keep their capacity. (libjpeg-turbo still `malloc`s about ten small
+//!   tables per image of its own, out of our reach through the TurboJPEG API.)
 //! - **No input panics**: any byte string gives `Ok` or an [`OpError`]; `out` of the wrong
 //!   length is an error, and on error `out` holds unspecified bytes.
 //!
@@ -45,12 +47,11 @@ mod geometry;
 mod rng;
 mod write;
 
-use fast_image_resize::Resizer;
-
 pub use geometry::{random_resized_crop_params, resize_shorter};
 pub use rng::SampleRng;
 
 use crate::codec::{CodecError, Decoder, JpegTuning, Limits, Rect};
+use crate::resample::Resampler;
 use geometry::{center_axis, round_py};
 use write::{BoxF, Dst, Src};
 
@@ -225,7 +226,7 @@ pub enum OpError {
     /// The transform is out of bounds ([`Transform::validate`]'s message).
     #[error("{0}")]
     Transform(String),
-    /// fast_image_resize refused its arguments: a bug in our geometry, never the input's fault.
+    /// The resampler refused its arguments: a bug in our geometry, never the input's fault.
     #[error("internal resize error: {0}")]
     Resize(String),
 }
@@ -278,7 +279,7 @@ impl Options {
 /// allocations once warm. `Send`, not `Sync`.
 pub struct Processor {
     decoder: Decoder,
-    resizer: Resizer,
+    resampler: Resampler,
     /// The decoded region (packed RGB8).
     pixels: Vec<u8>,
     /// The resampled image in HWC order, staged here for an NCHW output.
@@ -462,7 +463,7 @@ impl Processor {
         decoder.set_jpeg_tuning(options.jpeg_tuning())?;
         Ok(Processor {
             decoder,
-            resizer: Resizer::new(),
+            resampler: Resampler::new(),
             pixels: Vec::new(),
             hwc: Vec::new(),
             decode_ns: 0,
@@ -583,7 +584,7 @@ impl Processor {
                     size: (out_w, out_h),
                     rect: plan.dst,
                 };
-                write::resample(&mut self.resizer, src, sample, dst)?;
+                write::resample(&mut self.resampler, src, sample, dst)?;
                 if flip {
                     write::flip_rows(out, out_w as usize);
                 }
@@ -598,7 +599,7 @@ impl Processor {
                     size: (out_w, out_h),
                     rect: plan.dst,
                 };
-                write::resample(&mut self.resizer, src, sample, dst)?;
+                write::resample(&mut self.resampler, src, sample, dst)?;
                 write::hwc_to_chw(&self.hwc, out_w as usize, out_h as usize, flip, out);
             }
         }

@@ -1,11 +1,9 @@
-//! Writing the output: the antialiased resample (fast_image_resize), the horizontal flip, and
-//! the HWC → CHW transpose.
-
-use fast_image_resize::images::{CroppedImage, CroppedImageMut, Image, ImageRef};
-use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+//! Writing the output: the antialiased resample ([`crate::resample`]), the horizontal flip,
+//! and the HWC → CHW transpose.
 
 use super::OpError;
 use crate::codec::Rect;
+use crate::resample::{Resampler, SampleBox, Source, Target};
 
 /// A float rectangle in source pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,14 +34,14 @@ pub(super) struct Dst<'a> {
 }
 
 /// Resamples the part `sample` of `src` into the rectangle `dst.rect` of `dst`, with
-/// fast_image_resize's `Convolution(Bilinear)`: a triangle filter whose support grows with the
+/// [`crate::resample`]'s antialiased bilinear filter: a triangle whose support grows with the
 /// downscale factor, like Pillow's `resize(BILINEAR)` and torchvision's `antialias=True`.
 ///
 /// `src.bounds` is what the filter may read: pixels outside it count as absent, as
 /// at an image edge. torchvision crops before it resizes in `resized_crop`, so for
 /// RandomResizedCrop `bounds` is the crop itself; for Resize + CenterCrop it is the whole
 /// decoded area. `sample` is relative to `src` and is clamped into `bounds`.
-pub(super) fn resample(resizer: &mut Resizer, src: Src<'_>, sample: BoxF, dst: Dst<'_>) -> Result<(), OpError> {
+pub(super) fn resample(resampler: &mut Resampler, src: Src<'_>, sample: BoxF, dst: Dst<'_>) -> Result<(), OpError> {
     let Src {
         pixels: src,
         size: src_size,
@@ -60,8 +58,6 @@ pub(super) fn resample(resizer: &mut Resizer, src: Src<'_>, sample: BoxF, dst: D
             src_size.0, src_size.1, dst_size.0, dst_size.1
         ))
     };
-    let image = ImageRef::new(src_size.0, src_size.1, src, PixelType::U8x3).map_err(|e| fail(&e))?;
-    let view = CroppedImage::new(&image, bounds.left, bounds.top, bounds.width, bounds.height).map_err(|e| fail(&e))?;
     // The box relative to `bounds`, clamped into it (float error at the far edges).
     let (bw, bh) = (f64::from(bounds.width), f64::from(bounds.height));
     let left = (sample.left - f64::from(bounds.left)).clamp(0.0, bw);
@@ -71,17 +67,25 @@ pub(super) fn resample(resizer: &mut Resizer, src: Src<'_>, sample: BoxF, dst: D
     if width <= 0.0 || height <= 0.0 {
         return Err(fail(&"empty sample box"));
     }
-    let options = ResizeOptions::new()
-        .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-        .crop(left, top, width, height);
-    let mut out = Image::from_slice_u8(dst_size.0, dst_size.1, dst, PixelType::U8x3).map_err(|e| fail(&e))?;
-    if dst_rect == Rect::full(dst_size.0, dst_size.1) {
-        resizer.resize(&view, &mut out, &options).map_err(|e| fail(&e))
-    } else {
-        let mut part = CroppedImageMut::new(&mut out, dst_rect.left, dst_rect.top, dst_rect.width, dst_rect.height)
-            .map_err(|e| fail(&e))?;
-        resizer.resize(&view, &mut part, &options).map_err(|e| fail(&e))
-    }
+    let source = Source {
+        pixels: src,
+        width: src_size.0,
+        height: src_size.1,
+        bounds,
+    };
+    let target = Target {
+        pixels: dst,
+        width: dst_size.0,
+        height: dst_size.1,
+        rect: dst_rect,
+    };
+    let sample = SampleBox {
+        left,
+        top,
+        width,
+        height,
+    };
+    resampler.resample(source, sample, target).map_err(|e| fail(&e))
 }
 
 /// Mirrors every row of the packed RGB8 image `image` (`width` pixels per row) in place.
@@ -209,7 +213,7 @@ mod tests {
             size: (4, 3),
             rect: Rect::full(4, 3),
         };
-        resample(&mut Resizer::new(), src_img, sample, dst_img).unwrap();
+        resample(&mut Resampler::new(), src_img, sample, dst_img).unwrap();
         for y in 0..3 {
             assert_eq!(
                 dst[y * 12..(y + 1) * 12],

@@ -1,0 +1,139 @@
+//! No heap allocation per sample on the hot path once warm (`ops` module docs): a counting
+//! global allocator around `Processor::process`, for every transform and layout.
+//!
+//! A binary of its own (not a module of `tests/it`), so that the counting allocator slows no
+//! other test down. It counts the calling thread's allocations only, so the test harness's
+//! threads do not disturb it. libjpeg-turbo's own `malloc`s (about ten small tables per image,
+//! out of reach through the TurboJPEG API) are not Rust allocations and are not seen here.
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::cell::Cell;
+
+use ringfeed::codec::Limits;
+use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
+
+/// The system allocator, counting the calls that hand out memory, per thread.
+struct Counting;
+
+thread_local! {
+    /// Allocations of this thread (a `const` thread-local without a destructor: reading it
+    /// never allocates).
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    // `try_with`: during thread teardown the slot may be gone; those calls do not matter.
+    let _ = ALLOCS.try_with(|n| n.set(n.get() + 1));
+}
+
+fn allocations() -> u64 {
+    ALLOCS.with(Cell::get)
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; counting
+// touches only a thread-local `Cell` and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: forwarded contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        // SAFETY: forwarded contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// A seeded photo-like JPEG: gradients, a disc and noise.
+fn jpeg(w: usize, h: usize, seed: u64, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut px = Vec::with_capacity(w * h * 3);
+    for y in 0..h {
+        for x in 0..w {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let noise = (state % 24) as usize;
+            let disc = ((x as i64 - w as i64 / 2).pow(2) + (y as i64 - h as i64 / 2).pow(2) < (h as i64 / 4).pow(2))
+                as usize
+                * 80;
+            px.push(((x + noise + disc) % 256) as u8);
+            px.push(((y * 2 + noise) % 256) as u8);
+            px.push(((x + y + disc) % 256) as u8);
+        }
+    }
+    let image = turbojpeg::Image {
+        pixels: &px[..],
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    turbojpeg::compress(image, 90, subsamp).expect("encodes").to_vec()
+}
+
+#[test]
+fn process_allocates_nothing_once_warm() {
+    use turbojpeg::Subsamp;
+    // The largest first: warming up on it sizes every buffer for the others.
+    let files = [
+        jpeg(640, 480, 1, Subsamp::Sub2x2),
+        jpeg(500, 375, 2, Subsamp::Sub2x2),
+        jpeg(375, 500, 3, Subsamp::None),
+        jpeg(301, 233, 4, Subsamp::Sub2x1),
+        jpeg(97, 61, 5, Subsamp::Gray),
+    ];
+    let transforms = [
+        Transform::random_resized_crop((224, 224)),
+        Transform::CenterCrop {
+            size: (224, 224),
+            resize: 256,
+        },
+        Transform::Resize { size: (224, 224) },
+    ];
+    let layouts = [Layout::Nhwc, Layout::Nchw];
+    let mut p = Processor::new(Limits::default()).expect("processor");
+    let mut out = vec![0u8; 224 * 224 * 3];
+    let mut run = |p: &mut Processor, data: &[u8], t: &Transform, layout: Layout, epoch: u64, index: u64| {
+        p.process(data, t, &mut SampleRng::new(0, epoch, index), layout, &mut out)
+            .expect("processes");
+    };
+    // Warm-up: the largest image, whole (Resize), and every transform and layout once.
+    let before = allocations();
+    for t in &transforms {
+        for layout in layouts {
+            run(&mut p, &files[0], t, layout, u64::MAX, 0);
+        }
+    }
+    let warm_up = allocations() - before;
+    // Then many samples: other images, other crops, flips, both layouts.
+    let before = allocations();
+    let mut samples = 0;
+    for epoch in 0..8 {
+        for (i, data) in files.iter().enumerate() {
+            for t in &transforms {
+                for layout in layouts {
+                    run(&mut p, data, t, layout, epoch, i as u64);
+                    samples += 1;
+                }
+            }
+        }
+    }
+    let after = allocations() - before;
+    eprintln!("warm-up: {warm_up} allocations; then {samples} samples: {after}");
+    assert!(warm_up > 0, "the counting allocator counts nothing");
+    assert_eq!(after, 0, "{after} heap allocations in {samples} samples once warm");
+}

@@ -165,18 +165,23 @@ impl Isa {
     }
 }
 
-/// The fixed-point coefficients of one axis: for output pixel `i`, `len[i]` taps from source
-/// pixel `start[i]` on, weights `coeffs[i * stride..][..len[i]]`.
+/// The fixed-point coefficients of one axis, laid out for the kernels: every output pixel has
+/// the same number of taps, `taps` (the widest window), and output pixel `i` reads source pixels
+/// `start[i]..start[i] + taps` with weights `coeffs[i * taps..][..taps]`. A narrower window is
+/// padded with zero weights, on its right, or on its left where the padding would pass the
+/// end of the source; so every tap is inside the source, and a kernel needs no bounds of its
+/// own.
 #[derive(Debug, Default)]
 struct Axis {
     start: Vec<u32>,
-    len: Vec<u32>,
     coeffs: Vec<i16>,
-    /// Coefficients per output pixel in `coeffs` (the largest window, `2 * ceil(support) + 1`).
-    stride: usize,
+    /// Taps per output pixel (at least 1, at most the source's size).
+    taps: usize,
     /// Fractional bits of `coeffs`.
     precision: u32,
-    /// The floating-point weights, before they become `coeffs`.
+    /// fir's windows: first tap and number of taps, per output pixel.
+    bounds: Vec<(u32, u32)>,
+    /// fir's floating-point weights, `2 * ceil(support) + 1` per output pixel.
     weights: Vec<f64>,
 }
 
@@ -184,6 +189,7 @@ impl Axis {
     /// Computes the coefficients for resampling `in0..in1` (source pixels, inside
     /// `0..in_size`) onto `out` pixels (at least 1). fir's `precompute_coefficients` and
     /// `Normalizer16::new`, operation for operation, so that the rounding is the same.
+    #[inline(always)]
     fn compute(&mut self, in_size: u32, in0: f64, in1: f64, out: u32) {
         let out_n = out as usize;
         let scale = (in1 - in0) / f64::from(out);
@@ -194,8 +200,7 @@ impl Axis {
         let recip = 1.0 / filter_scale;
         self.weights.clear();
         self.weights.resize(window * out_n, 0.0);
-        self.start.clear();
-        self.len.clear();
+        self.bounds.clear();
         for (i, w) in self.weights.chunks_exact_mut(window).enumerate() {
             let in_center = in0 + (i as f64 + 0.5) * scale;
             let x_min = (in_center - radius).floor().max(0.0) as u32;
@@ -227,10 +232,9 @@ impl Axis {
                     *v /= sum;
                 }
             }
-            self.start.push(first);
             // Never more taps than the window (which always holds them: a window of radius
             // `r` around a point spans fewer than `2r + 2` whole pixels).
-            self.len.push((end - first).min(window as u32));
+            self.bounds.push((first, (end - first).min(window as u32)));
         }
         let max = self.weights.iter().copied().fold(0.0f64, f64::max);
         let mut precision = 0;
@@ -242,31 +246,54 @@ impl Axis {
             }
         }
         let unit = f64::from(1u32 << precision);
+        // The kernels' layout: `taps` weights per output pixel. A window holds at most
+        // `in_size` pixels, so `start` below never underflows and every tap is in the source.
+        let taps = self
+            .bounds
+            .iter()
+            .map(|&(_, n)| n)
+            .max()
+            .unwrap_or(0)
+            .clamp(1, in_size.max(1));
+        self.start.clear();
         self.coeffs.clear();
-        self.coeffs
-            .extend(self.weights.iter().map(|&v| (v * unit).round() as i16));
-        self.stride = window;
+        self.coeffs.resize(taps as usize * out_n, 0);
+        for ((&(first, n), w), row) in self
+            .bounds
+            .iter()
+            .zip(self.weights.chunks_exact(window))
+            .zip(self.coeffs.chunks_exact_mut(taps as usize))
+        {
+            let start = first.min(in_size.saturating_sub(taps));
+            let pad = (first - start) as usize;
+            for (c, &v) in row[pad..].iter_mut().zip(&w[..n as usize]) {
+                *c = (v * unit).round() as i16;
+            }
+            self.start.push(start);
+        }
+        self.taps = taps as usize;
         self.precision = precision;
     }
 
     /// The source pixels the taps read: `(first, end)`.
     fn span(&self) -> (usize, usize) {
-        let first = self.start.iter().copied().min().unwrap_or(0) as usize;
-        let end = self
-            .start
-            .iter()
-            .zip(&self.len)
-            .map(|(&s, &n)| s as usize + n as usize)
-            .max()
-            .unwrap_or(0);
-        (first, end.max(first))
+        let first = self.start.iter().min().map_or(0, |&s| s as usize);
+        let end = self.start.iter().max().map_or(0, |&s| s as usize + self.taps);
+        (first, end)
     }
 
-    /// The taps of output pixel `i`: (first source pixel, weights).
+    /// The taps of output pixel `i`: (first source pixel, `taps` weights).
     #[inline(always)]
     fn taps(&self, i: usize) -> (usize, &[i16]) {
-        let n = self.len[i] as usize;
-        (self.start[i] as usize, &self.coeffs[i * self.stride..][..n])
+        (self.start[i] as usize, &self.coeffs[i * self.taps..][..self.taps])
+    }
+
+    /// The taps of output pixel `i` without the padding: (first source pixel, weights).
+    #[inline(always)]
+    fn window(&self, i: usize) -> (usize, &[i16]) {
+        let (first, n) = self.bounds[i];
+        let pad = (first - self.start[i]) as usize;
+        (first as usize, &self.coeffs[i * self.taps + pad..][..n as usize])
     }
 }
 
@@ -287,6 +314,8 @@ pub struct Resampler {
     rows: Vec<u8>,
     /// The same rows transposed: `[column][row][channel]`, [`LANES`] bytes per column.
     block: Vec<u8>,
+    /// The horizontal pass's output for those rows, transposed the same way.
+    columns: Vec<u8>,
 }
 
 impl std::fmt::Debug for Resampler {
@@ -295,6 +324,7 @@ impl std::fmt::Debug for Resampler {
             .field("isa", &self.isa)
             .field("rows_capacity", &self.rows.capacity())
             .field("block_capacity", &self.block.capacity())
+            .field("columns_capacity", &self.columns.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -305,7 +335,20 @@ impl Default for Resampler {
     }
 }
 
-/// What the kernels need of one call, validated.
+/// One call, validated.
+struct Call<'s, 'd> {
+    src: &'s [u8],
+    /// Bytes per source row.
+    src_stride: usize,
+    bounds: Rect,
+    sample: SampleBox,
+    dst: &'d mut [u8],
+    /// Bytes per target row.
+    dst_stride: usize,
+    rect: Rect,
+}
+
+/// What the passes need of one call.
 struct Job<'s, 'd> {
     src: &'s [u8],
     /// Bytes per source row.
@@ -318,6 +361,13 @@ struct Job<'s, 'd> {
     rect: Rect,
     /// The box's first column and row when that axis has no pass (whole pixels then).
     offset: (usize, usize),
+}
+
+/// The resampler's buffers, lent to one call.
+struct Scratch<'a> {
+    rows: &'a mut [u8],
+    block: &'a mut [u8],
+    columns: &'a mut [u8],
 }
 
 impl Resampler {
@@ -333,6 +383,7 @@ impl Resampler {
             vertical: Axis::default(),
             rows: Vec::new(),
             block: Vec::new(),
+            columns: Vec::new(),
         }
     }
 
@@ -377,6 +428,58 @@ impl Resampler {
         if rect.width == 0 || rect.height == 0 {
             return Ok(());
         }
+        let call = Call {
+            src: pixels,
+            src_stride: width as usize * 3,
+            bounds,
+            sample,
+            dst: dst.pixels,
+            dst_stride: dst.width as usize * 3,
+            rect,
+        };
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                // SAFETY: `Isa::Avx2` is chosen only by `Isa::detect` after
+                // `is_x86_feature_detected!("avx2")`, or by tests that checked it the same way;
+                // so this CPU runs AVX2 instructions.
+                unsafe { self.run_avx2(call) }
+            }
+            Isa::Portable => self.run_portable(call),
+        }
+        Ok(())
+    }
+
+    /// [`Resampler::run`] compiled with AVX2.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn run_avx2(&mut self, call: Call<'_, '_>) {
+        self.run(call);
+    }
+
+    /// [`Resampler::run`] compiled for the baseline target.
+    fn run_portable(&mut self, call: Call<'_, '_>) {
+        self.run(call);
+    }
+
+    /// The coefficients, then the passes. `#[inline(always)]` down to the loops, so that each
+    /// `run_*` above compiles its own copy with its own target features (the coefficients'
+    /// floating-point arithmetic is exact to the last bit either way: IEEE operations, and
+    /// rounding functions that are exact).
+    #[inline(always)]
+    fn run(&mut self, call: Call<'_, '_>) {
+        let Call {
+            src,
+            src_stride,
+            bounds,
+            sample,
+            dst,
+            dst_stride,
+            rect,
+        } = call;
         // fir's rule: an axis that keeps its size from a whole-pixel start needs no pass.
         let need_h = f64::from(rect.width) != sample.width || sample.left != sample.left.round();
         let need_v = f64::from(rect.height) != sample.height || sample.top != sample.top.round();
@@ -389,37 +492,35 @@ impl Resampler {
             self.vertical.compute(bounds.height, t, t + h, rect.height);
         }
         let job = Job {
-            src: pixels,
-            src_stride: width as usize * 3,
+            src,
+            src_stride,
             origin: (bounds.left as usize, bounds.top as usize),
-            dst: dst.pixels,
-            dst_stride: dst.width as usize * 3,
+            dst,
+            dst_stride,
             rect,
             // Whole pixels wherever they are used (the axis has no pass).
             offset: (sample.left as usize, sample.top as usize),
         };
         let h = need_h.then_some(&self.horizontal);
         let v = need_v.then_some(&self.vertical);
-        // Room for the intermediate rows and the block, grown only (the bytes are always
-        // written before they are read, except the spare lanes of a short last block).
+        // Room for the intermediate rows and the blocks, grown only: every byte a pass reads
+        // was written earlier in the same call.
         let tw = h.map_or(0, |a| {
             let (first, end) = a.span();
             end - first
         });
         grow(&mut self.rows, ROWS * tw * 3);
         grow(&mut self.block, tw * LANES);
-        let (rows, block) = (&mut self.rows[..], &mut self.block[..]);
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => {
-                // SAFETY: `Isa::Avx2` is chosen only by `Isa::detect` after
-                // `is_x86_feature_detected!("avx2")`, or by tests that checked it the same way;
-                // so this CPU runs AVX2 instructions.
-                unsafe { run_avx2(job, h, v, rows, block) }
-            }
-            Isa::Portable => run_portable(job, h, v, rows, block),
-        }
-        Ok(())
+        grow(
+            &mut self.columns,
+            if h.is_some() { rect.width as usize * LANES } else { 0 },
+        );
+        let scratch = Scratch {
+            rows: &mut self.rows,
+            block: &mut self.block,
+            columns: &mut self.columns,
+        };
+        passes(job, h, v, scratch);
     }
 }
 
@@ -445,25 +546,27 @@ fn grow(v: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// The kernels compiled with AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn run_avx2(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], block: &mut [u8]) {
-    run(job, h, v, rows, block);
+/// Calls `f::<N>(args)` with `N` = `taps` for 1 to 8 taps, and `N = 0` (any number) beyond:
+/// a kernel with a fixed number of taps is unrolled and vectorised across its lanes.
+macro_rules! with_taps {
+    ($taps:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $taps {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            5 => $f::<5>($($arg),*),
+            6 => $f::<6>($($arg),*),
+            7 => $f::<7>($($arg),*),
+            8 => $f::<8>($($arg),*),
+            _ => $f::<0>($($arg),*),
+        }
+    };
 }
 
-/// The kernels compiled for the baseline target.
-fn run_portable(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], block: &mut [u8]) {
-    run(job, h, v, rows, block);
-}
-
-/// Both passes, either, or a copy. `#[inline(always)]` down to the loops, so that each
-/// `run_*` above compiles its own copy with its own target features.
+/// Both passes, either, or a copy.
 #[inline(always)]
-fn run(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], block: &mut [u8]) {
+fn passes(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, scratch: Scratch<'_>) {
     let Job {
         src,
         src_stride,
@@ -473,6 +576,7 @@ fn run(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], bl
         rect,
         offset: (bx, by),
     } = job;
+    let Scratch { rows, block, columns } = scratch;
     let (out_w, out_h) = (rect.width as usize, rect.height as usize);
     let dst_at = |y: usize| (rect.top as usize + y) * dst_stride + rect.left as usize * 3;
     match (h, v) {
@@ -485,15 +589,18 @@ fn run(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], bl
         }
         (None, Some(v)) => {
             for y in 0..out_h {
-                let (first, ks) = v.taps(y);
+                let (first, ks) = v.window(y);
                 let d = dst_at(y);
-                vertical_row(
-                    src,
-                    src_stride,
-                    (oy + first) * src_stride + (ox + bx) * 3,
-                    ks,
-                    v.precision,
-                    &mut dst[d..d + out_w * 3],
+                with_taps!(
+                    ks.len(),
+                    vertical_row(
+                        src,
+                        src_stride,
+                        (oy + first) * src_stride + (ox + bx) * 3,
+                        ks,
+                        v.precision,
+                        &mut dst[d..d + out_w * 3],
+                    )
                 );
             }
         }
@@ -509,9 +616,10 @@ fn run(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], bl
                         // The vertical pass for these rows, over the columns the horizontal
                         // pass reads.
                         for (r, row) in rows.chunks_exact_mut(row_len).take(n).enumerate() {
-                            let (top, ks) = v.taps(y0 + r);
+                            // Row by row, so each row's own window, without padding.
+                            let (top, ks) = v.window(y0 + r);
                             let at = (oy + top) * src_stride + (ox + first) * 3;
-                            vertical_row(src, src_stride, at, ks, v.precision, row);
+                            with_taps!(ks.len(), vertical_row(src, src_stride, at, ks, v.precision, row));
                             starts[r] = r * row_len;
                         }
                         transpose(rows, starts, n, tw, block);
@@ -523,47 +631,120 @@ fn run(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, rows: &mut [u8], bl
                         transpose(src, starts, n, tw, block);
                     }
                 }
-                horizontal_block(block, h, first, n, dst, dst_at(y0), dst_stride, out_w);
+                let out = &mut columns[..out_w * LANES];
+                with_taps!(h.taps, horizontal_block(block, h, first, out));
+                untranspose(out, n, out_w, dst, dst_at(y0), dst_stride);
             }
         }
     }
 }
 
-/// One output row of the vertical pass: `out[i] = clip(Σ_j src[at + j * stride + i] * ks[j])`.
+/// One output row of the vertical pass: `out[i] = clip(Σ_j src[at + j * stride + i] * ks[j])`,
+/// for `N` taps (1 to 8), or any number with `N = 0`.
 #[inline(always)]
-fn vertical_row(src: &[u8], stride: usize, at: usize, ks: &[i16], precision: u32, out: &mut [u8]) {
+fn vertical_row<const N: usize>(src: &[u8], stride: usize, at: usize, ks: &[i16], precision: u32, out: &mut [u8]) {
     let len = out.len();
     let init = 1i32 << (precision - 1);
-    let mut i = 0;
-    while i < len {
-        // A last step shorter than CHUNK is taken as the CHUNK bytes that end the row
-        // (recomputing a few bytes with the same result).
-        let c = if i + CHUNK <= len { i } else { len.saturating_sub(CHUNK) };
-        if len - c < CHUNK {
-            // A row shorter than one step.
-            for (x, o) in out.iter_mut().enumerate() {
-                let mut acc = init;
-                for (j, &k) in ks.iter().enumerate() {
-                    acc += i32::from(src[at + j * stride + x]) * i32::from(k);
-                }
-                *o = clip(acc, precision);
+    if len < CHUNK {
+        // A row shorter than one step (tiny images).
+        for (i, o) in out.iter_mut().enumerate() {
+            let mut acc = init;
+            for (j, &k) in ks.iter().enumerate() {
+                acc += i32::from(src[at + j * stride + i]) * i32::from(k);
             }
-            return;
+            *o = clip(acc, precision);
         }
+        return;
+    }
+    let mut i = 0;
+    loop {
+        // A last step shorter than CHUNK is taken as the CHUNK bytes that end the row
+        // (recomputing a few bytes, with the same result).
+        let c = i.min(len - CHUNK);
         let mut acc = [init; CHUNK];
-        for (j, &k) in ks.iter().enumerate() {
-            let base = at + j * stride + c;
-            let s: &[u8; CHUNK] = src[base..base + CHUNK].try_into().expect("CHUNK bytes");
-            let k = i32::from(k);
-            for (a, &p) in acc.iter_mut().zip(s) {
-                *a += i32::from(p) * k;
-            }
+        if N == 0 {
+            convolve(&mut acc, src, at + c, stride, ks);
+        } else {
+            madd::<CHUNK, N>(&mut acc, src, at + c, stride, ks);
         }
         let o: &mut [u8; CHUNK] = (&mut out[c..c + CHUNK]).try_into().expect("CHUNK bytes");
-        for (o, &a) in o.iter_mut().zip(&acc) {
-            *o = clip(a, precision);
+        clip_all(&acc, precision, o);
+        if c + CHUNK == len {
+            return;
         }
         i = c + CHUNK;
+    }
+}
+
+/// `acc[l] += Σ_j data[at + j * step + l] * ks[j]` over all of `ks`, for windows wider than
+/// eight taps: eight taps at a time, then the rest.
+#[inline(always)]
+fn convolve<const L: usize>(acc: &mut [i32; L], data: &[u8], mut at: usize, step: usize, ks: &[i16]) {
+    let mut groups = ks.chunks_exact(8);
+    for g in &mut groups {
+        madd::<L, 8>(acc, data, at, step, g);
+        at += 8 * step;
+    }
+    let rest = groups.remainder();
+    match rest.len() {
+        1 => madd::<L, 1>(acc, data, at, step, rest),
+        2 => madd::<L, 2>(acc, data, at, step, rest),
+        3 => madd::<L, 3>(acc, data, at, step, rest),
+        4 => madd::<L, 4>(acc, data, at, step, rest),
+        5 => madd::<L, 5>(acc, data, at, step, rest),
+        6 => madd::<L, 6>(acc, data, at, step, rest),
+        7 => madd::<L, 7>(acc, data, at, step, rest),
+        _ => {}
+    }
+}
+
+/// [`convolve`] for exactly `M` taps (`ks.len() >= M`, `M <= 8`), written out tap by tap: a
+/// loop over the taps would not be unrolled (its body is large), and LLVM would then
+/// vectorise across the taps instead of across the lanes.
+#[inline(always)]
+fn madd<const L: usize, const M: usize>(acc: &mut [i32; L], data: &[u8], at: usize, step: usize, ks: &[i16]) {
+    let ks = &ks[..M];
+    if M > 0 {
+        tap(acc, data, at, ks[0]);
+    }
+    if M > 1 {
+        tap(acc, data, at + step, ks[1]);
+    }
+    if M > 2 {
+        tap(acc, data, at + 2 * step, ks[2]);
+    }
+    if M > 3 {
+        tap(acc, data, at + 3 * step, ks[3]);
+    }
+    if M > 4 {
+        tap(acc, data, at + 4 * step, ks[4]);
+    }
+    if M > 5 {
+        tap(acc, data, at + 5 * step, ks[5]);
+    }
+    if M > 6 {
+        tap(acc, data, at + 6 * step, ks[6]);
+    }
+    if M > 7 {
+        tap(acc, data, at + 7 * step, ks[7]);
+    }
+}
+
+/// `acc[l] += data[at + l] * k`.
+#[inline(always)]
+fn tap<const L: usize>(acc: &mut [i32; L], data: &[u8], at: usize, k: i16) {
+    let s: &[u8; L] = data[at..at + L].try_into().expect("L bytes");
+    let k = i32::from(k);
+    for (a, &p) in acc.iter_mut().zip(s) {
+        *a += i32::from(p) * k;
+    }
+}
+
+/// [`clip`] of every lane.
+#[inline(always)]
+fn clip_all<const L: usize>(acc: &[i32; L], precision: u32, out: &mut [u8; L]) {
+    for (o, &a) in out.iter_mut().zip(acc) {
+        *o = clip(a, precision);
     }
 }
 
@@ -576,50 +757,67 @@ fn transpose(src: &[u8], mut starts: [usize; ROWS], n: usize, tw: usize, block: 
         starts[r] = starts[0];
     }
     let rows: [&[u8]; ROWS] = std::array::from_fn(|r| &src[starts[r]..starts[r] + tw * 3]);
-    for (x, column) in block.chunks_exact_mut(LANES).take(tw).enumerate() {
+    // Every column but the last moves 4 bytes per pixel, one more than it has: the extra byte,
+    // read from inside the row and written into the next slot, is overwritten by the next
+    // move. (Half the instructions of a 3-byte move.)
+    let last = tw - 1;
+    for x in 0..last {
+        let column = &mut block[x * LANES..x * LANES + LANES + 1];
         for (r, row) in rows.iter().enumerate() {
-            column[r * 3..r * 3 + 3].copy_from_slice(&row[x * 3..x * 3 + 3]);
+            move4(&row[x * 3..x * 3 + 4], &mut column[r * 3..r * 3 + 4]);
         }
+    }
+    let column = &mut block[last * LANES..last * LANES + LANES];
+    for (r, row) in rows.iter().enumerate() {
+        column[r * 3..r * 3 + 3].copy_from_slice(&row[last * 3..last * 3 + 3]);
     }
 }
 
-/// The horizontal pass over a transposed block whose column 0 is source column `first`: `n`
-/// rows of `out_w` pixels into `dst`, row `r` at `dst[at + r * stride..]`.
+/// `to.copy_from_slice(from)` for 4 bytes, as one 4-byte load and one 4-byte store.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn horizontal_block(
-    block: &[u8],
-    h: &Axis,
-    first: usize,
-    n: usize,
-    dst: &mut [u8],
-    at: usize,
-    stride: usize,
-    out_w: usize,
-) {
+fn move4(from: &[u8], to: &mut [u8]) {
+    let v: [u8; 4] = from.try_into().expect("4 bytes");
+    let to: &mut [u8; 4] = to.try_into().expect("4 bytes");
+    *to = v;
+}
+
+/// The horizontal pass over a transposed block whose column 0 is source column `first`, into a
+/// transposed output block (`[output column][row][channel]`, [`LANES`] bytes a column). `N`
+/// taps (1 to 8), or any number with `N = 0`.
+#[inline(always)]
+fn horizontal_block<const N: usize>(block: &[u8], h: &Axis, first: usize, out: &mut [u8]) {
     let precision = h.precision;
     let init = 1i32 << (precision - 1);
-    for x in 0..out_w {
+    for (x, px) in out.chunks_exact_mut(LANES).enumerate() {
         let (start, ks) = h.taps(x);
-        let base = (start - first) * LANES;
         let mut acc = [init; LANES];
-        for (j, &k) in ks.iter().enumerate() {
-            let s: &[u8; LANES] = block[base + j * LANES..base + (j + 1) * LANES]
-                .try_into()
-                .expect("LANES bytes");
-            let k = i32::from(k);
-            for (a, &p) in acc.iter_mut().zip(s) {
-                *a += i32::from(p) * k;
-            }
+        if N == 0 {
+            convolve(&mut acc, block, (start - first) * LANES, LANES, ks);
+        } else {
+            madd::<LANES, N>(&mut acc, block, (start - first) * LANES, LANES, ks);
         }
-        let mut px = [0u8; LANES];
-        for (o, &a) in px.iter_mut().zip(&acc) {
-            *o = clip(a, precision);
+        // One contiguous store of the whole column: it is what lets LLVM vectorise the
+        // arithmetic above (its vectoriser starts from stores).
+        let px: &mut [u8; LANES] = px.try_into().expect("LANES bytes");
+        clip_all(&acc, precision, px);
+    }
+}
+
+/// Writes the first `n` rows of a transposed output block of `out_w` columns into `dst`, row
+/// `r` at `dst[at + r * stride..]`.
+#[inline(always)]
+fn untranspose(out: &[u8], n: usize, out_w: usize, dst: &mut [u8], at: usize, stride: usize) {
+    let last = out_w - 1;
+    for r in 0..n {
+        let row = &mut dst[at + r * stride..][..out_w * 3];
+        // 4-byte moves as in `transpose`: the extra byte lands on the next pixel of the row,
+        // written next; the last pixel moves its 3 bytes, so nothing past the row is touched.
+        for x in 0..last {
+            let from = x * LANES + r * 3;
+            move4(&out[from..from + 4], &mut row[x * 3..x * 3 + 4]);
         }
-        for (r, p) in px.chunks_exact(3).take(n).enumerate() {
-            let d = at + r * stride + x * 3;
-            dst[d..d + 3].copy_from_slice(p);
-        }
+        let from = last * LANES + r * 3;
+        row[last * 3..last * 3 + 3].copy_from_slice(&out[from..from + 3]);
     }
 }
 
@@ -994,5 +1192,9 @@ mod tests {
         assert_eq!(w.iter().map(|&k| i32::from(k)).sum::<i32>(), unit);
         assert_eq!(w.len(), 4);
         assert_eq!(i32::from(w[0]) * 3, i32::from(w[1]));
+        // The last window (pixels 5..8) is padded on its left, to stay inside the source.
+        let (start, w) = a.taps(3);
+        assert_eq!((start, w[0]), (4, 0));
+        assert_eq!(w[1..].iter().map(|&k| i32::from(k)).sum::<i32>(), unit);
     }
 }

@@ -546,20 +546,29 @@ fn grow(v: &mut Vec<u8>, n: usize) {
     }
 }
 
-/// Calls `f::<N>(args)` with `N` = `taps` for 1 to 8 taps, and `N = 0` (any number) beyond:
-/// a kernel with a fixed number of taps is unrolled and vectorised across its lanes.
+/// Calls `f::<A, B>(args)` for a window of `taps = A + B` taps: `(taps, 0)` up to 8 taps,
+/// `(8, taps - 8)` up to 16, and `(0, 0)` (any number) beyond. A kernel with a fixed number
+/// of taps is unrolled and vectorised across its lanes.
 macro_rules! with_taps {
     ($taps:expr, $f:ident($($arg:expr),* $(,)?)) => {
         match $taps {
-            1 => $f::<1>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            8 => $f::<8>($($arg),*),
-            _ => $f::<0>($($arg),*),
+            1 => $f::<1, 0>($($arg),*),
+            2 => $f::<2, 0>($($arg),*),
+            3 => $f::<3, 0>($($arg),*),
+            4 => $f::<4, 0>($($arg),*),
+            5 => $f::<5, 0>($($arg),*),
+            6 => $f::<6, 0>($($arg),*),
+            7 => $f::<7, 0>($($arg),*),
+            8 => $f::<8, 0>($($arg),*),
+            9 => $f::<8, 1>($($arg),*),
+            10 => $f::<8, 2>($($arg),*),
+            11 => $f::<8, 3>($($arg),*),
+            12 => $f::<8, 4>($($arg),*),
+            13 => $f::<8, 5>($($arg),*),
+            14 => $f::<8, 6>($($arg),*),
+            15 => $f::<8, 7>($($arg),*),
+            16 => $f::<8, 8>($($arg),*),
+            _ => $f::<0, 0>($($arg),*),
         }
     };
 }
@@ -640,9 +649,16 @@ fn passes(job: Job<'_, '_>, h: Option<&Axis>, v: Option<&Axis>, scratch: Scratch
 }
 
 /// One output row of the vertical pass: `out[i] = clip(Σ_j src[at + j * stride + i] * ks[j])`,
-/// for `N` taps (1 to 8), or any number with `N = 0`.
+/// for `A + B` taps (see `with_taps!`).
 #[inline(always)]
-fn vertical_row<const N: usize>(src: &[u8], stride: usize, at: usize, ks: &[i16], precision: u32, out: &mut [u8]) {
+fn vertical_row<const A: usize, const B: usize>(
+    src: &[u8],
+    stride: usize,
+    at: usize,
+    ks: &[i16],
+    precision: u32,
+    out: &mut [u8],
+) {
     let len = out.len();
     let init = 1i32 << (precision - 1);
     if len < CHUNK {
@@ -662,11 +678,7 @@ fn vertical_row<const N: usize>(src: &[u8], stride: usize, at: usize, ks: &[i16]
         // (recomputing a few bytes, with the same result).
         let c = i.min(len - CHUNK);
         let mut acc = [init; CHUNK];
-        if N == 0 {
-            convolve(&mut acc, src, at + c, stride, ks);
-        } else {
-            madd::<CHUNK, N>(&mut acc, src, at + c, stride, ks);
-        }
+        fixed_or_any::<CHUNK, A, B>(&mut acc, src, at + c, stride, ks);
         let o: &mut [u8; CHUNK] = (&mut out[c..c + CHUNK]).try_into().expect("CHUNK bytes");
         clip_all(&acc, precision, o);
         if c + CHUNK == len {
@@ -676,8 +688,26 @@ fn vertical_row<const N: usize>(src: &[u8], stride: usize, at: usize, ks: &[i16]
     }
 }
 
+/// `acc[l] += Σ_j data[at + j * step + l] * ks[j]`: for `A + B` taps, unrolled, or for any
+/// number (`A = 0`) with [`convolve`].
+#[inline(always)]
+fn fixed_or_any<const L: usize, const A: usize, const B: usize>(
+    acc: &mut [i32; L],
+    data: &[u8],
+    at: usize,
+    step: usize,
+    ks: &[i16],
+) {
+    if A == 0 {
+        convolve(acc, data, at, step, ks);
+    } else {
+        madd::<L, A>(acc, data, at, step, ks);
+        madd::<L, B>(acc, data, at + A * step, step, &ks[A..]);
+    }
+}
+
 /// `acc[l] += Σ_j data[at + j * step + l] * ks[j]` over all of `ks`, for windows wider than
-/// eight taps: eight taps at a time, then the rest.
+/// sixteen taps: eight taps at a time, then the rest.
 #[inline(always)]
 fn convolve<const L: usize>(acc: &mut [i32; L], data: &[u8], mut at: usize, step: usize, ks: &[i16]) {
     let mut groups = ks.chunks_exact(8);
@@ -782,20 +812,16 @@ fn move4(from: &[u8], to: &mut [u8]) {
 }
 
 /// The horizontal pass over a transposed block whose column 0 is source column `first`, into a
-/// transposed output block (`[output column][row][channel]`, [`LANES`] bytes a column). `N`
-/// taps (1 to 8), or any number with `N = 0`.
+/// transposed output block (`[output column][row][channel]`, [`LANES`] bytes a column), for
+/// `A + B` taps (see `with_taps!`).
 #[inline(always)]
-fn horizontal_block<const N: usize>(block: &[u8], h: &Axis, first: usize, out: &mut [u8]) {
+fn horizontal_block<const A: usize, const B: usize>(block: &[u8], h: &Axis, first: usize, out: &mut [u8]) {
     let precision = h.precision;
     let init = 1i32 << (precision - 1);
     for (x, px) in out.chunks_exact_mut(LANES).enumerate() {
         let (start, ks) = h.taps(x);
         let mut acc = [init; LANES];
-        if N == 0 {
-            convolve(&mut acc, block, (start - first) * LANES, LANES, ks);
-        } else {
-            madd::<LANES, N>(&mut acc, block, (start - first) * LANES, LANES, ks);
-        }
+        fixed_or_any::<LANES, A, B>(&mut acc, block, (start - first) * LANES, LANES, ks);
         // One contiguous store of the whole column: it is what lets LLVM vectorise the
         // arithmetic above (its vectoriser starts from stores).
         let px: &mut [u8; LANES] = px.try_into().expect("LANES bytes");

@@ -6,7 +6,9 @@
 //! - `decode/crc32c_check`: the record checksum `check_crc` verifies per sample (on by default);
 //! - `resize/crop_to_224`: our resampler (`ringfeed::resample`) on a 387x290 crop box of a decoded
 //!   image to 224x224, antialiased bilinear; `resize/crop_to_224_fir`: the same through
-//!   fast_image_resize 6.1 (the baseline it replaced; same bytes);
+//!   fast_image_resize 6.1 (the baseline it replaced; same bytes). Likewise at other scales:
+//!   `resize/upscale_to_224` (120x100), `resize/whole_to_224` (the whole 500x375 image) and
+//!   `resize/large_crop_to_224` (1000x750 of a 2000x1500 image), each with its `_fir` twin;
 //! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
 //! - `transform/rrc224_large_{exact,dct}`: the same on 2000x1500 sources, exact and with DCT scaling
 //!   (`Options::dct_scaling`, default headroom 2), the only sources where it can engage;
@@ -15,7 +17,8 @@
 //!
 //! `cargo bench -p ringfeed-benches --bench pipeline`
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use fast_image_resize as fr;
 use ringfeed::codec::{Decoder, Limits, Rect};
 use ringfeed::ops::{Layout, Options, Processor, SampleRng, Transform};
@@ -62,6 +65,47 @@ fn corpus_sized(n: u64, w: usize, h: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Benchmarks `name` (our resampler) and `{name}_fir` (fast_image_resize, the baseline it
+/// replaced): `sample` of the packed RGB8 `(pixels, width, height)` to 224x224. Their bytes are
+/// equal (checked here once).
+fn resize_pair(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    (pixels, width, height): (&[u8], u32, u32),
+    sample: SampleBox,
+) {
+    let mut resampler = Resampler::new();
+    let mut ours = vec![0u8; 224 * 224 * 3];
+    let mut ours_once = |ours: &mut [u8]| {
+        let src = Source {
+            pixels,
+            width,
+            height,
+            bounds: Rect::full(width, height),
+        };
+        let dst = Target {
+            pixels: ours,
+            width: 224,
+            height: 224,
+            rect: Rect::full(224, 224),
+        };
+        resampler.resample(src, sample, dst).expect("resamples");
+    };
+    let src = fr::images::ImageRef::new(width, height, pixels, fr::PixelType::U8x3).expect("source view");
+    let mut dst = fr::images::Image::new(224, 224, fr::PixelType::U8x3);
+    let mut resizer = fr::Resizer::new();
+    let opts = fr::ResizeOptions::new()
+        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
+        .crop(sample.left, sample.top, sample.width, sample.height);
+    ours_once(&mut ours);
+    resizer.resize(&src, &mut dst, &opts).expect("resizes");
+    assert!(dst.buffer() == &ours[..], "{name}: ours and fir differ");
+    g.bench_function(name, |b| b.iter(|| ours_once(&mut ours)));
+    g.bench_function(format!("{name}_fir"), |b| {
+        b.iter(|| resizer.resize(&src, &mut dst, &opts).expect("resizes"))
+    });
+}
+
 fn benches(c: &mut Criterion) {
     let files = corpus(16);
     let n = files.len() as u64;
@@ -104,44 +148,31 @@ fn benches(c: &mut Criterion) {
         decoder.decode_rgb8(&files[0], &mut v).expect("decodes");
         v
     };
-    // The same crop box through ours and through fir (the baseline it replaced); their bytes
-    // are equal (checked here once).
-    let crop_box = SampleBox {
-        left: 60.0,
-        top: 45.0,
-        width: 387.0,
-        height: 290.0,
+    // The benchmark's crop, then other scales: an upscale, a whole image, and a 4.5x downscale
+    // of a large source.
+    let box_of = |left: f64, top: f64, width: f64, height: f64| SampleBox {
+        left,
+        top,
+        width,
+        height,
     };
-    let mut resampler = Resampler::new();
-    let mut ours = vec![0u8; 224 * 224 * 3];
-    let mut ours_once = |ours: &mut [u8]| {
-        let src = Source {
-            pixels: &decoded,
-            width: W as u32,
-            height: H as u32,
-            bounds: Rect::full(W as u32, H as u32),
-        };
-        let dst = Target {
-            pixels: ours,
-            width: 224,
-            height: 224,
-            rect: Rect::full(224, 224),
-        };
-        resampler.resample(src, crop_box, dst).expect("resamples");
+    let source = (decoded.as_slice(), W as u32, H as u32);
+    resize_pair(&mut g, "crop_to_224", source, box_of(60.0, 45.0, 387.0, 290.0));
+    resize_pair(&mut g, "upscale_to_224", source, box_of(200.0, 150.0, 120.0, 100.0));
+    resize_pair(&mut g, "whole_to_224", source, box_of(0.0, 0.0, W as f64, H as f64));
+    let large = {
+        let mut v = Vec::new();
+        decoder
+            .decode_rgb8(&corpus_sized(1, 2000, 1500)[0], &mut v)
+            .expect("decodes");
+        v
     };
-    let src = fr::images::ImageRef::new(W as u32, H as u32, &decoded, fr::PixelType::U8x3).expect("source view");
-    let mut dst = fr::images::Image::new(224, 224, fr::PixelType::U8x3);
-    let mut resizer = fr::Resizer::new();
-    let opts = fr::ResizeOptions::new()
-        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
-        .crop(crop_box.left, crop_box.top, crop_box.width, crop_box.height);
-    ours_once(&mut ours);
-    resizer.resize(&src, &mut dst, &opts).expect("resizes");
-    assert!(dst.buffer() == &ours[..], "ours and fir differ");
-    g.bench_function("crop_to_224", |b| b.iter(|| ours_once(&mut ours)));
-    g.bench_function("crop_to_224_fir", |b| {
-        b.iter(|| resizer.resize(&src, &mut dst, &opts).expect("resizes"))
-    });
+    resize_pair(
+        &mut g,
+        "large_crop_to_224",
+        (large.as_slice(), 2000, 1500),
+        box_of(400.0, 300.0, 1000.0, 750.0),
+    );
     g.finish();
 
     let mut g = c.benchmark_group("transform");

@@ -6,8 +6,9 @@
 //! That is Pillow's `Image.resize(size, BILINEAR, box)`, which torchvision's uint8
 //! `antialias=True` path follows too, and, bit for bit, fast_image_resize 6's
 //! `Convolution(Bilinear)` with a crop box, which this module replaced (fir allocated one `Vec`
-//! per output row and column on every call: 447 heap allocations per sample). fir stays a
-//! dev-dependency, and the tests compare the two over random geometries and pixels.
+//! per output row and column on every call: 451.7 heap allocations per sample). fir stays a
+//! dev-dependency, and the tests compare the two over random geometries and pixels
+//! (`benches/results/2026-11-30-dev-vm/resampler.md` has the speeds).
 //!
 //! # Arithmetic (Pillow's `precompute_coeffs`, fir's `precompute_coefficients`)
 //! - For each output pixel `i` of an axis, with `scale = (in1 - in0) / out`: the centre
@@ -26,14 +27,22 @@
 //!
 //! # Vectorisation
 //! The kernels are plain Rust, fixed-width loops over `i32` accumulators that LLVM vectorises,
-//! compiled twice: once with AVX2 enabled, chosen at run time when the CPU has it, and once for
-//! the baseline target. They are integer-only, so both give the same bytes (tested).
+//! compiled twice: once with AVX2 enabled, chosen at run time when the CPU has it (detected
+//! once, in [`Resampler::new`]), and once for the baseline target. They are integer-only, so
+//! both give the same bytes (tested).
+//! - The number of taps is a compile-time constant of each kernel (1 to 16, one copy each;
+//!   wider windows take a generic loop): LLVM then unrolls the taps and vectorises across the
+//!   lanes. Within an axis every window is padded with zero weights to the widest one.
 //! - Vertical pass: an output row is a weighted sum of whole source rows, 32 bytes at a time.
-//! - Horizontal pass: [`ROWS`] rows at a time. The block of rows is first transposed so that
-//!   the [`ROWS`] pixels of one column lie side by side (`[column][row][channel]`); an output
-//!   pixel is then a weighted sum of a few contiguous 24-byte columns, which vectorises like
-//!   the vertical pass. The block stays in L1 cache.
-//!
+//! - Horizontal pass: 8 rows at a time. The block of rows is first transposed so that the 8
+//!   pixels of one column lie side by side (`[column][row][channel]`, 24 bytes); an output
+//!   pixel is then a weighted sum of a few contiguous columns, which vectorises like the
+//!   vertical pass, and is stored whole into an output block transposed the same way, then
+//!   written to the rows. The blocks stay in L1 cache.
+//! - Not reached this way: fir's vertical kernel does two taps per `pmaddwd` by interleaving
+//!   two source rows, a pattern LLVM does not form, so our vertical pass costs about 1.5 times
+//!   fir's per tap; the horizontal pass more than makes up for it up to about a 2x downscale.
+
 //! # Invariants
 //! - **The same arguments give the same bytes on every CPU and every call**, whatever the
 //!   resampler did before.
@@ -129,7 +138,7 @@ pub enum ResampleError {
 
 /// Rows per block of the horizontal pass: 8 rows of 3 channels are 24 `i32` accumulators,
 /// three AVX2 registers.
-pub const ROWS: usize = 8;
+const ROWS: usize = 8;
 
 /// Bytes of one column of a transposed block.
 const LANES: usize = ROWS * 3;
@@ -234,7 +243,7 @@ impl Axis {
             }
             // Never more taps than the window (which always holds them: a window of radius
             // `r` around a point spans fewer than `2r + 2` whole pixels).
-            self.bounds.push((first, (end - first).min(window as u32)));
+            self.bounds.push((first, end.saturating_sub(first).min(window as u32)));
         }
         let max = self.weights.iter().copied().fold(0.0f64, f64::max);
         let mut precision = 0;

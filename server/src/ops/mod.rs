@@ -251,6 +251,9 @@ pub struct Options {
     pub fast_upsample: bool,
     /// libjpeg-turbo's `TJPARAM_FASTDCT` (see [`JpegTuning`]). Default `false`.
     pub fast_dct: bool,
+    /// Decode only the restart segments that cover the region, for JPEGs with restart markers
+    /// (see [`JpegTuning`]). Same pixels. Default `true`.
+    pub restart_cuts: bool,
 }
 
 impl Default for Options {
@@ -261,6 +264,7 @@ impl Default for Options {
             dct_headroom: 2,
             fast_upsample: false,
             fast_dct: false,
+            restart_cuts: true,
         }
     }
 }
@@ -270,6 +274,7 @@ impl Options {
         JpegTuning {
             fast_upsample: self.fast_upsample,
             fast_dct: self.fast_dct,
+            restart_cuts: self.restart_cuts,
         }
     }
 }

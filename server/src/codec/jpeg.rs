@@ -634,10 +634,9 @@ fn mul_div255(a: u32, b: u32) -> u8 {
 }
 
 /// Lossless JPEG → JPEG transcoding with libjpeg-turbo's `tj3Transform` (what `jpegtran
-/// -restart N -optimize -copy all` does): the DCT coefficients move unchanged, so the result
-/// decodes to the same pixels; only the entropy coding is redone, with restart markers every
-/// `interval` MCUs and Huffman tables optimised for the image. Every marker (EXIF, ICC, COM)
-/// is copied.
+/// -restart N -optimize -copy all` does): the DCT coefficients move unchanged; only the entropy
+/// coding is redone, as one sequential Huffman-coded scan with restart markers every `interval`
+/// MCUs and Huffman tables optimised for the image. Every marker (EXIF, ICC, COM) is copied.
 #[derive(Debug)]
 pub(super) struct TjTransformer {
     handle: Handle,
@@ -690,6 +689,10 @@ impl TjTransformer {
         if unsafe { raw::tj3DecompressHeader(self.handle.ptr(), data.as_ptr(), len) } != 0 {
             return Err(fail(self));
         }
+        // Sequential and Huffman-coded whatever the input was: the header just read set both
+        // parameters to the input's coding, and a transform keeps them unless told otherwise.
+        self.handle.set(raw::TJPARAM_TJPARAM_PROGRESSIVE, 0)?;
+        self.handle.set(raw::TJPARAM_TJPARAM_ARITHMETIC, 0)?;
         let transform = raw::tjtransform {
             r: raw::tjregion { x: 0, y: 0, w: 0, h: 0 },
             op: raw::TJXOP_TJXOP_NONE as c_int,

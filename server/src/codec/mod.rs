@@ -536,16 +536,22 @@ impl Decoder {
         })
     }
 
-    /// Rewrites the JPEG `data` losslessly into `out` with a restart marker every few MCUs
-    /// (`jpegtran -restart N -optimize -copy all`), so that region decodes skip the Huffman
-    /// decoding of everything outside the region (`restart.rs`). The interval is the largest
-    /// divisor of the MCUs per row up to `target_mcus` (see [`RESTART_TARGET_MCUS`]), or one
-    /// MCU row when the width has no such divisor near it.
+    /// Rewrites the JPEG `data` losslessly into `out` as a sequential, Huffman-coded JPEG with
+    /// a restart marker every few MCUs (`jpegtran -restart N -optimize -copy all`), so that
+    /// region decodes skip the Huffman decoding of everything outside the region
+    /// (`restart.rs`). Progressive and arithmetic-coded JPEGs become sequential Huffman-coded
+    /// ones, which also decode faster. The interval is the largest divisor of the MCUs per row
+    /// up to `target_mcus` (see [`RESTART_TARGET_MCUS`]), or one MCU row when the width has no
+    /// such divisor near it.
     ///
-    /// Returns the interval, or `None` (and `out` untouched) for what it does not apply to:
-    /// anything but a self-contained, sequential, single-scan, Huffman-coded, 8-bit JPEG, or
-    /// one whose restart markers already allow cuts. The DCT coefficients are moved, not
-    /// recomputed, so the result decodes to exactly the same pixels (tested).
+    /// The DCT coefficients are moved, not recomputed, and this is verified: both images are
+    /// decoded and compared, and the rewrite is kept only if every pixel is the same.
+    ///
+    /// Returns the interval; or `None`, with `out` unspecified, when the rewrite does not apply
+    /// or was not kept: not a JPEG, not 8-bit, lossless or an unusual subsampling, restart
+    /// markers that already allow cuts, a file libjpeg-turbo does not rewrite (it refuses
+    /// warnings a decode accepts), or different pixels. An error means `data` itself does not
+    /// decode.
     pub fn add_restarts(
         &mut self,
         data: &[u8],
@@ -556,19 +562,31 @@ impl Decoder {
             return Ok(None);
         }
         let header = self.tj.probe(data)?;
-        let Some(layout) = header.layout().filter(|_| header.region_align(1).is_some()) else {
+        let Some(mcu_width) = header.region_align(1) else {
             return Ok(None);
         };
-        if restart::is_cuttable(&layout) {
+        if header.layout().is_some_and(|l| restart::is_cuttable(&l)) {
             return Ok(None);
         }
-        let interval = restart::choose_interval(layout.mcus_per_row(), target_mcus);
+        let interval = restart::choose_interval(header.info.width.div_ceil(mcu_width), target_mcus);
         let tjt = match &mut self.tjt {
             Some(tjt) => tjt,
             none => none.insert(jpeg::TjTransformer::new(&self.limits)?),
         };
-        tjt.with_restarts(data, interval, out)?;
-        Ok(Some(interval))
+        let rewritten = tjt.with_restarts(data, interval, out).is_ok();
+        let (mut before, mut after) = (std::mem::take(&mut self.rgb), std::mem::take(&mut self.resized));
+        let original = self.decode_rgb8(data, &mut before);
+        let same = rewritten
+            && original.is_ok()
+            && self.decode_rgb8(out, &mut after).is_ok_and(|d| {
+                original
+                    .as_ref()
+                    .is_ok_and(|o| (o.width, o.height) == (d.width, d.height))
+            })
+            && before == after;
+        (self.rgb, self.resized) = (before, after);
+        original?;
+        Ok(same.then_some(interval))
     }
 
     /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an

@@ -62,9 +62,11 @@ pub struct PackOptions {
     pub writer: WriterOptions,
     /// Re-encode every image as JPEG with this maximum side and quality; `None` keeps the bytes.
     pub reencode: Option<Reencode>,
-    /// Rewrite sequential JPEGs losslessly with restart markers ([`Decoder::add_restarts`]), so
-    /// that the server's region decodes skip the Huffman decoding outside each crop. The pixels
-    /// stay exactly the same; the stored bytes differ from the input's. Default `true`.
+    /// Rewrite 8-bit JPEGs losslessly as sequential JPEGs with restart markers
+    /// ([`Decoder::add_restarts`]), so that the server's region decodes skip the Huffman
+    /// decoding outside each crop. Every rewrite is decoded and compared with the original and
+    /// kept only if every pixel is the same; the stored bytes differ from the input's. Default
+    /// `true`.
     pub restarts: bool,
     pub check: Check,
     pub limits: Limits,
@@ -561,44 +563,43 @@ impl<'a> Worker<'a> {
             }
         };
         let input_len = data.len() as u64;
-        let data = if let Some(re) = &self.opts.reencode {
-            let mut out = Vec::new();
-            if let Err(e) = self.decoder.reencode_jpeg(data, re, &mut out) {
-                return Outcome::Bad { reason: e.to_string() };
+        let data = match &self.opts.reencode {
+            Some(re) => {
+                let mut out = Vec::new();
+                if let Err(e) = self.decoder.reencode_jpeg(data, re, &mut out) {
+                    return Outcome::Bad { reason: e.to_string() };
+                }
+                out
             }
-            out
-        } else {
+            None => owned,
+        };
+        if self.opts.restarts {
+            // The rewrite decodes the image and its rewrite and compares them, which is the
+            // strongest check there is. When it does not apply, or the image does not decode,
+            // the bytes stay as they are and the image is checked as `--check` says (which
+            // under `--check header` lets a damaged file through, as it always did).
+            let mut out = Vec::new();
+            if let Ok(Some(_)) = self.decoder.add_restarts(&data, RESTART_TARGET_MCUS, &mut out) {
+                return Outcome::Ready {
+                    data: out,
+                    input_len,
+                    restarted: true,
+                };
+            }
+        }
+        if self.opts.reencode.is_none() {
             let checked = match self.opts.check {
-                Check::Decode => self.decoder.decode_rgb8(data, &mut self.scratch).map(|_| ()),
-                Check::Header => self.decoder.probe(data).map(|_| ()),
+                Check::Decode => self.decoder.decode_rgb8(&data, &mut self.scratch).map(|_| ()),
+                Check::Header => self.decoder.probe(&data).map(|_| ()),
             };
             if let Err(e) = checked {
                 return Outcome::Bad { reason: e.to_string() };
             }
-            owned
-        };
-        if !self.opts.restarts {
-            return Outcome::Ready {
-                data,
-                input_len,
-                restarted: false,
-            };
         }
-        // The image is valid (checked above); a rewrite that fails (libjpeg-turbo refuses a
-        // warning the decode tolerated, say) keeps the bytes as they are: nothing is lost, the
-        // image is only decoded without restart cuts.
-        let mut out = Vec::new();
-        match self.decoder.add_restarts(&data, RESTART_TARGET_MCUS, &mut out) {
-            Ok(Some(_)) => Outcome::Ready {
-                data: out,
-                input_len,
-                restarted: true,
-            },
-            Ok(None) | Err(_) => Outcome::Ready {
-                data,
-                input_len,
-                restarted: false,
-            },
+        Outcome::Ready {
+            data,
+            input_len,
+            restarted: false,
         }
     }
 }

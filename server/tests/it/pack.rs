@@ -87,14 +87,25 @@ fn folder_round_trip() {
     assert!(!out.join("skipped.tsv").exists());
 }
 
-/// By default, sequential JPEGs are stored rewritten with restart markers that restart cuts can
-/// use, and decode to exactly the original's pixels; everything else (PNG, CMYK is sequential
-/// too, a progressive JPEG) keeps its bytes or its pixels. The dataset's info records it.
+/// By default, 8-bit JPEGs (colour, grey, CMYK, progressive) are stored rewritten as
+/// sequential JPEGs with restart markers that restart cuts can use, and decode to exactly the
+/// original's pixels; PNGs keep their bytes. The dataset's info records it.
 #[test]
 fn packed_jpegs_get_restart_markers_and_keep_every_pixel() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
-    let files = good_folder(&src);
+    let mut files = good_folder(&src);
+    let progressive = crate::codec::images::jpeg_rgb(
+        &crate::codec::images::photo(70, 45, 9),
+        70,
+        45,
+        &crate::codec::images::JpegOpts {
+            progressive: true,
+            ..Default::default()
+        },
+    );
+    write_tree(&src, &[("fox/p.jpg", progressive.clone())]);
+    files.push(("fox/p.jpg", progressive));
     let out = tmp.path().join("out");
     let s = pack(&src, &out, &opts(), &no_cancel()).unwrap();
     let ds = Dataset::open(&out).unwrap();
@@ -118,9 +129,11 @@ fn packed_jpegs_get_restart_markers_and_keep_every_pixel() {
             assert_eq!(decoder.add_restarts(smp.data, 2, &mut again).unwrap(), None, "{key}");
         }
     }
-    // The four baseline JPEGs (colour, grey, CMYK); not the PNGs.
-    assert_eq!((rewritten, s.restarted), (4, 4));
+    // The five JPEGs; not the PNGs.
+    assert_eq!((rewritten, s.restarted), (5, 5));
     verify(&out, &VerifyOptions::default()).unwrap();
+    let info: serde_json::Value = serde_json::from_str(ds.info().unwrap()).unwrap();
+    assert_eq!(info["restarts"]["rewritten"], 5, "{info}");
 }
 
 /// The same input gives byte-identical output with 1 or 3 threads.

@@ -271,21 +271,36 @@ fn main() {
     }
     let restarted: Vec<Vec<u8>> = if modes.iter().any(|m| m.ends_with("-rs") || m.contains("-rs-")) {
         let target = std::env::var("RESTART_MCUS").map_or(RESTART_TARGET_MCUS, |v| v.parse().expect("RESTART_MCUS"));
-        let mut decoder = Decoder::new(Limits::default()).expect("decoder");
-        let (mut before, mut after) = (0usize, 0usize);
-        let out = files
-            .iter()
-            .map(|f| {
-                let mut out = Vec::new();
-                let rewritten = decoder.add_restarts(f, target, &mut out).ok().flatten().is_some();
-                before += f.len();
-                after += if rewritten { out.len() } else { f.len() };
-                if rewritten { out } else { f.clone() }
-            })
-            .collect();
+        // On every core: each rewrite is verified by two full decodes.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = files.len().div_ceil(cores).max(1);
+        let out: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let parts: Vec<_> = files
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut decoder = Decoder::new(Limits::default()).expect("decoder");
+                        part.iter()
+                            .map(|f| {
+                                let mut out = Vec::new();
+                                match decoder.add_restarts(f, target, &mut out) {
+                                    Ok(Some(_)) => out,
+                                    _ => f.clone(),
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts.into_iter().flat_map(|h| h.join().expect("rewrite")).collect()
+        });
+        let before: usize = files.iter().map(Vec::len).sum();
+        let after: usize = out.iter().map(Vec::len).sum();
+        let rewritten = files.iter().zip(&out).filter(|(a, b)| a != b).count();
         println!(
             "{}",
-            serde_json::json!({"restart_target_mcus": target, "bytes_before": before, "bytes_after": after})
+            serde_json::json!({"restart_target_mcus": target, "rewritten": rewritten, "files": files.len(),
+                "bytes_before": before, "bytes_after": after})
         );
         out
     } else {

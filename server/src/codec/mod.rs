@@ -426,7 +426,10 @@ impl Decoder {
     /// EXIF-oriented JPEG ignores `scale_denom`; any other image is decoded whole at full size.
     ///
     /// A sequential JPEG is read only down to the region's last row: damage below it is not
-    /// seen, except truncation (the file must have an EOI marker after its scan data).
+    /// seen, except truncation (the file must have an EOI marker after its scan data). A JPEG
+    /// with restart markers that tile it (as `ringfeed pack` writes them) is read only in the
+    /// segments that cover the region (`restart.rs`, unless [`JpegTuning::restart_cuts`] is
+    /// off): damage elsewhere is not seen either.
     pub fn decode_region_rgb8(
         &mut self,
         data: &[u8],

@@ -30,6 +30,11 @@
 //!   grey, CMYK/YCCK, progressive, arithmetic and EXIF-oriented files). Every other format is
 //!   decoded whole. [`Options::region_decode`] turns region decoding off (the reference path
 //!   in tests); [`Options::dct_scaling`] trades exactness for speed on large sources.
+//! - **A JPEG with restart markers is decoded only where the region is** (as `ringfeed pack`
+//!   stores them): the segments between markers that cover the region are cut out as a JPEG of
+//!   their own (`codec/restart.rs`), so not even the Huffman decoding happens outside it. The
+//!   region's pixels are the same (tested with the full-decode comparisons above);
+//!   [`Options::restart_cuts`] turns it off.
 //! - **No per-sample allocation of ours once warm**: the decoded region, the NCHW staging image
 //!   and the resizer's buffers are per-processor and keep their capacity. (libjpeg-turbo and
 //!   fast_image_resize still allocate small internal tables per call.)

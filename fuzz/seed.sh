@@ -2,7 +2,8 @@
 # Writes fuzz seeds into fuzz/corpus/<target>/:
 #   shard_reader   the committed shard vectors, joined (proto/vectors/shard/v1-basic)
 #   control_frame  every frame of proto/vectors/control/{frames,bad_frames}.json
-#   image_decode   small JPEGs and PNGs (colour, gray, progressive, palette, EXIF-rotated),
+#   image_decode   small JPEGs and PNGs (colour, gray, progressive, restart markers, palette,
+#                  EXIF-rotated),
 #                  written with Pillow (python3 -m pip install pillow)
 # The stable smoke test (fuzz/tests/smoke.rs) builds the same kinds of seeds in memory.
 set -euo pipefail
@@ -41,6 +42,7 @@ for w, h in ((1, 1), (17, 9), (64, 48), (200, 150)):
         ("gray", "L", "JPEG", {"quality": 70}),
         ("prog", "RGB", "JPEG", {"quality": 80, "progressive": True}),
         ("sub444", "RGB", "JPEG", {"quality": 90, "subsampling": 0}),
+        ("restart", "RGB", "JPEG", {"quality": 85, "restart_marker_blocks": 1}),
         ("cmyk", "CMYK", "JPEG", {"quality": 80}),
         ("rgb", "RGB", "PNG", {}),
         ("rgba", "RGBA", "PNG", {}),

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Decode + RandomResizedCrop(224) + flip rate by thread count, every loader in one run on the
-same files and cores: libjpeg-turbo decode only (the physical limit), ringfeed's transform alone,
-ringfeed's Loader end to end, DataLoader + PIL, and DataLoader + torchvision.io.decode_jpeg.
+same files and cores: libjpeg-turbo decode only (the physical limit of a whole-image decode),
+ringfeed's transform alone on the files as given and as `ringfeed pack` stores them (rewritten
+losslessly with restart markers, the same pixels), ringfeed's Loader end to end on the packed
+dataset, DataLoader + PIL, DataLoader + torchvision.io.decode_jpeg and, when
+`import datago` works, Photoroom's datago.
 
     python3 benches/e2e/cpu_scaling.py --images DIR --packed DIR [--threads 1,2,4,8,15]
         [--batches 24] [--out DIR]
@@ -9,6 +12,18 @@ ringfeed's Loader end to end, DataLoader + PIL, and DataLoader + torchvision.io.
 `corpus_rate` is `cargo build --release -p ringfeed --example corpus_rate` (found next to
 $RINGFEED_BIN, or in target/release/examples). Writes cpu.json, cpu.md and, with matplotlib,
 cpu.png (img/s against threads) into --out.
+
+datago (PyPI `datago`, tested with 2026.10.1) has no random crop and no flip. Its column reads
+the same --images folder (file source, shuffled each pass) with its only geometric transform,
+`crop_and_resize` restricted to one 1:1 bucket of 224: resize so the shorter side is 224
+(Lanczos3), then a centre crop to 224x224, the same for every epoch; `image_to_rgb8` makes
+greyscale files 3-channel. That is torchvision's Resize(224, LANCZOS) + CenterCrop(224), not
+RandomResizedCrop(224) + flip, so the column is labelled as such. Its thread count is
+DATAGO_MAX_TASKS, the decode tasks in flight (datago reads it at each start(); its tokio pool
+has one thread per CPU whatever the setting). Samples arrive one at a time as 224x224x3 uint8
+arrays; the harness stacks 256 of them into a batch on the main thread, and `timed` counts them
+as for the other loaders. While it waits for a sample, datago's reader spins on sched_yield, so
+the main thread keeps a core busy.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ from torchvision.io import decode_image
 from torchvision.transforms import v2
 
 BATCH = 256
+DATAGO_LABEL = "datago (resize + centre crop 224, no random crop, no flip)"
 
 
 def corpus_rate_bin() -> str:
@@ -118,6 +134,58 @@ def ringfeed_loader(packed: Path, threads: int, batches: int, pin: bool = False)
         shutil.rmtree(work, ignore_errors=True)
 
 
+def datago_installed() -> bool:
+    try:
+        import datago  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def datago_loader(images: Path, threads: int, batches: int) -> float:
+    import datago
+    import numpy as np
+
+    # Decode tasks in flight; read from the environment at each start().
+    os.environ["DATAGO_MAX_TASKS"] = str(threads)
+    config = {
+        "source_type": "file",
+        "source_config": {"root_path": str(images), "random_sampling": True, "rank": 0, "world_size": 1},
+        # One 1:1 bucket: shorter side to 224 (Lanczos3), centre crop 224x224. No random crop exists.
+        "image_config": {
+            "crop_and_resize": True,
+            "default_image_size": 224,
+            "downsampling_ratio": 32,
+            "min_aspect_ratio": 1.0,
+            "max_aspect_ratio": 1.0,
+            "image_to_rgb8": True,
+        },
+        "limit": 10**12,  # a pass ends when the folder does
+        "samples_buffer_size": BATCH,
+    }
+    client = datago.DatagoClient(json.dumps(config))
+
+    def forever():
+        batch = []  # carried across passes: no decoded sample is dropped
+        while True:
+            client.start()  # one shuffled pass over the folder; reads return None at its end
+            while (sample := client.get_sample()) is not None:
+                batch.append(sample.image.to_numpy_array())  # read-only view of datago's buffer
+                if len(batch) == BATCH:
+                    stacked = torch.from_numpy(np.stack(batch))
+                    if stacked.shape != (BATCH, 224, 224, 3):
+                        raise RuntimeError(f"datago returned a batch of shape {tuple(stacked.shape)}")
+                    yield (stacked,)
+                    batch = []
+
+    try:
+        # Skip what the ready queue (BATCH samples) and the tasks in flight may already hold.
+        return timed(forever(), 2, batches)
+    finally:
+        client.stop()
+        os.environ.pop("DATAGO_MAX_TASKS", None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=Path, required=True)
@@ -127,29 +195,45 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path())
     ap.add_argument("--pin", action="store_true", help="also the Loader with `serve --pin-threads`")
     a = ap.parse_args()
+    with_datago = datago_installed()
     rows = []
     for t in [int(x) for x in a.threads.split(",")]:
         row = {
             "threads": t,
             "turbo_decode_only": native(a.images, "decode", t),
-            "ringfeed_transform": native(a.images, "rrc", t),
+            "ringfeed_transform_unpacked": native(a.images, "rrc", t),
+            "ringfeed_transform": native(a.images, "rrc-rs", t),
             "ringfeed_loader": ringfeed_loader(a.packed, t, a.batches),
             **({"ringfeed_loader_pinned": ringfeed_loader(a.packed, t, a.batches, pin=True)} if a.pin else {}),
             "dataloader_pil": dataloader(a.images, t, "pil", a.batches),
             "dataloader_tvio": dataloader(a.images, t, "tvio", a.batches),
+            **({"datago": datago_loader(a.images, t, a.batches)} if with_datago else {}),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
 
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "cpu.json").write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=2) + "\n")
-    cols = ["turbo_decode_only", "ringfeed_transform", "ringfeed_loader", "dataloader_pil", "dataloader_tvio"]
+    meta = {"cpus": os.cpu_count(), "datago": DATAGO_LABEL if with_datago else "not installed"}
+    (a.out / "cpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    cols = [
+        "turbo_decode_only",
+        "ringfeed_transform_unpacked",
+        "ringfeed_transform",
+        "ringfeed_loader",
+        "dataloader_pil",
+        "dataloader_tvio",
+    ]
     if a.pin:
-        cols.insert(3, "ringfeed_loader_pinned")
+        cols.insert(4, "ringfeed_loader_pinned")
+    if with_datago:
+        cols.append("datago")
+    labels = {"datago": DATAGO_LABEL}
     lines = [
         "# Decode + RandomResizedCrop(224) + flip, img/s by threads (DataLoader: workers)",
         "",
-        "| threads | " + " | ".join(cols) + " | ringfeed loader / PIL | / tvio | transform / decode-only |",
+        "| threads | "
+        + " | ".join(labels.get(c, c) for c in cols)
+        + " | ringfeed loader / PIL | / tvio | transform / decode-only |",
         "|---:|" + "---:|" * (len(cols) + 3),
     ]
     for r in rows:
@@ -160,11 +244,28 @@ def main() -> None:
             + f" | {r['ringfeed_loader'] / r['dataloader_tvio']:.2f}x"
             + f" | {r['ringfeed_transform'] / r['turbo_decode_only'] * 100:.0f} % |"
         )
+    lines += [
+        "",
+        "ringfeed_transform_unpacked: ringfeed's transform on the files as they are;"
+        " ringfeed_transform: on the same files rewritten with restart markers as `ringfeed pack` stores them"
+        " (lossless: the same pixels), which lets a crop skip the Huffman decoding outside it;"
+        " the loader reads the packed dataset.",
+        "",
+    ]
+    if with_datago:
+        lines.append(
+            f"{DATAGO_LABEL}: datago has no random crop or flip; it resizes the shorter side to 224 (Lanczos3)"
+            " and centre-crops 224x224 (its `crop_and_resize` with one 1:1 bucket), the same crop every epoch."
+            " Threads are DATAGO_MAX_TASKS (decode tasks in flight); samples are stacked into batches of"
+            f" {BATCH} on the main thread, whose reader spins on sched_yield while it waits."
+        )
+    else:
+        lines.append("datago: not installed")
     base = rows[0]
     lines += ["", "Scaling efficiency from 1 thread to the last row:"]
     for c in cols:
         eff = rows[-1][c] / (base[c] * rows[-1]["threads"] / base["threads"]) * 100
-        lines.append(f"- {c}: {eff:.0f} %")
+        lines.append(f"- {labels.get(c, c)}: {eff:.0f} %")
     (a.out / "cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
@@ -175,7 +276,7 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for c in cols:
-            ax.plot([r["threads"] for r in rows], [r[c] for r in rows], marker="o", label=c)
+            ax.plot([r["threads"] for r in rows], [r[c] for r in rows], marker="o", label=labels.get(c, c))
         ax.set_xlabel("threads (DataLoader: workers)")
         ax.set_ylabel("images/s")
         ax.set_title("Decode + RandomResizedCrop(224) + flip")

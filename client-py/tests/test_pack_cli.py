@@ -58,7 +58,16 @@ def test_lmdb_raw_with_labels_key(tmp_path: Path) -> None:
     images = {f"{i:04d}".encode(): jpeg(16 + i, 12, i) for i in range(6)}
     labels = {k.decode(): i % 3 for i, k in enumerate(images)}
     write_lmdb(tmp_path / "db", {**images, b"__labels__": json.dumps(labels).encode()})
-    run("pack", str(tmp_path / "db"), str(tmp_path / "out"), "--labels-key", "__labels__", "--progress", "none")
+    run(
+        "pack",
+        str(tmp_path / "db"),
+        str(tmp_path / "out"),
+        "--labels-key",
+        "__labels__",
+        "--progress",
+        "none",
+        "--no-restarts",
+    )
     got = read_back(tmp_path / "out")
     assert got == [(k, labels[k.decode()], v) for k, v in sorted(images.items())]
 
@@ -68,7 +77,7 @@ def test_lmdb_pickle_records(tmp_path: Path, protocol: int) -> None:
     """Pickled (image bytes, label) tuples, protocols 2-5, pack to the same bytes and labels."""
     images = {f"img{i}".encode(): (jpeg(20, 20, i), 10 + i) for i in range(4)}
     write_lmdb(tmp_path / "db", {k: pickle.dumps(v, protocol=protocol) for k, v in images.items()})
-    run("pack", str(tmp_path / "db"), str(tmp_path / "out"), "--progress", "none")
+    run("pack", str(tmp_path / "db"), str(tmp_path / "out"), "--progress", "none", "--no-restarts")
     assert read_back(tmp_path / "out") == [(k, v[1], v[0]) for k, v in sorted(images.items())]
 
 
@@ -77,7 +86,7 @@ def test_lmdb_msgpack_single_file(tmp_path: Path) -> None:
     images = {f"k{i}".encode(): {"image": jpeg(10, 30, i), "label": i} for i in range(3)}
     path = tmp_path / "db.lmdb"
     write_lmdb(path, {k: msgpack.packb(v) for k, v in images.items()}, subdir=False)
-    run("pack", str(path), str(tmp_path / "out"), "--progress", "none")
+    run("pack", str(path), str(tmp_path / "out"), "--progress", "none", "--no-restarts")
     assert read_back(tmp_path / "out") == [(k, v["label"], v["image"]) for k, v in sorted(images.items())]
 
 
@@ -102,10 +111,13 @@ def test_lmdb_numpy_labels_are_refused_with_the_fix(tmp_path: Path) -> None:
 
 
 def test_folder_of_odd_images(tmp_path: Path) -> None:
-    """CMYK, grayscale, 16-bit, palette and alpha images written by Pillow are all packed unchanged."""
+    """CMYK, grayscale, 16-bit, palette and alpha images written by Pillow are all packed: the PNGs
+    byte for byte; the JPEGs rewritten with restart markers, and Pillow (an independent decoder of
+    the same library) decodes the stored file to exactly the original's pixels."""
     files = {
         "a/cmyk.jpg": jpeg(24, 16, 1, "CMYK"),
         "a/gray.jpg": jpeg(24, 16, 2, "L"),
+        "a/progressive.jpg": progressive_jpeg(61, 37),
         "b/deep.png": png(9, 7, "I;16"),
         "b/palette.png": png(9, 7, "P"),
         "c/alpha.png": png(9, 7, "RGBA"),
@@ -113,12 +125,30 @@ def test_folder_of_odd_images(tmp_path: Path) -> None:
     for rel, data in files.items():
         (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / rel).write_bytes(data)
-    run("pack", str(tmp_path / "src"), str(tmp_path / "out"), "--progress", "none")
+    r = run("pack", str(tmp_path / "src"), str(tmp_path / "out"), "--progress", "none")
+    assert "3 JPEGs rewritten losslessly with restart markers" in r.stdout, r.stdout
     got = read_back(tmp_path / "out")
     expect = sorted((rel.encode(), "abc".index(rel[0]), data) for rel, data in files.items())
-    assert got == expect
+    assert [(k, label) for k, label, _ in got] == [(k, label) for k, label, _ in expect]
+    for (key, _, stored), (_, _, original) in zip(got, expect, strict=True):
+        if key.endswith(b".png"):
+            assert stored == original, key
+            continue
+        assert stored != original, key
+        assert b"\xff\xdd" in stored, key  # a DRI segment: restart markers
+        a, b = Image.open(io.BytesIO(original)), Image.open(io.BytesIO(stored))
+        assert (a.mode, a.size) == (b.mode, b.size), key
+        assert a.tobytes() == b.tobytes(), f"{key}: Pillow decodes other pixels"
     run("verify", "--decode", str(tmp_path / "out"), "--progress", "none")
     ringfeed.verify(tmp_path / "out")
+
+
+def progressive_jpeg(w: int, h: int) -> bytes:
+    img = Image.new("RGB", (w, h))
+    img.putdata([((x * 7) % 256, (y * 11) % 256, (x * y) % 256) for y in range(h) for x in range(w)])
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=88, progressive=True)
+    return buf.getvalue()
 
 
 def test_python_and_rust_agree_on_damage(tmp_path: Path) -> None:

@@ -80,8 +80,9 @@ thread_local! {
     static CODEC: std::cell::RefCell<Option<(Decoder, Processor)>> = const { std::cell::RefCell::new(None) };
 }
 
-/// The image decode entry points the server and `pack` use: probe, the plain decode, and the
-/// pool's `Processor::process` with a RandomResizedCrop. None may panic, and none may go past
+/// The image decode entry points the server and `pack` use: probe, the plain decode, the pool's
+/// `Processor::process` with a RandomResizedCrop, and `pack`'s rewrite with restart markers
+/// followed by the same crop through restart cuts. None may panic, and none may go past
 /// [`FUZZ_MAX_PIXELS`].
 pub fn image_decode(data: &[u8]) {
     let limits = Limits {
@@ -117,6 +118,30 @@ pub fn image_decode(data: &[u8]) {
             let info = probed.expect("what is processed also probes");
             assert!(u64::from(info.width) * u64::from(info.height) <= FUZZ_MAX_PIXELS);
             std::hint::black_box(crop);
+        }
+        // `pack`'s lossless rewrite with restart markers, and the restart cuts of a region
+        // decode on what it wrote: a rewrite is only kept when it decodes to the same pixels,
+        // so the crop must then come out the same too.
+        let mut rewritten = Vec::new();
+        if let Ok(Some(_)) = decoder.add_restarts(data, 1, &mut rewritten) {
+            let mut again = vec![0u8; t.output_len()];
+            let mut rng = SampleRng::new(seed, 0, data.len() as u64);
+            let a = processor.process(
+                data,
+                &t,
+                &mut SampleRng::new(seed, 0, data.len() as u64),
+                Layout::Nhwc,
+                &mut buf,
+            );
+            let b = processor.process(&rewritten, &t, &mut rng, Layout::Nhwc, &mut again);
+            assert_eq!(
+                a.is_ok(),
+                b.is_ok(),
+                "the rewrite decodes where the original does not, or not where it does"
+            );
+            if a.is_ok() {
+                assert!(buf == again, "a restart cut changed the crop's pixels");
+            }
         }
     });
 }

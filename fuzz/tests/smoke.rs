@@ -91,7 +91,8 @@ fn control_seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
-/// Small JPEGs (colour, gray, progressive-free) and PNGs, encoded here.
+/// Small JPEGs (colour, gray, progressive-free), the same with restart markers, and PNGs, encoded
+/// here.
 fn image_seeds() -> Vec<Vec<u8>> {
     use image::ImageEncoder;
     let mut seeds = Vec::new();
@@ -114,6 +115,17 @@ fn image_seeds() -> Vec<Vec<u8>> {
             .unwrap();
         seeds.push(png);
     }
+    // The JPEGs as `pack` stores them, with restart markers (so mutations hit restart cuts).
+    let mut decoder = ringfeed::codec::Decoder::new(ringfeed::codec::Limits::default()).unwrap();
+    let mut packed = Vec::new();
+    for seed in &seeds {
+        let mut out = Vec::new();
+        if let Ok(Some(_)) = decoder.add_restarts(seed, 1, &mut out) {
+            packed.push(out);
+        }
+    }
+    assert!(packed.len() >= 6, "{} rewritten seeds", packed.len());
+    seeds.extend(packed);
     seeds
 }
 

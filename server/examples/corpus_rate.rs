@@ -15,8 +15,11 @@
 //! - `rrc-dct`: DCT-domain downscaling allowed (`dct_scaling: true`, default headroom 2);
 //!   `rrc-dct1`: the same with `dct_headroom: 1` (scale whenever the box is `d` times the output);
 //! - `rrc-fastup`, `rrc-fastdct`: libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` / `TJPARAM_FASTDCT`;
-//! - `rrc-noflip` / `rrc-flip`: the same crops as `rrc`, never / always flipped.
-//!
+//! - `rrc-noflip` / `rrc-flip`: the same crops as `rrc`, never / always flipped;
+//! - `decode-rs`, `rrc-rs`, `rrc-rs-nocut`: `decode` / `rrc` / `rrc` without restart cuts, on
+//!   the files as `ringfeed pack` stores them: rewritten losslessly with restart markers
+//!   (`Decoder::add_restarts`, every `$RESTART_MCUS` MCUs, default `RESTART_TARGET_MCUS`),
+//!   done before the clock starts. The pixels are the same as the originals'.
 //!
 //! `DIR psnr MODES` instead compares the output of each `rrc*` mode with `rrc-full` (the exact
 //! reference, a full decode), image by image over the same crops and flips, and prints the
@@ -33,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ringfeed::codec::{Decoder, Limits};
+use ringfeed::codec::{Decoder, Limits, RESTART_TARGET_MCUS};
 use ringfeed::ops::{Layout, Options, Processor, SampleRng, Transform};
 
 /// The system allocator, counting calls that hand out memory.
@@ -122,6 +125,14 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
         "rrc-fastdct" => (Options { fast_dct: true, ..base }, 0.5),
         "rrc-noflip" => (base, 0.0),
         "rrc-flip" => (base, 1.0),
+        "rrc-rs" => (base, 0.5),
+        "rrc-rs-nocut" => (
+            Options {
+                restart_cuts: false,
+                ..base
+            },
+            0.5,
+        ),
         _ => return None,
     })
 }
@@ -129,7 +140,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
 /// One timed run of `mode`; returns (images, seconds, allocations).
 fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, f64, u64) {
     let rrc = rrc_mode(mode);
-    if mode != "decode" && rrc.is_none() {
+    if !mode.starts_with("decode") && rrc.is_none() {
         panic!("unknown mode {mode:?}");
     }
     let barrier = std::sync::Barrier::new(threads + 1);
@@ -258,10 +269,52 @@ fn main() {
             .collect();
         return psnr(&files, &compare);
     }
+    let restarted: Vec<Vec<u8>> = if modes.iter().any(|m| m.ends_with("-rs") || m.contains("-rs-")) {
+        let target = std::env::var("RESTART_MCUS").map_or(RESTART_TARGET_MCUS, |v| v.parse().expect("RESTART_MCUS"));
+        // On every core: each rewrite is verified by two full decodes.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = files.len().div_ceil(cores).max(1);
+        let out: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let parts: Vec<_> = files
+                .chunks(chunk)
+                .map(|part| {
+                    s.spawn(move || {
+                        let mut decoder = Decoder::new(Limits::default()).expect("decoder");
+                        part.iter()
+                            .map(|f| {
+                                let mut out = Vec::new();
+                                match decoder.add_restarts(f, target, &mut out) {
+                                    Ok(Some(_)) => out,
+                                    _ => f.clone(),
+                                }
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts.into_iter().flat_map(|h| h.join().expect("rewrite")).collect()
+        });
+        let before: usize = files.iter().map(Vec::len).sum();
+        let after: usize = out.iter().map(Vec::len).sum();
+        let rewritten = files.iter().zip(&out).filter(|(a, b)| a != b).count();
+        println!(
+            "{}",
+            serde_json::json!({"restart_target_mcus": target, "rewritten": rewritten, "files": files.len(),
+                "bytes_before": before, "bytes_after": after})
+        );
+        out
+    } else {
+        Vec::new()
+    };
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for rep in 0..reps {
         for (m, mode) in modes.iter().enumerate() {
-            let (done, secs, allocs) = run(&files, mode, threads, passes);
+            let input = if mode.ends_with("-rs") || mode.contains("-rs-") {
+                &restarted
+            } else {
+                &files
+            };
+            let (done, secs, allocs) = run(input, mode, threads, passes);
             let rate = done as f64 / secs;
             rates[m].push(rate);
             println!(

@@ -145,6 +145,11 @@ struct PackArgs {
     /// JPEG quality when re-encoding (1-100).
     #[arg(long, value_name = "Q", default_value_t = 90, requires = "reencode", value_parser = clap::value_parser!(u8).range(1..=100))]
     quality: u8,
+    /// Store JPEGs byte for byte. By default sequential JPEGs are rewritten losslessly with
+    /// restart markers every 2 MCUs (like `jpegtran -restart 2B -optimize -copy all`): the
+    /// same pixels, and the server then decodes only the part of each file a crop needs.
+    #[arg(long)]
+    no_restarts: bool,
     /// How each image is checked while packing.
     #[arg(long, value_enum, default_value_t = Check::Decode)]
     check: Check,
@@ -259,6 +264,7 @@ fn run_pack(a: PackArgs) -> Result<ExitCode> {
             max_side: a.max_side,
             quality: a.quality,
         }),
+        restarts: !a.no_restarts,
         check: a.check,
         limits: Limits {
             max_pixels: a.max_pixels,
@@ -292,6 +298,12 @@ fn run_pack(a: PackArgs) -> Result<ExitCode> {
         w.classes,
         w.bytes as f64 / 1e6
     );
+    if summary.restarted > 0 {
+        println!(
+            "{} JPEGs rewritten losslessly with restart markers (same pixels; --no-restarts keeps the bytes)",
+            summary.restarted
+        );
+    }
     println!(
         "{:.1} s with {} threads: {:.1} images/s, {:.1} MB/s read",
         summary.elapsed.as_secs_f64(),

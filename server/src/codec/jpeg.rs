@@ -27,6 +27,7 @@ use std::ptr::NonNull;
 use turbojpeg::raw;
 
 use super::markers::{self, JpegMarkers};
+use super::restart;
 use super::{CodecError, ColorKind, Format, ImageInfo, JpegTuning, Limits, Rect};
 
 /// Progressive scans allowed per image (libjpeg-turbo's own recommended `TJFLAG_LIMITSCANS`
@@ -133,6 +134,12 @@ pub(super) struct Header {
 }
 
 impl Header {
+    /// The MCU grid and restart interval, for a sequential single-scan Huffman-coded image
+    /// (see `markers.rs`).
+    pub(super) fn layout(&self) -> Option<markers::RestartLayout> {
+        self.markers.layout
+    }
+
     /// The iMCU width a region's left edge must be aligned to at scale `1/denom`, or `None`
     /// when libjpeg-turbo cannot decode a region of this image (lossless, not 8-bit, or an
     /// unusual subsampling).
@@ -160,6 +167,10 @@ pub(super) struct TjDecompressor {
     handle: Handle,
     limits: Limits,
     tuning: JpegTuning,
+    /// A region's segments cut out as a JPEG of their own (`restart.rs`); capacity kept.
+    cut: Vec<u8>,
+    /// Scratch for the restart markers' offsets; capacity kept.
+    marks: Vec<usize>,
 }
 
 impl TjDecompressor {
@@ -170,6 +181,8 @@ impl TjDecompressor {
             handle,
             limits: *limits,
             tuning,
+            cut: Vec::new(),
+            marks: Vec::new(),
         })
     }
 
@@ -412,9 +425,44 @@ impl TjDecompressor {
         if !header.markers.self_contained {
             self.reset()?;
         }
+        let pixels = region.width as usize * region.height as usize;
+        // A cut reads only the region's segments, so truncation anywhere would go unseen: only
+        // a file that ends with EOI is cut (a truncated one takes the path below and fails as
+        // it always did).
+        let cuttable = header
+            .markers
+            .layout
+            .filter(|l| l.interval > 0 && self.tuning.restart_cuts && has_eoi(data, header.markers.scan_data));
+        if let Some(layout) = cuttable {
+            // The region in full-size pixels, clipped to the image.
+            let full = Rect {
+                left: region.left * denom,
+                top: region.top * denom,
+                width: ((region.left + region.width) * denom).min(info.width) - region.left * denom,
+                height: ((region.top + region.height) * denom).min(info.height) - region.top * denom,
+            };
+            let mut cut = std::mem::take(&mut self.cut);
+            let made = restart::cut(data, header.markers.scan_data, &layout, full, &mut cut, &mut self.marks);
+            let result = made.map(|c| {
+                // Whole MCUs, and MCU sides are multiples of every denominator: exact.
+                let (dx, dy) = (c.left / denom, c.top / denom);
+                let (cw, ch) = (c.width.div_ceil(denom), c.height.div_ceil(denom));
+                let inner = Rect {
+                    left: region.left - dx,
+                    top: region.top - dy,
+                    ..region
+                };
+                let geometry = (inner != Rect::full(cw, ch) || denom != 1).then_some(Geometry { denom, region: inner });
+                self.decode_pixels(&cut, header.colorspace, pixels, geometry, out, scratch)
+            });
+            self.cut = cut;
+            if let Some(decoded) = result {
+                decoded?;
+                return Ok(region);
+            }
+        }
         // The whole image at full size is an ordinary decode (no header re-read, no region).
         let geometry = (region != Rect::full(sw, sh) || denom != 1).then_some(Geometry { denom, region });
-        let pixels = region.width as usize * region.height as usize;
         self.decode_pixels(data, header.colorspace, pixels, geometry, out, scratch)?;
         Ok(region)
     }
@@ -583,6 +631,107 @@ fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
 fn mul_div255(a: u32, b: u32) -> u8 {
     let t = a * b + 128;
     (((t >> 8) + t) >> 8) as u8
+}
+
+/// Lossless JPEG → JPEG transcoding with libjpeg-turbo's `tj3Transform` (what `jpegtran
+/// -restart N -optimize -copy all` does): the DCT coefficients move unchanged; only the entropy
+/// coding is redone, as one sequential Huffman-coded scan with restart markers every `interval`
+/// MCUs and Huffman tables optimised for the image. Every marker (EXIF, ICC, COM) is copied.
+#[derive(Debug)]
+pub(super) struct TjTransformer {
+    handle: Handle,
+    limits: Limits,
+}
+
+impl TjTransformer {
+    pub(super) fn new(limits: &Limits) -> Result<Self, CodecError> {
+        Ok(TjTransformer {
+            handle: Self::configured(limits)?,
+            limits: *limits,
+        })
+    }
+
+    fn configured(limits: &Limits) -> Result<Handle, CodecError> {
+        let mut h = Handle::new(raw::TJINIT_TJINIT_TRANSFORM)?;
+        h.set(raw::TJPARAM_TJPARAM_STOPONWARNING, 1)?;
+        h.set(
+            raw::TJPARAM_TJPARAM_MAXPIXELS,
+            c_int::try_from(limits.max_pixels).unwrap_or(0),
+        )?;
+        h.set(raw::TJPARAM_TJPARAM_MAXMEMORY, TjDecompressor::max_memory_mib(limits))?;
+        h.set(raw::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT)?;
+        h.set(raw::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
+        h.set(raw::TJPARAM_TJPARAM_SAVEMARKERS, 2)?;
+        Ok(h)
+    }
+
+    /// Writes `data` again into `out` (replacing its contents) with a restart marker every
+    /// `interval` MCUs. On error the handle is replaced, so the next file starts clean.
+    pub(super) fn with_restarts(&mut self, data: &[u8], interval: u32, out: &mut Vec<u8>) -> Result<(), CodecError> {
+        let fail = |this: &mut Self| {
+            let reason = this.handle.error();
+            // If even a fresh handle cannot be made, the next call reports that.
+            if let Ok(fresh) = Self::configured(&this.limits) {
+                this.handle = fresh;
+            }
+            CodecError::Corrupt {
+                format: Format::Jpeg,
+                reason,
+            }
+        };
+        let interval = c_int::try_from(interval).map_err(|_| CodecError::InvalidOptions("restart interval".into()))?;
+        self.handle.set(raw::TJPARAM_TJPARAM_RESTARTBLOCKS, interval)?;
+        let len = raw::size_t::try_from(data.len()).map_err(|_| CodecError::Corrupt {
+            format: Format::Jpeg,
+            reason: "input too long".into(),
+        })?;
+        // SAFETY: the handle is valid; `data` is readable for `len` bytes during the call.
+        if unsafe { raw::tj3DecompressHeader(self.handle.ptr(), data.as_ptr(), len) } != 0 {
+            return Err(fail(self));
+        }
+        // Sequential and Huffman-coded whatever the input was: the header just read set both
+        // parameters to the input's coding, and a transform keeps them unless told otherwise.
+        self.handle.set(raw::TJPARAM_TJPARAM_PROGRESSIVE, 0)?;
+        self.handle.set(raw::TJPARAM_TJPARAM_ARITHMETIC, 0)?;
+        let transform = raw::tjtransform {
+            r: raw::tjregion { x: 0, y: 0, w: 0, h: 0 },
+            op: raw::TJXOP_TJXOP_NONE as c_int,
+            options: 0,
+            data: std::ptr::null_mut(),
+            customFilter: None,
+        };
+        let mut dst: *mut u8 = std::ptr::null_mut();
+        let mut size: raw::size_t = 0;
+        // SAFETY: the handle is valid; `data` is readable for `len` bytes; one transform is
+        // passed with one output pointer and size, NULL so that libjpeg-turbo allocates the
+        // output (freed below with tj3Free on every path).
+        let rc = unsafe {
+            raw::tj3Transform(
+                self.handle.ptr(),
+                data.as_ptr(),
+                len,
+                1,
+                &mut dst,
+                &mut size,
+                &transform,
+            )
+        };
+        let result = if rc == 0 && !dst.is_null() {
+            let written = usize::try_from(size).unwrap_or(0);
+            // SAFETY: on success `dst` points to `size` initialised bytes owned by libjpeg-turbo.
+            let bytes = unsafe { std::slice::from_raw_parts(dst, written) };
+            out.clear();
+            out.extend_from_slice(bytes);
+            Ok(())
+        } else {
+            Err(fail(self))
+        };
+        if !dst.is_null() {
+            // SAFETY: `dst` came from libjpeg-turbo's allocator and is freed exactly once.
+            unsafe { raw::tj3Free(dst.cast()) };
+        }
+        result
+    }
 }
 
 /// A libjpeg-turbo compressor writing baseline 4:2:0 JPEGs.

@@ -27,6 +27,39 @@ pub(super) struct JpegMarkers {
     /// Offset of the first byte after the first SOS segment (where entropy-coded data starts);
     /// 0 if the walk did not reach a scan.
     pub(super) scan_data: usize,
+    /// The MCU grid and restart interval of a self-contained, sequential, single-scan,
+    /// Huffman-coded image (what `restart.rs` can cut, given restart markers, and what
+    /// `tj3Transform` can give restart markers); `None` for anything else.
+    pub(super) layout: Option<RestartLayout>,
+}
+
+/// The MCU grid of a sequential, single-scan, Huffman-coded JPEG and where it restarts its
+/// entropy coding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RestartLayout {
+    /// Offset of the SOF segment's length field (its height and width follow at +3 and +5).
+    pub(super) sof_at: usize,
+    /// Image size from the SOF (the DNL-free height; an image with height 0 has no layout).
+    pub(super) width: u32,
+    pub(super) height: u32,
+    /// MCU size in pixels: 8 × the largest sampling factors for an interleaved scan, 8 × 8
+    /// for a single-component one.
+    pub(super) mcu_width: u32,
+    pub(super) mcu_height: u32,
+    /// MCUs between restart markers (the DRI value); 0 without restart markers.
+    pub(super) interval: u32,
+}
+
+impl RestartLayout {
+    /// MCUs per MCU row.
+    pub(super) fn mcus_per_row(&self) -> u32 {
+        self.width.div_ceil(self.mcu_width)
+    }
+
+    /// MCU rows.
+    pub(super) fn mcu_rows(&self) -> u32 {
+        self.height.div_ceil(self.mcu_height)
+    }
 }
 
 /// Bit sets of table slots (0..=3) defined by DQT/DHT, or referred to by SOF/SOS.
@@ -48,6 +81,7 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
         has_frame: false,
         self_contained: false,
         scan_data: 0,
+        layout: None,
     };
     if !data.starts_with(&[0xFF, 0xD8]) {
         return found;
@@ -57,6 +91,10 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
     let mut used = Tables::default();
     // (SOF marker, number of components), once seen.
     let mut frame: Option<(u8, u8)> = None;
+    // (offset of the SOF length field, width, height, largest sampling factors h and v).
+    let mut geometry: Option<(usize, u32, u32, u32, u32)> = None;
+    // The restart interval of the last DRI segment.
+    let mut interval = 0u32;
     let mut pos = 2;
     loop {
         // Every marker starts with 0xFF, possibly preceded by more 0xFF fill bytes.
@@ -83,6 +121,7 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
         let Some(seg) = data.get(pos + 2..pos + len) else {
             break;
         };
+        let seg_at = pos;
         pos += len;
         match marker {
             0xE1 if orientation.is_none() && seg.starts_with(b"Exif\0\0") => {
@@ -96,14 +135,25 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
                     break; // A second frame header: libjpeg rejects it.
                 }
                 let Some(&nf) = seg.get(5) else { break };
+                let (mut hmax, mut vmax) = (0u32, 0u32);
                 for c in 0..usize::from(nf) {
-                    let Some(&tq) = seg.get(6 + 3 * c + 2) else {
+                    let (Some(&hv), Some(&tq)) = (seg.get(6 + 3 * c + 1), seg.get(6 + 3 * c + 2)) else {
                         break;
                     };
                     used.quant |= slot_bit(tq);
+                    hmax = hmax.max(u32::from(hv >> 4));
+                    vmax = vmax.max(u32::from(hv & 0x0F));
+                }
+                if let (Some(h), Some(w)) = (be16(seg, 1), be16(seg, 3)) {
+                    geometry = Some((seg_at, u32::from(w), u32::from(h), hmax, vmax));
                 }
                 frame = Some((marker, nf));
                 found.has_frame = true;
+            }
+            0xDD => {
+                if let Some(ri) = be16(seg, 0) {
+                    interval = u32::from(ri);
+                }
             }
             0xDA => {
                 found.scan_data = pos;
@@ -129,6 +179,20 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
                             0xC9 => true,
                             _ => false,
                         };
+                    found.layout = geometry.and_then(|(sof_at, width, height, hmax, vmax)| {
+                        let huffman = matches!(sof, 0xC0 | 0xC1);
+                        let sampling_ok = (1..=4).contains(&hmax) && (1..=4).contains(&vmax);
+                        let usable = found.self_contained && huffman && sampling_ok;
+                        let (mcu_width, mcu_height) = if nf == 1 { (8, 8) } else { (8 * hmax, 8 * vmax) };
+                        (usable && width > 0 && height > 0).then_some(RestartLayout {
+                            sof_at,
+                            width,
+                            height,
+                            mcu_width,
+                            mcu_height,
+                            interval,
+                        })
+                    });
                 }
                 break;
             }

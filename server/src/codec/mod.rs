@@ -47,6 +47,7 @@ mod markers;
 mod orient;
 mod raster;
 mod resize;
+mod restart;
 mod sniff;
 
 use std::fmt;
@@ -210,16 +211,36 @@ pub struct RegionDecoded {
     pub scale_denom: u32,
 }
 
-/// libjpeg-turbo's speed/accuracy switches for JPEG decoding ([`Decoder::set_jpeg_tuning`]).
-/// Both off by default: then pixels equal Pillow's decode (same library, same defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Speed switches for JPEG decoding ([`Decoder::set_jpeg_tuning`]). The two libjpeg-turbo
+/// switches are off by default: then pixels equal Pillow's decode (same library, same
+/// defaults). Restart cuts change no pixel and are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JpegTuning {
     /// `TJPARAM_FASTUPSAMPLE`: nearest-neighbour chroma upsampling (merged with the colour
     /// conversion) instead of the triangle ("fancy") filter.
     pub fast_upsample: bool,
     /// `TJPARAM_FASTDCT`: the fast integer IDCT (`JDCT_IFAST`) instead of the accurate one.
     pub fast_dct: bool,
+    /// Region decodes of a JPEG with restart markers decode only the segments that cover the
+    /// region (`restart.rs`): the same pixels, without Huffman-decoding the rest. Default
+    /// `true`; `false` is the reference path in tests and benchmarks.
+    pub restart_cuts: bool,
 }
+
+impl Default for JpegTuning {
+    fn default() -> Self {
+        JpegTuning {
+            fast_upsample: false,
+            fast_dct: false,
+            restart_cuts: true,
+        }
+    }
+}
+
+/// MCUs per restart segment that `ringfeed pack` aims for ([`Decoder::add_restarts`]). Four
+/// 16-pixel MCUs (64 pixels) is fine enough that a RandomResizedCrop decodes little outside
+/// its crop, and coarse enough that the markers cost about 1 % of the file.
+pub const RESTART_TARGET_MCUS: u32 = 2;
 
 /// Options of [`Decoder::reencode_jpeg`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -320,6 +341,8 @@ pub struct Decoder {
     tj: jpeg::TjDecompressor,
     /// libjpeg-turbo compressor, created by the first re-encode.
     tjc: Option<jpeg::TjCompressor>,
+    /// libjpeg-turbo transformer, created by the first [`Decoder::add_restarts`].
+    tjt: Option<jpeg::TjTransformer>,
     /// Native-depth decodes, CMYK intermediates and rotation targets.
     scratch: Vec<u8>,
     /// The full-size RGB8 decode inside `reencode_jpeg`.
@@ -348,6 +371,7 @@ impl Decoder {
             limits,
             tj: jpeg::TjDecompressor::new(&limits)?,
             tjc: None,
+            tjt: None,
             scratch: Vec::new(),
             rgb: Vec::new(),
             resized: Vec::new(),
@@ -402,7 +426,10 @@ impl Decoder {
     /// EXIF-oriented JPEG ignores `scale_denom`; any other image is decoded whole at full size.
     ///
     /// A sequential JPEG is read only down to the region's last row: damage below it is not
-    /// seen, except truncation (the file must have an EOI marker after its scan data).
+    /// seen, except truncation (the file must have an EOI marker after its scan data). A JPEG
+    /// with restart markers that tile it (as `ringfeed pack` writes them) is read only in the
+    /// segments that cover the region (`restart.rs`, unless [`JpegTuning::restart_cuts`] is
+    /// off): damage elsewhere is not seen either.
     pub fn decode_region_rgb8(
         &mut self,
         data: &[u8],
@@ -510,6 +537,59 @@ impl Decoder {
             rect: orient::rect_to_oriented(o, sw, sh, stored),
             scale_denom: denom,
         })
+    }
+
+    /// Rewrites the JPEG `data` losslessly into `out` as a sequential, Huffman-coded JPEG with
+    /// a restart marker every few MCUs (`jpegtran -restart N -optimize -copy all`), so that
+    /// region decodes skip the Huffman decoding of everything outside the region
+    /// (`restart.rs`). Progressive and arithmetic-coded JPEGs become sequential Huffman-coded
+    /// ones, which also decode faster. The interval is the largest divisor of the MCUs per row
+    /// up to `target_mcus` (see [`RESTART_TARGET_MCUS`]), or one MCU row when the width has no
+    /// such divisor near it.
+    ///
+    /// The DCT coefficients are moved, not recomputed, and this is verified: both images are
+    /// decoded and compared, and the rewrite is kept only if every pixel is the same.
+    ///
+    /// Returns the interval; or `None`, with `out` unspecified, when the rewrite does not apply
+    /// or was not kept: not a JPEG, not 8-bit, lossless or an unusual subsampling, restart
+    /// markers that already allow cuts, a file libjpeg-turbo does not rewrite (it refuses
+    /// warnings a decode accepts), or different pixels. An error means `data` itself does not
+    /// decode.
+    pub fn add_restarts(
+        &mut self,
+        data: &[u8],
+        target_mcus: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<u32>, CodecError> {
+        if detect(data)? != Format::Jpeg {
+            return Ok(None);
+        }
+        let header = self.tj.probe(data)?;
+        let Some(mcu_width) = header.region_align(1) else {
+            return Ok(None);
+        };
+        if header.layout().is_some_and(|l| restart::is_cuttable(&l)) {
+            return Ok(None);
+        }
+        let interval = restart::choose_interval(header.info.width.div_ceil(mcu_width), target_mcus);
+        let tjt = match &mut self.tjt {
+            Some(tjt) => tjt,
+            none => none.insert(jpeg::TjTransformer::new(&self.limits)?),
+        };
+        let rewritten = tjt.with_restarts(data, interval, out).is_ok();
+        let (mut before, mut after) = (std::mem::take(&mut self.rgb), std::mem::take(&mut self.resized));
+        let original = self.decode_rgb8(data, &mut before);
+        let same = rewritten
+            && original.is_ok()
+            && self.decode_rgb8(out, &mut after).is_ok_and(|d| {
+                original
+                    .as_ref()
+                    .is_ok_and(|o| (o.width, o.height) == (d.width, d.height))
+            })
+            && before == after;
+        (self.rgb, self.resized) = (before, after);
+        original?;
+        Ok(same.then_some(interval))
     }
 
     /// Decodes, downscales (never upscales) so that `max(width, height) <= max_side` with an

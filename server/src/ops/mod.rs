@@ -31,6 +31,11 @@
 //!   grey, CMYK/YCCK, progressive, arithmetic and EXIF-oriented files). Every other format is
 //!   decoded whole. [`Options::region_decode`] turns region decoding off (the reference path
 //!   in tests); [`Options::dct_scaling`] trades exactness for speed on large sources.
+//! - **A JPEG with restart markers is decoded only where the region is** (as `ringfeed pack`
+//!   stores them): the segments between markers that cover the region are cut out as a JPEG of
+//!   their own (`codec/restart.rs`), so not even the Huffman decoding happens outside it. The
+//!   region's pixels are the same (tested with the full-decode comparisons above);
+//!   [`Options::restart_cuts`] turns it off.
 //! - **No per-sample heap allocation in Rust once warm** (tested by `tests/alloc.rs`): the
 //!   decoded region, the NCHW staging image and the resampler's coefficient tables and rows are
 //!   per-processor and keep their capacity. (libjpeg-turbo still `malloc`s about ten small
@@ -252,6 +257,9 @@ pub struct Options {
     pub fast_upsample: bool,
     /// libjpeg-turbo's `TJPARAM_FASTDCT` (see [`JpegTuning`]). Default `false`.
     pub fast_dct: bool,
+    /// Decode only the restart segments that cover the region, for JPEGs with restart markers
+    /// (see [`JpegTuning`]). Same pixels. Default `true`.
+    pub restart_cuts: bool,
 }
 
 impl Default for Options {
@@ -262,6 +270,7 @@ impl Default for Options {
             dct_headroom: 2,
             fast_upsample: false,
             fast_dct: false,
+            restart_cuts: true,
         }
     }
 }
@@ -271,6 +280,7 @@ impl Options {
         JpegTuning {
             fast_upsample: self.fast_upsample,
             fast_dct: self.fast_dct,
+            restart_cuts: self.restart_cuts,
         }
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, unbounded};
 
-use crate::codec::{Decoder, Limits, Reencode};
+use crate::codec::{Decoder, Limits, RESTART_TARGET_MCUS, Reencode};
 use crate::shard::{DatasetWriter, ShardError, WriteSummary, WriterOptions};
 use crate::source::lmdb::LmdbOptions;
 use crate::source::{SampleReader, Source};
@@ -62,6 +62,12 @@ pub struct PackOptions {
     pub writer: WriterOptions,
     /// Re-encode every image as JPEG with this maximum side and quality; `None` keeps the bytes.
     pub reencode: Option<Reencode>,
+    /// Rewrite 8-bit JPEGs losslessly as sequential JPEGs with restart markers
+    /// ([`Decoder::add_restarts`]), so that the server's region decodes skip the Huffman
+    /// decoding outside each crop. Every rewrite is decoded and compared with the original and
+    /// kept only if every pixel is the same; the stored bytes differ from the input's. Default
+    /// `true`.
+    pub restarts: bool,
     pub check: Check,
     pub limits: Limits,
     /// Worker threads; 0 means all cores.
@@ -81,6 +87,7 @@ impl Default for PackOptions {
             lmdb: LmdbOptions::default(),
             writer: WriterOptions::default(),
             reencode: None,
+            restarts: true,
             check: Check::Decode,
             limits: Limits::default(),
             threads: 0,
@@ -106,6 +113,8 @@ pub struct PackSummary {
     pub written: WriteSummary,
     /// Bytes read from the input (encoded images).
     pub input_bytes: u64,
+    /// JPEGs rewritten with restart markers ([`PackOptions::restarts`]).
+    pub restarted: u64,
     pub skipped: Vec<Skipped>,
     /// Files ignored because of their extension.
     pub ignored: u64,
@@ -134,6 +143,7 @@ impl PackSummary {
             "bytes": self.written.bytes,
             "payload_bytes": self.written.payload_bytes,
             "input_bytes": self.input_bytes,
+            "restarted": self.restarted,
             "skipped": self.skipped.len(),
             "ignored": self.ignored,
             "threads": self.threads,
@@ -204,7 +214,7 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
 
     let tmp = temp_dir_for(out)?;
     let result = write_dataset(&plan, &tmp, opts, cancel, &progress, &mut skipped);
-    let (written, input_bytes, threads) = match result {
+    let (written, input_bytes, restarted, threads) = match result {
         Ok(r) => r,
         Err(e) => {
             let _ = fs::remove_dir_all(&tmp);
@@ -254,6 +264,7 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
         input: plan.kind.name(),
         written,
         input_bytes,
+        restarted,
         skipped,
         ignored: plan.ignored,
         report,
@@ -354,11 +365,19 @@ fn write_report(path: &Path, skipped: &[Skipped]) -> Result<(), PackError> {
 
 /// A worker's result for plan item `seq`.
 enum Outcome {
-    Ready { data: Vec<u8>, input_len: u64 },
-    Bad { reason: String },
+    /// `restarted`: the data is the input rewritten with restart markers.
+    Ready {
+        data: Vec<u8>,
+        input_len: u64,
+        restarted: bool,
+    },
+    Bad {
+        reason: String,
+    },
 }
 
-/// Runs the worker pool and the writer; returns what was written, the input bytes, the threads.
+/// Runs the worker pool and the writer; returns what was written, the input bytes, the JPEGs
+/// given restart markers, the threads.
 fn write_dataset(
     plan: &Plan,
     dir: &Path,
@@ -366,7 +385,7 @@ fn write_dataset(
     cancel: &AtomicBool,
     progress: &crate::progress::Progress,
     skipped: &mut Vec<Skipped>,
-) -> Result<(WriteSummary, u64, usize), PackError> {
+) -> Result<(WriteSummary, u64, u64, usize), PackError> {
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -374,7 +393,7 @@ fn write_dataset(
     let n = plan.items.len();
     let window = (threads * 8).max(64);
     let mut writer = DatasetWriter::create(dir, opts.writer)?;
-    let mut input_bytes = 0u64;
+    let (mut input_bytes, mut restarted_count) = (0u64, 0u64);
     progress.start(n as u64);
 
     // Set when the writer stops early (error or interrupt), so the dispatcher and workers quit.
@@ -443,9 +462,14 @@ fn write_dataset(
                 while let Some(outcome) = pending.remove(&next) {
                     let item = &plan.items[next];
                     match outcome {
-                        Outcome::Ready { data, input_len } => {
+                        Outcome::Ready {
+                            data,
+                            input_len,
+                            restarted,
+                        } => {
                             writer.push(&item.key, item.label, &item.meta, &data)?;
                             input_bytes += input_len;
+                            restarted_count += u64::from(restarted);
                         }
                         Outcome::Bad { reason } => {
                             let key = String::from_utf8_lossy(&item.key).into_owned();
@@ -480,10 +504,15 @@ fn write_dataset(
             None => serde_json::json!({"mode": "copy"}),
             Some(r) => serde_json::json!({"mode": "reencode", "max_side": r.max_side, "quality": r.quality}),
         },
+        "restarts": if opts.restarts {
+            serde_json::json!({"target_mcus": RESTART_TARGET_MCUS, "rewritten": restarted_count})
+        } else {
+            serde_json::Value::Null
+        },
     });
     progress.message("writing the index");
     let written = writer.finish(&plan.classes, &info.to_string())?;
-    Ok((written, input_bytes, threads))
+    Ok((written, input_bytes, restarted_count, threads))
 }
 
 /// Per-thread state: a decoder and, for LMDB inputs, a reader with its own transaction.
@@ -534,20 +563,43 @@ impl<'a> Worker<'a> {
             }
         };
         let input_len = data.len() as u64;
-        if let Some(re) = &self.opts.reencode {
-            let mut out = Vec::new();
-            return match self.decoder.reencode_jpeg(data, re, &mut out) {
-                Ok(_) => Outcome::Ready { data: out, input_len },
-                Err(e) => Outcome::Bad { reason: e.to_string() },
-            };
-        }
-        let checked = match self.opts.check {
-            Check::Decode => self.decoder.decode_rgb8(data, &mut self.scratch).map(|_| ()),
-            Check::Header => self.decoder.probe(data).map(|_| ()),
+        let data = match &self.opts.reencode {
+            Some(re) => {
+                let mut out = Vec::new();
+                if let Err(e) = self.decoder.reencode_jpeg(data, re, &mut out) {
+                    return Outcome::Bad { reason: e.to_string() };
+                }
+                out
+            }
+            None => owned,
         };
-        match checked {
-            Ok(()) => Outcome::Ready { data: owned, input_len },
-            Err(e) => Outcome::Bad { reason: e.to_string() },
+        if self.opts.restarts {
+            // The rewrite decodes the image and its rewrite and compares them, which is the
+            // strongest check there is. When it does not apply, or the image does not decode,
+            // the bytes stay as they are and the image is checked as `--check` says (which
+            // under `--check header` lets a damaged file through, as it always did).
+            let mut out = Vec::new();
+            if let Ok(Some(_)) = self.decoder.add_restarts(&data, RESTART_TARGET_MCUS, &mut out) {
+                return Outcome::Ready {
+                    data: out,
+                    input_len,
+                    restarted: true,
+                };
+            }
+        }
+        if self.opts.reencode.is_none() {
+            let checked = match self.opts.check {
+                Check::Decode => self.decoder.decode_rgb8(&data, &mut self.scratch).map(|_| ()),
+                Check::Header => self.decoder.probe(&data).map(|_| ()),
+            };
+            if let Err(e) = checked {
+                return Outcome::Bad { reason: e.to_string() };
+            }
+        }
+        Outcome::Ready {
+            data,
+            input_len,
+            restarted: false,
         }
     }
 }

@@ -96,11 +96,44 @@ fn opts(subsamp: Subsamp) -> JpegOpts {
     }
 }
 
-/// Every kind of image the fast path must handle, at an odd size (partial MCUs on both edges).
+/// Every kind of image the fast path must handle, at an odd size (partial MCUs on both edges),
+/// including JPEGs with restart markers at intervals restart cuts can use (as `ringfeed pack`
+/// writes them, every MCU, a few MCUs, whole MCU rows) and one they cannot (3 MCUs, which does
+/// not divide every width's MCU count).
 fn corpus(w: u32, h: u32) -> Vec<(&'static str, Vec<u8>)> {
     let s420 = busy_jpeg(w, h, 1, &opts(Subsamp::Sub2x2));
     let gray: Vec<u8> = busy(w, h, 2).chunks_exact(3).map(|p| p[1]).collect();
+    let exif6 = images::with_exif(&s420, 6, false);
+    let packed = |data: &[u8]| {
+        let mut out = Vec::new();
+        let interval = Decoder::new(Limits::default())
+            .unwrap()
+            .add_restarts(data, ringfeed::codec::RESTART_TARGET_MCUS, &mut out)
+            .unwrap();
+        assert!(interval.is_some());
+        out
+    };
     vec![
+        ("4:2:0 packed", packed(&s420)),
+        ("exif6 packed", packed(&exif6)),
+        ("gray packed", packed(&images::jpeg_gray(&gray, w, h))),
+        (
+            "4:4:4 rst1",
+            images::restarted(&busy_jpeg(w, h, 3, &opts(Subsamp::None)), 1, 0),
+        ),
+        (
+            "4:2:2 rst2",
+            images::restarted(&busy_jpeg(w, h, 4, &opts(Subsamp::Sub2x1)), 2, 0),
+        ),
+        (
+            "4:4:0 rows2",
+            images::restarted(&busy_jpeg(w, h, 5, &opts(Subsamp::Sub1x2)), 0, 2),
+        ),
+        (
+            "4:1:1 rst1",
+            images::restarted(&busy_jpeg(w, h, 6, &opts(Subsamp::Sub4x1)), 1, 0),
+        ),
+        ("4:2:0 rst3", images::restarted(&s420, 3, 0)),
         ("4:2:0", s420.clone()),
         ("4:4:4", busy_jpeg(w, h, 3, &opts(Subsamp::None))),
         ("4:2:2", busy_jpeg(w, h, 4, &opts(Subsamp::Sub2x1))),
@@ -134,7 +167,7 @@ fn corpus(w: u32, h: u32) -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("exif3", images::with_exif(&s420, 3, true)),
-        ("exif6", images::with_exif(&s420, 6, false)),
+        ("exif6", exif6.clone()),
         ("exif8", images::with_exif(&s420, 8, true)),
         ("png", support::png(w, h, 9)),
     ]

@@ -45,15 +45,20 @@ fn good_folder(root: &Path) -> Vec<(&'static str, Vec<u8>)> {
     files
 }
 
-/// Packing a folder keeps every image's bytes, sorts classes and files bytewise, labels by class,
-/// ignores other extensions, and passes `verify`.
+/// Packing a folder with `--no-restarts` keeps every image's bytes, sorts classes and files
+/// bytewise, labels by class, ignores other extensions, and passes `verify`.
 #[test]
 fn folder_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     let files = good_folder(&src);
     let out = tmp.path().join("out");
-    let s = pack(&src, &out, &opts(), &no_cancel()).unwrap();
+    let o = PackOptions {
+        restarts: false,
+        ..opts()
+    };
+    let s = pack(&src, &out, &o, &no_cancel()).unwrap();
+    assert_eq!(s.restarted, 0);
     assert_eq!(
         (s.written.samples, s.written.classes, s.ignored, s.skipped.len()),
         (7, 3, 2, 0)
@@ -80,6 +85,55 @@ fn folder_round_trip() {
     }
     verify(&out, &VerifyOptions::default()).unwrap();
     assert!(!out.join("skipped.tsv").exists());
+}
+
+/// By default, 8-bit JPEGs (colour, grey, CMYK, progressive) are stored rewritten as
+/// sequential JPEGs with restart markers that restart cuts can use, and decode to exactly the
+/// original's pixels; PNGs keep their bytes. The dataset's info records it.
+#[test]
+fn packed_jpegs_get_restart_markers_and_keep_every_pixel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let mut files = good_folder(&src);
+    let progressive = crate::codec::images::jpeg_rgb(
+        &crate::codec::images::photo(70, 45, 9),
+        70,
+        45,
+        &crate::codec::images::JpegOpts {
+            progressive: true,
+            ..Default::default()
+        },
+    );
+    write_tree(&src, &[("fox/p.jpg", progressive.clone())]);
+    files.push(("fox/p.jpg", progressive));
+    let out = tmp.path().join("out");
+    let s = pack(&src, &out, &opts(), &no_cancel()).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    let mut decoder = ringfeed::codec::Decoder::new(ringfeed::codec::Limits::default()).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut rewritten = 0;
+    for i in 0..ds.len() {
+        let smp = ds.sample_checked(i).unwrap();
+        let key = std::str::from_utf8(smp.key).unwrap();
+        let original = &files.iter().find(|f| f.0 == key).unwrap().1;
+        let da = decoder.decode_rgb8(original, &mut a).unwrap();
+        let db = decoder.decode_rgb8(smp.data, &mut b).unwrap();
+        assert_eq!((da.width, da.height), (db.width, db.height), "{key}");
+        assert!(a == b, "{key}: pixels changed");
+        if smp.data != &original[..] {
+            rewritten += 1;
+            // DRI (FF DD) before the scan: restart markers were written.
+            assert!(smp.data.windows(2).any(|w| w == [0xFF, 0xDD]), "{key}");
+            // And the stored image needs no second rewrite.
+            let mut again = Vec::new();
+            assert_eq!(decoder.add_restarts(smp.data, 2, &mut again).unwrap(), None, "{key}");
+        }
+    }
+    // The five JPEGs; not the PNGs.
+    assert_eq!((rewritten, s.restarted), (5, 5));
+    verify(&out, &VerifyOptions::default()).unwrap();
+    let info: serde_json::Value = serde_json::from_str(ds.info().unwrap()).unwrap();
+    assert_eq!(info["restarts"]["rewritten"], 5, "{info}");
 }
 
 /// The same input gives byte-identical output with 1 or 3 threads.
@@ -184,6 +238,7 @@ fn bad_inputs_are_skipped_with_reasons() {
     let out = tmp.path().join("out");
     let o = PackOptions {
         on_error: OnError::Skip,
+        restarts: false,
         ..opts()
     };
     let s = pack(&src, &out, &o, &no_cancel()).unwrap();

@@ -348,3 +348,39 @@ pub(crate) fn gif_two_frames(w: u32, h: u32, first: [u8; 3], second: [u8; 3]) ->
     }
     out
 }
+
+/// `jpeg` rewritten losslessly by libjpeg-turbo (`tj3Transform`, no transform) with a restart
+/// marker every `blocks` MCUs, or every `rows` MCU rows when `rows > 0`: any interval, also
+/// those `Decoder::add_restarts` would never choose (and those restart cuts cannot use).
+pub(crate) fn restarted(jpeg: &[u8], blocks: i32, rows: i32) -> Vec<u8> {
+    use std::ffi::c_int;
+    use turbojpeg::raw;
+    // SAFETY: one handle from tj3Init, used only here and destroyed at the end; `jpeg` is
+    // readable for its length; libjpeg-turbo allocates the output (NULL `dst`), which is
+    // copied out and freed with tj3Free exactly once.
+    unsafe {
+        let h = raw::tj3Init(raw::TJINIT_TJINIT_TRANSFORM as c_int);
+        assert!(!h.is_null());
+        let set = |p: raw::TJPARAM, v: c_int| assert_eq!(raw::tj3Set(h, p as c_int, v), 0);
+        if rows > 0 {
+            set(raw::TJPARAM_TJPARAM_RESTARTROWS, rows);
+        } else {
+            set(raw::TJPARAM_TJPARAM_RESTARTBLOCKS, blocks);
+        }
+        assert_eq!(raw::tj3DecompressHeader(h, jpeg.as_ptr(), jpeg.len() as raw::size_t), 0);
+        let t = raw::tjtransform {
+            r: raw::tjregion { x: 0, y: 0, w: 0, h: 0 },
+            op: raw::TJXOP_TJXOP_NONE as c_int,
+            options: 0,
+            data: std::ptr::null_mut(),
+            customFilter: None,
+        };
+        let (mut dst, mut size): (*mut u8, raw::size_t) = (std::ptr::null_mut(), 0);
+        let rc = raw::tj3Transform(h, jpeg.as_ptr(), jpeg.len() as raw::size_t, 1, &mut dst, &mut size, &t);
+        assert_eq!(rc, 0);
+        let out = std::slice::from_raw_parts(dst, size as usize).to_vec();
+        raw::tj3Free(dst.cast());
+        raw::tj3Destroy(h);
+        out
+    }
+}

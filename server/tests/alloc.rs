@@ -88,11 +88,20 @@ fn jpeg(w: usize, h: usize, seed: u64, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
 #[test]
 fn process_allocates_nothing_once_warm() {
     use turbojpeg::Subsamp;
-    // The largest first: warming up on it sizes every buffer for the others.
+    // As `ringfeed pack` stores them: restart markers every 2 MCUs, so a region decode cuts
+    // out only the segments it needs (`codec/restart.rs`).
+    let packed = |data: Vec<u8>| {
+        let mut out = Vec::new();
+        let mut d = ringfeed::codec::Decoder::new(Limits::default()).expect("decoder");
+        d.add_restarts(&data, 2, &mut out).expect("decodes").expect("rewritten");
+        out
+    };
     let files = [
         jpeg(640, 480, 1, Subsamp::Sub2x2),
         jpeg(500, 375, 2, Subsamp::Sub2x2),
+        packed(jpeg(500, 375, 6, Subsamp::Sub2x2)),
         jpeg(375, 500, 3, Subsamp::None),
+        packed(jpeg(375, 500, 7, Subsamp::None)),
         jpeg(301, 233, 4, Subsamp::Sub2x1),
         jpeg(97, 61, 5, Subsamp::Gray),
     ];
@@ -111,15 +120,19 @@ fn process_allocates_nothing_once_warm() {
         p.process(data, t, &mut SampleRng::new(0, epoch, index), layout, &mut out)
             .expect("processes");
     };
-    // Warm-up: the largest image, whole (Resize), and every transform and layout once.
+    // Warm-up: every image whole (Resize: the largest region, and the largest restart cut),
+    // and every transform and layout once.
     let before = allocations();
-    for t in &transforms {
-        for layout in layouts {
-            run(&mut p, &files[0], t, layout, u64::MAX, 0);
+    for (i, data) in files.iter().enumerate() {
+        for t in &transforms {
+            for layout in layouts {
+                run(&mut p, data, t, layout, u64::MAX, i as u64);
+            }
         }
     }
     let warm_up = allocations() - before;
-    // Then many samples: other images, other crops, flips, both layouts.
+    // Then many samples: other images (some with restart markers), other crops, flips, both
+    // layouts.
     let before = allocations();
     let mut samples = 0;
     for epoch in 0..8 {

@@ -56,7 +56,8 @@ def corpus_rate_bin() -> str:
 
 def native(images: Path, mode: str, threads: int) -> float:
     out = subprocess.run([corpus_rate_bin(), str(images), mode, str(threads), "1"], capture_output=True, text=True)
-    return json.loads(out.stdout)["img_per_s"]
+    # The last line is the rate; `-rs` modes first print what the rewrite did.
+    return json.loads(out.stdout.strip().splitlines()[-1])["img_per_s"]
 
 
 def timed(batches, warmup: int, count: int) -> float:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU-machine benchmark of results/2026-11-30-h200-host-2/, in the order they ran there.
+# Every GPU-machine benchmark of results/2026-11-30-h200-host-3/, in the order they ran there.
 # The GPU machine reaches no registry: build on a development machine first
 #   cargo build --release -p ringfeed --bin ringfeed --example corpus_rate
 # and bring target/release/ringfeed, target/release/examples/corpus_rate and
@@ -15,7 +15,13 @@ if [ ! -f bench-data/packed/index.rfi ]; then
   "$RINGFEED_BIN" pack bench-data/corpus bench-data/packed --progress none
 fi
 python3 benches/e2e/h2d.py bench-data/packed --json "$out/h2d.json"
-python3 benches/e2e/cpu_scaling.py --images bench-data/corpus --packed bench-data/packed --threads 1,4,8,15 --batches 24 --pin --out "$out/cpu"
+python3 benches/e2e/cpu_scaling.py --images bench-data/corpus --packed bench-data/packed --threads 1,4,8,15 --batches 24 --out "$out/cpu"
 python3 benches/e2e/gpu_train.py --images bench-data/corpus --packed bench-data/packed --models resnet50,resnet18 --workers 15 --steps 150 --out "$out/gpu"
-python3 benches/autotune.py bench-data/packed --out "$out/autotune" --step-ms 40 --batch-size 128 --fixed 1,2,4,6,8,15 --seconds 15 --auto-seconds 40 --threads 16
-python3 benches/autotune.py bench-data/packed --out "$out/autotune-gpu" --batch-size 256 --fixed 4,6,8,10,15 --seconds 15 --auto-seconds 45 --threads 16 --model resnet50 --skip-sim
+python3 benches/autotune.py bench-data/packed --out "$out/autotune-gpu" --batch-size 256 --fixed 6,8,10,15 --seconds 12 --auto-seconds 40 --threads 16 --model resnet50 --skip-sim
+python3 benches/autotune.py bench-data/packed --out "$out/autotune" --step-ms 40 --batch-size 128 --fixed 4,6,8,15 --seconds 12 --auto-seconds 30 --threads 16
+# The per-core rate of a contention-free decode alone, and beside 14 busy cores doing the same.
+mkdir -p "$out/percore"
+"$CORPUS_RATE_BIN" bench-data/corpus decode 1 1 > "$out/percore/alone.json"
+("$CORPUS_RATE_BIN" bench-data/corpus decode 14 20 > "$out/percore/neighbours.json") & sleep 4
+"$CORPUS_RATE_BIN" bench-data/corpus decode 1 1 > "$out/percore/beside-14.json"
+wait

@@ -3,6 +3,8 @@
 //!
 //! - `decode/full`: libjpeg-turbo decode of the whole image to RGB (the per-core limit);
 //! - `decode/region`: decode of a 60 %-area crop only (`tj3SetCroppingRegion`);
+//! - `decode/region_packed`: the same crop of the same images as `ringfeed pack` stores them
+//!   (rewritten with restart markers, same pixels): only the segments covering it are decoded;
 //! - `decode/crc32c_check`: the record checksum `check_crc` verifies per sample (on by default);
 //! - `resize/crop_to_224`: our resampler (`ringfeed::resample`) on a 387x290 crop box of a decoded
 //!   image to 224x224, antialiased bilinear; `resize/crop_to_224_fir`: the same through
@@ -10,6 +12,7 @@
 //!   `resize/upscale_to_224` (120x100), `resize/whole_to_224` (the whole 500x375 image) and
 //!   `resize/large_crop_to_224` (1000x750 of a 2000x1500 image), each with its `_fir` twin;
 //! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
+//!   `transform/rrc224_packed`: the same on the images as packed;
 //! - `transform/rrc224_large_{exact,dct}`: the same on 2000x1500 sources, exact and with DCT scaling
 //!   (`Options::dct_scaling`, default headroom 2), the only sources where it can engage;
 //! - `ring/handoff`: writing a batch of 256 224x224x3 samples and the slot header into a
@@ -134,6 +137,24 @@ fn benches(c: &mut Criterion) {
             }
         })
     });
+    let packed: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| {
+            let mut out = Vec::new();
+            let rewritten = decoder
+                .add_restarts(f, ringfeed::codec::RESTART_TARGET_MCUS, &mut out)
+                .expect("decodes");
+            assert!(rewritten.is_some(), "a baseline JPEG is rewritten");
+            out
+        })
+        .collect();
+    g.bench_function("region_packed", |b| {
+        b.iter(|| {
+            for f in &packed {
+                decoder.decode_region_rgb8(f, crop, 1, &mut buf).expect("decodes");
+            }
+        })
+    });
     // What `check_crc` (on by default) adds per sample: CRC-32C of the record, in the same run
     // as the decode it accompanies.
     g.bench_function("crc32c_check", |b| {
@@ -190,6 +211,18 @@ fn benches(c: &mut Criterion) {
         b.iter(|| {
             epoch += 1;
             for (i, f) in files.iter().enumerate() {
+                let mut rng = SampleRng::new(0, epoch, i as u64);
+                processor
+                    .process(f, &t, &mut rng, Layout::Nhwc, &mut out)
+                    .expect("transforms");
+            }
+        })
+    });
+    let mut epoch = 0u64;
+    g.bench_function("rrc224_packed", |b| {
+        b.iter(|| {
+            epoch += 1;
+            for (i, f) in packed.iter().enumerate() {
                 let mut rng = SampleRng::new(0, epoch, i as u64);
                 processor
                     .process(f, &t, &mut rng, Layout::Nhwc, &mut out)

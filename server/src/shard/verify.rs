@@ -81,7 +81,28 @@ pub fn verify(dir: &Path, opts: &VerifyOptions<'_>) -> Result<VerifyReport, Veri
 }
 
 /// Verifies an already opened dataset (steps 2 onwards of the spec's order).
+///
+/// A file cut or made unreadable while it is being verified raises SIGBUS on its mapping; with
+/// the handler of [`crate::fault`] installed here, that becomes [`ShardError::Changed`] naming
+/// the file and the offset (the root cause, reported instead of whatever the zeros read after
+/// the fault made the checks say), never a dead process.
 pub fn verify_dataset(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
+    crate::fault::install().map_err(|e| ShardError::io(ds.index_path(), e))?;
+    let result = verify_mapped(ds, opts);
+    // Any fault is the root cause: checked after the result, whether it is Ok or an error.
+    ds.check_faults(0, None).map_err(|e| match e {
+        ShardError::Changed { path, offset, now, .. } => ShardError::Changed {
+            path,
+            offset,
+            what: "it for verification".into(),
+            now,
+        },
+        other => other,
+    })?;
+    result
+}
+
+fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
     let total: u64 = ds.index.len() + ds.shards.iter().map(|s| s.file.len()).sum::<u64>();
     let mut done = 0u64;
     let report = |done: u64| {

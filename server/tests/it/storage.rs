@@ -10,7 +10,7 @@ use std::process::Command;
 
 use heed::types::Bytes;
 use heed::{CommitOrAbort, EnvOpenOptions};
-use ringfeed::shard::{ShardError, WriterOptions};
+use ringfeed::shard::{Dataset, ShardError, VerifyOptions, WriterOptions, verify_dataset};
 use ringfeed::source::lmdb::{Layout, LmdbOptions, LmdbSource};
 use ringfeed::source::{PackedSource, Source, SourceError};
 use serde_json::json;
@@ -172,6 +172,30 @@ fn a_record_rewritten_in_place_fails_its_crc() {
 }
 
 /// Writes an LMDB of `n` raw values of 40 KiB (overflow pages), returning them.
+/// `verify` of a dataset whose shard is cut while it is open (as by a copy that is still being
+/// written, or storage that went away) reports the cut file and where, instead of dying of
+/// SIGBUS. (nextest runs this test in a process of its own, so nothing else installed the
+/// handler first.)
+#[test]
+fn verify_of_a_shard_cut_while_open_names_the_file_not_a_sigbus() {
+    let tmp = tempfile::tempdir().unwrap();
+    paged_dataset(tmp.path());
+    let ds = Dataset::open(tmp.path()).unwrap();
+    let s = ds.sample(4).unwrap();
+    let shard_path = ds.shard_info(s.shard).unwrap().0.to_owned();
+    OpenOptions::new()
+        .write(true)
+        .open(&shard_path)
+        .unwrap()
+        .set_len(s.offset)
+        .unwrap();
+    let err = verify_dataset(&ds, &VerifyOptions::default()).expect_err("a cut shard does not verify");
+    let msg = err.to_string();
+    assert!(msg.contains(&shard_path.display().to_string()), "{msg}");
+    assert!(msg.contains("changed on disk") && msg.contains("(truncated)"), "{msg}");
+    assert!(msg.contains("for verification"), "{msg}");
+}
+
 fn write_lmdb(dir: &Path, n: usize) -> Vec<Vec<u8>> {
     let mut rng = Rng(5);
     let values: Vec<Vec<u8>> = (0..n).map(|_| rng.bytes(40_000)).collect();

@@ -127,8 +127,25 @@ impl SampleInfo {
 }
 
 /// Inspects the packed dataset in `dir`, describing sample `sample` (if any).
+///
+/// A file cut while it is read raises SIGBUS on its mapping; with the handler of
+/// [`crate::fault`] installed here, that is reported as [`ShardError::Changed`] naming the file
+/// and offset, instead of a crash.
 pub fn inspect_packed(dir: &Path, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    crate::fault::install().map_err(|e| ShardError::io(dir, e))?;
     let ds = Dataset::open(dir)?;
+    inspect_opened(&ds, dir, sample)
+}
+
+/// [`inspect_packed`] of an opened dataset; a fault in any of its files is the error.
+fn inspect_opened(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    let result = inspect_mapped(ds, dir, sample);
+    // The root cause, whether the result is Ok (then built partly from zeros) or an error.
+    ds.check_faults(0, None)?;
+    result
+}
+
+fn inspect_mapped(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspection, InspectError> {
     let n = ds.len();
     let mut per_class = vec![0u64; ds.class_count() as usize];
     let mut sizes = Vec::with_capacity(n as usize);
@@ -351,5 +368,36 @@ mod tests {
     fn size_stats_quantiles() {
         let s = SizeStats::from((1..=100).collect());
         assert_eq!((s.min, s.p50, s.p99, s.max, s.total), (1, 51, 99, 100, 5050));
+    }
+
+    /// A shard cut under an open dataset is an error naming it, not a SIGBUS or zeros: with
+    /// the handler installed (as `inspect_packed` does first), the fault is the error.
+    #[test]
+    fn a_shard_cut_while_inspected_is_an_error_not_a_sigbus() {
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = crate::shard::WriterOptions {
+            target_shard_bytes: 64 << 10,
+            record_align: 4096,
+        };
+        let mut w = crate::shard::DatasetWriter::create(tmp.path(), opts).unwrap();
+        for i in 0..8u8 {
+            w.push(&[b'k', i], 0, b"", &vec![i | 1; 20_000]).unwrap();
+        }
+        w.finish(&[b"c".to_vec()], "{}").unwrap();
+        crate::fault::install().unwrap();
+        let ds = Dataset::open(tmp.path()).unwrap();
+        let (path, _, len) = ds.shard_info(0).unwrap();
+        let path = path.to_owned();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len / 3)
+            .unwrap();
+        let err = inspect_opened(&ds, tmp.path(), Some(0)).unwrap_err().to_string();
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("changed on disk"),
+            "{err}"
+        );
     }
 }

@@ -63,8 +63,9 @@ impl Mapped {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| ShardError::io(path, e))?;
         // SAFETY: the map is read-only, page-aligned, and unmapped only after the watch is
         // dropped (`Backing::Map` declares the watch first). Every reader of these bytes checks
-        // `Mapped::fault` before trusting them (`PackedSource` and `verify` install the handler
-        // and check; `inspect` runs without it, where a SIGBUS stays fatal as before).
+        // `Mapped::fault` before trusting them (`PackedSource`, `verify` and `inspect` install
+        // the handler and check; a caller of `Dataset` that does not gets a fatal SIGBUS, as
+        // with any mapped file).
         let watch = (!map.is_empty()).then(|| unsafe { Watch::register(map.as_ptr(), map.len(), 0) });
         Ok(Mapped {
             path: path.to_owned(),

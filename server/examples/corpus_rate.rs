@@ -137,6 +137,12 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
     })
 }
 
+/// Whether `mode` runs on the files as `ringfeed pack` stores them (`decode-rs`, `rrc-rs`,
+/// `rrc-rs-nocut`).
+fn on_packed_files(mode: &str) -> bool {
+    mode.ends_with("-rs") || mode.contains("-rs-")
+}
+
 /// One timed run of `mode`; returns (images, seconds, allocations).
 fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, f64, u64) {
     let rrc = rrc_mode(mode);
@@ -269,7 +275,7 @@ fn main() {
             .collect();
         return psnr(&files, &compare);
     }
-    let restarted: Vec<Vec<u8>> = if modes.iter().any(|m| m.ends_with("-rs") || m.contains("-rs-")) {
+    let restarted: Vec<Vec<u8>> = if modes.iter().any(|m| on_packed_files(m)) {
         let target = std::env::var("RESTART_MCUS").map_or(RESTART_TARGET_MCUS, |v| v.parse().expect("RESTART_MCUS"));
         // On every core: each rewrite is verified by two full decodes.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -309,11 +315,7 @@ fn main() {
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for rep in 0..reps {
         for (m, mode) in modes.iter().enumerate() {
-            let input = if mode.ends_with("-rs") || mode.contains("-rs-") {
-                &restarted
-            } else {
-                &files
-            };
+            let input = if on_packed_files(mode) { &restarted } else { &files };
             let (done, secs, allocs) = run(input, mode, threads, passes);
             let rate = done as f64 / secs;
             rates[m].push(rate);

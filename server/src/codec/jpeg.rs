@@ -416,7 +416,9 @@ impl TjDecompressor {
             width: want.left + want.width - left,
             height: want.height,
         };
-        if !info.progressive && region.top + region.height < sh && !has_eoi(data, header.markers.scan_data) {
+        // Searched from the end, where it normally is: asked at most once per sample.
+        let ends_with_eoi = has_eoi(data, header.markers.scan_data);
+        if !info.progressive && region.top + region.height < sh && !ends_with_eoi {
             return Err(CodecError::Corrupt {
                 format: Format::Jpeg,
                 reason: "premature end of JPEG file (no EOI marker after the scan data)".into(),
@@ -432,7 +434,7 @@ impl TjDecompressor {
         let cuttable = header
             .markers
             .layout
-            .filter(|l| l.interval > 0 && self.tuning.restart_cuts && has_eoi(data, header.markers.scan_data));
+            .filter(|l| l.interval > 0 && self.tuning.restart_cuts && ends_with_eoi);
         if let Some(layout) = cuttable {
             // The region in full-size pixels, clipped to the image.
             let full = Rect {

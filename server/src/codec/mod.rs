@@ -345,9 +345,11 @@ pub struct Decoder {
     tjt: Option<jpeg::TjTransformer>,
     /// Native-depth decodes, CMYK intermediates and rotation targets.
     scratch: Vec<u8>,
-    /// The full-size RGB8 decode inside `reencode_jpeg`.
+    /// The full-size RGB8 decode inside `reencode_jpeg`; the original's pixels inside
+    /// `add_restarts`.
     rgb: Vec<u8>,
-    /// The downscaled RGB8 image inside `reencode_jpeg`.
+    /// The downscaled RGB8 image inside `reencode_jpeg`; the rewrite's pixels inside
+    /// `add_restarts`.
     resized: Vec<u8>,
     resizer: crate::resample::Resampler,
 }

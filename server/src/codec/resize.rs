@@ -81,6 +81,18 @@ mod tests {
         assert_eq!(fit(5, 5, 1), (1, 1));
     }
 
+    /// `len` bytes of xorshift64 noise from the state `x`.
+    fn noise(len: u32, x: &mut u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                *x as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn bilinear_averages_a_flat_image_to_itself() {
         let src = vec![77u8; 40 * 30 * 3];
@@ -99,14 +111,7 @@ mod tests {
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut resampler = Resampler::new();
         for (from, to) in [((173, 91), (64, 34)), ((640, 481), (256, 192)), ((1000, 3), (10, 1))] {
-            let src: Vec<u8> = (0..from.0 * from.1 * 3)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let src = noise(from.0 * from.1 * 3, &mut x);
             let mut ours = Vec::new();
             bilinear(&mut resampler, &src, from, &mut ours, to).unwrap();
             let image = ImageRef::new(from.0, from.1, &src, PixelType::U8x3).unwrap();
@@ -122,15 +127,7 @@ mod tests {
     #[test]
     fn bilinear_is_identical_for_every_cpu_extension() {
         let (from, to) = ((173, 91), (64, 34));
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let src: Vec<u8> = (0..from.0 * from.1 * 3)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let src = noise(from.0 * from.1 * 3, &mut 0x2545_F491_4F6C_DD1Du64);
         let mut outputs = crate::resample::every_isa().into_iter().map(|(name, mut r)| {
             let mut dst = Vec::new();
             bilinear(&mut r, &src, from, &mut dst, to).unwrap();

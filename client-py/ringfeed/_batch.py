@@ -5,7 +5,7 @@ In order, on the batch's device (the side stream in CUDA mode): each view's ``No
 view's ``<name>_erase`` field), then the loader's ``batch_transform`` (``MixUp``, ``CutMix`` or a
 ``RandomChoice`` of them) on the view's images and the labels.
 
-Randomness the client draws (MixUp/CutMix's λ, box and choice; erasing's ``"random"`` noise) comes
+Randomness the client draws (MixUp/CutMix's lam, box and choice; erasing's ``"random"`` noise) comes
 from generators seeded by ``(seed, epoch, batch index)``, so a resumed epoch repeats it exactly.
 """
 
@@ -23,7 +23,9 @@ __all__ = ["BatchOps"]
 
 def _seed(*parts: int) -> int:
     """A 64-bit seed that depends on every part (stable across Python versions and processes)."""
-    h = hashlib.blake2b(b"ringfeed-batch" + b"".join(p.to_bytes(8, "little", signed=False) for p in parts), digest_size=8)
+    h = hashlib.blake2b(
+        b"ringfeed-batch" + b"".join(p.to_bytes(8, "little", signed=False) for p in parts), digest_size=8
+    )
     return int.from_bytes(h.digest(), "little")
 
 
@@ -58,7 +60,8 @@ class BatchOps:
             own = v.transform.normalize
             if own is not None and normalize is not None:
                 raise ValueError(
-                    f"normalize: view {name!r} has its own Normalize in its Compose; pass normalize= or Normalize, not both"
+                    f"normalize: view {name!r} has its own Normalize in its Compose; "
+                    f"pass normalize= or Normalize, not both"
                 )
             mean_std = (own.mean, own.std) if own is not None else normalize
             if mean_std is not None:
@@ -80,7 +83,8 @@ class BatchOps:
                 self.mix, self.mix_p = list(batch_transform.transforms), list(batch_transform.p)
             else:
                 raise ValueError(
-                    f"batch_transform must be MixUp, CutMix or RandomChoice([MixUp(...), CutMix(...)]), got {batch_transform!r}"
+                    f"batch_transform must be MixUp, CutMix or RandomChoice([MixUp(...), CutMix(...)]), "
+                    f"got {batch_transform!r}"
                 )
             if len(views.views) != 1:
                 raise ValueError("batch_transform: MixUp/CutMix mix one view's images; this loader has several views")

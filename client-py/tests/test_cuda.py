@@ -22,7 +22,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def make(server: FakeServer, batch_size: int, size: int, **kw: Any) -> ringfeed.Loader:
     kw.setdefault("shuffle", False)
     return ringfeed.Loader(
-        DATASET, batch_size, transform=ringfeed.Resize(size), socket=server.path, spawn=False, timeout=30, **kw
+        DATASET,
+        batch_size,
+        transform=ringfeed.Resize((size, size) if isinstance(size, int) else size),
+        socket=server.path,
+        spawn=False,
+        timeout=30,
+        **kw,
     )
 
 

@@ -967,3 +967,91 @@ proptest! {
         }
     }
 }
+
+/// The pipelines of `proto/vectors/control/pipelines.json`: the good ones parse with each view's
+/// declared size and count; the bad ones are refused with the message the vector names.
+#[test]
+fn pipeline_vectors() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/vectors/control/pipelines.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    for case in v["good"].as_array().unwrap() {
+        let p = ringfeed::ops::Pipeline::parse(&case["pipeline"]).unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
+        let want = case["views"].as_object().unwrap();
+        assert_eq!(p.views.len(), want.len(), "{}", case["name"]);
+        for view in &p.views {
+            let w = &want[&view.name];
+            let got = [view.size.0, view.size.1, view.count];
+            let w: Vec<u32> = w
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(got.as_slice(), w.as_slice(), "{} view {}", case["name"], view.name);
+        }
+    }
+    for case in v["bad"].as_array().unwrap() {
+        let e = ringfeed::ops::Pipeline::parse(&case["pipeline"]).unwrap_err();
+        let want = case["error"].as_str().unwrap();
+        assert!(
+            e.starts_with(want),
+            "{}: {e:?} does not start with {want:?}",
+            case["name"]
+        );
+    }
+}
+
+/// The 1.2 pipeline a client sends for each 1.1 transform (as `ringfeed.Compose([...])` writes
+/// it) gives the 1.1 transform's bytes and crop, for every layout: the JSON maps onto the same
+/// ops, and the client's 1.1 fallback (`Views.legacy`) is exact.
+#[test]
+fn legacy_transforms_equal_their_pipelines() {
+    use ringfeed::ops::{BufferSink, Pipeline, SampleRng, Trace};
+    use serde_json::json;
+    let data = busy_jpeg(301, 207, 4, &opts(Subsamp::Sub2x2));
+    let bilinear = |mut v: serde_json::Value| {
+        v["interpolation"] = json!("bilinear");
+        v["antialias"] = json!(true);
+        v
+    };
+    let cases = [
+        (
+            rrc(64, 48),
+            json!([bilinear(json!({"op": "random_resized_crop", "size": [64, 48], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0]})),
+                   {"op": "horizontal_flip", "p": 0.5}]),
+        ),
+        (
+            Transform::CenterCrop {
+                size: (56, 60),
+                resize: 72,
+            },
+            json!([bilinear(json!({"op": "resize", "size": [72]})), {"op": "center_crop", "size": [56, 60]}]),
+        ),
+        (
+            Transform::Resize { size: (33, 70) },
+            json!([bilinear(json!({"op": "resize", "size": [33, 70]}))]),
+        ),
+    ];
+    for (t, ops) in cases {
+        let pipeline = Pipeline::parse(&json!({"views": [{"ops": ops}]})).unwrap();
+        for layout in [Layout::Nhwc, Layout::Nchw] {
+            for index in 0..6 {
+                let mut p = processor(true);
+                let (old, crop) = run(&mut p, &data, &t, index, layout).unwrap();
+                let mut sink = BufferSink::for_pipeline(&pipeline);
+                let c = p
+                    .run(
+                        &data,
+                        &pipeline,
+                        SampleRng::new(7, 0, index),
+                        layout,
+                        &mut sink,
+                        &mut Trace::off(),
+                    )
+                    .unwrap();
+                assert_eq!(sink.outs[0], old, "{t:?} {layout:?} {index}");
+                assert_eq!(c, crop);
+            }
+        }
+    }
+}

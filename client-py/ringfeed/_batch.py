@@ -90,6 +90,20 @@ class BatchOps:
                 raise ValueError("batch_transform: MixUp/CutMix mix one view's images; this loader has several views")
         self.mixed_view = next(iter(views.views))
 
+    def check(self, views: dict[str, Any]) -> None:
+        """Checks what can be checked on the host views before the batch is copied (no GPU sync)."""
+        if not self.mix:
+            return
+        labels = views["label"]
+        if len(labels) == 0:
+            return
+        lo, hi = int(labels.min()), int(labels.max())
+        classes = min(op.num_classes for op in self.mix)
+        if lo < 0:
+            raise ValueError("MixUp/CutMix: the dataset has samples without a label (-1); they need class labels")
+        if hi >= classes:
+            raise ValueError(f"MixUp/CutMix: label {hi} is out of range for num_classes={classes}")
+
     @property
     def active(self) -> bool:
         """Whether any op runs (else batches are the ring's own views)."""
@@ -153,14 +167,6 @@ class BatchOps:
                 break
         op = self.mix[k]
         images, labels = out[self.mixed_view], out["label"]
-        if labels.numel() and int(labels.min()) < 0:
-            raise ValueError(
-                f"{type(op).__name__}: the dataset has samples without a label (-1); MixUp/CutMix need class labels"
-            )
-        if labels.numel() and int(labels.max()) >= op.num_classes:
-            raise ValueError(
-                f"{type(op).__name__}: label {int(labels.max())} is out of range for num_classes={op.num_classes}"
-            )
         lam = rng.betavariate(op.alpha, op.alpha)
         if not images.is_floating_point():
             raise ValueError(f"{type(op).__name__}: mixes float images; add Normalize (or normalize=) to the pipeline")

@@ -136,8 +136,15 @@ def test_batch_ops_on_the_gpu_equal_the_cpu_path(tmp_path: Any) -> None:
     out = {}
     for device in ("cpu", "cuda"):
         with ringfeed.Loader(
-            ds, 8, recipe, batch_transform=mix, device=device, seed=3, socket=str(tmp_path / f"{device}.sock"),
-            spawn=True, timeout=60,
+            ds,
+            8,
+            recipe,
+            batch_transform=mix,
+            device=device,
+            seed=3,
+            socket=str(tmp_path / f"{device}.sock"),
+            spawn=True,
+            timeout=60,
         ) as ld:
             out[device] = [(x.cpu(), y.cpu()) for x, y in ld]
     assert len(out["cpu"]) == len(out["cuda"]) == 6

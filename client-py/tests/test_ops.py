@@ -468,3 +468,68 @@ def test_bad_pipelines_name_the_op_and_parameter() -> None:
             (ValueError, TypeError), match=match.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
         ):
             make()
+
+
+def test_a_real_server_delivers_views_and_erases_after_normalising(tmp_path: Path, sock: str) -> None:
+    """Through a real server: each view is a field of the batch, its images are exactly what `ringfeed ops`
+    makes for the same (seed, epoch, index), any thread count gives the same batches, and the erasing boxes
+    the server drew hold the erasing value after normalisation."""
+    import shutil as sh
+
+    from _fleet import make_dataset
+
+    ds = make_dataset(tmp_path, 12, classes=3, size=(70, 52))
+    views = ringfeed.Views(
+        {
+            "big": ringfeed.View(ringfeed.Compose([ringfeed.RandomResizedCrop(24), ringfeed.RandAugment()]), count=2),
+            "small": ringfeed.Compose(
+                [
+                    ringfeed.RandomResizedCrop(12, interpolation="bicubic"),
+                    ringfeed.ColorJitter(0.4, 0.4, 0.4, 0.1),
+                ]
+            ),
+        }
+    )
+    runs = []
+    for threads in (1, 3):
+        with ringfeed.Loader(
+            ds,
+            4,
+            views,
+            socket=sock,
+            spawn=True,
+            seed=9,
+            fields=["index"],
+            threads=threads,
+            autotune=False,
+            timeout=60,
+        ) as ld:
+            runs.append([{k: v.clone() for k, v in b.items()} for b in ld])
+    assert len(runs[0]) == 3
+    for a, b in zip(*runs, strict=True):
+        assert set(a) == {"big", "small", "label", "index"}
+        assert tuple(a["big"].shape) == (4, 2, 24, 24, 3)
+        assert tuple(a["small"].shape) == (4, 12, 12, 3)
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    # The server's bytes are `ringfeed ops`'s for the same sample (the packed file as stored).
+    with ringfeed.PackedDataset(ds) as packed:
+        first = runs[0][0]
+        i = int(first["index"][0])
+        path = tmp_path / "one.jpg"
+        path.write_bytes(bytes(packed.sample(i).data))
+    sh.copy(path, tmp_path / "copy.jpg")
+    [imgs], _ = run_ops(tmp_path / "copy.jpg", views, seed=9, index=i)
+    assert torch.equal(imgs[0], first["big"][0, 0].permute(2, 0, 1))
+    assert torch.equal(imgs[1], first["big"][0, 1].permute(2, 0, 1))
+    assert torch.equal(imgs[2], first["small"][0].permute(2, 0, 1))
+    # Erasing after Normalize: the box holds the value in the normalised scale, 7.5 here.
+    erasing = ringfeed.Compose(
+        [ringfeed.RandomResizedCrop(20), ringfeed.Normalize([0.5], [0.25]), ringfeed.RandomErasing(1.0, value=7.5)]
+    )
+    with ringfeed.Loader(ds, 4, erasing, socket=sock, spawn=True, seed=1, timeout=60) as ld:
+        x, _ = next(iter(ld))
+    assert tuple(x.shape) == (4, 3, 20, 20)
+    erased = (x == 7.5).all(dim=1)  # [N, H, W]: every channel holds the value
+    assert all(int(erased[k].sum()) > 0 for k in range(4))
+    assert float(x[~erased.unsqueeze(1).expand_as(x)].abs().max()) <= 2.0 + 1e-6  # (x/255 - 0.5) / 0.25

@@ -745,6 +745,7 @@ impl Processor {
             });
         }
         let (fw, fh) = f.out_size();
+        self.check_size(fw, fh, view.ops.get(f.consumed.saturating_sub(1)))?;
         let tail = &view.ops[f.consumed..];
         let direct = tail.is_empty() && (fw, fh) == (out_w, out_h);
         let mut img = std::mem::take(&mut self.img);
@@ -1254,9 +1255,23 @@ impl Processor {
         }
     }
 
+    /// An intermediate image of `w`×`h` must stay within the decode limit (`--max-pixels`): a
+    /// `resize` of the shorter side of a thin image could otherwise ask for gigapixels.
+    fn check_size(&self, w: u32, h: u32, op: Option<&Op>) -> Result<(), OpError> {
+        let max = self.decoder.limits().max_pixels;
+        if u64::from(w) * u64::from(h) > max {
+            return Err(OpError::Transform(format!(
+                "{}: the image would become {w}x{h}, more than the {max} pixels the server allows (--max-pixels); crop before resizing, or cap the longer side with max_size",
+                op.map_or("the pipeline", Op::name)
+            )));
+        }
+        Ok(())
+    }
+
     /// Resizes the window `crop` of `img` to `(w, h)`, reading only the window (torchvision's
     /// crop-then-resize), into `img`.
     fn resize_image(&mut self, img: &mut Image, crop: Rect, (w, h): (u32, u32), r: Resampling) -> Result<(), OpError> {
+        self.check_size(w, h, None)?;
         self.img2.reset(w, h);
         let dst = Dst {
             pixels: self.img2.data_mut(),

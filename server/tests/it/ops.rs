@@ -1055,3 +1055,109 @@ fn legacy_transforms_equal_their_pipelines() {
         }
     }
 }
+
+/// Random pipelines (every op, random members including extremes, nested glue, several views)
+/// either parse or are refused, and an accepted one runs on any image (1×1, thin strips, grey,
+/// 4:4:4) to `Ok` or an error, never a panic, and fills its declared outputs.
+#[test]
+fn random_pipelines_never_panic() {
+    use ringfeed::ops::{BufferSink, Pipeline, Trace};
+    use serde_json::{Value, json};
+    let mut r = Rng(0x5eed);
+    let mut pick = |n: u64| r.next() % n;
+    let images = [
+        busy_jpeg(1, 1, 1, &opts(Subsamp::Sub2x2)),
+        busy_jpeg(300, 2, 2, &opts(Subsamp::Sub2x2)),
+        busy_jpeg(3, 90, 3, &opts(Subsamp::None)),
+        busy_jpeg(57, 41, 4, &opts(Subsamp::Gray)),
+    ];
+    let mut accepted = 0;
+    for case in 0..600u64 {
+        let mut size = |p: &mut dyn FnMut(u64) -> u64| -> Value {
+            match p(4) {
+                0 => json!([1 + p(64)]),
+                1 => json!([1 + p(64), 1 + p(64)]),
+                2 => json!([0]),
+                _ => json!([1 + p(8)]),
+            }
+        };
+        let mut op = |p: &mut dyn FnMut(u64) -> u64, depth: u32| -> Value {
+            let prob = [0.0, 0.3, 1.0, 1.5][p(4) as usize];
+            let interp = ["nearest", "bilinear", "bicubic", "lanczos"][p(4) as usize];
+            let _ = depth;
+            match p(if depth > 1 { 20 } else { 22 }) {
+                0 => {
+                    json!({"op": "random_resized_crop", "size": size(p), "scale": [0.01 * (1 + p(100)) as f64, 1.0], "interpolation": interp, "antialias": p(2) == 0})
+                }
+                1 => json!({"op": "resize", "size": size(p), "interpolation": interp}),
+                2 => json!({"op": "center_crop", "size": size(p)}),
+                3 => {
+                    json!({"op": "random_crop", "size": size(p), "padding": [p(9)], "pad_if_needed": p(2) == 0, "fill": [p(300)]})
+                }
+                4 => json!({"op": "horizontal_flip", "p": prob}),
+                5 => json!({"op": "vertical_flip", "p": prob}),
+                6 => {
+                    json!({"op": "color_jitter", "brightness": [0.0, 3.0 * p(3) as f64], "hue": [-0.5, 0.5 - 0.5 * p(3) as f64]})
+                }
+                7 => json!({"op": "grayscale", "p": prob}),
+                8 => json!({"op": "gaussian_blur", "kernel_size": [1 + 2 * p(8)], "sigma": [0.01, 5.0]}),
+                9 => json!({"op": "solarize", "threshold": p(300), "p": prob}),
+                10 => json!({"op": "posterize", "bits": p(10), "p": prob}),
+                11 => json!({"op": "autocontrast", "p": prob}),
+                12 => json!({"op": "equalize", "p": prob}),
+                13 => json!({"op": "adjust_sharpness", "sharpness_factor": p(4), "p": prob}),
+                14 => json!({"op": "invert", "p": prob}),
+                15 => json!({"op": "trivial_augment_wide", "num_magnitude_bins": 1 + p(40), "interpolation": interp}),
+                16 => json!({"op": "rand_augment", "num_ops": p(4), "magnitude": p(35), "fill": [p(256)]}),
+                17 => {
+                    let policy = ["imagenet", "cifar10", "svhn"][p(3) as usize];
+                    json!({"op": "auto_augment", "policy": policy, "interpolation": "bilinear", "fill": [1, 2, 3]})
+                }
+                18 => json!({"op": "normalize", "mean": [0.5], "std": [0.2]}),
+                19 => json!({"op": "random_erasing", "p": prob}),
+                20 => json!({"op": "random_apply", "p": prob, "ops": [{"op": "invert"}, {"op": "equalize"}]}),
+                _ => {
+                    json!({"op": "random_choice", "ops": [{"op": "center_crop", "size": [8]}, {"op": "random_resized_crop", "size": [8]}]})
+                }
+            }
+        };
+        let views: Vec<Value> = (0..1 + pick(2))
+            .map(|v| {
+                let mut ops: Vec<Value> = (0..1 + pick(6)).map(|_| op(&mut pick, 0)).collect();
+                // Mostly valid: per-image ops, a crop to a fixed size, then the batch ops.
+                ops.retain(|o| o["op"] != "normalize" && o["op"] != "random_erasing" || pick(8) == 0);
+                if pick(5) > 0 {
+                    ops.push(json!({"op": "center_crop", "size": [1 + pick(32)]}));
+                }
+                if pick(2) == 0 {
+                    ops.push(json!({"op": "normalize", "mean": [0.5], "std": [0.2]}));
+                    ops.push(json!({"op": "random_erasing", "p": 0.9}));
+                }
+                json!({"name": format!("v{v}"), "count": 1 + pick(3), "ops": ops})
+            })
+            .collect();
+        let spec = json!({ "views": views });
+        let Ok(pipeline) = Pipeline::parse(&spec) else {
+            continue;
+        };
+        accepted += 1;
+        let mut p = processor(true);
+        for (k, data) in images.iter().enumerate() {
+            for layout in [Layout::Nhwc, Layout::Nchw] {
+                let mut sink = BufferSink::for_pipeline(&pipeline);
+                let _ = p.run(
+                    data,
+                    &pipeline,
+                    SampleRng::new(case, 0, k as u64),
+                    layout,
+                    &mut sink,
+                    &mut Trace::off(),
+                );
+            }
+        }
+    }
+    assert!(
+        accepted > 150,
+        "only {accepted} random pipelines were valid: the generator is off"
+    );
+}

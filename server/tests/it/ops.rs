@@ -1073,7 +1073,7 @@ fn random_pipelines_never_panic() {
     ];
     let mut accepted = 0;
     for case in 0..600u64 {
-        let mut size = |p: &mut dyn FnMut(u64) -> u64| -> Value {
+        let size = |p: &mut dyn FnMut(u64) -> u64| -> Value {
             match p(4) {
                 0 => json!([1 + p(64)]),
                 1 => json!([1 + p(64), 1 + p(64)]),
@@ -1081,7 +1081,7 @@ fn random_pipelines_never_panic() {
                 _ => json!([1 + p(8)]),
             }
         };
-        let mut op = |p: &mut dyn FnMut(u64) -> u64, depth: u32| -> Value {
+        let op = |p: &mut dyn FnMut(u64) -> u64, depth: u32| -> Value {
             let prob = [0.0, 0.3, 1.0, 1.5][p(4) as usize];
             let interp = ["nearest", "bilinear", "bicubic", "lanczos"][p(4) as usize];
             let _ = depth;

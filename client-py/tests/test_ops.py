@@ -533,3 +533,41 @@ def test_a_real_server_delivers_views_and_erases_after_normalising(tmp_path: Pat
     erased = (x == 7.5).all(dim=1)  # [N, H, W]: every channel holds the value
     assert all(int(erased[k].sum()) > 0 for k in range(4))
     assert float(x[~erased.unsqueeze(1).expand_as(x)].abs().max()) <= 2.0 + 1e-6  # (x/255 - 0.5) / 0.25
+
+
+def test_resume_repeats_the_whole_recipe(tmp_path: Path, sock: str) -> None:
+    """With per-image ops, erasing and MixUp/CutMix, a loader resumed from state_dict() delivers exactly the
+    batches (images and soft labels) the uninterrupted epoch delivered."""
+    from _fleet import make_dataset
+
+    ds = make_dataset(tmp_path, 40, classes=4, size=(60, 44))
+    recipe = ringfeed.Compose(
+        [
+            ringfeed.RandomResizedCrop(16),
+            ringfeed.RandomHorizontalFlip(),
+            ringfeed.RandAugment(),
+            ringfeed.Normalize([0.5], [0.5]),
+            ringfeed.RandomErasing(0.5, value="random"),
+        ]
+    )
+    mix = ringfeed.RandomChoice([ringfeed.MixUp(alpha=0.3, num_classes=4), ringfeed.CutMix(alpha=1.0, num_classes=4)])
+
+    def make() -> ringfeed.Loader:
+        return ringfeed.Loader(ds, 4, recipe, batch_transform=mix, socket=sock, spawn=True, seed=4, timeout=60)
+
+    with make() as ld:
+        ld.set_epoch(2)
+        whole = [(x.clone(), y.clone()) for x, y in ld]
+    with make() as ld:
+        ld.set_epoch(2)
+        it = iter(ld)
+        for _ in range(3):
+            next(it)
+        state = ld.state_dict()
+    with make() as ld:
+        ld.load_state_dict(state)
+        rest = [(x.clone(), y.clone()) for x, y in ld]
+    assert len(rest) == len(whole) - 3
+    for (a, la), (b, lb) in zip(whole[3:], rest, strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(la, lb)

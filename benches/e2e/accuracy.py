@@ -12,7 +12,7 @@ DataLoader with the torchvision v2 equivalent; top-1 on the same validation set,
   RandomErasing(0.25), then per batch RandomChoice([MixUp(0.2), CutMix(1.0)]) (torchvision's
   reference recipe).
 Model: torchvision ResNet-18 (random init seeded by the seed), bf16 autocast, channels_last, SGD
-(momentum 0.9, nesterov, lr 0.4 one-cycle, weight decay 5e-5), batch 256. Evaluation for every model:
+(momentum 0.9, nesterov, one-cycle to ``--lr``, weight decay 5e-5), batch 256. Evaluation for every model:
 one torchvision DataLoader, Resize(size * 8 / 7) + CenterCrop(size), PIL decode. The loaders differ
 only in who makes the training batches (and their random numbers: ringfeed's generator is not
 torch's). Writes accuracy.json and accuracy.md into --out.
@@ -136,11 +136,11 @@ def evaluate(model: nn.Module, data: Path, size: int, workers: int) -> float:
     return right / total
 
 
-def train_one(batches, steps: int, seed: int, classes: int) -> nn.Module:
+def train_one(batches, steps: int, seed: int, classes: int, lr: float) -> nn.Module:
     torch.manual_seed(seed)
     model = torchvision.models.resnet18(num_classes=classes).cuda().to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9, nesterov=True, weight_decay=5e-5)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.4, total_steps=steps, pct_start=0.25)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-5)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.25)
     loss_fn = nn.CrossEntropyLoss()
     for _ in range(steps):
         x, y = next(batches)
@@ -161,7 +161,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--recipes", default="rrc,full")
     ap.add_argument("--loaders", default="ringfeed,dataloader")
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--size", type=int, default=112)
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--out", type=Path, default=Path())
@@ -189,7 +190,7 @@ def main() -> None:
                         if loader == "ringfeed"
                         else batches_dataloader(a.data, recipe, a.size, a.workers, seed, classes)
                     )
-                    model = train_one(batches, steps, seed, classes)
+                    model = train_one(batches, steps, seed, classes, a.lr)
                     seconds = time.perf_counter() - t
                     del batches
                     top1 = evaluate(model, a.data, a.size, a.workers)
@@ -226,7 +227,8 @@ def main() -> None:
         "# Accuracy parity: ResNet-18 top-1 on make_learnable's validation set",
         "",
         f"{meta['gpu']}; {classes} classes, {n_train} training images, {a.epochs} epochs at {a.size} px, batch "
-        f"{BATCH}; seeds {a.seeds}. Same model, optimiser and evaluator; only the training batches' loader differs.",
+        f"{BATCH}, lr {a.lr}; seeds {a.seeds}. Same model, optimiser and evaluator; only the training batches' "
+        "loader differs.",
         "",
         "| recipe | loader | top-1 per seed | mean | std |",
         "|---|---|---|---:|---:|",

@@ -56,6 +56,9 @@ def test_resize_and_center_crop_have_torchvision_semantics() -> None:
     assert evals.size == (224, 224)
     assert ringfeed.Views({"image": evals}).legacy() == {"kind": "center_crop", "size": [224, 224], "resize": 256}
     assert ringfeed.Views({"image": ringfeed.Resize((4, 6))}).legacy() == {"kind": "resize", "size": [4, 6]}
+    # Normalize runs in the client, so it does not stop a 1.1 server; erasing does (1.2 draws its boxes).
+    assert ringfeed.Views({"image": evals + ringfeed.Normalize([0.5], [0.5])}).legacy() is not None
+    assert ringfeed.Views({"image": evals + ringfeed.RandomErasing()}).legacy() is None
     # Anything else has no 1.1 form.
     assert ringfeed.Views({"image": evals + ringfeed.RandomInvert()}).legacy() is None
     assert ringfeed.Views({"image": ringfeed.Resize((4, 6), interpolation="bicubic")}).legacy() is None

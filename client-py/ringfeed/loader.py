@@ -672,8 +672,15 @@ class Loader:
                 res.release(slot)
 
     def _release_yielded(self, *, unreferenced_only: bool = False) -> None:
-        """Releases the CPU batches handed out (all, or those no longer referenced); GPU copies stay pending."""
-        if self._closed or self._broken is not None:
+        """Releases the CPU batches handed out (all, or those no longer referenced); GPU copies stay pending.
+
+        Also runs from an iterator's ``finally`` when the iterator is collected, which may be after
+        the stream was closed behind the loader's back: at interpreter exit ``weakref.finalize``
+        closes every stream first (``atexit``), and the generators still alive are collected
+        during teardown afterwards. A closed stream has nothing to release, and by then module
+        globals may be gone, so that case returns before using any.
+        """
+        if self._closed or self._broken is not None or not self._finalizer.alive:
             self._yielded.clear()
             return
         keep = []
@@ -719,7 +726,7 @@ class Loader:
         self._res.close()
 
     def _check_usable(self) -> None:
-        if self._closed:
+        if self._closed or not self._finalizer.alive:
             raise RingfeedError("the loader is closed")
         if self._broken is not None:
             raise RingfeedError(

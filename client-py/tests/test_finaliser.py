@@ -81,9 +81,6 @@ CASES = {
             ld.set_epoch(epoch)
             assert sum(1 for _ in ld) == len(ld)
         settle_held(ld, 0)
-        alive = iter(ld)
-        held = next(alive)
-        settle_held(ld, 1)
     """,
     # The loader closed while its iterator lives; the iterator then says so and is dropped.
     "loader_closed_before_its_iterator": """
@@ -107,7 +104,6 @@ CASES = {
         batch = next(it)
         del it
         gc.collect()
-        settle_held(ld, 1)
         ld.close()
     """,
     # Only an iterator refers to the loader; a `for` left with `break` before it.

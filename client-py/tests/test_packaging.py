@@ -28,7 +28,7 @@ def test_one_version_for_the_package_the_wheel_and_the_binary() -> None:
     out = subprocess.run([binary(), "--version"], capture_output=True, text=True, check=True).stdout.split()
     assert (ringfeed.__version__, client, out) == (cargo, cargo, ["ringfeed", cargo])
     # The wheel takes the Cargo version (maturin), never one of its own.
-    assert _first(r'\[project\][^\[]*?\ndynamic = (\[[^\]]*\])', REPO / "pyproject.toml") == '["version"]'
+    assert _first(r"\[project\][^\[]*?\ndynamic = (\[[^\]]*\])", REPO / "pyproject.toml") == '["version"]'
 
 
 def _first(pattern: str, path: Path) -> str:

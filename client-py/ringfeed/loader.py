@@ -161,7 +161,7 @@ class Loader:
             either way (``ServerDiedError``).
         spawn: start ``ringfeed serve --exit-when-idle`` at the socket when nothing listens there.
             Default: only when ``socket`` is not given. The binary is ``$RINGFEED_BIN``, else
-            ``ringfeed`` on ``PATH``, else one shipped in the package.
+            the one installed with this package (the wheel), else ``ringfeed`` on ``PATH``.
         normalize: ``(mean, std)`` on the 0..1 scale, e.g. ImageNet's
             ``((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``: images are delivered as
             ``(x / 255 - mean) / std`` in ``dtype``, shape ``[N, 3, H, W]`` in ``channels_last``

@@ -203,7 +203,10 @@ mod tests {
     fn the_same_seed_gives_the_same_bytes_and_another_seed_others() {
         assert_eq!(picture(33, 17, 3, 5), picture(33, 17, 3, 5));
         assert_ne!(picture(33, 17, 3, 5), picture(33, 17, 3, 6));
-        assert_eq!(photo_jpeg(64, 48, 1, turbojpeg::Subsamp::Sub2x2), photo_jpeg(64, 48, 1, turbojpeg::Subsamp::Sub2x2));
+        assert_eq!(
+            photo_jpeg(64, 48, 1, turbojpeg::Subsamp::Sub2x2),
+            photo_jpeg(64, 48, 1, turbojpeg::Subsamp::Sub2x2)
+        );
         assert_ne!(photo(64, 48, 1), photo(64, 48, 2));
         // splitmix64's first output for seed 0, as published with the algorithm.
         assert_eq!(Rng(0).next(), 0xE220_A839_7B1D_CDAF);
@@ -211,7 +214,11 @@ mod tests {
 
     #[test]
     fn encoded_pictures_decode_to_their_size() {
-        for (bytes, w, h) in [(jpeg(40, 30, 1), 40, 30), (gray_jpeg(17, 9, 2), 17, 9), (cmyk_jpeg(16, 8, 3), 16, 8)] {
+        for (bytes, w, h) in [
+            (jpeg(40, 30, 1), 40, 30),
+            (gray_jpeg(17, 9, 2), 17, 9),
+            (cmyk_jpeg(16, 8, 3), 16, 8),
+        ] {
             let header = turbojpeg::read_header(&bytes).unwrap();
             assert_eq!((header.width, header.height), (w, h));
         }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use ringfeed::shard::{DatasetWriter, WriteSummary, WriterOptions};
 // The seeded pictures and encoders live in the workspace's one test-data crate.
-pub use ringfeed_testkit::{Rng, cmyk_jpeg, gray_jpeg, jpeg, picture, png, png_claiming, png16};
+pub use ringfeed_testkit::{Rng, cmyk_jpeg, gray_jpeg, jpeg, png, png_claiming, png16};
 
 /// One sample as the tests describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]

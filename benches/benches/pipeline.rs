@@ -36,35 +36,10 @@ fn corpus(n: u64) -> Vec<Vec<u8>> {
     corpus_sized(n, W, H)
 }
 
-/// [`corpus`] at another size (the disc stays where it is).
+/// [`corpus`] at another size (the disc stays where it is): `ringfeed_testkit::photo_jpeg`.
 fn corpus_sized(n: u64, w: usize, h: usize) -> Vec<Vec<u8>> {
     (0..n)
-        .map(|seed| {
-            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut px = Vec::with_capacity(w * h * 3);
-            for y in 0..h {
-                for x in 0..w {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    let noise = (state % 24) as usize;
-                    let disc = ((x as i64 - 250).pow(2) + (y as i64 - 190).pow(2) < 90 * 90) as usize * 80;
-                    px.push(((x + noise + disc) % 256) as u8);
-                    px.push(((y * 2 + noise) % 256) as u8);
-                    px.push(((x + y + disc + seed as usize * 7) % 256) as u8);
-                }
-            }
-            let img = turbojpeg::Image {
-                pixels: &px[..],
-                width: w,
-                pitch: w * 3,
-                height: h,
-                format: turbojpeg::PixelFormat::RGB,
-            };
-            turbojpeg::compress(img, 90, turbojpeg::Subsamp::Sub2x2)
-                .expect("encode")
-                .to_vec()
-        })
+        .map(|seed| ringfeed_testkit::photo_jpeg(w, h, seed, turbojpeg::Subsamp::Sub2x2))
         .collect()
 }
 

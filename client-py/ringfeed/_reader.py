@@ -223,9 +223,10 @@ class PackedDataset:
                 raise
             # Worded like the Rust `ShardError::NotADataset`; the path is the directory.
             if self._dir.is_dir():
+                packed = self._dir.with_name(self._dir.name + ".rf") if self._dir.name else "OUT"
                 message = (
-                    f"{self._dir} is not a packed ringfeed dataset: it has no {INDEX_FILE} "
-                    f"(create one with `ringfeed pack SRC {self._dir}`)"
+                    f"{self._dir} is not a packed ringfeed dataset: it has no {INDEX_FILE} (if it holds images, "
+                    f"pack them with `ringfeed pack {self._dir} {packed}` and open {packed})"
                 )
             else:
                 message = f"no dataset at {self._dir}: no such directory"

@@ -29,7 +29,7 @@ from pathlib import Path
 from ._errors import RingfeedError
 from ._protocol import Connection
 
-__all__ = ["connect", "default_socket_path", "find_server_binary"]
+__all__ = ["connect", "default_socket_path", "find_server_binary", "installed_binary"]
 
 #: Environment variable naming the socket (``ringfeed serve --socket`` overrides it server-side).
 SOCKET_ENV = "RINGFEED_SOCKET"
@@ -57,16 +57,41 @@ def default_socket_path() -> str:
 
 
 def find_server_binary() -> str | None:
-    """``$RINGFEED_BIN``, else ``ringfeed`` on ``PATH``, else the binary shipped in the package."""
+    """The ``ringfeed`` binary to start: ``$RINGFEED_BIN``, else the one installed with this
+    package (the wheel puts it in the environment's ``bin/``), else ``ringfeed`` on ``PATH``.
+
+    The installed one comes before ``PATH`` so that the server started is the build that came
+    with this client, not an older binary that happens to be on ``PATH``.
+    """
     env = os.environ.get(BIN_ENV)
     if env:
         return env
-    found = shutil.which("ringfeed")
-    if found:
-        return found
-    shipped = Path(__file__).resolve().parent / "bin" / "ringfeed"
-    if shipped.is_file() and os.access(shipped, os.X_OK):
-        return str(shipped)
+    return installed_binary() or shutil.which("ringfeed")
+
+
+def installed_binary() -> str | None:
+    """The ``ringfeed`` binary that pip installed together with this very package, or ``None``.
+
+    Read from the installed distribution's file list (its ``RECORD``), so it is found wherever
+    the scripts went (a virtualenv's ``bin/``, ``~/.local/bin`` for ``--user``, a ``--prefix``).
+    Only a distribution whose ``ringfeed/__init__.py`` is the one imported counts: a checkout on
+    ``PYTHONPATH`` does not start the binary of another installed copy.
+    """
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("ringfeed").files or []
+    except metadata.PackageNotFoundError:
+        return None
+    here = Path(__file__).resolve().parent / "__init__.py"
+    mine, binary = False, None
+    for f in files:
+        if f.parts[-2:] == ("ringfeed", "__init__.py"):
+            mine = Path(str(f.locate())).resolve() == here
+        elif f.parts[-2:] == ("bin", "ringfeed"):
+            binary = Path(str(f.locate())).resolve()
+    if mine and binary is not None and binary.is_file() and os.access(binary, os.X_OK):
+        return str(binary)
     return None
 
 
@@ -128,7 +153,8 @@ def _spawn(path: str, timeout: float | None, hint: str, spawn_timeout: float) ->
     if binary is None:
         raise RingfeedError(
             f"no ringfeed server is listening at {path}, and no `ringfeed` binary was found to start one: "
-            f"put it on PATH, set {BIN_ENV}, or start `ringfeed serve --socket {path}` yourself"
+            f"install the wheel (`pip install .` from the repository), put it on PATH, set {BIN_ENV}, "
+            f"or start `ringfeed serve --socket {path}` yourself"
         )
     log = log_path(path)
     argv = [binary, "serve", "--exit-when-idle", "--socket", path]

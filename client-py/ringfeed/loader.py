@@ -165,7 +165,7 @@ class Loader:
             either way (``ServerDiedError``).
         spawn: start ``ringfeed serve --exit-when-idle`` at the socket when nothing listens there.
             Default: only when ``socket`` is not given. The binary is ``$RINGFEED_BIN``, else
-            ``ringfeed`` on ``PATH``, else one shipped in the package.
+            the one installed with this package (the wheel), else ``ringfeed`` on ``PATH``.
         normalize: ``(mean, std)`` on the 0..1 scale, e.g. ImageNet's
             ``((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``: images are delivered as
             ``(x / 255 - mean) / std`` in ``dtype``, shape ``[N, 3, H, W]`` in ``channels_last``
@@ -720,8 +720,15 @@ class Loader:
                 res.release(slot)
 
     def _release_yielded(self, *, unreferenced_only: bool = False) -> None:
-        """Releases the CPU batches handed out (all, or those no longer referenced); GPU copies stay pending."""
-        if self._closed or self._broken is not None:
+        """Releases the CPU batches handed out (all, or those no longer referenced); GPU copies stay pending.
+
+        Also runs from an iterator's ``finally`` when the iterator is collected, which may be after
+        the stream was closed behind the loader's back: at interpreter exit ``weakref.finalize``
+        closes every stream first (``atexit``), and the generators still alive are collected
+        during teardown afterwards. A closed stream has nothing to release, and by then module
+        globals may be gone, so that case returns before using any.
+        """
+        if self._closed or self._broken is not None or not self._finalizer.alive:
             self._yielded.clear()
             return
         keep = []
@@ -767,7 +774,7 @@ class Loader:
         self._res.close()
 
     def _check_usable(self) -> None:
-        if self._closed:
+        if self._closed or not self._finalizer.alive:
             raise RingfeedError("the loader is closed")
         if self._broken is not None:
             raise RingfeedError(

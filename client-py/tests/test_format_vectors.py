@@ -262,11 +262,12 @@ def test_dataset_pickles_by_path() -> None:
 
 
 def test_missing_dataset_is_an_io_error(tmp_path: Path) -> None:
-    """A directory without index.rfi, or no directory at all, is an io error on the directory that says what to do."""
-    with pytest.raises(
-        FormatError, match=r"is not a packed ringfeed dataset: it has no index\.rfi .*ringfeed pack"
-    ) as a:
+    """A directory without index.rfi, or no directory at all, is an io error on the directory that says what to do:
+    pack that directory (as the source) into a sibling NAME.rf, and open that."""
+    with pytest.raises(FormatError, match=r"is not a packed ringfeed dataset: it has no index\.rfi") as a:
         PackedDataset(tmp_path)
+    hint = f"pack them with `ringfeed pack {tmp_path} {tmp_path}.rf` and open {tmp_path}.rf)"
+    assert str(a.value).endswith(hint), str(a.value)
     with pytest.raises(FormatError, match="no such directory") as b:
         PackedDataset(tmp_path / "nope")
     assert (a.value.kind, a.value.path, a.value.offset) == ("io", str(tmp_path), None)

@@ -5,9 +5,9 @@
 //! cargo run --release -p ringfeed --example ops_throughput [-- IMAGES]
 //! ```
 //!
-//! The pictures are smooth gradients, hard-edged discs and Gaussian-ish noise, encoded by
-//! libjpeg-turbo at quality 90, 4:2:0, about 3.5 bits per pixel (an entropy-heavy corpus, like
-//! `shared/research/deps.md`'s). Each configuration runs three times over all images; the
+//! The pictures are `ringfeed_testkit::photo`'s (gradients, a hard-edged disc and noise),
+//! encoded by libjpeg-turbo at quality 90, 4:2:0, about 3 bits per pixel (an entropy-heavy
+//! corpus, like `shared/research/deps.md`'s). Each configuration runs three times over all images; the
 //! median is printed.
 
 use std::time::Instant;
@@ -15,82 +15,8 @@ use std::time::Instant;
 use ringfeed::codec::Limits;
 use ringfeed::ops::{Layout, Options, Processor, SampleRng, Transform};
 
-/// splitmix64, for the picture generator.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-fn picture(w: usize, h: usize, seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
-    let waves: Vec<[f32; 4]> = (0..6)
-        .map(|_| {
-            [
-                rng.unit() * 0.08,
-                rng.unit() * 0.08,
-                rng.unit() * 6.3,
-                (rng.next() % 3) as f32,
-            ]
-        })
-        .collect();
-    let discs: Vec<[f32; 6]> = (0..10)
-        .map(|_| {
-            [
-                rng.unit() * w as f32,
-                rng.unit() * h as f32,
-                5.0 + rng.unit() * (w.min(h) as f32 / 3.0),
-                rng.unit() * 255.0,
-                rng.unit() * 255.0,
-                rng.unit() * 255.0,
-            ]
-        })
-        .collect();
-    let mut px = Vec::with_capacity(w * h * 3);
-    for y in 0..h {
-        for x in 0..w {
-            let (fx, fy) = (x as f32, y as f32);
-            let mut c = [128.0f32; 3];
-            for wv in &waves {
-                c[wv[3] as usize] += 40.0 * (wv[0] * fx + wv[1] * fy + wv[2]).sin();
-            }
-            for d in &discs {
-                if (fx - d[0]).powi(2) + (fy - d[1]).powi(2) < d[2] * d[2] {
-                    c = [d[3], d[4], d[5]];
-                }
-            }
-            for v in c {
-                // Sum of four uniforms: roughly Gaussian, sd about 9.
-                let n: f32 = (0..4).map(|_| rng.unit() - 0.5).sum::<f32>() * 30.0;
-                px.push((v + n).clamp(0.0, 255.0) as u8);
-            }
-        }
-    }
-    px
-}
-
 fn jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
-    let px = picture(w, h, seed);
-    let img = turbojpeg::Image {
-        pixels: &px[..],
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    turbojpeg::compress(img, 90, turbojpeg::Subsamp::Sub2x2)
-        .unwrap()
-        .to_vec()
+    ringfeed_testkit::photo_jpeg(w, h, seed, turbojpeg::Subsamp::Sub2x2)
 }
 
 /// A configuration: name, images, transform, layout, options.

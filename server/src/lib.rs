@@ -3,9 +3,13 @@
 //! The library holds everything; the `ringfeed` binary only parses flags and calls in here, so
 //! tests drive the same code the CLI runs.
 //!
-//! Data flows from the top of this list to the bottom.
+//! Data flows from the top of this list to the bottom: offline packing first, then serving (a
+//! sample's way from a mapped file into a ring slot), then what watches and steers it.
 //!
 //! # Layout
+//! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
+//! - [`progress`]: progress bars and plain progress lines for long commands.
+//! - [`inspect`]: human summaries of a packed dataset or an LMDB.
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
 //! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
 //!   LMDB read in place ([`source::lmdb`]).
@@ -15,9 +19,15 @@
 //!   by region and written straight into the caller's output buffer.
 //! - [`resample`]: the antialiased bilinear resampler behind [`ops`] and re-encoding, which
 //!   allocates nothing once warm.
-//! - [`pack`]: the offline packer: image folders, manifests and LMDBs in, packed shards out.
-//! - [`inspect`]: human summaries of a packed dataset or an LMDB.
-//! - [`progress`]: progress bars and plain progress lines for long commands.
+//! - [`sampler`]: the order of samples: per-epoch permutation, rank partition, batches.
+//! - [`ring`]: the shared-memory ring (`proto/ring.md`): layout, dtype codes, the memfd segment.
+//! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
+//! - [`control`]: the socket protocol (`proto/control.md`): framing, messages, the listener.
+//! - [`stream`]: one client connection: handshake, `open`, the slot state machine, `ready` in order.
+//! - [`serve`]: `ringfeed serve`, the sidecar: accepting clients, peer checks, shutdown.
+//! - [`stats`]: what the server measures per stream, and the `snapshot` observers get.
+//! - [`tune`]: the autotuner setting each stream's threads and prefetch depth from the loop's wait.
+//! - [`observe`]: `ringfeed top` and the Prometheus endpoint of `serve --metrics`.
 
 pub mod codec;
 pub mod control;

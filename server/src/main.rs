@@ -46,6 +46,11 @@ enum Command {
     /// order) to `--out`; print each sample's drawn parameters as a JSON line. For checking
     /// ops against torchvision, and for seeing what a pipeline does to a picture.
     Ops(OpsArgs),
+    /// Measure img/s by thread count on this machine and dataset, beside a DataLoader + PIL,
+    /// and the threads a target rate needs (runs `python3 -m ringfeed.bench`; `--help` lists
+    /// its options).
+    #[command(disable_help_flag = true)]
+    Bench(BenchArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -73,6 +78,15 @@ struct OpsArgs {
     /// Decode every image whole (the reference path) instead of by region.
     #[arg(long)]
     no_region_decode: bool,
+}
+
+/// `ringfeed bench`'s arguments, all passed to the Python module that measures (the baseline it
+/// compares with is a Python DataLoader, and the ringfeed figure is the Python Loader's).
+#[derive(clap::Args, Debug)]
+struct BenchArgs {
+    /// DATASET and options, as `python3 -m ringfeed.bench --help` lists them.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
+    args: Vec<std::ffi::OsString>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -576,6 +590,31 @@ fn run_top(a: TopArgs) -> Result<ExitCode> {
     }
 }
 
+/// Replaces this process with `PYTHON -m ringfeed.bench ARGS`, where PYTHON is
+/// `$RINGFEED_PYTHON`, else the `python3` beside this binary (a virtualenv's, where the wheel
+/// put both), else `python3` on `PATH`. The Loader it runs starts this very binary as its server
+/// (`RINGFEED_BIN`).
+fn run_bench(a: BenchArgs) -> Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().context("finding this binary's path")?;
+    let python = std::env::var_os("RINGFEED_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let beside = me.parent()?.join("python3");
+            beside.is_file().then_some(beside)
+        })
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    let err = std::process::Command::new(&python)
+        .args(["-m", "ringfeed.bench"])
+        .args(&a.args)
+        .env("RINGFEED_BIN", &me)
+        .exec();
+    bail!(
+        "cannot run `{} -m ringfeed.bench`: {err} (set RINGFEED_PYTHON to a Python with the ringfeed package installed)",
+        python.display()
+    )
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -592,6 +631,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => run_serve(a),
         Command::Top(a) => run_top(a),
         Command::Ops(a) => run_ops(a),
+        Command::Bench(a) => run_bench(a),
     };
     match result {
         Ok(code) => code,

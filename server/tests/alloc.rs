@@ -57,36 +57,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// A seeded photo-like JPEG: gradients, a disc and noise.
-fn jpeg(w: usize, h: usize, seed: u64, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut px = Vec::with_capacity(w * h * 3);
-    for y in 0..h {
-        for x in 0..w {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let noise = (state % 24) as usize;
-            let disc = ((x as i64 - w as i64 / 2).pow(2) + (y as i64 - h as i64 / 2).pow(2) < (h as i64 / 4).pow(2))
-                as usize
-                * 80;
-            px.push(((x + noise + disc) % 256) as u8);
-            px.push(((y * 2 + noise) % 256) as u8);
-            px.push(((x + y + disc) % 256) as u8);
-        }
-    }
-    let image = turbojpeg::Image {
-        pixels: &px[..],
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    turbojpeg::compress(image, 90, subsamp).expect("encodes").to_vec()
-}
-
 #[test]
 fn process_allocates_nothing_once_warm() {
+    use ringfeed_testkit::photo_jpeg;
     use turbojpeg::Subsamp;
     // As `ringfeed pack` stores them: restart markers every 2 MCUs, so a region decode cuts
     // out only the segments it needs (`codec/restart.rs`).
@@ -97,13 +70,13 @@ fn process_allocates_nothing_once_warm() {
         out
     };
     let files = [
-        jpeg(640, 480, 1, Subsamp::Sub2x2),
-        jpeg(500, 375, 2, Subsamp::Sub2x2),
-        packed(jpeg(500, 375, 6, Subsamp::Sub2x2)),
-        jpeg(375, 500, 3, Subsamp::None),
-        packed(jpeg(375, 500, 7, Subsamp::None)),
-        jpeg(301, 233, 4, Subsamp::Sub2x1),
-        jpeg(97, 61, 5, Subsamp::Gray),
+        photo_jpeg(640, 480, 1, Subsamp::Sub2x2),
+        photo_jpeg(500, 375, 2, Subsamp::Sub2x2),
+        packed(photo_jpeg(500, 375, 6, Subsamp::Sub2x2)),
+        photo_jpeg(375, 500, 3, Subsamp::None),
+        packed(photo_jpeg(375, 500, 7, Subsamp::None)),
+        photo_jpeg(301, 233, 4, Subsamp::Sub2x1),
+        photo_jpeg(97, 61, 5, Subsamp::Gray),
     ];
     let transforms = [
         Transform::random_resized_crop((224, 224)),
@@ -156,6 +129,7 @@ fn process_allocates_nothing_once_warm() {
 #[test]
 fn pipelines_allocate_nothing_once_warm() {
     use ringfeed::ops::{BufferSink, Pipeline, Trace};
+    use ringfeed_testkit::photo_jpeg;
     use turbojpeg::Subsamp;
     let packed = |data: Vec<u8>| {
         let mut out = Vec::new();
@@ -164,10 +138,10 @@ fn pipelines_allocate_nothing_once_warm() {
         out
     };
     let files = [
-        jpeg(640, 480, 1, Subsamp::Sub2x2),
-        packed(jpeg(500, 375, 6, Subsamp::Sub2x2)),
-        jpeg(375, 500, 3, Subsamp::None),
-        jpeg(97, 61, 5, Subsamp::Gray),
+        photo_jpeg(640, 480, 1, Subsamp::Sub2x2),
+        packed(photo_jpeg(500, 375, 6, Subsamp::Sub2x2)),
+        photo_jpeg(375, 500, 3, Subsamp::None),
+        photo_jpeg(97, 61, 5, Subsamp::Gray),
     ];
     let spec = serde_json::json!({"views": [
         {"name": "global", "count": 2, "ops": [

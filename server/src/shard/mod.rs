@@ -186,12 +186,24 @@ impl ShardError {
     }
 }
 
+/// The message for a path that holds no `index.rfi`. A directory of images is the usual case (an
+/// ImageFolder given where its packed copy was meant), so the hint packs that directory, as
+/// `SRC`, into a sibling `NAME.rf` and names what to open then.
 fn not_a_dataset(dir: &Path) -> String {
     if dir.is_dir() {
+        let packed = match dir.file_name() {
+            Some(name) => {
+                let mut name = name.to_owned();
+                name.push(".rf");
+                dir.with_file_name(name).display().to_string()
+            }
+            None => "OUT".to_owned(),
+        };
         format!(
-            "{} is not a packed ringfeed dataset: it has no {INDEX_FILE} (create one with `ringfeed pack SRC {}`)",
+            "{} is not a packed ringfeed dataset: it has no {INDEX_FILE} (if it holds images, pack them \
+             with `ringfeed pack {} {packed}` and open {packed})",
             dir.display(),
-            dir.display()
+            dir.display(),
         )
     } else {
         format!("no dataset at {}: no such directory", dir.display())

@@ -142,7 +142,8 @@ fn verify_not_a_dataset() {
     assert_eq!(
         stderr(&o),
         format!(
-            "error: verify failed (io): {0} is not a packed ringfeed dataset: it has no index.rfi (create one with `ringfeed pack SRC {0}`)\n",
+            "error: verify failed (io): {0} is not a packed ringfeed dataset: it has no index.rfi (if it \
+             holds images, pack them with `ringfeed pack {0} {0}.rf` and open {0}.rf)\n",
             tmp.path().display()
         )
     );

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use ringfeed::shard::{DatasetWriter, WriteSummary, WriterOptions};
+// The seeded pictures and encoders live in the workspace's one test-data crate.
+pub use ringfeed_testkit::{Rng, cmyk_jpeg, gray_jpeg, jpeg, png, png_claiming, png16};
 
 /// One sample as the tests describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,23 +13,6 @@ pub struct Spec {
     pub label: i64,
     pub meta: Vec<u8>,
     pub data: Vec<u8>,
-}
-
-/// splitmix64: a tiny seeded generator, so test data is the same on every run and platform.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
 }
 
 /// Writes `samples` as a dataset in a new directory `dir`.
@@ -88,127 +73,6 @@ pub fn dataset_files(dir: &Path) -> Vec<PathBuf> {
 /// Path of the built `ringfeed` binary.
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ringfeed"))
-}
-
-/// Pixels of a smooth, seeded test picture: gradients plus a little noise, so JPEGs of it have
-/// realistic structure.
-pub fn picture(w: usize, h: usize, channels: usize, seed: u64) -> Vec<u8> {
-    let mut rng = Rng(seed);
-    let base: Vec<u64> = (0..channels).map(|_| rng.next() % 256).collect();
-    let mut px = Vec::with_capacity(w * h * channels);
-    for y in 0..h {
-        for x in 0..w {
-            for (c, b) in base.iter().enumerate() {
-                let v = b + (x * (c + 1) + y * (3 - c.min(2))) as u64 + rng.next() % 9;
-                px.push((v % 256) as u8);
-            }
-        }
-    }
-    px
-}
-
-/// A baseline 4:2:0 JPEG.
-pub fn jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
-    let px = picture(w, h, 3, seed);
-    let img = turbojpeg::Image {
-        pixels: &px[..],
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    turbojpeg::compress(img, 90, turbojpeg::Subsamp::Sub2x2)
-        .unwrap()
-        .to_vec()
-}
-
-/// A grayscale JPEG.
-pub fn gray_jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
-    let px = picture(w, h, 1, seed);
-    let img = turbojpeg::Image {
-        pixels: &px[..],
-        width: w,
-        pitch: w,
-        height: h,
-        format: turbojpeg::PixelFormat::GRAY,
-    };
-    turbojpeg::compress(img, 90, turbojpeg::Subsamp::Gray).unwrap().to_vec()
-}
-
-/// A CMYK (YCCK) JPEG, as Adobe tools write them.
-pub fn cmyk_jpeg(w: usize, h: usize, seed: u64) -> Vec<u8> {
-    let px = picture(w, h, 4, seed);
-    let img = turbojpeg::Image {
-        pixels: &px[..],
-        width: w,
-        pitch: w * 4,
-        height: h,
-        format: turbojpeg::PixelFormat::CMYK,
-    };
-    turbojpeg::compress(img, 90, turbojpeg::Subsamp::None).unwrap().to_vec()
-}
-
-/// An 8-bit RGB PNG.
-pub fn png(w: u32, h: u32, seed: u64) -> Vec<u8> {
-    let px = picture(w as usize, h as usize, 3, seed);
-    let mut out = Vec::new();
-    image::ImageEncoder::write_image(
-        image::codecs::png::PngEncoder::new(&mut out),
-        &px,
-        w,
-        h,
-        image::ExtendedColorType::Rgb8,
-    )
-    .unwrap();
-    out
-}
-
-/// A 16-bit RGBA PNG.
-pub fn png16(w: u32, h: u32, seed: u64) -> Vec<u8> {
-    let px = picture(w as usize, h as usize, 8, seed);
-    let mut out = Vec::new();
-    image::ImageEncoder::write_image(
-        image::codecs::png::PngEncoder::new(&mut out),
-        &px,
-        w,
-        h,
-        image::ExtendedColorType::Rgba16,
-    )
-    .unwrap();
-    out
-}
-
-/// CRC-32 (IEEE), as PNG chunks use it.
-fn crc32_ieee(bytes: &[u8]) -> u32 {
-    let mut c = 0xFFFF_FFFFu32;
-    for &b in bytes {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
-        }
-    }
-    !c
-}
-
-/// A PNG whose header claims `w` x `h` pixels, with valid chunk CRCs and almost no data: a
-/// decompression bomb's calling card.
-pub fn png_claiming(w: u32, h: u32) -> Vec<u8> {
-    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
-    let chunk = |out: &mut Vec<u8>, kind: &[u8], data: &[u8]| {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let mut body = kind.to_vec();
-        body.extend_from_slice(data);
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32_ieee(&body).to_be_bytes());
-    };
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&w.to_be_bytes());
-    ihdr.extend_from_slice(&h.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(&mut out, b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]);
-    chunk(&mut out, b"IEND", &[]);
-    out
 }
 
 /// Writes `files` (relative path, bytes) under `root`.

@@ -5,11 +5,30 @@
 //! against a simulated clock and a simulated pipeline (see the tests). [`run`] is the thin tokio
 //! task that feeds it the server's counters and applies its decisions.
 //!
+//! The signals, per stream and interval ([`Signals`]):
+//! - **wait**: the share of the training loop's time spent waiting for *data* inside `next()`: the
+//!   client's whole time in `next()` less the part it reports as spent behind its own GPU work
+//!   (`gpu_wait_ns`, protocol 1.2: the copy's event queued behind the model's kernels, a launch
+//!   that blocks on a full queue). A GPU-bound loop's `next()` is mostly such back-pressure; more
+//!   threads or depth would not shorten it, so the tuner never acts on it. It is reported apart
+//!   (**gpu_wait**).
+//! - **busy**: the thread-time the pool spent on the stream's jobs (from the moment a thread takes
+//!   a job to the moment it is done with it, [`crate::stats::Occupancy`]) over the threads
+//!   allotted times the interval, so a stream whose allotted threads all work reads 100 %. (It
+//!   used to be the sum of the per-sample stage timers, which leave out everything around them,
+//!   and its reason was kept from the interval that made it, e.g. a stream's first, when the
+//!   threads had idled until the client's first `start`; see [`Limit`].)
+//!
+//! Every interval the signals are read as one [`Limit`] (what limits the loop now: nothing, the
+//! threads, the CPU budget, depth, latency), which each knob's rule acts on and which observers see
+//! (`snapshot`'s `limit`), so the last change's reason (`tune`) is never the only account.
+//!
 //! How it decides, per stream:
-//! - **Model.** The client's compute time per step `C` and the batch size `B` give the rate the
-//!   training loop consumes at when it never waits, `B / C` samples/s. The pool's measured cost per
-//!   sample `c` (thread time) gives the threads that rate needs: `B c / C`. The stream wants that
-//!   times [`Config::headroom`], rounded up.
+//! - **Model.** The client's step time `C` (its compute between batches plus the time it waited
+//!   behind its own GPU: everything but the wait for data) and the batch size `B` give the rate
+//!   the training loop consumes at when it never waits for data, `B / C` samples/s. The pool's
+//!   measured cost per sample `c` (thread time) gives the threads that rate needs: `B c / C`. The
+//!   stream wants that times [`Config::headroom`], rounded up.
 //! - **Wait floor.** A loop's wait inside `next()` never reaches zero: it includes the loop's own
 //!   cost of taking a batch (receiving the message, making the views, a GPU loop's wait for its
 //!   copy's event), about 0.1 % of the step for a CPU loop and 1.2–1.4 % for ResNet-50 on an
@@ -36,6 +55,11 @@
 //! - **Budget.** Pinned streams (`autotune: false`) get what they asked for. The others share the
 //!   rest of the CPU budget; when their wants exceed it, in proportion to their wants, and the
 //!   threads left over by rounding go to the streams that wait most.
+//!
+//! A third knob (issue 11: the share of each batch the client decodes on its GPU) fits beside
+//! threads and depth as one more rule on the same [`Limit`]: raise the share on [`Limit::Cpu`]
+//! (the loop waits for data with every thread of its cap saturated), lower it when the step time
+//! `C` grows (GPU decode competes with the model), and carry it in [`Decision`] like `depth`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -137,6 +161,11 @@ pub struct Observation {
     pub delta: Counters,
     /// Whether the client has ever sent `stats`.
     pub reported: bool,
+    /// Whether the client reports its wait behind its GPU (`gpu_wait_ns`, 1.2 in CUDA mode).
+    pub reports_gpu_wait: bool,
+    /// How much of the interval the stream had work (it begins at the client's first `start`);
+    /// None: all of it.
+    pub active: Option<Duration>,
 }
 
 /// A stream's new settings.
@@ -147,10 +176,111 @@ pub struct Decision {
     pub depth: u32,
     /// Why, when something changed.
     pub reason: Option<String>,
-    /// The interval's wait share (None without `stats` in the interval).
+    /// The interval's share of the loop's time waiting for data, net of back-pressure (None
+    /// without `stats` in the interval).
     pub wait: Option<f64>,
-    /// The moving average of the client's compute time per step, in ms.
+    /// The interval's share of the loop's time waiting behind its own GPU (None: not reported).
+    pub gpu_wait: Option<f64>,
+    /// The interval's busy share of the stream's allotted threads.
+    pub busy: Option<f64>,
+    /// The moving average of the loop's step time (everything but its wait for data), in ms.
     pub step_ms: Option<f64>,
+    /// What limits the loop over the interval, in words (control.md, `snapshot`'s `limit`).
+    pub limit: String,
+}
+
+/// One interval's measurements of a stream, as the rules read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Signals {
+    /// Share of the loop's time spent waiting for data (net of back-pressure).
+    pub wait: Option<f64>,
+    /// Share of the loop's time spent waiting behind its own GPU work (None: not reported).
+    pub gpu_wait: Option<f64>,
+    /// Share of the allotted threads' time spent on the stream's jobs.
+    pub busy: f64,
+    /// Threads allotted over the interval.
+    pub threads: u32,
+}
+
+impl Signals {
+    /// From one interval's counters: `threads` allotted over `interval_ns`.
+    pub fn of(d: &Counters, threads: u32, interval_ns: f64, reports_gpu_wait: bool) -> Self {
+        let total = d.wait_ns + d.compute_ns;
+        let share = |ns: u64| (d.steps > 0 && total > 0).then(|| ns as f64 / total as f64);
+        Signals {
+            wait: share(d.wait_ns - d.gpu_wait_ns.min(d.wait_ns)),
+            gpu_wait: share(d.gpu_wait_ns).filter(|_| reports_gpu_wait),
+            busy: d.busy_ns as f64 / (interval_ns * f64::from(threads.max(1))),
+            threads,
+        }
+    }
+
+    /// "the training loop waits for data 63.2% of its time; its 15 decode threads are 98% busy",
+    /// with `wait` the (smoothed) wait share the rule acted on: who waits, for what, and what the
+    /// threads did meanwhile.
+    pub fn reading(&self, wait: f64) -> String {
+        let gpu = match self.gpu_wait {
+            Some(g) => format!(" (and {:.1}% behind its own GPU work)", g * 100.0),
+            None => String::new(),
+        };
+        format!(
+            "the training loop waits for data {:.1}% of its time{gpu}; its {} decode thread{} {} {:.0}% busy",
+            wait * 100.0,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            if self.threads == 1 { "is" } else { "are" },
+            self.busy * 100.0
+        )
+    }
+}
+
+/// What limits a stream's training loop over one interval: the tuner's reading of [`Signals`],
+/// which every knob's rule acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The client sends no `stats`: nothing to read.
+    Unmeasured,
+    /// The stream's first interval of work (its first `start`), or no sample or step measured
+    /// yet: nothing to act on.
+    Starting,
+    /// The loop does not wait for data beyond its floor: the model (or the GPU) is the limit.
+    Fed,
+    /// Between "fed" and "waiting": nothing is changed.
+    Near,
+    /// The loop waits for data and the stream's threads are saturated, below its cap: one thread
+    /// more.
+    Threads,
+    /// The loop waits for data and every thread the stream may have (its cap: the CPU budget or
+    /// the client's `threads`) is saturated: the CPU is the limit. (GPU decode's knob acts here.)
+    Cpu,
+    /// The loop waits for data while threads idle and depth is left: bursts; one batch more.
+    Depth,
+    /// The loop waits for data while threads idle and every slot is in flight: latency (an
+    /// epoch's first batch, a client holding its slots); nothing helps.
+    Latency,
+}
+
+impl Limit {
+    /// The reading in words: what limits the loop, and on what evidence.
+    pub fn describe(self, s: &Signals, wait: f64, cap: u32) -> String {
+        let reading = s.reading(wait);
+        match self {
+            Limit::Unmeasured => "the client sends no stats: the training loop's wait is not known".into(),
+            Limit::Starting => format!(
+                "starting: too early to read the training loop (its first batches; it waited for data {:.1}% of this interval)",
+                s.wait.unwrap_or(0.0) * 100.0
+            ),
+            Limit::Fed => match s.gpu_wait {
+                Some(g) if g > wait => format!("fed, the GPU is the limit: {reading}"),
+                _ => format!("fed: {reading}"),
+            },
+            Limit::Near => format!("nearly fed: {reading}"),
+            Limit::Threads => format!("the decode threads are the limit: {reading}"),
+            Limit::Cpu => format!("the CPU is the limit ({cap} decode threads at most): {reading}"),
+            Limit::Depth => format!("bursts: {reading}"),
+            Limit::Latency => format!("latency, every slot in flight: {reading}"),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -176,6 +306,8 @@ struct StreamState {
     wait_floor: Option<f64>,
     /// The loop's step time when `wait_floor` was first learned.
     floor_step: Option<f64>,
+    /// Whether an interval with steps has been seen (the first one holds the run's first batch).
+    stepped: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -224,21 +356,38 @@ impl Tuner {
         struct Want {
             want: u32,
             depth: u32,
-            wait: Option<f64>,
+            signals: Signals,
             reason: Option<String>,
+            limit: String,
         }
         let mut wants = Vec::with_capacity(obs.len());
         for o in obs {
             let st = self.streams.entry(o.id).or_default();
             let d = &o.delta;
-            let wait = (d.steps > 0 && d.wait_ns + d.compute_ns > 0)
-                .then(|| d.wait_ns as f64 / (d.wait_ns + d.compute_ns) as f64);
+            // The interval of the first `start` (the threads idled before it for want of any work:
+            // the busy share counts from it) and the first with steps (the loop's wait in it is
+            // its first batch's latency, and its first step has no compute): reported, but
+            // neither learned from nor acted on.
+            let active_ns = o.active.map_or(interval_ns, |a| (a.as_nanos() as f64).min(interval_ns));
+            let first = active_ns < interval_ns || (d.steps > 0 && !st.stepped);
+            st.stepped |= d.steps > 0;
+            let signals = Signals::of(d, o.threads, active_ns.max(1.0), o.reports_gpu_wait);
+            let wait = signals.wait.filter(|_| !first);
             if d.timed > 0 {
-                let cost = d.stage_ns.iter().sum::<u64>() as f64 / d.timed as f64;
-                st.cost_ns = Some(ewma(st.cost_ns, cost, cfg.alpha));
+                // Thread time per sample: what a sample costs the pool, overheads included (the
+                // stage timers alone leave some out; they are for the breakdown only).
+                let spent = if d.busy_ns > 0 {
+                    d.busy_ns
+                } else {
+                    d.stage_ns.iter().sum::<u64>()
+                };
+                st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
             }
-            if d.steps > 0 {
-                st.step_ns = Some(ewma(st.step_ns, d.compute_ns as f64 / d.steps as f64, cfg.alpha));
+            if d.steps > 0 && !first {
+                // The loop's own step: its compute and its wait behind its GPU, which more data
+                // would not shorten (the rate it can consume at is B / this).
+                let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
+                st.step_ns = Some(ewma(st.step_ns, own, cfg.alpha));
             }
             if let Some(w) = wait {
                 st.wait = Some(ewma(st.wait, w, cfg.alpha));
@@ -246,26 +395,49 @@ impl Tuner {
             let smoothed = wait.and(st.wait);
             if !o.autotune {
                 let threads = o.max_threads.unwrap_or(pool).clamp(1, pool);
+                let bands = cfg.bands(st.wait_floor);
+                let limit = match smoothed {
+                    None => Limit::Unmeasured,
+                    Some(w) if w > bands.waiting => {
+                        if signals.busy >= cfg.saturated {
+                            Limit::Cpu
+                        } else if o.depth < o.slots {
+                            Limit::Depth
+                        } else {
+                            Limit::Latency
+                        }
+                    }
+                    Some(w) if w < bands.fed => Limit::Fed,
+                    Some(_) => Limit::Near,
+                };
                 wants.push(Want {
                     want: threads,
                     depth: o.depth,
-                    wait,
-                    reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} threads")),
+                    signals,
+                    reason: (threads != o.threads)
+                        .then(|| format!("pinned by the client: {threads} decode threads")),
+                    limit: format!(
+                        "{} (pinned by the client)",
+                        limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
+                    ),
                 });
                 continue;
             }
             let cap = o.max_threads.unwrap_or(u32::MAX).clamp(1, free);
             let mut depth = o.depth;
             let mut reason = None;
+            let mut limit = Limit::Unmeasured;
             let want = match (o.reported, st.cost_ns, st.step_ns) {
                 (false, _, _) => {
                     if o.threads != cap {
-                        reason = Some(format!("no stats from the client: all {cap} threads of the budget"));
+                        reason = Some(format!(
+                            "the client sends no stats: all {cap} decode threads of the budget"
+                        ));
                     }
                     cap
                 }
                 (true, Some(cost), Some(step)) => {
-                    let busy = d.stage_ns.iter().sum::<u64>() as f64 / (interval_ns * f64::from(o.threads.max(1)));
+                    let busy = signals.busy;
                     let need = f64::from(o.batch_size) * cost / step.max(1.0);
                     // A new regime (the loop's step changed by more than 20 % since the probes
                     // learned their correction) makes the model the authority again.
@@ -293,6 +465,8 @@ impl Tuner {
                         st.floor_step.get_or_insert(step);
                     }
                     let bands = cfg.bands(st.wait_floor);
+                    let base = ((need * cfg.headroom + f64::from(st.extra)).ceil().max(1.0)) as u32;
+                    limit = limit_of(&cfg, o, &signals, smoothed, bands, cap, base);
                     let want = if let Some(mut probe) = st.probe {
                         match wait {
                             Some(w) if w > bands.waiting => {
@@ -303,7 +477,7 @@ impl Tuner {
                                 // The probe's own wait must not read as a need for more.
                                 st.wait = None;
                                 reason = Some(format!(
-                                    "probe: {} threads made the loop wait {:.1}% (its floor {:.1}%): back to {}",
+                                    "probe: with {} decode threads the training loop waited for data {:.1}% of its time (its floor {:.1}%): back to {}",
                                     o.threads,
                                     w * 100.0,
                                     st.wait_floor.unwrap_or(0.0) * 100.0,
@@ -317,7 +491,10 @@ impl Tuner {
                                 if probe.left == 0 {
                                     st.probe = None;
                                     st.extra -= 1;
-                                    reason = Some(format!("probe: {} threads keep the loop fed", o.threads));
+                                    reason = Some(format!(
+                                        "probe: {} decode threads keep the training loop fed",
+                                        o.threads
+                                    ));
                                 }
                                 o.threads
                             }
@@ -331,9 +508,9 @@ impl Tuner {
                             need,
                             cost,
                             step,
-                            busy,
+                            &signals,
+                            limit,
                             smoothed,
-                            bands,
                             &mut depth,
                             &mut reason,
                         )
@@ -351,8 +528,9 @@ impl Tuner {
                                 left: cfg.probe_intervals,
                             });
                             reason = Some(format!(
-                                "probe: the loop has been fed for {} intervals; trying {} threads",
+                                "probe: the training loop has not waited for data for {} intervals: trying one decode thread fewer ({} → {})",
                                 cfg.probe_after,
+                                o.threads,
                                 o.threads - 1
                             ));
                             o.threads - 1
@@ -365,13 +543,21 @@ impl Tuner {
                     }
                 }
                 // Reported, but no sample or step measured yet: keep what it has.
-                (true, _, _) => o.threads.clamp(1, cap),
+                (true, _, _) => {
+                    limit = Limit::Starting;
+                    o.threads.clamp(1, cap)
+                }
             };
+            if first && o.reported {
+                limit = Limit::Starting;
+            }
+            let limit = limit.describe(&signals, st.wait.unwrap_or(0.0), cap);
             wants.push(Want {
                 want,
                 depth: depth.min(o.slots).max(1),
-                wait,
+                signals,
                 reason,
+                limit,
             });
         }
 
@@ -387,7 +573,7 @@ impl Tuner {
             }
             let mut by_wait = auto.clone();
             by_wait.sort_by(|&a, &b| {
-                let (wa, wb) = (wants[a].wait.unwrap_or(1.0), wants[b].wait.unwrap_or(1.0));
+                let (wa, wb) = (wants[a].signals.wait.unwrap_or(1.0), wants[b].signals.wait.unwrap_or(1.0));
                 wb.total_cmp(&wa).then(a.cmp(&b))
             });
             for &i in by_wait.iter().cycle().take(free.saturating_sub(given) as usize) {
@@ -396,7 +582,7 @@ impl Tuner {
             for &i in &auto {
                 if wants[i].want != obs[i].threads && wants[i].reason.is_none() {
                     wants[i].reason = Some(format!(
-                        "{} streams want {total} threads, the budget is {free}: {} → {}",
+                        "{} streams want {total} decode threads, the budget is {free}: {} → {}",
                         auto.len(),
                         obs[i].threads,
                         wants[i].want
@@ -411,10 +597,36 @@ impl Tuner {
                 threads: w.want,
                 depth: w.depth,
                 reason: w.reason,
-                wait: w.wait,
+                wait: w.signals.wait,
+                gpu_wait: w.signals.gpu_wait,
+                busy: Some(w.signals.busy),
                 step_ms: self.streams.get(&o.id).and_then(|s| s.step_ns).map(|s| s / 1e6),
+                limit: w.limit,
             })
             .collect()
+    }
+}
+
+/// The interval's reading: whether the loop waits for data (smoothed, against its floor's
+/// bands) and what its threads did meanwhile.
+fn limit_of(cfg: &Config, o: &Observation, s: &Signals, smoothed: Option<f64>, bands: Bands, cap: u32, base: u32) -> Limit {
+    match smoothed {
+        None => Limit::Unmeasured,
+        Some(w) if w > bands.waiting => {
+            if s.busy >= cfg.saturated {
+                if base.min(cap) >= cap && o.threads >= cap {
+                    Limit::Cpu
+                } else {
+                    Limit::Threads
+                }
+            } else if o.depth < o.slots {
+                Limit::Depth
+            } else {
+                Limit::Latency
+            }
+        }
+        Some(w) if w < bands.fed => Limit::Fed,
+        Some(_) => Limit::Near,
     }
 }
 
@@ -428,66 +640,60 @@ fn decide(
     need: f64,
     cost: f64,
     step: f64,
-    busy: f64,
+    signals: &Signals,
+    limit: Limit,
     smoothed: Option<f64>,
-    bands: Bands,
     depth: &mut u32,
     reason: &mut Option<String>,
 ) -> u32 {
     let estimate = need * cfg.headroom + f64::from(st.extra);
     let base = (estimate.ceil().max(1.0)) as u32;
-    match smoothed {
-        Some(w) if w > bands.waiting => {
+    let w = smoothed.unwrap_or(0.0);
+    match limit {
+        Limit::Threads | Limit::Cpu | Limit::Depth | Limit::Latency => {
             st.calm = 0;
+            // Below what the model asks for, the model's growth below comes first.
             if o.threads >= base.min(cap) {
-                if busy >= cfg.saturated {
-                    if base < cap {
+                match limit {
+                    Limit::Threads if base < cap => {
                         st.extra += 1;
-                        *reason = Some(format!(
-                            "waiting {:.1}% with threads {:.0}% busy: one thread more",
-                            w * 100.0,
-                            busy * 100.0
-                        ));
+                        *reason = Some(format!("{}: one decode thread more", signals.reading(w)));
                     }
-                } else if *depth < o.slots {
-                    *depth += 1;
-                    *reason = Some(format!(
-                        "waiting {:.1}% with threads {:.0}% busy: one batch more in flight",
-                        w * 100.0,
-                        busy * 100.0
-                    ));
+                    Limit::Depth => {
+                        *reason = Some(format!(
+                            "{}: one batch more in flight (depth {} → {})",
+                            signals.reading(w),
+                            *depth,
+                            *depth + 1
+                        ));
+                        *depth += 1;
+                    }
+                    // Cpu: every thread the stream may have is saturated; Latency: the threads
+                    // idle and every slot is in flight, so the wait is latency (an epoch's first
+                    // batch, a client holding its slots), which more threads would not remove.
+                    _ => {}
                 }
-                // Otherwise the threads idle and every slot may be in flight: the wait is latency
-                // (an epoch's first batch, a client holding its slots), which more threads would
-                // not remove.
             }
         }
-        Some(w) if w < bands.fed => {
+        Limit::Fed => {
             st.calm += 1;
             if st.calm >= cfg.calm_intervals && st.extra > 0 {
                 st.extra -= 1;
                 st.calm = 0;
                 *reason = Some(format!(
-                    "no wait for {} intervals: one extra thread less",
+                    "the training loop has not waited for data for {} intervals: one of the extra decode threads fewer",
                     cfg.calm_intervals
                 ));
             }
         }
-        _ => st.calm = 0,
+        Limit::Near | Limit::Unmeasured | Limit::Starting => st.calm = 0,
     }
     // Grow as soon as the model asks for more; shrink only when it asks for clearly fewer
     // (`band`), so a need near a whole number does not flap.
     let exact = need * cfg.headroom + f64::from(st.extra);
     let grow = (exact.ceil().max(1.0) as u32).clamp(1, cap);
     let keep = ((exact + cfg.band).ceil().max(1.0) as u32).clamp(1, cap);
-    let describe = |to: u32| {
-        format!(
-            "the loop needs {need:.1} threads ({} samples/s at {:.0} µs each): {} → {to}",
-            (f64::from(o.batch_size) * 1e9 / step) as u64,
-            cost / 1e3,
-            o.threads
-        )
-    };
+    let describe = |to: u32| need_reason(need, o.batch_size, step, cost, o.threads, to);
     if grow > o.threads {
         st.shrink = 0;
         reason.get_or_insert_with(|| describe(grow));
@@ -505,6 +711,16 @@ fn decide(
         st.shrink = 0;
         o.threads
     }
+}
+
+/// The model's reason: what the loop can consume, what a sample costs, the threads that takes.
+fn need_reason(need: f64, batch: u32, step_ns: f64, cost_ns: f64, from: u32, to: u32) -> String {
+    format!(
+        "the training loop can take {} samples/s (a batch of {batch} per {:.1} ms of its own step); at {:.0} µs of thread time per sample that needs {need:.1} decode threads: {from} → {to}",
+        (f64::from(batch) * 1e9 / step_ns.max(1.0)) as u64,
+        step_ns / 1e6,
+        cost_ns / 1e3,
+    )
 }
 
 /// Where the tuner task reads and writes.
@@ -536,10 +752,10 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
         let mut busy_ns = 0u64;
         let mut seen = BTreeMap::new();
         for s in &streams {
-            let c = s.counters();
+            let c = s.counters(now.into_std());
             let delta = c.since(last.get(&s.id).unwrap_or(&Counters::default()));
             seen.insert(s.id, c);
-            busy_ns += delta.stage_ns.iter().sum::<u64>();
+            busy_ns += delta.busy_ns;
             obs.push(Observation {
                 id: s.id,
                 autotune: s.autotune,
@@ -550,6 +766,8 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
                 depth: s.depth.load(Ordering::Relaxed),
                 delta,
                 reported: s.reported.load(Ordering::Relaxed),
+                reports_gpu_wait: s.reports_gpu_wait.load(Ordering::Relaxed),
+                active: Some(s.active_for(now.into_std())),
             });
         }
         last = seen;
@@ -566,7 +784,18 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
             let mut view = s.view.lock().unwrap_or_else(|p| p.into_inner());
             view.samples_per_s = o.delta.samples as f64 / secs;
             view.wait = d.wait;
+            view.gpu_wait = d.gpu_wait;
+            view.busy = d.busy;
             view.step_ms = d.step_ms;
+            view.limit = d.limit;
+            tracing::debug!(
+                target: "ringfeed::tune",
+                stream = s.id,
+                busy = d.busy,
+                stage_busy = o.delta.stage_ns.iter().sum::<u64>() as f64 / (secs * 1e9 * f64::from(o.threads.max(1))),
+                "{}",
+                view.limit
+            );
             if o.delta.timed > 0 {
                 view.stage_us =
                     std::array::from_fn::<f64, STAGES, _>(|i| o.delta.stage_ns[i] as f64 / o.delta.timed as f64 / 1e3);

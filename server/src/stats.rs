@@ -457,3 +457,88 @@ pub struct Snapshot {
     pub server: ServerSnapshot,
     pub streams: Vec<StreamSnapshot>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn occupancy_counts_running_jobs_up_to_the_moment_asked() {
+        let t0 = Instant::now();
+        let mut o = Occupancy::new(t0);
+        let a = o.start(t0);
+        let b = o.start(t0 + ms(10));
+        // Mid-job: 30 ms of one and 20 ms of the other so far.
+        assert_eq!(o.busy_ns(t0 + ms(30)), 50_000_000);
+        o.end(a, t0 + ms(40));
+        assert_eq!(o.busy_ns(t0 + ms(40)), 70_000_000);
+        o.end(b, t0 + ms(50));
+        // Nothing runs: the count stays.
+        assert_eq!(o.busy_ns(t0 + ms(500)), 80_000_000);
+    }
+
+    #[test]
+    fn a_stream_whose_allotted_threads_all_work_reads_fully_busy() {
+        // Two threads, each taking one job after another with a 50 µs gap between jobs (the lock,
+        // the countdown) that no stage timer covers, for 500 ms; the tuner reads at 250 ms and
+        // 500 ms, while jobs are running.
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        let t0 = Instant::now();
+        *s.occupancy.lock().unwrap() = Occupancy::new(t0);
+        let job = Duration::from_micros(1_200);
+        let gap = Duration::from_micros(50);
+        let mut reads = Vec::new();
+        let mut next_read = t0 + ms(250);
+        let mut at = [t0, t0 + Duration::from_micros(600)];
+        loop {
+            let k = if at[0] <= at[1] { 0 } else { 1 };
+            let start = at[k];
+            if start >= t0 + ms(500) {
+                break;
+            }
+            while next_read <= start + job {
+                reads.push(s.counters(next_read));
+                next_read += ms(250);
+            }
+            let t = s.job_started(start);
+            s.job_ended(t, start + job);
+            s.add_sample_times([0, (job.as_nanos() as u64) / 2, 0, 0]);
+            at[k] = start + job + gap;
+        }
+        let first = reads[0];
+        let second = reads[1].since(&first);
+        for d in [first, second] {
+            let busy = d.busy_ns as f64 / (250e6 * 2.0);
+            assert!((busy - 1200.0 / 1250.0).abs() < 0.01, "{busy}");
+            // What the stage timers saw is half of it: they are not the busy share.
+            let staged = d.stage_ns.iter().sum::<u64>() as f64 / (250e6 * 2.0);
+            assert!(staged < 0.55, "{staged}");
+        }
+    }
+
+    #[test]
+    fn the_clients_gpu_wait_stays_within_its_wait() {
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        s.add_client_stats(4, 100, 50, None);
+        assert!(!s.reports_gpu_wait.load(Ordering::Relaxed));
+        s.add_client_stats(4, 100, 50, Some(250));
+        let c = s.counters(Instant::now());
+        assert_eq!((c.steps, c.wait_ns, c.compute_ns, c.gpu_wait_ns), (8, 200, 100, 100));
+        assert!(s.reports_gpu_wait.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_busy_share_counts_from_the_first_start() {
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        let t0 = Instant::now();
+        assert_eq!(s.active_for(t0), Duration::ZERO);
+        s.started(t0);
+        s.started(t0 + ms(100)); // a later `start` does not move it
+        assert_eq!(s.active_for(t0 + ms(300)), ms(300));
+    }
+}

@@ -551,7 +551,7 @@ impl Tuner {
             if first && o.reported {
                 limit = Limit::Starting;
             }
-            let limit = limit.describe(&signals, st.wait.unwrap_or(0.0), cap);
+            let limit = limit.describe(&signals, st.wait.or(signals.wait).unwrap_or(0.0), cap);
             wants.push(Want {
                 want,
                 depth: depth.min(o.slots).max(1),
@@ -612,7 +612,9 @@ impl Tuner {
 fn limit_of(cfg: &Config, o: &Observation, s: &Signals, smoothed: Option<f64>, bands: Bands, cap: u32, base: u32) -> Limit {
     match smoothed {
         None => Limit::Unmeasured,
-        Some(w) if w > bands.waiting => {
+        // Waiting: on average (one interval's spike buys nothing) and now (an average still
+        // decaying from an earlier wait, after the stream got what it needed, buys nothing either).
+        Some(w) if w > bands.waiting && s.wait.is_some_and(|now| now > bands.waiting) => {
             if s.busy >= cfg.saturated {
                 if base.min(cap) >= cap && o.threads >= cap {
                     Limit::Cpu
@@ -824,6 +826,9 @@ mod tests {
     /// computes `step` per batch of `batch` samples; `depth` batches may be in flight. A loop with
     /// a wait `floor` (a GPU loop's copy event) also waits that share of each step, however many
     /// threads feed it; `swing` varies the floor by up to that much either way, per interval.
+    /// A GPU-bound loop also waits `gpu` per step inside `next()` behind its own GPU (reported as
+    /// `gpu_wait_ns`). The stage timers see `stage_share` of the thread time a sample costs (the
+    /// rest is scheduling and hand-off around them).
     struct Sim {
         cost: Duration,
         step: Duration,
@@ -833,6 +838,25 @@ mod tests {
         carry: f64,
         floor: f64,
         swing: f64,
+        gpu: Duration,
+        stage_share: f64,
+    }
+
+    impl Default for Sim {
+        fn default() -> Self {
+            Sim {
+                cost: Duration::from_micros(1500),
+                step: Duration::from_millis(100),
+                batch: 256,
+                slots: 4,
+                noise: 1,
+                carry: 0.0,
+                floor: 0.0,
+                swing: 0.0,
+                gpu: Duration::ZERO,
+                stage_share: 1.0,
+            }
+        }
     }
 
     impl Sim {
@@ -847,8 +871,10 @@ mod tests {
             let jitter = 0.95 + 0.1 * ((self.noise >> 33) as f64 / (1u64 << 31) as f64);
             let floor =
                 self.floor + self.swing * (2.0 * ((self.noise >> 13) & 0xfffff) as f64 / (1u64 << 20) as f64 - 1.0);
-            // A step lasts its compute plus its floor's share of waiting.
-            let step = self.step.as_secs_f64() / (1.0 - floor);
+            // A step lasts its compute and its wait behind the GPU, plus its floor's share of
+            // waiting.
+            let gpu = self.gpu.as_secs_f64();
+            let step = (self.step.as_secs_f64() + gpu) / (1.0 - floor);
             let produce = f64::from(threads) / self.cost.as_secs_f64(); // samples/s
             let consume = f64::from(self.batch) / step;
             let rate = produce.min(consume);
@@ -861,14 +887,19 @@ mod tests {
             let compute = steps * self.step.as_secs_f64();
             let wait = (secs - busy_secs).max(0.0) + (steps * (step - self.step.as_secs_f64()));
             let samples = steps * f64::from(self.batch);
-            let busy = samples * self.cost.as_secs_f64() * jitter;
+            // Stage times arrive with finished samples; the threads' occupancy is what they spent
+            // in the interval (stats::Occupancy counts running jobs up to the tick).
+            let timed = samples * self.cost.as_secs_f64() * jitter;
+            let busy = rate * secs * self.cost.as_secs_f64() * jitter;
             Counters {
                 samples: samples as u64,
-                stage_ns: [0, (busy * 1e9) as u64, 0, 0],
+                stage_ns: [0, (timed * self.stage_share * 1e9) as u64, 0, 0],
                 timed: samples as u64,
+                busy_ns: (busy * 1e9) as u64,
                 steps: steps as u64,
                 wait_ns: (wait * 1e9) as u64,
                 compute_ns: (compute * 1e9) as u64,
+                gpu_wait_ns: (steps * gpu * 1e9) as u64,
             }
         }
     }
@@ -884,6 +915,8 @@ mod tests {
             depth,
             delta,
             reported: true,
+            reports_gpu_wait: delta.gpu_wait_ns > 0,
+            active: None,
         }
     }
 
@@ -921,6 +954,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let trace = drive(&mut tuner, &mut sim, 15, 60, 15);
@@ -950,6 +984,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let trace = drive(&mut tuner, &mut sim, 15, 40, 15);
@@ -969,6 +1004,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let before = drive(&mut tuner, &mut sim, 15, 30, 15);
@@ -1001,6 +1037,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut threads = 2;
         let mut depth = 3;
@@ -1036,13 +1073,18 @@ mod tests {
             samples: 256,
             stage_ns: [0, 256 * 1_500_000, 0, 0],
             timed: 256,
+            busy_ns: 256 * 1_500_000,
             steps: 1,
             wait_ns: wait_ms * 1_000_000,
             compute_ns: step_ms * 1_000_000,
+            gpu_wait_ns: 0,
         };
         // Stream 1 needs 7.7 threads (8.1 with headroom → 9), stream 2 needs 3.84 (4.03 → 5).
         let a = obs(1, 4, 2, busy(50, 0), 256, 4);
         let b = obs(2, 4, 2, busy(100, 300), 256, 4);
+        // The first interval with steps holds the first batch: read, not acted on.
+        let first = tuner.tick(TICK, 10, 16, &[a.clone(), b.clone()]);
+        assert_eq!((first[0].threads, first[1].threads), (4, 4), "{first:?}");
         let d = tuner.tick(TICK, 10, 16, &[a, b]);
         assert_eq!(d.iter().map(|d| d.threads).sum::<u32>(), 10);
         // 9:5 of 10 → 6 and 3, and the leftover thread goes to the waiting stream 2.
@@ -1059,6 +1101,7 @@ mod tests {
             carry: 0.0,
             floor,
             swing,
+            ..Sim::default()
         }
     }
 
@@ -1158,9 +1201,11 @@ mod tests {
                 samples: 1280,
                 stage_ns: [0, (busy * 4.0 * 5e8) as u64, 0, 0],
                 timed: 1280,
+                busy_ns: (busy * 4.0 * 5e8) as u64,
                 steps: 5,
                 wait_ns: (compute as f64 * wait / (1.0 - wait)) as u64,
                 compute_ns: compute,
+                gpu_wait_ns: 0,
             }
         };
         let learned = |busy: f64, depth: u32, wait: f64| {
@@ -1198,5 +1243,241 @@ mod tests {
         // A large floor: a fifth of it either way.
         let b = cfg.bands(Some(0.04));
         assert!(close(b.fed, 0.048) && close(b.waiting, 0.056), "{b:?}");
+    }
+
+    /// `drive`, returning every decision (for its reasons and readings) and the depths.
+    fn drive_all(tuner: &mut Tuner, sim: &mut Sim, mut threads: u32, ticks: usize, budget: u32) -> Vec<(Decision, u32)> {
+        let mut out = Vec::new();
+        let mut depth = 3;
+        for _ in 0..ticks {
+            let c = sim.interval(threads, TICK);
+            let d = tuner.tick(TICK, budget, 16, &[obs(1, threads, depth, c, sim.batch, sim.slots)]);
+            threads = d[0].threads;
+            depth = d[0].depth;
+            out.push((d[0].clone(), threads));
+        }
+        out
+    }
+
+    #[test]
+    fn a_cpu_bound_stream_whose_stage_timers_see_44_percent_still_reads_saturated_and_grows_threads() {
+        // The H200 case's shape: a loop that waits for data with every allotted thread working,
+        // while the per-sample stage timers account for only 44 % of the threads' time. The busy
+        // share comes from the threads' occupancy, so the feedback adds threads (and not depth).
+        // The client's compute hides part of its step, so the model asks too little.
+        let mut sim = Sim {
+            step: Duration::from_millis(60),
+            noise: 5,
+            stage_share: 0.44,
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let mut threads = 2;
+        let mut depth = 3;
+        let mut reasons = Vec::new();
+        for _ in 0..40 {
+            let mut c = sim.interval(threads, TICK);
+            c.compute_ns = c.compute_ns * 100 / 60; // misreported
+            let d = tuner.tick(TICK, 15, 16, &[obs(1, threads, depth, c, 256, 4)]);
+            assert_eq!(d[0].depth, 3, "depth must not grow for a CPU-bound stream: {d:?}");
+            if let Some(r) = &d[0].reason {
+                reasons.push(r.clone());
+            }
+            threads = d[0].threads;
+            depth = d[0].depth;
+        }
+        assert!(
+            reasons.iter().any(|r| r.ends_with("% busy: one decode thread more")),
+            "{reasons:?}"
+        );
+        assert!(reasons.iter().all(|r| !r.contains("batch more")), "{reasons:?}");
+        let c = sim.interval(threads, TICK);
+        let wait = c.wait_ns as f64 / (c.wait_ns + c.compute_ns) as f64;
+        assert!(wait < 0.02, "still waiting {wait} with {threads} threads: {reasons:?}");
+        assert!(threads >= fewest(sim.cost, sim.step, sim.batch), "{threads}");
+    }
+
+    #[test]
+    fn a_cpu_bound_stream_at_its_budget_reads_the_cpu_as_the_limit_every_interval() {
+        // 7.7 threads needed, 4 in the budget: the loop waits for data with all 4 saturated. The
+        // tuner cannot help, changes nothing, and says so every interval (not only when it acts).
+        let mut sim = Sim {
+            step: Duration::from_millis(50),
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let trace = drive_all(&mut tuner, &mut sim, 4, 20, 4);
+        for (d, threads) in &trace[2..] {
+            assert_eq!((*threads, d.depth), (4, 3), "{d:?}");
+            assert!(d.busy.unwrap() > 0.95, "{d:?}");
+            assert!(
+                d.limit
+                    .starts_with("the CPU is the limit (4 decode threads at most): the training loop waits for data"),
+                "{}",
+                d.limit
+            );
+            assert!(d.limit.contains("; its 4 decode threads are "), "{}", d.limit);
+        }
+    }
+
+    #[test]
+    fn a_gpu_bound_loop_waiting_behind_its_gpu_gets_no_more_threads_or_depth() {
+        // ResNet on a busy GPU: 6 ms of host compute per step, then 14 ms inside next() behind
+        // the GPU (the copy's event queued behind the model's kernels), with data always there.
+        // 70 % of the loop's time is in next(), none of it for data: the loop consumes 64 samples
+        // per 20 ms, which 3.2 threads at 1 ms per sample cover.
+        for noise in [1, 2, 3] {
+            let mut sim = Sim {
+                cost: Duration::from_millis(1),
+                step: Duration::from_millis(6),
+                gpu: Duration::from_millis(14),
+                batch: 64,
+                slots: 6,
+                noise,
+                ..Sim::default()
+            };
+            let mut tuner = Tuner::new(Config::default());
+            let trace = drive_all(&mut tuner, &mut sim, 15, 60, 15);
+            for (d, _) in &trace {
+                assert_eq!(d.depth, 3, "depth grew: {d:?}");
+                let reason = d.reason.as_deref().unwrap_or("");
+                assert!(!reason.contains("thread more") && !reason.contains("batch more"), "{d:?}");
+            }
+            // From 15 threads down to the model's 4; a probe of 3 is undone (3 are too few).
+            assert!(trace.windows(2).all(|w| w[1].1 <= w[0].1 || w[1].0.reason.as_deref().unwrap_or("").starts_with("probe: with 3")), "{trace:?}");
+            let (last, threads) = trace.last().unwrap();
+            assert_eq!(*threads, 4, "{last:?}");
+            assert!(last.gpu_wait.unwrap() > 0.6 && last.wait.unwrap() < 0.01, "{last:?}");
+            assert!(
+                last.limit.starts_with("fed, the GPU is the limit: the training loop waits for data 0."),
+                "{}",
+                last.limit
+            );
+            assert!(last.limit.contains("% behind its own GPU work)"), "{}", last.limit);
+            assert!((last.step_ms.unwrap() - 20.0).abs() < 0.5, "{last:?}");
+        }
+    }
+
+    #[test]
+    fn a_client_without_the_split_reads_back_pressure_as_waiting() {
+        // The same GPU-bound loop from a client that does not report `gpu_wait_ns` (1.1): its
+        // back-pressure reads as a wait for data, and the tuner grows depth on it (what the
+        // split above prevents).
+        let mut sim = Sim {
+            cost: Duration::from_millis(1),
+            step: Duration::from_millis(6),
+            gpu: Duration::from_millis(14),
+            batch: 64,
+            slots: 6,
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth) = (15, 3);
+        for _ in 0..10 {
+            let mut c = sim.interval(threads, TICK);
+            c.gpu_wait_ns = 0;
+            let d = tuner.tick(TICK, 15, 16, &[obs(1, threads, depth, c, 64, 6)]);
+            (threads, depth) = (d[0].threads, d[0].depth);
+        }
+        assert!(depth > 3, "{depth}");
+    }
+
+    #[test]
+    fn the_first_interval_of_a_stream_is_read_but_not_acted_on() {
+        // The interval of the client's first `start`: the threads idled before it (11 % busy over
+        // the interval), and the loop waited for its first batch (100 %, no compute yet). Acted
+        // on, it read "waiting 100.0% with threads 11% busy: one batch more in flight".
+        let mut tuner = Tuner::new(Config::default());
+        let c = Counters {
+            samples: 64,
+            stage_ns: [0, 220_000_000, 0, 0],
+            timed: 64,
+            busy_ns: 220_000_000,
+            steps: 1,
+            wait_ns: 400_000_000,
+            compute_ns: 0,
+            gpu_wait_ns: 0,
+        };
+        let mut o = obs(1, 4, 2, c, 64, 4);
+        o.active = Some(Duration::from_millis(100));
+        let d = tuner.tick(TICK, 15, 16, &[o]);
+        assert_eq!((d[0].threads, d[0].depth, d[0].reason.as_deref()), (4, 2, None), "{d:?}");
+        // Its busy share counts from the start: 220 ms of thread time in 4 × 100 ms.
+        assert!((d[0].busy.unwrap() - 0.55).abs() < 1e-9, "{d:?}");
+        assert!(d[0].limit.starts_with("starting: "), "{}", d[0].limit);
+    }
+
+    #[test]
+    fn reasons_say_who_waits_for_what() {
+        // The wording of every reason and reading, pinned: the training loop waits for data (or
+        // behind its own GPU), the decode threads are busy; never a bare "waiting".
+        let s = Signals {
+            wait: Some(0.632),
+            gpu_wait: Some(0.021),
+            busy: 0.98,
+            threads: 15,
+        };
+        assert_eq!(
+            s.reading(0.632),
+            "the training loop waits for data 63.2% of its time (and 2.1% behind its own GPU work); its 15 decode threads are 98% busy"
+        );
+        let one = Signals {
+            wait: Some(1.0),
+            gpu_wait: None,
+            busy: 0.11,
+            threads: 1,
+        };
+        assert_eq!(
+            one.reading(1.0),
+            "the training loop waits for data 100.0% of its time; its 1 decode thread is 11% busy"
+        );
+        assert_eq!(
+            Limit::Cpu.describe(&s, 0.632, 15),
+            "the CPU is the limit (15 decode threads at most): the training loop waits for data 63.2% of its time (and 2.1% behind its own GPU work); its 15 decode threads are 98% busy"
+        );
+        assert!(Limit::Depth.describe(&one, 1.0, 4).starts_with("bursts: the training loop waits for data"));
+        assert!(
+            Limit::Latency
+                .describe(&one, 1.0, 4)
+                .starts_with("latency, every slot in flight: the training loop waits for data")
+        );
+        let gpu = Signals {
+            wait: Some(0.002),
+            gpu_wait: Some(0.7),
+            busy: 0.3,
+            threads: 4,
+        };
+        assert_eq!(
+            Limit::Fed.describe(&gpu, 0.002, 15),
+            "fed, the GPU is the limit: the training loop waits for data 0.2% of its time (and 70.0% behind its own GPU work); its 4 decode threads are 30% busy"
+        );
+        assert_eq!(
+            need_reason(5.4, 256, 53.11e6, 1124e3, 7, 6),
+            "the training loop can take 4820 samples/s (a batch of 256 per 53.1 ms of its own step); at 1124 µs of thread time per sample that needs 5.4 decode threads: 7 → 6"
+        );
+
+        // And the reasons the tuner gives when it acts, from a run: depth for bursts, threads when
+        // saturated, the probes.
+        let mut tuner = Tuner::new(Config::default());
+        let interval = |busy: f64, wait: f64| Counters {
+            samples: 1280,
+            stage_ns: [0, (busy * 4.0 * 5e8) as u64, 0, 0],
+            timed: 1280,
+            busy_ns: (busy * 4.0 * 5e8) as u64,
+            steps: 5,
+            wait_ns: (5e8 * wait / (1.0 - wait)) as u64,
+            compute_ns: 500_000_000,
+            gpu_wait_ns: 0,
+        };
+        // 1280 samples at 0.2 × 4 × 0.5 s: 625 µs each; 5 steps of 100 ms: 1.6 threads needed.
+        tuner.tick(TICK, 15, 16, &[obs(1, 4, 2, interval(0.2, 0.3), 256, 4)]);
+        let d = tuner.tick(TICK, 15, 16, &[obs(1, 4, 2, interval(0.2, 0.3), 256, 4)]);
+        assert_eq!(
+            d[0].reason.as_deref(),
+            Some(
+                "the training loop waits for data 30.0% of its time; its 4 decode threads are 20% busy: one batch more in flight (depth 2 → 3)"
+            ),
+            "{d:?}"
+        );
     }
 }

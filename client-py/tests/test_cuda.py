@@ -103,3 +103,23 @@ def test_close_waits_for_copies_and_unpins(serve: Callable[..., FakeServer]) -> 
     assert not cuda.pending
     torch.cuda.synchronize()
     assert torch.equal(images, (labels % 251).to(torch.uint8).view(-1, 1, 1, 1).expand_as(images))
+
+
+def test_time_behind_a_busy_gpu_is_not_a_wait_for_data(serve: Callable[..., FakeServer]) -> None:
+    """Copies queued behind GPU work (here a 20 ms spin kernel on the copy stream before each batch) make next()
+    wait for the copy's event; that time is reported as gpu_wait_ns to a 1.2 server, apart from the wait for data."""
+    server = serve(dataset_len=32 * 16, protocol=(1, 2))
+    with make(server, 32, 64, device="cuda", slots=2) as loader:
+        copier = loader._res.cuda
+        cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * 0.02)  # ~20 ms
+        for _ in loader:
+            with torch.cuda.stream(copier.stream):
+                torch.cuda._sleep(cycles)  # the next copy queues behind it
+        s = loader.stats(server=False)
+        server.wait(lambda: len(server.sent("stats")) >= 1)
+        sent = server.sent("stats")
+    # Two slots: from the third batch on, next() waits for the oldest copy, behind a 20 ms kernel.
+    assert s["gpu_wait_s"] > 0.1, s
+    assert s["gpu_wait_s"] <= s["wait_s"], s
+    assert s["data_wait_s"] < s["gpu_wait_s"], s
+    assert all(0 < m["gpu_wait_ns"] <= m["wait_ns"] for m in sent), sent

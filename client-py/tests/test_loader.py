@@ -554,7 +554,8 @@ def test_without_a_gpu_no_time_is_behind_the_gpu(serve: Callable[..., FakeServer
         s = loader.stats(server=False)
         server.wait(lambda: len(server.sent("stats")) >= 1)
         sent = server.sent("stats")
-    assert s["gpu_wait_s"] == 0.0 and s["data_wait_s"] == s["wait_s"], s
+    assert s["gpu_wait_s"] == 0.0, s
+    assert s["data_wait_s"] == s["wait_s"], s
     assert all("gpu_wait_ns" not in m for m in sent), sent
 
 

@@ -489,7 +489,10 @@ mod tests {
         assert!(p.contains("ringfeed_stream_step_seconds{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.05"));
         assert!(p.contains("state=\"filling\"} 2"), "{p}");
         assert!(p.contains("ringfeed_stream_gpu_wait_ratio{stream=\"2\""), "{p}");
-        assert!(p.contains("ringfeed_stream_busy_ratio{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.97"), "{p}");
+        assert!(
+            p.contains("ringfeed_stream_busy_ratio{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.97"),
+            "{p}"
+        );
     }
 
     #[test]

@@ -268,11 +268,7 @@ impl StreamStats {
             samples: self.samples.load(Ordering::Relaxed),
             stage_ns: std::array::from_fn(|i| self.stage_ns[i].load(Ordering::Relaxed)),
             timed: self.timed.load(Ordering::Relaxed),
-            busy_ns: self
-                .occupancy
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .busy_ns(now),
+            busy_ns: self.occupancy.lock().unwrap_or_else(|p| p.into_inner()).busy_ns(now),
             steps: self.steps.load(Ordering::Relaxed),
             wait_ns: self.wait_ns.load(Ordering::Relaxed),
             compute_ns: self.compute_ns.load(Ordering::Relaxed),

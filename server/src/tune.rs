@@ -414,8 +414,7 @@ impl Tuner {
                     want: threads,
                     depth: o.depth,
                     signals,
-                    reason: (threads != o.threads)
-                        .then(|| format!("pinned by the client: {threads} decode threads")),
+                    reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} decode threads")),
                     limit: format!(
                         "{} (pinned by the client)",
                         limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
@@ -573,7 +572,10 @@ impl Tuner {
             }
             let mut by_wait = auto.clone();
             by_wait.sort_by(|&a, &b| {
-                let (wa, wb) = (wants[a].signals.wait.unwrap_or(1.0), wants[b].signals.wait.unwrap_or(1.0));
+                let (wa, wb) = (
+                    wants[a].signals.wait.unwrap_or(1.0),
+                    wants[b].signals.wait.unwrap_or(1.0),
+                );
                 wb.total_cmp(&wa).then(a.cmp(&b))
             });
             for &i in by_wait.iter().cycle().take(free.saturating_sub(given) as usize) {
@@ -609,7 +611,15 @@ impl Tuner {
 
 /// The interval's reading: whether the loop waits for data (smoothed, against its floor's
 /// bands) and what its threads did meanwhile.
-fn limit_of(cfg: &Config, o: &Observation, s: &Signals, smoothed: Option<f64>, bands: Bands, cap: u32, base: u32) -> Limit {
+fn limit_of(
+    cfg: &Config,
+    o: &Observation,
+    s: &Signals,
+    smoothed: Option<f64>,
+    bands: Bands,
+    cap: u32,
+    base: u32,
+) -> Limit {
     match smoothed {
         None => Limit::Unmeasured,
         // Waiting: on average (one interval's spike buys nothing) and now (an average still
@@ -1246,7 +1256,13 @@ mod tests {
     }
 
     /// `drive`, returning every decision (for its reasons and readings) and the depths.
-    fn drive_all(tuner: &mut Tuner, sim: &mut Sim, mut threads: u32, ticks: usize, budget: u32) -> Vec<(Decision, u32)> {
+    fn drive_all(
+        tuner: &mut Tuner,
+        sim: &mut Sim,
+        mut threads: u32,
+        ticks: usize,
+        budget: u32,
+    ) -> Vec<(Decision, u32)> {
         let mut out = Vec::new();
         let mut depth = 3;
         for _ in 0..ticks {
@@ -1341,15 +1357,24 @@ mod tests {
             for (d, _) in &trace {
                 assert_eq!(d.depth, 3, "depth grew: {d:?}");
                 let reason = d.reason.as_deref().unwrap_or("");
-                assert!(!reason.contains("thread more") && !reason.contains("batch more"), "{d:?}");
+                assert!(
+                    !reason.contains("thread more") && !reason.contains("batch more"),
+                    "{d:?}"
+                );
             }
             // From 15 threads down to the model's 4; a probe of 3 is undone (3 are too few).
-            assert!(trace.windows(2).all(|w| w[1].1 <= w[0].1 || w[1].0.reason.as_deref().unwrap_or("").starts_with("probe: with 3")), "{trace:?}");
+            assert!(
+                trace
+                    .windows(2)
+                    .all(|w| w[1].1 <= w[0].1 || w[1].0.reason.as_deref().unwrap_or("").starts_with("probe: with 3")),
+                "{trace:?}"
+            );
             let (last, threads) = trace.last().unwrap();
             assert_eq!(*threads, 4, "{last:?}");
             assert!(last.gpu_wait.unwrap() > 0.6 && last.wait.unwrap() < 0.01, "{last:?}");
             assert!(
-                last.limit.starts_with("fed, the GPU is the limit: the training loop waits for data 0."),
+                last.limit
+                    .starts_with("fed, the GPU is the limit: the training loop waits for data 0."),
                 "{}",
                 last.limit
             );
@@ -1401,7 +1426,11 @@ mod tests {
         let mut o = obs(1, 4, 2, c, 64, 4);
         o.active = Some(Duration::from_millis(100));
         let d = tuner.tick(TICK, 15, 16, &[o]);
-        assert_eq!((d[0].threads, d[0].depth, d[0].reason.as_deref()), (4, 2, None), "{d:?}");
+        assert_eq!(
+            (d[0].threads, d[0].depth, d[0].reason.as_deref()),
+            (4, 2, None),
+            "{d:?}"
+        );
         // Its busy share counts from the start: 220 ms of thread time in 4 × 100 ms.
         assert!((d[0].busy.unwrap() - 0.55).abs() < 1e-9, "{d:?}");
         assert!(d[0].limit.starts_with("starting: "), "{}", d[0].limit);
@@ -1435,7 +1464,11 @@ mod tests {
             Limit::Cpu.describe(&s, 0.632, 15),
             "the CPU is the limit (15 decode threads at most): the training loop waits for data 63.2% of its time (and 2.1% behind its own GPU work); its 15 decode threads are 98% busy"
         );
-        assert!(Limit::Depth.describe(&one, 1.0, 4).starts_with("bursts: the training loop waits for data"));
+        assert!(
+            Limit::Depth
+                .describe(&one, 1.0, 4)
+                .starts_with("bursts: the training loop waits for data")
+        );
         assert!(
             Limit::Latency
                 .describe(&one, 1.0, 4)

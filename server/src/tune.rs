@@ -267,8 +267,8 @@ impl Limit {
         match self {
             Limit::Unmeasured => "the client sends no stats: the training loop's wait is not known".into(),
             Limit::Starting => format!(
-                "starting: too early to read the training loop (its first batches; it waited for data {:.1}% of this interval)",
-                s.wait.unwrap_or(0.0) * 100.0
+                "starting, too early to act on (the stream's first batches): {}",
+                s.reading(s.wait.unwrap_or(0.0))
             ),
             Limit::Fed => match s.gpu_wait {
                 Some(g) if g > wait => format!("fed, the GPU is the limit: {reading}"),
@@ -366,9 +366,13 @@ impl Tuner {
             let d = &o.delta;
             // The interval of the first `start` (the threads idled before it for want of any work:
             // the busy share counts from it) and the first with steps (the loop's wait in it is
-            // its first batch's latency, and its first step has no compute): reported, but
-            // neither learned from nor acted on.
-            let active_ns = o.active.map_or(interval_ns, |a| (a.as_nanos() as f64).min(interval_ns));
+            // its first batch's latency): its wait is reported, but neither learned from nor acted
+            // on.
+            // (A stream that never started has no work to measure its threads against.)
+            let active_ns = match o.active {
+                Some(a) if !a.is_zero() => (a.as_nanos() as f64).min(interval_ns),
+                _ => interval_ns,
+            };
             let first = active_ns < interval_ns || (d.steps > 0 && !st.stepped);
             st.stepped |= d.steps > 0;
             let signals = Signals::of(d, o.threads, active_ns.max(1.0), o.reports_gpu_wait);
@@ -383,7 +387,7 @@ impl Tuner {
                 };
                 st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
             }
-            if d.steps > 0 && !first {
+            if d.steps > 0 {
                 // The loop's own step: its compute and its wait behind its GPU, which more data
                 // would not shorten (the rate it can consume at is B / this).
                 let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
@@ -1433,7 +1437,13 @@ mod tests {
         );
         // Its busy share counts from the start: 220 ms of thread time in 4 × 100 ms.
         assert!((d[0].busy.unwrap() - 0.55).abs() < 1e-9, "{d:?}");
-        assert!(d[0].limit.starts_with("starting: "), "{}", d[0].limit);
+        assert!(
+            d[0].limit.starts_with(
+                "starting, too early to act on (the stream's first batches): the training loop waits for data 100.0% of its time"
+            ),
+            "{}",
+            d[0].limit
+        );
     }
 
     #[test]

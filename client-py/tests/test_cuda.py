@@ -111,7 +111,8 @@ def test_time_behind_a_busy_gpu_is_not_a_wait_for_data(serve: Callable[..., Fake
     server = serve(dataset_len=32 * 16, protocol=(1, 2))
     with make(server, 32, 64, device="cuda", slots=2) as loader:
         copier = loader._res.cuda
-        cycles = int(torch.cuda.get_device_properties(0).clock_rate * 1e3 * 0.02)  # ~20 ms
+        khz = torch.cuda.get_device_properties(copier.device).clock_rate or 2_000_000  # 0 where CUDA drops it
+        cycles = int(khz * 1e3 * 0.02)  # ~20 ms
         for _ in loader:
             with torch.cuda.stream(copier.stream):
                 torch.cuda._sleep(cycles)  # the next copy queues behind it

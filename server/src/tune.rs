@@ -298,7 +298,8 @@ struct StreamState {
     stable: u32,
     /// A probe of one thread fewer in progress.
     probe: Option<Probe>,
-    /// A probe found this many threads too few: no probe goes below `floor + 1` in this regime.
+    /// A probe (or the feedback, adding a thread) found this many threads too few: neither a
+    /// probe nor shedding goes below `floor + 1` in this regime.
     floor: u32,
     /// The loop's step time when the probes' corrections were learned.
     regime_step: Option<f64>,
@@ -387,7 +388,9 @@ impl Tuner {
                 };
                 st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
             }
-            if d.steps > 0 {
+            // (A first interval whose only step is the first, which has no compute, says nothing
+            // about the step.)
+            if d.steps > 0 && (!first || d.compute_ns > 0) {
                 // The loop's own step: its compute and its wait behind its GPU, which more data
                 // would not shorten (the rate it can consume at is B / this).
                 let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
@@ -673,6 +676,10 @@ fn decide(
                 match limit {
                     Limit::Threads if base < cap => {
                         st.extra += 1;
+                        // These threads, saturated, leave the loop waiting: too few in this
+                        // regime, for shedding and probes alike.
+                        st.floor = st.floor.max(o.threads);
+                        st.regime_step.get_or_insert(step);
                         *reason = Some(format!("{}: one decode thread more", signals.reading(w)));
                     }
                     Limit::Depth => {
@@ -693,7 +700,7 @@ fn decide(
         }
         Limit::Fed => {
             st.calm += 1;
-            if st.calm >= cfg.calm_intervals && st.extra > 0 {
+            if st.calm >= cfg.calm_intervals && st.extra > 0 && o.threads > st.floor + 1 {
                 st.extra -= 1;
                 st.calm = 0;
                 *reason = Some(format!(
@@ -1096,9 +1103,8 @@ mod tests {
         // Stream 1 needs 7.7 threads (8.1 with headroom → 9), stream 2 needs 3.84 (4.03 → 5).
         let a = obs(1, 4, 2, busy(50, 0), 256, 4);
         let b = obs(2, 4, 2, busy(100, 300), 256, 4);
-        // The first interval with steps holds the first batch: read, not acted on.
-        let first = tuner.tick(TICK, 10, 16, &[a.clone(), b.clone()]);
-        assert_eq!((first[0].threads, first[1].threads), (4, 4), "{first:?}");
+        // The first interval with steps holds the first batch: its wait is not acted on.
+        tuner.tick(TICK, 10, 16, &[a.clone(), b.clone()]);
         let d = tuner.tick(TICK, 10, 16, &[a, b]);
         assert_eq!(d.iter().map(|d| d.threads).sum::<u32>(), 10);
         // 9:5 of 10 → 6 and 3, and the leftover thread goes to the waiting stream 2.
@@ -1295,6 +1301,7 @@ mod tests {
         let mut threads = 2;
         let mut depth = 3;
         let mut reasons = Vec::new();
+        let mut trace = Vec::new();
         for _ in 0..40 {
             let mut c = sim.interval(threads, TICK);
             c.compute_ns = c.compute_ns * 100 / 60; // misreported
@@ -1305,7 +1312,10 @@ mod tests {
             }
             threads = d[0].threads;
             depth = d[0].depth;
+            trace.push(threads);
         }
+        // The thread the feedback added is not shed again into the same wait (no 6 ↔ 7 cycle).
+        assert!(trace[20..].iter().all(|&t| t == threads), "{trace:?}: {reasons:?}");
         assert!(
             reasons.iter().any(|r| r.ends_with("% busy: one decode thread more")),
             "{reasons:?}"

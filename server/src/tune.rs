@@ -240,6 +240,8 @@ impl Signals {
 pub enum Limit {
     /// The client sends no `stats`: nothing to read.
     Unmeasured,
+    /// The client reports, but no step of its loop ended in the interval (a long step, a pause).
+    NoStep,
     /// The stream's first interval of work (its first `start`), or no sample or step measured
     /// yet: nothing to act on.
     Starting,
@@ -266,6 +268,12 @@ impl Limit {
         let reading = s.reading(wait);
         match self {
             Limit::Unmeasured => "the client sends no stats: the training loop's wait is not known".into(),
+            Limit::NoStep => format!(
+                "no step of the training loop ended in this interval (a long step, or a pause); its {} decode thread{} {:.0}% busy",
+                s.threads,
+                if s.threads == 1 { " was" } else { "s were" },
+                s.busy * 100.0
+            ),
             Limit::Starting => format!(
                 "starting, too early to act on (the stream's first batches): {}",
                 s.reading(s.wait.unwrap_or(0.0))
@@ -404,6 +412,7 @@ impl Tuner {
                 let threads = o.max_threads.unwrap_or(pool).clamp(1, pool);
                 let bands = cfg.bands(st.wait_floor);
                 let limit = match smoothed {
+                    None if o.reported => Limit::NoStep,
                     None => Limit::Unmeasured,
                     Some(w) if w > bands.waiting => {
                         if signals.busy >= cfg.saturated {
@@ -556,6 +565,8 @@ impl Tuner {
             };
             if first && o.reported {
                 limit = Limit::Starting;
+            } else if limit == Limit::Unmeasured && o.reported && d.steps == 0 {
+                limit = Limit::NoStep;
             }
             let limit = limit.describe(&signals, st.wait.or(signals.wait).unwrap_or(0.0), cap);
             wants.push(Want {
@@ -709,7 +720,7 @@ fn decide(
                 ));
             }
         }
-        Limit::Near | Limit::Unmeasured | Limit::Starting => st.calm = 0,
+        Limit::Near | Limit::Unmeasured | Limit::NoStep | Limit::Starting => st.calm = 0,
     }
     // Grow as soon as the model asks for more; shrink only when it asks for clearly fewer
     // (`band`), so a need near a whole number does not flap.
@@ -1488,6 +1499,10 @@ mod tests {
             Limit::Depth
                 .describe(&one, 1.0, 4)
                 .starts_with("bursts: the training loop waits for data")
+        );
+        assert_eq!(
+            Limit::NoStep.describe(&one, 0.0, 4),
+            "no step of the training loop ended in this interval (a long step, or a pause); its 1 decode thread was 11% busy"
         );
         assert!(
             Limit::Latency

@@ -56,6 +56,10 @@ def make_model(name: str) -> nn.Module:
     return m.cuda().to(memory_format=torch.channels_last)
 
 
+#: The snapshot members of the stream the timeline keeps.
+WATCHED = ("threads", "depth", "busy", "wait", "gpu_wait", "samples_per_s", "stage_us", "limit", "tune")
+
+
 class Watch:
     """Polls the server's snapshot every 0.5 s while the timed steps run (ringfeed runs only)."""
 
@@ -80,10 +84,7 @@ class Watch:
             for st in snap["streams"]:
                 self.timeline.append(
                     {"t": round(time.perf_counter() - self.t0, 2), "pool_busy": snap["server"]["busy"]}
-                    | {
-                        k: st.get(k)
-                        for k in ("threads", "depth", "busy", "wait", "gpu_wait", "samples_per_s", "limit", "tune")
-                    }
+                    | {k: st.get(k) for k in WATCHED}
                 )
 
     def stop(self) -> list[dict]:

@@ -19,6 +19,11 @@ Each run skips 20 warm-up steps, then times `--steps` steps, and reports two sha
   loader keeps up, this still includes back-pressure from a GPU that is behind (a CUDA loader's
   `next()` waits for its copy, which queues behind the GPU's work), so for a GPU-bound model it
   measures the GPU's lead, not a wait for data.
+For ringfeed, also what the loader and the server measured over the timed steps (protocol 1.2):
+the loop's wait split into the wait for data and the time behind its own GPU (`Loader.stats()`),
+and, every 0.5 s, the server's view of the stream (`ringfeed.snapshot`): decode threads and their
+busy share, depth, the wait the autotuner acts on, and its reading (`limit`) and last change
+(`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(threads=N)`), e.g. 6.
 Writes gpu.json and gpu.md into --out.
 """
 
@@ -31,6 +36,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,7 +56,45 @@ def make_model(name: str) -> nn.Module:
     return m.cuda().to(memory_format=torch.channels_last)
 
 
-def train(model: nn.Module, batches, steps: int) -> dict:
+#: The snapshot members of the stream the timeline keeps.
+WATCHED = ("threads", "depth", "busy", "wait", "gpu_wait", "samples_per_s", "stage_us", "limit", "tune")
+
+
+class Watch:
+    """Polls the server's snapshot every 0.5 s while the timed steps run (ringfeed runs only)."""
+
+    def __init__(self, sock: str) -> None:
+        self.sock, self.timeline, self._stop = sock, [], threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.t0 = time.perf_counter()
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import ringfeed
+
+        while not self._stop.wait(0.5):
+            try:
+                snap = ringfeed.snapshot(self.sock, timeout=5.0)
+            except Exception as e:  # a bench keeps going; the error is recorded
+                self.timeline.append({"t": round(time.perf_counter() - self.t0, 2), "error": str(e)})
+                continue
+            for st in snap["streams"]:
+                self.timeline.append(
+                    {"t": round(time.perf_counter() - self.t0, 2), "pool_busy": snap["server"]["busy"]}
+                    | {k: st.get(k) for k in WATCHED}
+                )
+
+    def stop(self) -> list[dict]:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        return self.timeline
+
+
+def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> dict:
     """Runs WARMUP + steps steps from `batches` (an iterator of (x, y) on the GPU)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -63,6 +107,9 @@ def train(model: nn.Module, batches, steps: int) -> dict:
         if step == WARMUP:
             torch.cuda.synchronize()
             start, wait = time.perf_counter(), 0.0
+            client0 = LOADERS[0].stats(server=False) if watch is not None and LOADERS else None
+            if watch is not None:
+                watch.start()
         t = time.perf_counter()
         x, y = next(batches)
         wait += time.perf_counter() - t
@@ -82,12 +129,24 @@ def train(model: nn.Module, batches, steps: int) -> dict:
     torch.cuda.synchronize()
     total = time.perf_counter() - start
     idle = sum(a.elapsed_time(b) for a, b in gaps) / 1000
-    return {
+    out = {
         "img_per_s": steps * BATCH / total,
         "gpu_idle_share": idle / total,
         "wait_share": wait / total,
         "seconds": total,
     }
+    if watch is not None:
+        timeline = watch.stop()
+        if client0 is not None:
+            c1 = LOADERS[0].stats(server=False)
+            d = {k: c1[k] - client0[k] for k in ("wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches")}
+            whole = max(d["wait_s"] + d["compute_s"], 1e-9)
+            out["loader"] = d | {"data_wait_share": d["data_wait_s"] / whole, "gpu_wait_share": d["gpu_wait_s"] / whole}
+        out["server_timeline"] = timeline
+        last = next((e for e in reversed(timeline) if "limit" in e), None)
+        if last is not None:
+            out["server_last"] = last
+    return out
 
 
 def ceiling_batches():
@@ -137,7 +196,11 @@ def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
             yield x, y.cuda(non_blocking=True)
 
 
-def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc"):
+#: The ringfeed loader of the current run (for its stats after the run).
+LOADERS: list = []
+
+
+def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc", threads: int | None = None):
     import ringfeed
 
     norm = ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -155,7 +218,9 @@ def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc"):
         socket=sock,
         layout="NHWC",
         slots=6,
+        threads=threads,
     )
+    LOADERS[:] = [ld]
     epoch = 0
     while True:
         ld.set_epoch(epoch)
@@ -178,6 +243,7 @@ def main() -> None:
         help="rrc: RandomResizedCrop + flip; full: + TrivialAugmentWide + Normalize + RandomErasing(0.25)",
     )
     ap.add_argument("--out", type=Path, default=Path())
+    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), the autotuner's bound")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
 
@@ -198,9 +264,10 @@ def main() -> None:
                 batches = {
                     "ceiling": lambda: ceiling_batches(),
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
-                    "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe),
+                    "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap),
                 }[loader]()
-                r = train(model, batches, a.steps)
+                r = train(model, batches, a.steps, Watch(sock) if loader == "ringfeed" else None)
+                LOADERS.clear()
                 r.update(
                     {
                         "model": name,
@@ -212,7 +279,7 @@ def main() -> None:
                     }
                 )
                 results.append(r)
-                print(json.dumps(r), flush=True)
+                print(json.dumps({k: v for k, v in r.items() if k != "server_timeline"}), flush=True)
                 del batches, model
                 torch.cuda.empty_cache()
     finally:
@@ -252,6 +319,31 @@ def main() -> None:
         "over the total. Loop blocked in next(): wall time inside next(); for a GPU-bound model fed by a",
         "CUDA loader it includes back-pressure from the GPU (see the module docstring).",
     ]
+    signals = [r for r in results if "loader" in r or "server_last" in r]
+    if signals:
+        lines += [
+            "",
+            "## ringfeed: what the loader and the server measured (timed steps)",
+            "",
+            "| model | next(): waiting for data | next(): behind the GPU | server: threads | busy | wait (tuner) "
+            "| GPU wait | samples/s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        pct = lambda v: "-" if v is None else f"{v * 100:.1f} %"  # noqa: E731
+        for r in signals:
+            ld, sv = r.get("loader", {}), r.get("server_last", {})
+            lines.append(
+                f"| {r['model']} | {pct(ld.get('data_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
+                f"| {sv.get('threads', '-')} | {pct(sv.get('busy'))} | {pct(sv.get('wait'))} "
+                f"| {pct(sv.get('gpu_wait'))} "
+                f"| {sv.get('samples_per_s', '-')} |"
+            )
+        lines.append("")
+        for r in signals:
+            sv = r.get("server_last", {})
+            lines += [f"- {r['model']}: limit: {sv.get('limit', '-')}", f"  last change: {sv.get('tune', '-')}"]
+        lines.append("")
+        lines.append("The server's timeline (every 0.5 s) is in gpu.json, `server_timeline`.")
     (a.out / "gpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -15,7 +15,9 @@ from ._version import __version__
 def snapshot(socket: str | os.PathLike[str] | None = None, *, timeout: float = 10.0) -> dict[str, Any]:
     """The server's state now: ``{"server": {...}, "streams": [{...}, ...]}`` (control.md,
     "snapshot"): per stream its slots, threads, depth, samples/s, the training loop's wait share
-    and per-stage times.
+    and per-stage times; from a 1.2 server also its wait behind its own GPU (``gpu_wait``, apart
+    from ``wait``, the wait for data), its threads' ``busy`` share and ``limit``, what limits the
+    loop now.
 
     Args:
         socket: the server's socket (default: as for ``Loader``).

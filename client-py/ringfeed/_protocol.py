@@ -51,6 +51,7 @@ __all__ = [
     "decode_frame",
     "decode_payload",
     "encode",
+    "stats_message",
 ]
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
@@ -96,6 +97,21 @@ _OPTIONAL: dict[str, dict[str, str]] = {
 # How many descriptors one recvmsg can take; a ring brings one, more than this is refused.
 _MAX_FDS = 8
 _FD = array.array("i")
+
+
+def stats_message(
+    steps: int, wait_ns: int, compute_ns: int, gpu_wait_ns: int | None = None, *, minor: int = PROTOCOL[1]
+) -> dict[str, Any]:
+    """A ``stats`` message (control.md, ``stats``) for a session of protocol minor ``minor``.
+
+    ``wait_ns`` is the whole time spent inside the requests for a batch; ``gpu_wait_ns`` (1.2, CUDA
+    mode only: ``None`` leaves it out) the part of it spent behind the client's own GPU, so the
+    wait for data is the difference. It is clamped to ``0 ..= wait_ns`` and sent only to 1.2 peers.
+    """
+    msg: dict[str, Any] = {"type": "stats", "steps": steps, "wait_ns": wait_ns, "compute_ns": compute_ns}
+    if gpu_wait_ns is not None and minor >= 2:
+        msg["gpu_wait_ns"] = min(max(gpu_wait_ns, 0), wait_ns)
+    return msg
 
 
 def encode(message: Mapping[str, Any]) -> bytes:

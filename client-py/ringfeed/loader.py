@@ -18,6 +18,13 @@ loader, and every held slot is released exactly once:
 - CUDA mode: the slot is copied to the GPU on a side stream, and released once the copy's event
   has completed (polled at every batch; awaited when the loader would otherwise wait on the
   server while holding every slot, and at ``close()``). The user never sees ring memory.
+
+Wait (``stats()``, the server's autotuner): the time inside ``next()`` is ``wait_s``. In CUDA mode
+part of it is spent behind the GPU, not waiting for data: in the copy's launches (the copy, the
+normalisation, the training stream's wait on it), which block while the GPU's launch queue is full,
+and waiting for a copy's event, which queues behind the model's kernels. That part is
+``gpu_wait_s``, sent to the server as ``gpu_wait_ns`` (protocol 1.2), which tunes on the rest, the
+wait for data (``data_wait_s``).
 - ``ready`` messages of a run the loader no longer wants (an earlier iteration) are released at
   once, unread.
 
@@ -43,7 +50,7 @@ from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
 from ._observe import snapshot
-from ._protocol import PROTOCOL, Connection, check_server_message
+from ._protocol import PROTOCOL, Connection, check_server_message, stats_message
 from ._ring import Segment
 from ._sidecar import connect, default_socket_path
 from ._transforms import Views, as_views
@@ -333,11 +340,13 @@ class Loader:
         self._yielded: collections.deque[tuple[int, list[weakref.ref[Any]]]] = collections.deque()
         self._broken: BaseException | None = None
         self._closed = False
-        self._stats = {"batches": 0, "wait_s": 0.0, "compute_s": 0.0, "skipped": 0, "reconnects": 0}
+        self._stats = {"batches": 0, "wait_s": 0.0, "gpu_wait_s": 0.0, "compute_s": 0.0, "skipped": 0, "reconnects": 0}
         self._reconnects_in_row = 0  # re-establishments since the last batch or `end` (see `_recover`)
-        self._pending_stats = [0, 0, 0]  # steps, wait_ns, compute_ns since the last `stats` message
+        self._pending_stats = [0, 0, 0, 0]  # steps, wait_ns, compute_ns, gpu_wait_ns since the last `stats`
+        self._gpu_s = 0.0  # of the current next(), the time spent behind the GPU (CUDA mode)
         self._stats_sent = time.perf_counter()
-        self._log_mark = (time.perf_counter(), 0, 0.0, 0.0)  # time, batches, wait_s, compute_s at the last log line
+        # time, batches, wait_s, compute_s, gpu_wait_s at the last log line
+        self._log_mark = (time.perf_counter(), 0, 0.0, 0.0, 0.0)
         self._last_return: float | None = None
         try:
             self._connect()
@@ -596,6 +605,7 @@ class Loader:
             )
         self._check_usable()
         t0 = time.perf_counter()
+        self._gpu_s = 0.0
         self._release_due()
         while True:
             msg = self._next_message()
@@ -636,8 +646,17 @@ class Loader:
             got = self._recv(poll=True)
             if got is not None:
                 return got[0]
-            self._res.release(cuda.wait_oldest())
+            self._res.release(self._behind_gpu(cuda.wait_oldest))
         return self._recv()[0]
+
+    def _behind_gpu(self, fn: Any, *args: Any) -> Any:
+        """Runs ``fn`` (a CUDA call that may block behind the GPU's queued work), counting its time
+        as back-pressure, not as a wait for data."""
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self._gpu_s += time.perf_counter() - t
 
     def _on_ready(self, msg: dict[str, Any]) -> tuple[int, Any] | None:
         """Takes ownership of the slot; returns ``(slot, header)``, or ``None`` for a stale run's."""
@@ -692,7 +711,8 @@ class Loader:
                 res.release(slot)
                 raise
         if res.cuda is not None:
-            out = res.cuda.copy(views, slot, None if post is None else lambda o: post(o, header.epoch, header.batch))
+            hook = None if post is None else (lambda o: post(o, header.epoch, header.batch))
+            out = self._behind_gpu(res.cuda.copy, views, slot, hook)
         elif post is not None:
             # The batch ops make new tensors; copy whatever they left as a view of the ring, and
             # hand the slot back now.
@@ -716,7 +736,7 @@ class Loader:
         while len(self._yielded) >= self.hold:
             res.release(self._yielded.popleft()[0])
         if res.cuda is not None:
-            for slot in res.cuda.completed():
+            for slot in self._behind_gpu(res.cuda.completed):
                 res.release(slot)
 
     def _release_yielded(self, *, unreferenced_only: bool = False) -> None:
@@ -785,38 +805,47 @@ class Loader:
     def _count_step(self, t0: float) -> None:
         now = time.perf_counter()
         wait = now - t0
+        gpu = min(self._gpu_s, wait)
         compute = t0 - self._last_return if self._last_return is not None else 0.0
         self._last_return = now
         self._stats["batches"] += 1
         self._stats["wait_s"] += wait
+        self._stats["gpu_wait_s"] += gpu
         self._stats["compute_s"] += compute
         p = self._pending_stats
         p[0] += 1
         p[1] += int(wait * 1e9)
         p[2] += int(compute * 1e9)
+        p[3] += int(gpu * 1e9)
         if p[0] >= STATS_EVERY or now - self._stats_sent >= STATS_PERIOD:
             conn = self._res.conn
             assert conn is not None
+            msg = stats_message(
+                p[0], p[1], p[2], p[3] if self._res.cuda is not None else None, minor=self.server_protocol[1]
+            )
             # The batch is already counted as delivered: a server that died since is reported by
             # the next receive (or recovered from), not here, where the batch would be lost.
             with contextlib.suppress(ServerDiedError):
-                conn.send({"type": "stats", "steps": p[0], "wait_ns": p[1], "compute_ns": p[2]})
-            p[:] = [0, 0, 0]
+                conn.send(msg)
+            p[:] = [0, 0, 0, 0]
             self._stats_sent = now
         if self.log_every is not None and self._stats["batches"] % self.log_every == 0:
             self._log_line(now)
 
     def _log_line(self, now: float) -> None:
-        t0, b0, w0, c0 = self._log_mark
+        t0, b0, w0, c0, g0 = self._log_mark
         st = self._stats
-        self._log_mark = (now, st["batches"], st["wait_s"], st["compute_s"])
+        self._log_mark = (now, st["batches"], st["wait_s"], st["compute_s"], st["gpu_wait_s"])
         batches, wait, compute = st["batches"] - b0, st["wait_s"] - w0, st["compute_s"] - c0
+        gpu = st["gpu_wait_s"] - g0
         rate = batches * self.batch_size / max(now - t0, 1e-9)
-        share = wait / max(wait + compute, 1e-9)
+        total = max(wait + compute, 1e-9)
+        behind = f", behind its GPU {gpu / total:.1%}" if self._res.cuda is not None else ""
         server = self._server_view()
         tuned = f" (server: {server['threads']} threads, depth {server['depth']})" if server else ""
         print(
-            f"ringfeed: batch {st['batches']}: {rate:.0f} samples/s, waiting for data {share:.1%} of the time{tuned}",
+            f"ringfeed: batch {st['batches']}: {rate:.0f} samples/s; the training loop waited for data "
+            f"{(wait - gpu) / total:.1%} of its time{behind}{tuned}",
             file=sys.stderr,
             flush=True,
         )
@@ -893,7 +922,7 @@ class Loader:
             ) from cause
         self._broken = None
         self._run = self._last_seq = 0
-        self._pending_stats = [0, 0, 0]
+        self._pending_stats = [0, 0, 0, 0]
         self._stats["reconnects"] += 1
 
     # -- epochs, state ------------------------------------------------------------------------------
@@ -964,18 +993,27 @@ class Loader:
     # -- life cycle ---------------------------------------------------------------------------------
 
     def stats(self, server: bool = True) -> dict[str, Any]:
-        """Counters since construction: ``batches``, ``wait_s`` (time spent waiting for batches),
-        ``compute_s`` (time between batches), ``skipped`` (samples left out under ``on_error="skip"``),
-        ``wait_share`` (``wait_s`` over ``wait_s + compute_s``).
+        """Counters since construction: ``batches``, ``wait_s`` (time spent inside ``next()``),
+        ``gpu_wait_s`` (the part of it spent behind the GPU in CUDA mode: a copy's launch or event
+        queued behind the model's work; 0 on the CPU), ``data_wait_s`` (the rest: waiting for the
+        server's data), ``compute_s`` (time between batches), ``skipped`` (samples left out under
+        ``on_error="skip"``), and the shares of ``wait_s + compute_s``: ``wait_share``,
+        ``data_wait_share``, ``gpu_wait_share``.
 
         With ``server`` (and a 1.1 server), ``"server"`` holds what the server measures for this
         stream, as ``ringfeed top`` shows it: ``threads``, ``depth``, ``slots``, ``samples_per_s``,
-        ``wait``, ``step_ms``, ``stage_us`` (read/decode/transform/write per sample), ``tune``
-        (the autotuner's last decision). ``None`` when the server cannot say.
+        ``wait`` (1.2: for data, net of the GPU wait), ``step_ms``, ``stage_us``
+        (read/decode/transform/write per sample), ``tune`` (the autotuner's last decision); from a
+        1.2 server also ``gpu_wait``, ``busy`` (the share of the stream's allotted decode threads'
+        time spent on its samples) and ``limit`` (what limits the loop now). ``None`` when the
+        server cannot say.
         """
         out: dict[str, Any] = dict(self._stats)
+        out["data_wait_s"] = max(out["wait_s"] - out["gpu_wait_s"], 0.0)
         total = out["wait_s"] + out["compute_s"]
         out["wait_share"] = out["wait_s"] / total if total > 0 else 0.0
+        out["data_wait_share"] = out["data_wait_s"] / total if total > 0 else 0.0
+        out["gpu_wait_share"] = out["gpu_wait_s"] / total if total > 0 else 0.0
         if server:
             out["server"] = self._server_view()
         return out

@@ -224,7 +224,17 @@ class FakeServer:
         if b > self.dataset_len:
             self._error(s, "bad_request", f"batch_size {b} is larger than the dataset ({self.dataset_len} samples)")
             return None
-        h, w = op["transform"]["size"]
+        if "pipeline" in op:
+            # A 1.2 client: the one view's fixed size, which the fake server's ops need not run (the
+            # pipelines' own tests use the real server). The fake fills a slot with the sample index.
+            views = op["pipeline"]["views"]
+            if len(views) != 1 or views[0].get("name", "image") != "image" or views[0].get("count", 1) != 1:
+                self._error(s, "bad_request", "the fake server serves one view named image")
+                return None
+            size = next(o["size"] for o in reversed(views[0]["ops"]) if "size" in o)
+            h, w = (size * 2)[:2] if len(size) == 1 else size
+        else:
+            h, w = op["transform"]["size"]
         names = op.get("fields", ["image", "label"])
         fields = standard_fields(h, w, layout_=op.get("layout", "NHWC"), extras=tuple(names))
         slots = op.get("slots", 4)

@@ -151,3 +151,24 @@ def test_batch_ops_on_the_gpu_equal_the_cpu_path(tmp_path: Any) -> None:
     for (a, la), (b, lb) in zip(out["cpu"], out["cuda"], strict=True):
         assert torch.allclose(la, lb)
         assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_time_behind_a_busy_gpu_is_not_a_wait_for_data(serve: Callable[..., FakeServer]) -> None:
+    """Copies queued behind GPU work (here a 20 ms spin kernel on the copy stream before each batch) make next()
+    wait for the copy's event; that time is reported as gpu_wait_ns to a 1.2 server, apart from the wait for data."""
+    server = serve(dataset_len=32 * 16, protocol=(1, 2))
+    with make(server, 32, 64, device="cuda", slots=2) as loader:
+        copier = loader._res.cuda
+        khz = torch.cuda.get_device_properties(copier.device).clock_rate or 2_000_000  # 0 where CUDA drops it
+        cycles = int(khz * 1e3 * 0.02)  # ~20 ms
+        for _ in loader:
+            with torch.cuda.stream(copier.stream):
+                torch.cuda._sleep(cycles)  # the next copy queues behind it
+        s = loader.stats(server=False)
+        server.wait(lambda: len(server.sent("stats")) >= 1)
+        sent = server.sent("stats")
+    # Two slots: from the third batch on, next() waits for the oldest copy, behind a 20 ms kernel.
+    assert s["gpu_wait_s"] > 0.1, s
+    assert s["gpu_wait_s"] <= s["wait_s"], s
+    assert s["data_wait_s"] < s["gpu_wait_s"], s
+    assert all(0 < m["gpu_wait_ns"] <= m["wait_ns"] for m in sent), sent

@@ -338,9 +338,8 @@ def test_batch_larger_than_dataset_is_a_bad_request(serve: Callable[..., FakeSer
 def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None:
     """A server of another major version answers `version`; the loader raises it with both versions."""
     server = serve(protocol=(2, 0))
-    with pytest.raises(
-        ServerError, match=rf"client speaks protocol \[1, {ringfeed.PROTOCOL[1]}\], this server \(2, 0\)"
-    ) as e:
+    major, minor = ringfeed.PROTOCOL
+    with pytest.raises(ServerError, match=rf"client speaks protocol \[{major}, {minor}\], this server \(2, 0\)") as e:
         make(server)
     assert e.value.code == "version"
 
@@ -348,7 +347,8 @@ def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None
 def test_server_of_another_major_is_refused_by_the_client(serve: Callable[..., FakeServer]) -> None:
     """A server that welcomes this client with another major version is refused, naming both versions."""
     server = serve(protocol=(2, 1), check_version=False)
-    with pytest.raises(ProtocolError, match=rf"speaks protocol 2\.1, but this client speaks 1\.{ringfeed.PROTOCOL[1]}"):
+    major, minor = ringfeed.PROTOCOL
+    with pytest.raises(ProtocolError, match=rf"speaks protocol 2\.1, but this client speaks {major}\.{minor}"):
         make(server)
 
 
@@ -469,6 +469,96 @@ def test_stats_count_batches_and_wait(serve: Callable[..., FakeServer]) -> None:
         assert s["skipped"] == 0
         server.wait(lambda: len(server.sent("stats")) == 1)
         assert server.sent("stats")[0]["steps"] == 16
+
+
+class LaggingGpu:
+    """Stands in for ``_device.CudaCopier`` on the CPU: a GPU that is behind.
+
+    Each copy's launch blocks for ``launch`` seconds (a full launch queue), and its event completes
+    ``lag`` seconds after the previous one (the copies queue behind the model's work), so waiting for
+    the oldest copy blocks. ``blocked`` is the host time spent inside these calls.
+    """
+
+    def __init__(self, lag: float, launch: float) -> None:
+        self.lag, self.launch = lag, launch
+        self.pending: collections.deque[tuple[float, int]] = collections.deque()
+        self.free_at = time.perf_counter()
+        self.blocked = 0.0
+
+    def copy(self, views: dict[str, Any], slot: int, post: Any = None) -> dict[str, Any]:
+        t = time.perf_counter()
+        time.sleep(self.launch)
+        out = {k: v.clone() for k, v in views.items()}
+        self.free_at = max(self.free_at, time.perf_counter()) + self.lag
+        self.pending.append((self.free_at, slot))
+        self.blocked += time.perf_counter() - t
+        return out
+
+    def completed(self) -> list[int]:
+        now, done = time.perf_counter(), []
+        while self.pending and self.pending[0][0] <= now:
+            done.append(self.pending.popleft()[1])
+        return done
+
+    def wait_oldest(self) -> int:
+        t = time.perf_counter()
+        at, slot = self.pending.popleft()
+        time.sleep(max(at - t, 0.0))
+        self.blocked += time.perf_counter() - t
+        return slot
+
+    def wait_all(self) -> list[int]:
+        slots = []
+        while self.pending:
+            slots.append(self.wait_oldest())
+        return slots
+
+    def close(self) -> None:
+        self.wait_all()
+
+
+@pytest.mark.parametrize("protocol", [(1, 2), (1, 1)])
+def test_time_behind_the_gpu_is_reported_apart_from_the_wait_for_data(
+    serve: Callable[..., FakeServer], protocol: tuple[int, int]
+) -> None:
+    """The time next() spends in the copier's calls (a blocking launch, waiting for a copy's event) is gpu_wait_s,
+    inside wait_s and apart from the wait for data, and a 1.2 server gets it as `gpu_wait_ns`; a 1.1 server does not."""
+    server = serve(dataset_len=2 * 24, protocol=protocol)
+    with make(server, 2, slots=2) as loader:
+        gpu = LaggingGpu(lag=0.02, launch=0.002)
+        loader._res.cuda = gpu
+        assert sum(1 for _ in loader) == 24
+        s = loader.stats(server=False)
+        blocked = gpu.blocked  # before close() waits for the last copies
+        server.wait(lambda: len(server.sent("stats")) >= 1)
+        sent = server.sent("stats")
+    # 24 copies 20 ms apart on two slots: most of next() is spent waiting for the oldest copy.
+    assert blocked > 0.3, blocked
+    assert blocked * 0.95 <= s["gpu_wait_s"] <= blocked + 0.05, (s, blocked)
+    assert s["gpu_wait_s"] <= s["wait_s"]
+    assert s["data_wait_s"] == pytest.approx(s["wait_s"] - s["gpu_wait_s"])
+    assert s["gpu_wait_share"] + s["data_wait_share"] == pytest.approx(s["wait_share"])
+    if protocol >= (1, 2):
+        assert all(0 <= m["gpu_wait_ns"] <= m["wait_ns"] for m in sent), sent
+        reported = sum(m["gpu_wait_ns"] for m in sent) / 1e9
+        steps = sum(m["steps"] for m in sent)
+        # Per step, what was sent is what was measured (the steps are alike, but for the first two).
+        assert reported / steps == pytest.approx(s["gpu_wait_s"] / 24, rel=0.5), (sent, s)
+    else:
+        assert all("gpu_wait_ns" not in m for m in sent), sent
+
+
+def test_without_a_gpu_no_time_is_behind_the_gpu(serve: Callable[..., FakeServer]) -> None:
+    """In CPU mode nothing is counted behind the GPU, and `stats` carries no `gpu_wait_ns`, even to a 1.2 server."""
+    server = serve(dataset_len=2 * 20, protocol=(1, 2))
+    with make(server, 2, slots=2) as loader:
+        assert sum(1 for _ in loader) == 20
+        s = loader.stats(server=False)
+        server.wait(lambda: len(server.sent("stats")) >= 1)
+        sent = server.sent("stats")
+    assert s["gpu_wait_s"] == 0.0, s
+    assert s["data_wait_s"] == s["wait_s"], s
+    assert all("gpu_wait_ns" not in m for m in sent), sent
 
 
 # -- the sidecar ------------------------------------------------------------------------------------

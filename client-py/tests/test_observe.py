@@ -161,12 +161,19 @@ def test_a_slow_training_loop_gets_fewer_threads_and_stats_show_why(
                     time.sleep(0.15)
                 server = ld.stats()["server"]
             stats = ld.stats()
-        assert "needs" in server["tune"], server
+        # The last change says why, naming who waits for what (a shed thread's "needs", or a
+        # later depth change of an epoch's start).
+        assert "the training loop" in server["tune"], server
         assert server["step_ms"] > 100, server
         assert 0.0 <= stats["wait_share"] < 0.5, stats
         assert stats["batches"] >= 6
+        # 1.2: the server's reading of the interval, in words, and the allotted thread's busy share
+        # (the loop consumes a fraction of one thread: not all of its time).
+        assert "the training loop waits for data" in server["limit"], server
+        assert 0.0 < server["busy"] < 0.9, server
+        assert server.get("gpu_wait") is None, server  # a CPU loop has no GPU to wait behind
         log = capsys.readouterr().err
-        assert "samples/s, waiting for data" in log, log
+        assert "samples/s; the training loop waited for data" in log, log
         assert "(server: " in log, log
     finally:
         proc.terminate()

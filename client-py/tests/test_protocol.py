@@ -33,6 +33,7 @@ from ringfeed._protocol import (
     decode_frame,
     decode_payload,
     encode,
+    stats_message,
 )
 
 
@@ -489,3 +490,22 @@ def test_vector_bad_frames_are_refused(pair: tuple[Connection, socket.socket], c
     peer.close()
     with pytest.raises(ProtocolError, match=match):
         conn.recv()
+
+
+@needs_vectors
+def test_stats_messages_are_the_vectors() -> None:
+    """The loader's `stats` message is the vectors' byte for byte: 1.2 with `gpu_wait_ns`, and without it to a 1.1
+    server or from a loader with no GPU."""
+    cases = {c["name"]: c for c in load("frames.json")}
+    v12, v11 = cases["stats, 1.2 with gpu wait"], cases["stats"]
+    m = v12["message"]
+    assert encode(stats_message(m["steps"], m["wait_ns"], m["compute_ns"], m["gpu_wait_ns"])).hex() == v12["frame"]
+    m = v11["message"]
+    assert encode(stats_message(m["steps"], m["wait_ns"], m["compute_ns"], None)).hex() == v11["frame"]
+    assert encode(stats_message(m["steps"], m["wait_ns"], m["compute_ns"], 7, minor=1)).hex() == v11["frame"]
+
+
+def test_stats_message_keeps_gpu_wait_within_the_wait() -> None:
+    """`gpu_wait_ns` is part of `wait_ns` (control.md, `stats`): clamped to 0..=wait_ns."""
+    assert stats_message(1, 10, 5, 25)["gpu_wait_ns"] == 10
+    assert stats_message(1, 10, 5, -3)["gpu_wait_ns"] == 0

@@ -121,14 +121,16 @@ pub fn render(s: &Snapshot) -> String {
     }
     let _ = writeln!(
         out,
-        "{:>6} {:>7} {:>5} {:>9} {:>6} {:>6} {:>7} {:>5} {:>13} {:>9} {:>9} {:>8} {:>8} {:>7}  dataset / last tuning",
+        "{:>6} {:>7} {:>5} {:>9} {:>6} {:>6} {:>6} {:>7} {:>5} {:>5} {:>13} {:>9} {:>9} {:>8} {:>8} {:>7}  dataset / limit / last change",
         "stream",
         "pid",
         "epoch",
         "img/s",
-        "wait%",
+        "data%",
+        "gpu%",
         "stepms",
         "threads",
+        "busy%",
         "depth",
         "F/Fi/R/H",
         "read_us",
@@ -145,14 +147,16 @@ pub fn render(s: &Snapshot) -> String {
         let threads = format!("{}{}", t.threads, if t.autotune { "" } else { "*" });
         let _ = writeln!(
             out,
-            "{:>6} {:>7} {:>5} {:>9.1} {:>6} {:>6} {:>7} {:>5} {:>13} {:>9.1} {:>9.1} {:>8.1} {:>8.1} {:>7}  {}",
+            "{:>6} {:>7} {:>5} {:>9.1} {:>6} {:>6} {:>6} {:>7} {:>5} {:>5} {:>13} {:>9.1} {:>9.1} {:>8.1} {:>8.1} {:>7}  {}",
             t.stream,
             t.pid,
             t.epoch,
             t.samples_per_s,
             opt(t.wait, 100.0, 1),
+            opt(t.gpu_wait, 100.0, 1),
             opt(t.step_ms, 1.0, 1),
             threads,
+            opt(t.busy, 100.0, 0),
             t.depth,
             slots,
             t.stage_us.read,
@@ -162,10 +166,14 @@ pub fn render(s: &Snapshot) -> String {
             t.skipped,
             t.dataset
         );
+        if !t.limit.is_empty() {
+            let _ = writeln!(out, "{:>6} limit: {}", "", t.limit);
+        }
         if !t.tune.is_empty() {
             let _ = writeln!(out, "{:>6} tune: {}", "", t.tune);
         }
     }
+    out.push_str("data%: the training loop's time waiting for data; gpu%: waiting behind its own GPU (not for data); busy%: of the stream's threads' time\n");
     out.push_str("slots F/Fi/R/H: free/filling/ready/held; threads* pinned by the client (autotune off)\n");
     out
 }
@@ -272,8 +280,20 @@ pub fn prometheus(s: &Snapshot) -> String {
     metric(
         "ringfeed_stream_wait_ratio",
         "gauge",
-        "Share of the training loop's time spent waiting for data (client-measured).",
+        "Share of the training loop's time spent waiting for data, net of its wait behind its own GPU (client-measured).",
         per(&|t| t.wait),
+    );
+    metric(
+        "ringfeed_stream_gpu_wait_ratio",
+        "gauge",
+        "Share of the training loop's time spent waiting behind its own GPU inside next(), not for data (client-measured).",
+        per(&|t| t.gpu_wait),
+    );
+    metric(
+        "ringfeed_stream_busy_ratio",
+        "gauge",
+        "Share of the stream's allotted decode threads' time spent on its samples over the last interval.",
+        per(&|t| t.busy),
     );
     metric(
         "ringfeed_stream_step_seconds",
@@ -431,6 +451,8 @@ mod tests {
                 skipped: 1,
                 samples_per_s: 4000.0,
                 wait: None,
+                gpu_wait: Some(0.25),
+                busy: Some(0.97),
                 step_ms: Some(50.0),
                 stage_us: StageTimes {
                     read: 1.0,
@@ -439,6 +461,7 @@ mod tests {
                     write: 0.5,
                 },
                 tune: "pinned".into(),
+                limit: "fed, the GPU is the limit: ...".into(),
             }],
         }
     }
@@ -450,6 +473,9 @@ mod tests {
         assert!(t.contains("6*"), "pinned threads are marked: {t}");
         assert!(t.contains("1/2/0/1"), "{t}");
         assert!(t.contains("tune: pinned"), "{t}");
+        assert!(t.contains("limit: fed, the GPU is the limit"), "{t}");
+        assert!(t.contains(" 25.0 "), "the wait behind the GPU, apart: {t}");
+        assert!(t.contains(" 97 "), "the busy share: {t}");
     }
 
     #[test]
@@ -462,6 +488,11 @@ mod tests {
         );
         assert!(p.contains("ringfeed_stream_step_seconds{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.05"));
         assert!(p.contains("state=\"filling\"} 2"), "{p}");
+        assert!(p.contains("ringfeed_stream_gpu_wait_ratio{stream=\"2\""), "{p}");
+        assert!(
+            p.contains("ringfeed_stream_busy_ratio{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.97"),
+            "{p}"
+        );
     }
 
     #[test]

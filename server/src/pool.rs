@@ -360,7 +360,11 @@ fn worker(shared: &Shared, limits: Limits) {
                 sched = shared.wake.wait(sched).unwrap_or_else(|p| p.into_inner());
             }
         };
+        // The stream's busy share counts the whole time this thread is the job's (stats::Occupancy).
+        let stats = Arc::clone(&job.batch.stream.stats);
+        let started = stats.job_started(Instant::now());
         run(&mut processor, &job);
+        stats.job_ended(started, Instant::now());
         let mut sched = shared.lock();
         sched.finished(&job.batch.stream.stats);
         // This stream may run one more job now; a sleeping worker may take it.

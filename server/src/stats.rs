@@ -7,9 +7,14 @@
 //! stores the interval's rates in [`StreamStats::view`]; a snapshot reads that view. All counters
 //! are independent statistics, so `Relaxed` suffices: no reader derives a hand-off from them, and a
 //! snapshot may mix values a few microseconds apart.
+//!
+//! The one exception is [`Occupancy`], the thread-time the pool spends on a stream's jobs: it is
+//! integrated under a small lock, so a reader between two jobs' ends still sees whole numbers (the
+//! jobs running at that moment count up to the moment of reading).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +59,9 @@ pub struct StreamStats {
     pub wake: tokio::sync::Notify,
 
     // Written by the stream's task.
+    /// When the client's first `start` arrived: before it the stream has no work, so its threads'
+    /// idle time then is nobody's shortage (the busy share counts from it).
+    pub first_start: Mutex<Option<Instant>>,
     pub epoch: AtomicU64,
     pub run: AtomicU32,
     pub filling: AtomicU32,
@@ -67,12 +75,21 @@ pub struct StreamStats {
     pub stage_ns: [AtomicU64; STAGES],
     /// Samples whose stage times are in `stage_ns`.
     pub timed: AtomicU64,
+    /// Thread-time the pool's threads spent on this stream's jobs, from the moment a thread took a
+    /// job to the moment it was done with it (everything the stage times cover, and the rest:
+    /// scheduling, the countdown, handing the batch back). The autotuner's `busy` divides it by
+    /// the threads allotted times the interval.
+    pub occupancy: Mutex<Occupancy>,
 
     // Written by the client's `stats` messages.
     pub reported: AtomicBool,
     pub steps: AtomicU64,
     pub wait_ns: AtomicU64,
     pub compute_ns: AtomicU64,
+    /// 1.2: of `wait_ns`, the time the loop waited behind its own GPU work (back-pressure).
+    pub gpu_wait_ns: AtomicU64,
+    /// Whether the client has ever reported `gpu_wait_ns` (a 1.2 client in CUDA mode).
+    pub reports_gpu_wait: AtomicBool,
 
     /// The last interval's rates and the tuner's last decision, for observers.
     pub view: Mutex<IntervalView>,
@@ -82,10 +99,71 @@ pub struct StreamStats {
 #[derive(Debug, Clone, Default)]
 pub struct IntervalView {
     pub samples_per_s: f64,
+    /// The loop's wait for data (net of back-pressure when the client reports it).
     pub wait: Option<f64>,
+    /// The loop's wait behind its own GPU (None: the client does not report it).
+    pub gpu_wait: Option<f64>,
     pub step_ms: Option<f64>,
+    /// The allotted threads' busy share (None: no threads allotted, or no interval yet).
+    pub busy: Option<f64>,
     pub stage_us: [f64; STAGES],
+    /// The tuner's last change and why.
     pub tune: String,
+    /// The tuner's reading of the last interval: what limits the loop.
+    pub limit: String,
+}
+
+/// The thread-time a stream's jobs occupy pool threads: the integral over time of the number of
+/// its jobs running. Jobs report their start and end ([`Occupancy::start`], [`Occupancy::end`]);
+/// [`Occupancy::busy_ns`] counts the running ones up to the moment asked, so an interval's
+/// difference is exact even when jobs are long against the interval.
+#[derive(Debug)]
+pub struct Occupancy {
+    /// The clock's origin: instants are kept as nanoseconds since it.
+    origin: Instant,
+    /// Thread-nanoseconds of the jobs that ended.
+    ended_ns: u128,
+    /// Jobs running now.
+    running: u64,
+    /// The sum of the running jobs' start times (ns since `origin`).
+    started_ns: u128,
+}
+
+impl Occupancy {
+    pub fn new(origin: Instant) -> Self {
+        Occupancy {
+            origin,
+            ended_ns: 0,
+            running: 0,
+            started_ns: 0,
+        }
+    }
+
+    fn ns(&self, t: Instant) -> u128 {
+        t.saturating_duration_since(self.origin).as_nanos()
+    }
+
+    /// A thread took a job at `now`; returns the start to hand to [`Occupancy::end`].
+    pub fn start(&mut self, now: Instant) -> Instant {
+        self.running += 1;
+        self.started_ns += self.ns(now);
+        now
+    }
+
+    /// The job that [`Occupancy::start`]ed at `started` is done at `now`.
+    pub fn end(&mut self, started: Instant, now: Instant) {
+        let (s, e) = (self.ns(started), self.ns(now));
+        debug_assert!(self.running > 0, "a job ended that never started");
+        self.running = self.running.saturating_sub(1);
+        self.started_ns = self.started_ns.saturating_sub(s);
+        self.ended_ns += e.saturating_sub(s);
+    }
+
+    /// Thread-nanoseconds spent on the stream's jobs up to `now` (running jobs count until `now`).
+    pub fn busy_ns(&self, now: Instant) -> u64 {
+        let running = (u128::from(self.running) * self.ns(now)).saturating_sub(self.started_ns);
+        (self.ended_ns + running).min(u128::from(u64::MAX)) as u64
+    }
 }
 
 impl StreamStats {
@@ -114,6 +192,7 @@ impl StreamStats {
             threads: AtomicU32::new(threads),
             depth: AtomicU32::new(depth),
             wake: tokio::sync::Notify::new(),
+            first_start: Mutex::new(None),
             epoch: AtomicU64::new(0),
             run: AtomicU32::new(0),
             filling: AtomicU32::new(0),
@@ -124,10 +203,13 @@ impl StreamStats {
             skipped: AtomicU64::new(0),
             stage_ns: Default::default(),
             timed: AtomicU64::new(0),
+            occupancy: Mutex::new(Occupancy::new(Instant::now())),
             reported: AtomicBool::new(false),
             steps: AtomicU64::new(0),
             wait_ns: AtomicU64::new(0),
             compute_ns: AtomicU64::new(0),
+            gpu_wait_ns: AtomicU64::new(0),
+            reports_gpu_wait: AtomicBool::new(false),
             view: Mutex::new(IntervalView::default()),
         }
     }
@@ -140,23 +222,57 @@ impl StreamStats {
         self.timed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adds a client's `stats` message.
-    pub fn add_client_stats(&self, steps: u64, wait_ns: u64, compute_ns: u64) {
+    /// Adds a client's `stats` message. `gpu_wait_ns` (1.2) is the part of `wait_ns` spent behind
+    /// the client's own GPU work; it is clamped to `wait_ns` (control.md, `stats`).
+    pub fn add_client_stats(&self, steps: u64, wait_ns: u64, compute_ns: u64, gpu_wait_ns: Option<u64>) {
         self.steps.fetch_add(steps, Ordering::Relaxed);
         self.wait_ns.fetch_add(wait_ns, Ordering::Relaxed);
         self.compute_ns.fetch_add(compute_ns, Ordering::Relaxed);
+        if let Some(g) = gpu_wait_ns {
+            self.gpu_wait_ns.fetch_add(g.min(wait_ns), Ordering::Relaxed);
+            self.reports_gpu_wait.store(true, Ordering::Relaxed);
+        }
         self.reported.store(true, Ordering::Relaxed);
     }
 
-    /// The cumulative counters, read together.
-    pub fn counters(&self) -> Counters {
+    /// The client sent `start` at `now`; only the first one is kept.
+    pub fn started(&self, now: Instant) {
+        self.first_start
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(now);
+    }
+
+    /// How long, up to `now`, the stream has had work (since its first `start`); zero before it.
+    pub fn active_for(&self, now: Instant) -> std::time::Duration {
+        let first = *self.first_start.lock().unwrap_or_else(|p| p.into_inner());
+        first.map_or(std::time::Duration::ZERO, |t| now.saturating_duration_since(t))
+    }
+
+    /// A pool thread took one of this stream's jobs at `now` (see [`Occupancy`]).
+    pub fn job_started(&self, now: Instant) -> Instant {
+        self.occupancy.lock().unwrap_or_else(|p| p.into_inner()).start(now)
+    }
+
+    /// The job started at `started` is done at `now`.
+    pub fn job_ended(&self, started: Instant, now: Instant) {
+        self.occupancy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .end(started, now);
+    }
+
+    /// The cumulative counters at `now`, read together.
+    pub fn counters(&self, now: Instant) -> Counters {
         Counters {
             samples: self.samples.load(Ordering::Relaxed),
             stage_ns: std::array::from_fn(|i| self.stage_ns[i].load(Ordering::Relaxed)),
             timed: self.timed.load(Ordering::Relaxed),
+            busy_ns: self.occupancy.lock().unwrap_or_else(|p| p.into_inner()).busy_ns(now),
             steps: self.steps.load(Ordering::Relaxed),
             wait_ns: self.wait_ns.load(Ordering::Relaxed),
             compute_ns: self.compute_ns.load(Ordering::Relaxed),
+            gpu_wait_ns: self.gpu_wait_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -188,6 +304,8 @@ impl StreamStats {
             skipped: self.skipped.load(Ordering::Relaxed),
             samples_per_s: round(view.samples_per_s),
             wait: view.wait.map(|w| (w * 10_000.0).round() / 10_000.0),
+            gpu_wait: view.gpu_wait.map(|w| (w * 10_000.0).round() / 10_000.0),
+            busy: view.busy.map(|b| (b * 1000.0).round() / 1000.0),
             step_ms: view.step_ms.map(|s| (s * 100.0).round() / 100.0),
             stage_us: StageTimes {
                 read: round(view.stage_us[Stage::Read as usize]),
@@ -196,6 +314,7 @@ impl StreamStats {
                 write: round(view.stage_us[Stage::Write as usize]),
             },
             tune: view.tune,
+            limit: view.limit,
         }
     }
 }
@@ -206,9 +325,14 @@ pub struct Counters {
     pub samples: u64,
     pub stage_ns: [u64; STAGES],
     pub timed: u64,
+    /// Thread-time on the stream's jobs ([`Occupancy`]).
+    pub busy_ns: u64,
     pub steps: u64,
+    /// Time inside the loop's request for a batch, all of it (back-pressure included).
     pub wait_ns: u64,
     pub compute_ns: u64,
+    /// Of `wait_ns`, the time behind the loop's own GPU work (1.2; 0 from older clients).
+    pub gpu_wait_ns: u64,
 }
 
 impl Counters {
@@ -218,9 +342,11 @@ impl Counters {
             samples: self.samples.saturating_sub(earlier.samples),
             stage_ns: std::array::from_fn(|i| self.stage_ns[i].saturating_sub(earlier.stage_ns[i])),
             timed: self.timed.saturating_sub(earlier.timed),
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
             steps: self.steps.saturating_sub(earlier.steps),
             wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
             compute_ns: self.compute_ns.saturating_sub(earlier.compute_ns),
+            gpu_wait_ns: self.gpu_wait_ns.saturating_sub(earlier.gpu_wait_ns),
         }
     }
 }
@@ -292,10 +418,20 @@ pub struct StreamSnapshot {
     pub batches: u64,
     pub skipped: u64,
     pub samples_per_s: f64,
+    /// The loop's wait for data, net of back-pressure (1.2) when the client reports it.
     pub wait: Option<f64>,
+    /// 1.2: the loop's wait behind its own GPU work (absent from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_wait: Option<f64>,
+    /// 1.2: the allotted threads' busy share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<f64>,
     pub step_ms: Option<f64>,
     pub stage_us: StageTimes,
     pub tune: String,
+    /// 1.2: what limits the loop over the last interval, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub limit: String,
 }
 
 /// The server part of a `snapshot` (control.md).
@@ -316,4 +452,89 @@ pub struct ServerSnapshot {
 pub struct Snapshot {
     pub server: ServerSnapshot,
     pub streams: Vec<StreamSnapshot>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn occupancy_counts_running_jobs_up_to_the_moment_asked() {
+        let t0 = Instant::now();
+        let mut o = Occupancy::new(t0);
+        let a = o.start(t0);
+        let b = o.start(t0 + ms(10));
+        // Mid-job: 30 ms of one and 20 ms of the other so far.
+        assert_eq!(o.busy_ns(t0 + ms(30)), 50_000_000);
+        o.end(a, t0 + ms(40));
+        assert_eq!(o.busy_ns(t0 + ms(40)), 70_000_000);
+        o.end(b, t0 + ms(50));
+        // Nothing runs: the count stays.
+        assert_eq!(o.busy_ns(t0 + ms(500)), 80_000_000);
+    }
+
+    #[test]
+    fn a_stream_whose_allotted_threads_all_work_reads_fully_busy() {
+        // Two threads, each taking one job after another with a 50 µs gap between jobs (the lock,
+        // the countdown) that no stage timer covers, for 500 ms; the tuner reads at 250 ms and
+        // 500 ms, while jobs are running.
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        let t0 = Instant::now();
+        *s.occupancy.lock().unwrap() = Occupancy::new(t0);
+        let job = Duration::from_micros(1_200);
+        let gap = Duration::from_micros(50);
+        let mut reads = Vec::new();
+        let mut next_read = t0 + ms(250);
+        let mut at = [t0, t0 + Duration::from_micros(600)];
+        loop {
+            let k = if at[0] <= at[1] { 0 } else { 1 };
+            let start = at[k];
+            if start >= t0 + ms(500) {
+                break;
+            }
+            while next_read <= start + job {
+                reads.push(s.counters(next_read));
+                next_read += ms(250);
+            }
+            let t = s.job_started(start);
+            s.job_ended(t, start + job);
+            s.add_sample_times([0, (job.as_nanos() as u64) / 2, 0, 0]);
+            at[k] = start + job + gap;
+        }
+        let first = reads[0];
+        let second = reads[1].since(&first);
+        for d in [first, second] {
+            let busy = d.busy_ns as f64 / (250e6 * 2.0);
+            assert!((busy - 1200.0 / 1250.0).abs() < 0.01, "{busy}");
+            // What the stage timers saw is half of it: they are not the busy share.
+            let staged = d.stage_ns.iter().sum::<u64>() as f64 / (250e6 * 2.0);
+            assert!(staged < 0.55, "{staged}");
+        }
+    }
+
+    #[test]
+    fn the_clients_gpu_wait_stays_within_its_wait() {
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        s.add_client_stats(4, 100, 50, None);
+        assert!(!s.reports_gpu_wait.load(Ordering::Relaxed));
+        s.add_client_stats(4, 100, 50, Some(250));
+        let c = s.counters(Instant::now());
+        assert_eq!((c.steps, c.wait_ns, c.compute_ns, c.gpu_wait_ns), (8, 200, 100, 100));
+        assert!(s.reports_gpu_wait.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_busy_share_counts_from_the_first_start() {
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        let t0 = Instant::now();
+        assert_eq!(s.active_for(t0), Duration::ZERO);
+        s.started(t0);
+        s.started(t0 + ms(100)); // a later `start` does not move it
+        assert_eq!(s.active_for(t0 + ms(300)), ms(300));
+    }
 }

@@ -739,6 +739,7 @@ impl StreamState {
                     self.runs += 1;
                     self.begin_run(self.runs, epoch, plan, first_batch, true);
                 }
+                self.ctx.stats.started(std::time::Instant::now());
                 self.ctx.stats.run.store(self.runs, Ordering::Relaxed);
                 self.ctx.stats.epoch.store(epoch, Ordering::Relaxed);
                 self.fill(shared);
@@ -766,8 +767,9 @@ impl StreamState {
                 steps,
                 wait_ns,
                 compute_ns,
+                gpu_wait_ns,
             } => {
-                self.ctx.stats.add_client_stats(steps, wait_ns, compute_ns);
+                self.ctx.stats.add_client_stats(steps, wait_ns, compute_ns, gpu_wait_ns);
                 Ok(())
             }
             ClientMessage::Snapshot {} => {

@@ -5,11 +5,30 @@
 //! against a simulated clock and a simulated pipeline (see the tests). [`run`] is the thin tokio
 //! task that feeds it the server's counters and applies its decisions.
 //!
+//! The signals, per stream and interval ([`Signals`]):
+//! - **wait**: the share of the training loop's time spent waiting for *data* inside `next()`: the
+//!   client's whole time in `next()` less the part it reports as spent behind its own GPU work
+//!   (`gpu_wait_ns`, protocol 1.2: the copy's event queued behind the model's kernels, a launch
+//!   that blocks on a full queue). A GPU-bound loop's `next()` is mostly such back-pressure; more
+//!   threads or depth would not shorten it, so the tuner never acts on it. It is reported apart
+//!   (**gpu_wait**).
+//! - **busy**: the thread-time the pool spent on the stream's jobs (from the moment a thread takes
+//!   a job to the moment it is done with it, [`crate::stats::Occupancy`]) over the threads
+//!   allotted times the interval, so a stream whose allotted threads all work reads 100 %. (It
+//!   used to be the sum of the per-sample stage timers, which leave out everything around them,
+//!   and its reason was kept from the interval that made it, e.g. a stream's first, when the
+//!   threads had idled until the client's first `start`; see [`Limit`].)
+//!
+//! Every interval the signals are read as one [`Limit`] (what limits the loop now: nothing, the
+//! threads, the CPU budget, depth, latency), which each knob's rule acts on and which observers see
+//! (`snapshot`'s `limit`), so the last change's reason (`tune`) is never the only account.
+//!
 //! How it decides, per stream:
-//! - **Model.** The client's compute time per step `C` and the batch size `B` give the rate the
-//!   training loop consumes at when it never waits, `B / C` samples/s. The pool's measured cost per
-//!   sample `c` (thread time) gives the threads that rate needs: `B c / C`. The stream wants that
-//!   times [`Config::headroom`], rounded up.
+//! - **Model.** The client's step time `C` (its compute between batches plus the time it waited
+//!   behind its own GPU: everything but the wait for data) and the batch size `B` give the rate
+//!   the training loop consumes at when it never waits for data, `B / C` samples/s. The pool's
+//!   measured cost per sample `c` (thread time) gives the threads that rate needs: `B c / C`. The
+//!   stream wants that times [`Config::headroom`], rounded up.
 //! - **Wait floor.** A loop's wait inside `next()` never reaches zero: it includes the loop's own
 //!   cost of taking a batch (receiving the message, making the views, a GPU loop's wait for its
 //!   copy's event), about 0.1 % of the step for a CPU loop and 1.2–1.4 % for ResNet-50 on an
@@ -36,6 +55,11 @@
 //! - **Budget.** Pinned streams (`autotune: false`) get what they asked for. The others share the
 //!   rest of the CPU budget; when their wants exceed it, in proportion to their wants, and the
 //!   threads left over by rounding go to the streams that wait most.
+//!
+//! A third knob (issue 11: the share of each batch the client decodes on its GPU) fits beside
+//! threads and depth as one more rule on the same [`Limit`]: raise the share on [`Limit::Cpu`]
+//! (the loop waits for data with every thread of its cap saturated), lower it when the step time
+//! `C` grows (GPU decode competes with the model), and carry it in [`Decision`] like `depth`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -137,6 +161,11 @@ pub struct Observation {
     pub delta: Counters,
     /// Whether the client has ever sent `stats`.
     pub reported: bool,
+    /// Whether the client reports its wait behind its GPU (`gpu_wait_ns`, 1.2 in CUDA mode).
+    pub reports_gpu_wait: bool,
+    /// How much of the interval the stream had work (it begins at the client's first `start`);
+    /// None: all of it.
+    pub active: Option<Duration>,
 }
 
 /// A stream's new settings.
@@ -147,10 +176,119 @@ pub struct Decision {
     pub depth: u32,
     /// Why, when something changed.
     pub reason: Option<String>,
-    /// The interval's wait share (None without `stats` in the interval).
+    /// The interval's share of the loop's time waiting for data, net of back-pressure (None
+    /// without `stats` in the interval).
     pub wait: Option<f64>,
-    /// The moving average of the client's compute time per step, in ms.
+    /// The interval's share of the loop's time waiting behind its own GPU (None: not reported).
+    pub gpu_wait: Option<f64>,
+    /// The interval's busy share of the stream's allotted threads.
+    pub busy: Option<f64>,
+    /// The moving average of the loop's step time (everything but its wait for data), in ms.
     pub step_ms: Option<f64>,
+    /// What limits the loop over the interval, in words (control.md, `snapshot`'s `limit`).
+    pub limit: String,
+}
+
+/// One interval's measurements of a stream, as the rules read them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Signals {
+    /// Share of the loop's time spent waiting for data (net of back-pressure).
+    pub wait: Option<f64>,
+    /// Share of the loop's time spent waiting behind its own GPU work (None: not reported).
+    pub gpu_wait: Option<f64>,
+    /// Share of the allotted threads' time spent on the stream's jobs.
+    pub busy: f64,
+    /// Threads allotted over the interval.
+    pub threads: u32,
+}
+
+impl Signals {
+    /// From one interval's counters: `threads` allotted over `interval_ns`.
+    pub fn of(d: &Counters, threads: u32, interval_ns: f64, reports_gpu_wait: bool) -> Self {
+        let total = d.wait_ns + d.compute_ns;
+        let share = |ns: u64| (d.steps > 0 && total > 0).then(|| ns as f64 / total as f64);
+        Signals {
+            wait: share(d.wait_ns - d.gpu_wait_ns.min(d.wait_ns)),
+            gpu_wait: share(d.gpu_wait_ns).filter(|_| reports_gpu_wait),
+            busy: d.busy_ns as f64 / (interval_ns * f64::from(threads.max(1))),
+            threads,
+        }
+    }
+
+    /// "the training loop waits for data 63.2% of its time; its 15 decode threads are 98% busy",
+    /// with `wait` the (smoothed) wait share the rule acted on: who waits, for what, and what the
+    /// threads did meanwhile.
+    pub fn reading(&self, wait: f64) -> String {
+        let gpu = match self.gpu_wait {
+            Some(g) => format!(" (and {:.1}% behind its own GPU work)", g * 100.0),
+            None => String::new(),
+        };
+        format!(
+            "the training loop waits for data {:.1}% of its time{gpu}; its {} decode thread{} {} {:.0}% busy",
+            wait * 100.0,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" },
+            if self.threads == 1 { "is" } else { "are" },
+            self.busy * 100.0
+        )
+    }
+}
+
+/// What limits a stream's training loop over one interval: the tuner's reading of [`Signals`],
+/// which every knob's rule acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The client sends no `stats`: nothing to read.
+    Unmeasured,
+    /// The client reports, but no step of its loop ended in the interval (a long step, a pause).
+    NoStep,
+    /// The stream's first interval of work (its first `start`), or no sample or step measured
+    /// yet: nothing to act on.
+    Starting,
+    /// The loop does not wait for data beyond its floor: the model (or the GPU) is the limit.
+    Fed,
+    /// Between "fed" and "waiting": nothing is changed.
+    Near,
+    /// The loop waits for data and the stream's threads are saturated, below its cap: one thread
+    /// more.
+    Threads,
+    /// The loop waits for data and every thread the stream may have (its cap: the CPU budget or
+    /// the client's `threads`) is saturated: the CPU is the limit. (GPU decode's knob acts here.)
+    Cpu,
+    /// The loop waits for data while threads idle and depth is left: bursts; one batch more.
+    Depth,
+    /// The loop waits for data while threads idle and every slot is in flight: latency (an
+    /// epoch's first batch, a client holding its slots); nothing helps.
+    Latency,
+}
+
+impl Limit {
+    /// The reading in words: what limits the loop, and on what evidence.
+    pub fn describe(self, s: &Signals, wait: f64, cap: u32) -> String {
+        let reading = s.reading(wait);
+        match self {
+            Limit::Unmeasured => "the client sends no stats: the training loop's wait is not known".into(),
+            Limit::NoStep => format!(
+                "no step of the training loop ended in this interval (a long step, or a pause); its {} decode thread{} {:.0}% busy",
+                s.threads,
+                if s.threads == 1 { " was" } else { "s were" },
+                s.busy * 100.0
+            ),
+            Limit::Starting => format!(
+                "starting, too early to act on (the stream's first batches): {}",
+                s.reading(s.wait.unwrap_or(0.0))
+            ),
+            Limit::Fed => match s.gpu_wait {
+                Some(g) if g > wait => format!("fed, the GPU is the limit: {reading}"),
+                _ => format!("fed: {reading}"),
+            },
+            Limit::Near => format!("nearly fed: {reading}"),
+            Limit::Threads => format!("the decode threads are the limit: {reading}"),
+            Limit::Cpu => format!("the CPU is the limit ({cap} decode threads at most): {reading}"),
+            Limit::Depth => format!("bursts: {reading}"),
+            Limit::Latency => format!("latency, every slot in flight: {reading}"),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -168,7 +306,8 @@ struct StreamState {
     stable: u32,
     /// A probe of one thread fewer in progress.
     probe: Option<Probe>,
-    /// A probe found this many threads too few: no probe goes below `floor + 1` in this regime.
+    /// A probe (or the feedback, adding a thread) found this many threads too few: neither a
+    /// probe nor shedding goes below `floor + 1` in this regime.
     floor: u32,
     /// The loop's step time when the probes' corrections were learned.
     regime_step: Option<f64>,
@@ -176,6 +315,8 @@ struct StreamState {
     wait_floor: Option<f64>,
     /// The loop's step time when `wait_floor` was first learned.
     floor_step: Option<f64>,
+    /// Whether an interval with steps has been seen (the first one holds the run's first batch).
+    stepped: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -224,21 +365,44 @@ impl Tuner {
         struct Want {
             want: u32,
             depth: u32,
-            wait: Option<f64>,
+            signals: Signals,
             reason: Option<String>,
+            limit: String,
         }
         let mut wants = Vec::with_capacity(obs.len());
         for o in obs {
             let st = self.streams.entry(o.id).or_default();
             let d = &o.delta;
-            let wait = (d.steps > 0 && d.wait_ns + d.compute_ns > 0)
-                .then(|| d.wait_ns as f64 / (d.wait_ns + d.compute_ns) as f64);
+            // The interval of the first `start` (the threads idled before it for want of any work:
+            // the busy share counts from it) and the first with steps (the loop's wait in it is
+            // its first batch's latency): its wait is reported, but neither learned from nor acted
+            // on.
+            // (A stream that never started has no work to measure its threads against.)
+            let active_ns = match o.active {
+                Some(a) if !a.is_zero() => (a.as_nanos() as f64).min(interval_ns),
+                _ => interval_ns,
+            };
+            let first = active_ns < interval_ns || (d.steps > 0 && !st.stepped);
+            st.stepped |= d.steps > 0;
+            let signals = Signals::of(d, o.threads, active_ns.max(1.0), o.reports_gpu_wait);
+            let wait = signals.wait.filter(|_| !first);
             if d.timed > 0 {
-                let cost = d.stage_ns.iter().sum::<u64>() as f64 / d.timed as f64;
-                st.cost_ns = Some(ewma(st.cost_ns, cost, cfg.alpha));
+                // Thread time per sample: what a sample costs the pool, overheads included (the
+                // stage timers alone leave some out; they are for the breakdown only).
+                let spent = if d.busy_ns > 0 {
+                    d.busy_ns
+                } else {
+                    d.stage_ns.iter().sum::<u64>()
+                };
+                st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
             }
-            if d.steps > 0 {
-                st.step_ns = Some(ewma(st.step_ns, d.compute_ns as f64 / d.steps as f64, cfg.alpha));
+            // (A first interval whose only step is the first, which has no compute, says nothing
+            // about the step.)
+            if d.steps > 0 && (!first || d.compute_ns > 0) {
+                // The loop's own step: its compute and its wait behind its GPU, which more data
+                // would not shorten (the rate it can consume at is B / this).
+                let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
+                st.step_ns = Some(ewma(st.step_ns, own, cfg.alpha));
             }
             if let Some(w) = wait {
                 st.wait = Some(ewma(st.wait, w, cfg.alpha));
@@ -246,26 +410,49 @@ impl Tuner {
             let smoothed = wait.and(st.wait);
             if !o.autotune {
                 let threads = o.max_threads.unwrap_or(pool).clamp(1, pool);
+                let bands = cfg.bands(st.wait_floor);
+                let limit = match smoothed {
+                    None if o.reported => Limit::NoStep,
+                    None => Limit::Unmeasured,
+                    Some(w) if w > bands.waiting => {
+                        if signals.busy >= cfg.saturated {
+                            Limit::Cpu
+                        } else if o.depth < o.slots {
+                            Limit::Depth
+                        } else {
+                            Limit::Latency
+                        }
+                    }
+                    Some(w) if w < bands.fed => Limit::Fed,
+                    Some(_) => Limit::Near,
+                };
                 wants.push(Want {
                     want: threads,
                     depth: o.depth,
-                    wait,
-                    reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} threads")),
+                    signals,
+                    reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} decode threads")),
+                    limit: format!(
+                        "{} (pinned by the client)",
+                        limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
+                    ),
                 });
                 continue;
             }
             let cap = o.max_threads.unwrap_or(u32::MAX).clamp(1, free);
             let mut depth = o.depth;
             let mut reason = None;
+            let mut limit = Limit::Unmeasured;
             let want = match (o.reported, st.cost_ns, st.step_ns) {
                 (false, _, _) => {
                     if o.threads != cap {
-                        reason = Some(format!("no stats from the client: all {cap} threads of the budget"));
+                        reason = Some(format!(
+                            "the client sends no stats: all {cap} decode threads of the budget"
+                        ));
                     }
                     cap
                 }
                 (true, Some(cost), Some(step)) => {
-                    let busy = d.stage_ns.iter().sum::<u64>() as f64 / (interval_ns * f64::from(o.threads.max(1)));
+                    let busy = signals.busy;
                     let need = f64::from(o.batch_size) * cost / step.max(1.0);
                     // A new regime (the loop's step changed by more than 20 % since the probes
                     // learned their correction) makes the model the authority again.
@@ -293,6 +480,8 @@ impl Tuner {
                         st.floor_step.get_or_insert(step);
                     }
                     let bands = cfg.bands(st.wait_floor);
+                    let base = ((need * cfg.headroom + f64::from(st.extra)).ceil().max(1.0)) as u32;
+                    limit = limit_of(&cfg, o, &signals, smoothed, bands, cap, base);
                     let want = if let Some(mut probe) = st.probe {
                         match wait {
                             Some(w) if w > bands.waiting => {
@@ -303,7 +492,7 @@ impl Tuner {
                                 // The probe's own wait must not read as a need for more.
                                 st.wait = None;
                                 reason = Some(format!(
-                                    "probe: {} threads made the loop wait {:.1}% (its floor {:.1}%): back to {}",
+                                    "probe: with {} decode threads the training loop waited for data {:.1}% of its time (its floor {:.1}%): back to {}",
                                     o.threads,
                                     w * 100.0,
                                     st.wait_floor.unwrap_or(0.0) * 100.0,
@@ -317,7 +506,10 @@ impl Tuner {
                                 if probe.left == 0 {
                                     st.probe = None;
                                     st.extra -= 1;
-                                    reason = Some(format!("probe: {} threads keep the loop fed", o.threads));
+                                    reason = Some(format!(
+                                        "probe: {} decode threads keep the training loop fed",
+                                        o.threads
+                                    ));
                                 }
                                 o.threads
                             }
@@ -331,9 +523,9 @@ impl Tuner {
                             need,
                             cost,
                             step,
-                            busy,
+                            &signals,
+                            limit,
                             smoothed,
-                            bands,
                             &mut depth,
                             &mut reason,
                         )
@@ -351,8 +543,9 @@ impl Tuner {
                                 left: cfg.probe_intervals,
                             });
                             reason = Some(format!(
-                                "probe: the loop has been fed for {} intervals; trying {} threads",
+                                "probe: the training loop has not waited for data for {} intervals: trying one decode thread fewer ({} → {})",
                                 cfg.probe_after,
+                                o.threads,
                                 o.threads - 1
                             ));
                             o.threads - 1
@@ -365,13 +558,23 @@ impl Tuner {
                     }
                 }
                 // Reported, but no sample or step measured yet: keep what it has.
-                (true, _, _) => o.threads.clamp(1, cap),
+                (true, _, _) => {
+                    limit = Limit::Starting;
+                    o.threads.clamp(1, cap)
+                }
             };
+            if first && o.reported {
+                limit = Limit::Starting;
+            } else if limit == Limit::Unmeasured && o.reported && d.steps == 0 {
+                limit = Limit::NoStep;
+            }
+            let limit = limit.describe(&signals, st.wait.or(signals.wait).unwrap_or(0.0), cap);
             wants.push(Want {
                 want,
                 depth: depth.min(o.slots).max(1),
-                wait,
+                signals,
                 reason,
+                limit,
             });
         }
 
@@ -387,7 +590,10 @@ impl Tuner {
             }
             let mut by_wait = auto.clone();
             by_wait.sort_by(|&a, &b| {
-                let (wa, wb) = (wants[a].wait.unwrap_or(1.0), wants[b].wait.unwrap_or(1.0));
+                let (wa, wb) = (
+                    wants[a].signals.wait.unwrap_or(1.0),
+                    wants[b].signals.wait.unwrap_or(1.0),
+                );
                 wb.total_cmp(&wa).then(a.cmp(&b))
             });
             for &i in by_wait.iter().cycle().take(free.saturating_sub(given) as usize) {
@@ -396,7 +602,7 @@ impl Tuner {
             for &i in &auto {
                 if wants[i].want != obs[i].threads && wants[i].reason.is_none() {
                     wants[i].reason = Some(format!(
-                        "{} streams want {total} threads, the budget is {free}: {} → {}",
+                        "{} streams want {total} decode threads, the budget is {free}: {} → {}",
                         auto.len(),
                         obs[i].threads,
                         wants[i].want
@@ -411,10 +617,46 @@ impl Tuner {
                 threads: w.want,
                 depth: w.depth,
                 reason: w.reason,
-                wait: w.wait,
+                wait: w.signals.wait,
+                gpu_wait: w.signals.gpu_wait,
+                busy: Some(w.signals.busy),
                 step_ms: self.streams.get(&o.id).and_then(|s| s.step_ns).map(|s| s / 1e6),
+                limit: w.limit,
             })
             .collect()
+    }
+}
+
+/// The interval's reading: whether the loop waits for data (smoothed, against its floor's
+/// bands) and what its threads did meanwhile.
+fn limit_of(
+    cfg: &Config,
+    o: &Observation,
+    s: &Signals,
+    smoothed: Option<f64>,
+    bands: Bands,
+    cap: u32,
+    base: u32,
+) -> Limit {
+    match smoothed {
+        None => Limit::Unmeasured,
+        // Waiting: on average (one interval's spike buys nothing) and now (an average still
+        // decaying from an earlier wait, after the stream got what it needed, buys nothing either).
+        Some(w) if w > bands.waiting && s.wait.is_some_and(|now| now > bands.waiting) => {
+            if s.busy >= cfg.saturated {
+                if base.min(cap) >= cap && o.threads >= cap {
+                    Limit::Cpu
+                } else {
+                    Limit::Threads
+                }
+            } else if o.depth < o.slots {
+                Limit::Depth
+            } else {
+                Limit::Latency
+            }
+        }
+        Some(w) if w < bands.fed => Limit::Fed,
+        Some(_) => Limit::Near,
     }
 }
 
@@ -428,66 +670,64 @@ fn decide(
     need: f64,
     cost: f64,
     step: f64,
-    busy: f64,
+    signals: &Signals,
+    limit: Limit,
     smoothed: Option<f64>,
-    bands: Bands,
     depth: &mut u32,
     reason: &mut Option<String>,
 ) -> u32 {
     let estimate = need * cfg.headroom + f64::from(st.extra);
     let base = (estimate.ceil().max(1.0)) as u32;
-    match smoothed {
-        Some(w) if w > bands.waiting => {
+    let w = smoothed.unwrap_or(0.0);
+    match limit {
+        Limit::Threads | Limit::Cpu | Limit::Depth | Limit::Latency => {
             st.calm = 0;
+            // Below what the model asks for, the model's growth below comes first.
             if o.threads >= base.min(cap) {
-                if busy >= cfg.saturated {
-                    if base < cap {
+                match limit {
+                    Limit::Threads if base < cap => {
                         st.extra += 1;
-                        *reason = Some(format!(
-                            "waiting {:.1}% with threads {:.0}% busy: one thread more",
-                            w * 100.0,
-                            busy * 100.0
-                        ));
+                        // These threads, saturated, leave the loop waiting: too few in this
+                        // regime, for shedding and probes alike.
+                        st.floor = st.floor.max(o.threads);
+                        st.regime_step.get_or_insert(step);
+                        *reason = Some(format!("{}: one decode thread more", signals.reading(w)));
                     }
-                } else if *depth < o.slots {
-                    *depth += 1;
-                    *reason = Some(format!(
-                        "waiting {:.1}% with threads {:.0}% busy: one batch more in flight",
-                        w * 100.0,
-                        busy * 100.0
-                    ));
+                    Limit::Depth => {
+                        *reason = Some(format!(
+                            "{}: one batch more in flight (depth {} → {})",
+                            signals.reading(w),
+                            *depth,
+                            *depth + 1
+                        ));
+                        *depth += 1;
+                    }
+                    // Cpu: every thread the stream may have is saturated; Latency: the threads
+                    // idle and every slot is in flight, so the wait is latency (an epoch's first
+                    // batch, a client holding its slots), which more threads would not remove.
+                    _ => {}
                 }
-                // Otherwise the threads idle and every slot may be in flight: the wait is latency
-                // (an epoch's first batch, a client holding its slots), which more threads would
-                // not remove.
             }
         }
-        Some(w) if w < bands.fed => {
+        Limit::Fed => {
             st.calm += 1;
-            if st.calm >= cfg.calm_intervals && st.extra > 0 {
+            if st.calm >= cfg.calm_intervals && st.extra > 0 && o.threads > st.floor + 1 {
                 st.extra -= 1;
                 st.calm = 0;
                 *reason = Some(format!(
-                    "no wait for {} intervals: one extra thread less",
+                    "the training loop has not waited for data for {} intervals: one of the extra decode threads fewer",
                     cfg.calm_intervals
                 ));
             }
         }
-        _ => st.calm = 0,
+        Limit::Near | Limit::Unmeasured | Limit::NoStep | Limit::Starting => st.calm = 0,
     }
     // Grow as soon as the model asks for more; shrink only when it asks for clearly fewer
     // (`band`), so a need near a whole number does not flap.
     let exact = need * cfg.headroom + f64::from(st.extra);
     let grow = (exact.ceil().max(1.0) as u32).clamp(1, cap);
     let keep = ((exact + cfg.band).ceil().max(1.0) as u32).clamp(1, cap);
-    let describe = |to: u32| {
-        format!(
-            "the loop needs {need:.1} threads ({} samples/s at {:.0} µs each): {} → {to}",
-            (f64::from(o.batch_size) * 1e9 / step) as u64,
-            cost / 1e3,
-            o.threads
-        )
-    };
+    let describe = |to: u32| need_reason(need, o.batch_size, step, cost, o.threads, to);
     if grow > o.threads {
         st.shrink = 0;
         reason.get_or_insert_with(|| describe(grow));
@@ -505,6 +745,16 @@ fn decide(
         st.shrink = 0;
         o.threads
     }
+}
+
+/// The model's reason: what the loop can consume, what a sample costs, the threads that takes.
+fn need_reason(need: f64, batch: u32, step_ns: f64, cost_ns: f64, from: u32, to: u32) -> String {
+    format!(
+        "the training loop can take {} samples/s (a batch of {batch} per {:.1} ms of its own step); at {:.0} µs of thread time per sample that needs {need:.1} decode threads: {from} → {to}",
+        (f64::from(batch) * 1e9 / step_ns.max(1.0)) as u64,
+        step_ns / 1e6,
+        cost_ns / 1e3,
+    )
 }
 
 /// Where the tuner task reads and writes.
@@ -536,10 +786,10 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
         let mut busy_ns = 0u64;
         let mut seen = BTreeMap::new();
         for s in &streams {
-            let c = s.counters();
+            let c = s.counters(now.into_std());
             let delta = c.since(last.get(&s.id).unwrap_or(&Counters::default()));
             seen.insert(s.id, c);
-            busy_ns += delta.stage_ns.iter().sum::<u64>();
+            busy_ns += delta.busy_ns;
             obs.push(Observation {
                 id: s.id,
                 autotune: s.autotune,
@@ -550,6 +800,8 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
                 depth: s.depth.load(Ordering::Relaxed),
                 delta,
                 reported: s.reported.load(Ordering::Relaxed),
+                reports_gpu_wait: s.reports_gpu_wait.load(Ordering::Relaxed),
+                active: Some(s.active_for(now.into_std())),
             });
         }
         last = seen;
@@ -566,7 +818,18 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
             let mut view = s.view.lock().unwrap_or_else(|p| p.into_inner());
             view.samples_per_s = o.delta.samples as f64 / secs;
             view.wait = d.wait;
+            view.gpu_wait = d.gpu_wait;
+            view.busy = d.busy;
             view.step_ms = d.step_ms;
+            view.limit = d.limit;
+            tracing::debug!(
+                target: "ringfeed::tune",
+                stream = s.id,
+                busy = d.busy,
+                stage_busy = o.delta.stage_ns.iter().sum::<u64>() as f64 / (secs * 1e9 * f64::from(o.threads.max(1))),
+                "{}",
+                view.limit
+            );
             if o.delta.timed > 0 {
                 view.stage_us =
                     std::array::from_fn::<f64, STAGES, _>(|i| o.delta.stage_ns[i] as f64 / o.delta.timed as f64 / 1e3);
@@ -595,6 +858,9 @@ mod tests {
     /// computes `step` per batch of `batch` samples; `depth` batches may be in flight. A loop with
     /// a wait `floor` (a GPU loop's copy event) also waits that share of each step, however many
     /// threads feed it; `swing` varies the floor by up to that much either way, per interval.
+    /// A GPU-bound loop also waits `gpu` per step inside `next()` behind its own GPU (reported as
+    /// `gpu_wait_ns`). The stage timers see `stage_share` of the thread time a sample costs (the
+    /// rest is scheduling and hand-off around them).
     struct Sim {
         cost: Duration,
         step: Duration,
@@ -604,6 +870,25 @@ mod tests {
         carry: f64,
         floor: f64,
         swing: f64,
+        gpu: Duration,
+        stage_share: f64,
+    }
+
+    impl Default for Sim {
+        fn default() -> Self {
+            Sim {
+                cost: Duration::from_micros(1500),
+                step: Duration::from_millis(100),
+                batch: 256,
+                slots: 4,
+                noise: 1,
+                carry: 0.0,
+                floor: 0.0,
+                swing: 0.0,
+                gpu: Duration::ZERO,
+                stage_share: 1.0,
+            }
+        }
     }
 
     impl Sim {
@@ -618,8 +903,10 @@ mod tests {
             let jitter = 0.95 + 0.1 * ((self.noise >> 33) as f64 / (1u64 << 31) as f64);
             let floor =
                 self.floor + self.swing * (2.0 * ((self.noise >> 13) & 0xfffff) as f64 / (1u64 << 20) as f64 - 1.0);
-            // A step lasts its compute plus its floor's share of waiting.
-            let step = self.step.as_secs_f64() / (1.0 - floor);
+            // A step lasts its compute and its wait behind the GPU, plus its floor's share of
+            // waiting.
+            let gpu = self.gpu.as_secs_f64();
+            let step = (self.step.as_secs_f64() + gpu) / (1.0 - floor);
             let produce = f64::from(threads) / self.cost.as_secs_f64(); // samples/s
             let consume = f64::from(self.batch) / step;
             let rate = produce.min(consume);
@@ -632,14 +919,19 @@ mod tests {
             let compute = steps * self.step.as_secs_f64();
             let wait = (secs - busy_secs).max(0.0) + (steps * (step - self.step.as_secs_f64()));
             let samples = steps * f64::from(self.batch);
-            let busy = samples * self.cost.as_secs_f64() * jitter;
+            // Stage times arrive with finished samples; the threads' occupancy is what they spent
+            // in the interval (stats::Occupancy counts running jobs up to the tick).
+            let timed = samples * self.cost.as_secs_f64() * jitter;
+            let busy = rate * secs * self.cost.as_secs_f64() * jitter;
             Counters {
                 samples: samples as u64,
-                stage_ns: [0, (busy * 1e9) as u64, 0, 0],
+                stage_ns: [0, (timed * self.stage_share * 1e9) as u64, 0, 0],
                 timed: samples as u64,
+                busy_ns: (busy * 1e9) as u64,
                 steps: steps as u64,
                 wait_ns: (wait * 1e9) as u64,
                 compute_ns: (compute * 1e9) as u64,
+                gpu_wait_ns: (steps * gpu * 1e9) as u64,
             }
         }
     }
@@ -655,6 +947,8 @@ mod tests {
             depth,
             delta,
             reported: true,
+            reports_gpu_wait: delta.gpu_wait_ns > 0,
+            active: None,
         }
     }
 
@@ -692,6 +986,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let trace = drive(&mut tuner, &mut sim, 15, 60, 15);
@@ -721,6 +1016,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let trace = drive(&mut tuner, &mut sim, 15, 40, 15);
@@ -740,6 +1036,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut tuner = Tuner::new(Config::default());
         let before = drive(&mut tuner, &mut sim, 15, 30, 15);
@@ -772,6 +1069,7 @@ mod tests {
             carry: 0.0,
             floor: 0.0,
             swing: 0.0,
+            ..Sim::default()
         };
         let mut threads = 2;
         let mut depth = 3;
@@ -807,13 +1105,17 @@ mod tests {
             samples: 256,
             stage_ns: [0, 256 * 1_500_000, 0, 0],
             timed: 256,
+            busy_ns: 256 * 1_500_000,
             steps: 1,
             wait_ns: wait_ms * 1_000_000,
             compute_ns: step_ms * 1_000_000,
+            gpu_wait_ns: 0,
         };
         // Stream 1 needs 7.7 threads (8.1 with headroom → 9), stream 2 needs 3.84 (4.03 → 5).
         let a = obs(1, 4, 2, busy(50, 0), 256, 4);
         let b = obs(2, 4, 2, busy(100, 300), 256, 4);
+        // The first interval with steps holds the first batch: its wait is not acted on.
+        tuner.tick(TICK, 10, 16, &[a.clone(), b.clone()]);
         let d = tuner.tick(TICK, 10, 16, &[a, b]);
         assert_eq!(d.iter().map(|d| d.threads).sum::<u32>(), 10);
         // 9:5 of 10 → 6 and 3, and the leftover thread goes to the waiting stream 2.
@@ -830,6 +1132,7 @@ mod tests {
             carry: 0.0,
             floor,
             swing,
+            ..Sim::default()
         }
     }
 
@@ -929,9 +1232,11 @@ mod tests {
                 samples: 1280,
                 stage_ns: [0, (busy * 4.0 * 5e8) as u64, 0, 0],
                 timed: 1280,
+                busy_ns: (busy * 4.0 * 5e8) as u64,
                 steps: 5,
                 wait_ns: (compute as f64 * wait / (1.0 - wait)) as u64,
                 compute_ns: compute,
+                gpu_wait_ns: 0,
             }
         };
         let learned = |busy: f64, depth: u32, wait: f64| {
@@ -969,5 +1274,278 @@ mod tests {
         // A large floor: a fifth of it either way.
         let b = cfg.bands(Some(0.04));
         assert!(close(b.fed, 0.048) && close(b.waiting, 0.056), "{b:?}");
+    }
+
+    /// `drive`, returning every decision (for its reasons and readings) and the depths.
+    fn drive_all(
+        tuner: &mut Tuner,
+        sim: &mut Sim,
+        mut threads: u32,
+        ticks: usize,
+        budget: u32,
+    ) -> Vec<(Decision, u32)> {
+        let mut out = Vec::new();
+        let mut depth = 3;
+        for _ in 0..ticks {
+            let c = sim.interval(threads, TICK);
+            let d = tuner.tick(TICK, budget, 16, &[obs(1, threads, depth, c, sim.batch, sim.slots)]);
+            threads = d[0].threads;
+            depth = d[0].depth;
+            out.push((d[0].clone(), threads));
+        }
+        out
+    }
+
+    #[test]
+    fn a_cpu_bound_stream_whose_stage_timers_see_44_percent_still_reads_saturated_and_grows_threads() {
+        // The H200 case's shape: a loop that waits for data with every allotted thread working,
+        // while the per-sample stage timers account for only 44 % of the threads' time. The busy
+        // share comes from the threads' occupancy, so the feedback adds threads (and not depth).
+        // The client's compute hides part of its step, so the model asks too little.
+        let mut sim = Sim {
+            step: Duration::from_millis(60),
+            noise: 5,
+            stage_share: 0.44,
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let mut threads = 2;
+        let mut depth = 3;
+        let mut reasons = Vec::new();
+        let mut trace = Vec::new();
+        for _ in 0..40 {
+            let mut c = sim.interval(threads, TICK);
+            c.compute_ns = c.compute_ns * 100 / 60; // misreported
+            let d = tuner.tick(TICK, 15, 16, &[obs(1, threads, depth, c, 256, 4)]);
+            assert_eq!(d[0].depth, 3, "depth must not grow for a CPU-bound stream: {d:?}");
+            if let Some(r) = &d[0].reason {
+                reasons.push(r.clone());
+            }
+            threads = d[0].threads;
+            depth = d[0].depth;
+            trace.push(threads);
+        }
+        // The thread the feedback added is not shed again into the same wait (no 6 ↔ 7 cycle).
+        assert!(trace[20..].iter().all(|&t| t == threads), "{trace:?}: {reasons:?}");
+        assert!(
+            reasons.iter().any(|r| r.ends_with("% busy: one decode thread more")),
+            "{reasons:?}"
+        );
+        assert!(reasons.iter().all(|r| !r.contains("batch more")), "{reasons:?}");
+        let c = sim.interval(threads, TICK);
+        let wait = c.wait_ns as f64 / (c.wait_ns + c.compute_ns) as f64;
+        assert!(wait < 0.02, "still waiting {wait} with {threads} threads: {reasons:?}");
+        assert!(threads >= fewest(sim.cost, sim.step, sim.batch), "{threads}");
+    }
+
+    #[test]
+    fn a_cpu_bound_stream_at_its_budget_reads_the_cpu_as_the_limit_every_interval() {
+        // 7.7 threads needed, 4 in the budget: the loop waits for data with all 4 saturated. The
+        // tuner cannot help, changes nothing, and says so every interval (not only when it acts).
+        let mut sim = Sim {
+            step: Duration::from_millis(50),
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let trace = drive_all(&mut tuner, &mut sim, 4, 20, 4);
+        for (d, threads) in &trace[2..] {
+            assert_eq!((*threads, d.depth), (4, 3), "{d:?}");
+            assert!(d.busy.unwrap() > 0.95, "{d:?}");
+            assert!(
+                d.limit
+                    .starts_with("the CPU is the limit (4 decode threads at most): the training loop waits for data"),
+                "{}",
+                d.limit
+            );
+            assert!(d.limit.contains("; its 4 decode threads are "), "{}", d.limit);
+        }
+    }
+
+    #[test]
+    fn a_gpu_bound_loop_waiting_behind_its_gpu_gets_no_more_threads_or_depth() {
+        // ResNet on a busy GPU: 6 ms of host compute per step, then 14 ms inside next() behind
+        // the GPU (the copy's event queued behind the model's kernels), with data always there.
+        // 70 % of the loop's time is in next(), none of it for data: the loop consumes 64 samples
+        // per 20 ms, which 3.2 threads at 1 ms per sample cover.
+        for noise in [1, 2, 3] {
+            let mut sim = Sim {
+                cost: Duration::from_millis(1),
+                step: Duration::from_millis(6),
+                gpu: Duration::from_millis(14),
+                batch: 64,
+                slots: 6,
+                noise,
+                ..Sim::default()
+            };
+            let mut tuner = Tuner::new(Config::default());
+            let trace = drive_all(&mut tuner, &mut sim, 15, 60, 15);
+            for (d, _) in &trace {
+                assert_eq!(d.depth, 3, "depth grew: {d:?}");
+                let reason = d.reason.as_deref().unwrap_or("");
+                assert!(
+                    !reason.contains("thread more") && !reason.contains("batch more"),
+                    "{d:?}"
+                );
+            }
+            // From 15 threads down to the model's 4; a probe of 3 is undone (3 are too few).
+            assert!(
+                trace
+                    .windows(2)
+                    .all(|w| w[1].1 <= w[0].1 || w[1].0.reason.as_deref().unwrap_or("").starts_with("probe: with 3")),
+                "{trace:?}"
+            );
+            let (last, threads) = trace.last().unwrap();
+            assert_eq!(*threads, 4, "{last:?}");
+            assert!(last.gpu_wait.unwrap() > 0.6 && last.wait.unwrap() < 0.01, "{last:?}");
+            assert!(
+                last.limit
+                    .starts_with("fed, the GPU is the limit: the training loop waits for data 0."),
+                "{}",
+                last.limit
+            );
+            assert!(last.limit.contains("% behind its own GPU work)"), "{}", last.limit);
+            assert!((last.step_ms.unwrap() - 20.0).abs() < 0.5, "{last:?}");
+        }
+    }
+
+    #[test]
+    fn a_client_without_the_split_reads_back_pressure_as_waiting() {
+        // The same GPU-bound loop from a client that does not report `gpu_wait_ns` (1.1): its
+        // back-pressure reads as a wait for data, and the tuner grows depth on it (what the
+        // split above prevents).
+        let mut sim = Sim {
+            cost: Duration::from_millis(1),
+            step: Duration::from_millis(6),
+            gpu: Duration::from_millis(14),
+            batch: 64,
+            slots: 6,
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth) = (15, 3);
+        for _ in 0..10 {
+            let mut c = sim.interval(threads, TICK);
+            c.gpu_wait_ns = 0;
+            let d = tuner.tick(TICK, 15, 16, &[obs(1, threads, depth, c, 64, 6)]);
+            (threads, depth) = (d[0].threads, d[0].depth);
+        }
+        assert!(depth > 3, "{depth}");
+    }
+
+    #[test]
+    fn the_first_interval_of_a_stream_is_read_but_not_acted_on() {
+        // The interval of the client's first `start`: the threads idled before it (11 % busy over
+        // the interval), and the loop waited for its first batch (100 %, no compute yet). Acted
+        // on, it read "waiting 100.0% with threads 11% busy: one batch more in flight".
+        let mut tuner = Tuner::new(Config::default());
+        let c = Counters {
+            samples: 64,
+            stage_ns: [0, 220_000_000, 0, 0],
+            timed: 64,
+            busy_ns: 220_000_000,
+            steps: 1,
+            wait_ns: 400_000_000,
+            compute_ns: 0,
+            gpu_wait_ns: 0,
+        };
+        let mut o = obs(1, 4, 2, c, 64, 4);
+        o.active = Some(Duration::from_millis(100));
+        let d = tuner.tick(TICK, 15, 16, &[o]);
+        assert_eq!(
+            (d[0].threads, d[0].depth, d[0].reason.as_deref()),
+            (4, 2, None),
+            "{d:?}"
+        );
+        // Its busy share counts from the start: 220 ms of thread time in 4 × 100 ms.
+        assert!((d[0].busy.unwrap() - 0.55).abs() < 1e-9, "{d:?}");
+        assert!(
+            d[0].limit.starts_with(
+                "starting, too early to act on (the stream's first batches): the training loop waits for data 100.0% of its time"
+            ),
+            "{}",
+            d[0].limit
+        );
+    }
+
+    #[test]
+    fn reasons_say_who_waits_for_what() {
+        // The wording of every reason and reading, pinned: the training loop waits for data (or
+        // behind its own GPU), the decode threads are busy; never a bare "waiting".
+        let s = Signals {
+            wait: Some(0.632),
+            gpu_wait: Some(0.021),
+            busy: 0.98,
+            threads: 15,
+        };
+        assert_eq!(
+            s.reading(0.632),
+            "the training loop waits for data 63.2% of its time (and 2.1% behind its own GPU work); its 15 decode threads are 98% busy"
+        );
+        let one = Signals {
+            wait: Some(1.0),
+            gpu_wait: None,
+            busy: 0.11,
+            threads: 1,
+        };
+        assert_eq!(
+            one.reading(1.0),
+            "the training loop waits for data 100.0% of its time; its 1 decode thread is 11% busy"
+        );
+        assert_eq!(
+            Limit::Cpu.describe(&s, 0.632, 15),
+            "the CPU is the limit (15 decode threads at most): the training loop waits for data 63.2% of its time (and 2.1% behind its own GPU work); its 15 decode threads are 98% busy"
+        );
+        assert!(
+            Limit::Depth
+                .describe(&one, 1.0, 4)
+                .starts_with("bursts: the training loop waits for data")
+        );
+        assert_eq!(
+            Limit::NoStep.describe(&one, 0.0, 4),
+            "no step of the training loop ended in this interval (a long step, or a pause); its 1 decode thread was 11% busy"
+        );
+        assert!(
+            Limit::Latency
+                .describe(&one, 1.0, 4)
+                .starts_with("latency, every slot in flight: the training loop waits for data")
+        );
+        let gpu = Signals {
+            wait: Some(0.002),
+            gpu_wait: Some(0.7),
+            busy: 0.3,
+            threads: 4,
+        };
+        assert_eq!(
+            Limit::Fed.describe(&gpu, 0.002, 15),
+            "fed, the GPU is the limit: the training loop waits for data 0.2% of its time (and 70.0% behind its own GPU work); its 4 decode threads are 30% busy"
+        );
+        assert_eq!(
+            need_reason(5.4, 256, 53.11e6, 1124e3, 7, 6),
+            "the training loop can take 4820 samples/s (a batch of 256 per 53.1 ms of its own step); at 1124 µs of thread time per sample that needs 5.4 decode threads: 7 → 6"
+        );
+
+        // And the reasons the tuner gives when it acts, from a run: depth for bursts, threads when
+        // saturated, the probes.
+        let mut tuner = Tuner::new(Config::default());
+        let interval = |busy: f64, wait: f64| Counters {
+            samples: 1280,
+            stage_ns: [0, (busy * 4.0 * 5e8) as u64, 0, 0],
+            timed: 1280,
+            busy_ns: (busy * 4.0 * 5e8) as u64,
+            steps: 5,
+            wait_ns: (5e8 * wait / (1.0 - wait)) as u64,
+            compute_ns: 500_000_000,
+            gpu_wait_ns: 0,
+        };
+        // 1280 samples at 0.2 × 4 × 0.5 s: 625 µs each; 5 steps of 100 ms: 1.6 threads needed.
+        tuner.tick(TICK, 15, 16, &[obs(1, 4, 2, interval(0.2, 0.3), 256, 4)]);
+        let d = tuner.tick(TICK, 15, 16, &[obs(1, 4, 2, interval(0.2, 0.3), 256, 4)]);
+        assert_eq!(
+            d[0].reason.as_deref(),
+            Some(
+                "the training loop waits for data 30.0% of its time; its 4 decode threads are 20% busy: one batch more in flight (depth 2 → 3)"
+            ),
+            "{d:?}"
+        );
     }
 }

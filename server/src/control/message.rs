@@ -53,6 +53,9 @@ pub enum ClientMessage {
         steps: u64,
         wait_ns: u64,
         compute_ns: u64,
+        /// 1.2: of `wait_ns`, the time spent behind the client's own GPU work.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_wait_ns: Option<u64>,
     },
     /// 1.1: an observer's request for the server's state.
     Snapshot {},

@@ -399,7 +399,7 @@ fn bad_requests_get_clear_errors() {
         (r["code"].as_str(), r["fatal"].as_bool()),
         (Some("version"), Some(true))
     );
-    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.1"));
+    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.2"));
     assert!(c.recv().is_none(), "the server closes after a version error");
 
     let mut c = server.client();
@@ -580,6 +580,50 @@ fn observers_see_every_stream_its_settings_and_the_clients_wait() {
         assert!(Instant::now() < deadline, "the closed stream is still listed");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_clients_wait_behind_its_gpu_is_shown_apart_and_the_tuner_reads_the_rest() {
+    // Protocol 1.2: of 150 ms in `next()` over 12 steps, 120 ms were behind the client's GPU.
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 40, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let mut c = server.client();
+    let id = c.open(open_msg(&ds, json!({})))["stream"].as_u64().unwrap();
+    let (batches, _) = c.epoch(0, 0);
+    assert!(!batches.is_empty());
+    c.send(&json!({"type": "stats", "steps": 12, "wait_ns": 150_000_000, "compute_ns": 100_000_000, "gpu_wait_ns": 120_000_000}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let t = loop {
+        let s = snapshot(&server);
+        let t = s["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["stream"] == id)
+            .cloned()
+            .unwrap();
+        if !t["gpu_wait"].is_null() || Instant::now() > deadline {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // The wait for data is what is left: 30 of 250 ms; the step the loop's own: 220 ms / 12.
+    assert_eq!(
+        (t["wait"].as_f64(), t["gpu_wait"].as_f64()),
+        (Some(0.12), Some(0.48)),
+        "{t}"
+    );
+    assert_eq!(t["step_ms"].as_f64(), Some(18.33), "{t}");
+    let busy = t["busy"].as_f64().expect("a 1.2 snapshot has the busy share");
+    assert!((0.0..=1.01).contains(&busy), "{t}");
+    assert!(
+        t["limit"]
+            .as_str()
+            .unwrap()
+            .contains("the training loop waits for data 12.0% of its time (and 48.0% behind its own GPU work)"),
+        "{t}"
+    );
 }
 
 #[test]

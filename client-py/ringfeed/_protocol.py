@@ -55,7 +55,7 @@ __all__ = [
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
 #: same major is accepted; the session then uses the smaller minor.
-PROTOCOL = (1, 1)
+PROTOCOL = (1, 2)
 
 #: The frame's length prefix: u32 little-endian.
 LENGTH = struct.Struct("<I")
@@ -67,7 +67,7 @@ MAX_INT = 1 << 53
 
 #: Every message type of control.md, by direction.
 CLIENT_TYPES = frozenset({"hello", "open", "start", "release", "stats", "snapshot", "close"})
-SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error", "snapshot"})
+SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error", "snapshot", "opening"})
 ALL_TYPES = CLIENT_TYPES | SERVER_TYPES
 
 # The members a server message MUST carry (control.md, "req" column), by type. `int` means a JSON
@@ -85,6 +85,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "end": {"run": "uint", "epoch": "uint", "batches": "uint", "skipped": "uint"},
     "error": {"code": "str", "message": "str", "fatal": "bool"},
     "snapshot": {"server": "object", "streams": "list[object]"},
+    "opening": {"dataset": "str", "listed": "uint", "elapsed_ms": "uint"},
 }
 # Optional members whose type is still checked when present.
 _OPTIONAL: dict[str, dict[str, str]] = {

@@ -1,4 +1,6 @@
-//! Sources: random access to encoded samples, wherever they live.
+//! Sources: random access to encoded samples, wherever they live: packed shards
+//! ([`PackedSource`]), LMDBs ([`lmdb`]), and image folders and manifests ([`files`]), the last
+//! two read in place.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
 //! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read
@@ -13,9 +15,11 @@
 
 use std::fmt;
 
+pub mod files;
 pub mod lmdb;
 pub mod packed;
 
+pub use files::FilesSource;
 pub use packed::PackedSource;
 
 /// One encoded sample, borrowed from the source's mapped memory.
@@ -64,6 +68,13 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// A reader for the calling thread. Cheap enough to make one per worker thread.
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError>;
 
+    /// What listing the source set aside (an empty class directory, a manifest path listed
+    /// twice): a stream under `on_error = raise` refuses to open while there is any, as `pack
+    /// --on-error fail` does. Only sources listed from files have any.
+    fn listing_problems(&self) -> &[crate::pack::input::Problem] {
+        &[]
+    }
+
     /// Calls `f` with sample `index`. The default makes a reader for the call; sources whose
     /// samples need no per-thread state override it to avoid that allocation on the hot path.
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
@@ -91,4 +102,10 @@ pub enum SourceError {
     /// An LMDB problem (open, transaction, missing key, undecodable value, ...).
     #[error(transparent)]
     Lmdb(#[from] lmdb::LmdbError),
+    /// A file of an image folder or manifest served in place could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }

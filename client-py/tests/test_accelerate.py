@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import accelerate
 import pytest
 import torch
 from _fleet import make_dataset
 
 import ringfeed
-
-accelerate = pytest.importorskip("accelerate")
 
 N, B = 40, 4
 

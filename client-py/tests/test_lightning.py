@@ -11,14 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from _fleet import make_dataset
 
 import ringfeed
-
-pl = pytest.importorskip("lightning.pytorch")
-from ringfeed.lightning import DataModule  # noqa: E402
+from ringfeed.lightning import DataModule
 
 # Lightning 2.6 itself, with torch 2.10 and later: not ours to fix.
 pytestmark = [

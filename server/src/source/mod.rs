@@ -4,12 +4,14 @@
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
 //! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read
-//! transaction, say). A [`Sample`] borrows its bytes straight from the store's memory map: nothing
-//! is copied between the file and the decoder.
+//! transaction, say). A [`Sample`] borrows its bytes straight from the store's memory map (packed
+//! shards, LMDB): nothing is copied between the file and the decoder. Files served in place are
+//! the exception: each is read into a per-thread buffer, one `read` per sample.
 //!
 //! Invariants every implementation keeps:
 //! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
-//!   key, label and bytes every time (a training order is a pure function of the index).
+//!   key, label and bytes every time (a training order is a pure function of the index); files
+//!   served in place keep this only while nobody rewrites them.
 //! - `get` never panics on bad data: it returns a [`SourceError`] naming the sample and where it
 //!   was looked for.
 

@@ -186,17 +186,17 @@ fn control_frames() {
 fn ring_layout() {
     let fields = [
         FieldSpec {
-            name: "image",
+            name: "image".into(),
             dtype: DType::U8,
             shape: vec![4, 6, 3],
         },
         FieldSpec {
-            name: "label",
+            name: "label".into(),
             dtype: DType::I64,
             shape: vec![],
         },
         FieldSpec {
-            name: "index",
+            name: "index".into(),
             dtype: DType::I64,
             shape: vec![],
         },

@@ -31,7 +31,7 @@ try:
 except ImportError:  # the older package name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from ._transforms import CenterCrop, Flip, RandomResizedCrop, Transform
+from ._transforms import CenterCrop, Compose, Flip, RandomResizedCrop, Resize
 from .loader import Loader
 
 __all__ = ["DataModule"]
@@ -81,7 +81,7 @@ class DataModule(pl.LightningDataModule):
         val: the validation dataset, or ``None``.
         batch_size: samples per batch, per rank.
         train_transform: default ``RandomResizedCrop(224) + Flip()``.
-        val_transform: default ``CenterCrop(224, resize=256)``.
+        val_transform: default ``Compose([Resize(256), CenterCrop(224)])``.
         val_batch_size: default ``batch_size``.
         **loader_options: passed to every ``Loader`` (``seed``, ``socket``, ``normalize``,
             ``layout``, ``fields``, ``on_error``, ...). ``rank``, ``world_size`` and ``device``
@@ -99,8 +99,8 @@ class DataModule(pl.LightningDataModule):
         val: str | None = None,
         *,
         batch_size: int,
-        train_transform: Transform | Mapping[str, Any] | None = None,
-        val_transform: Transform | Mapping[str, Any] | None = None,
+        train_transform: Any = None,
+        val_transform: Any = None,
         val_batch_size: int | None = None,
         **loader_options: Any,
     ) -> None:
@@ -112,7 +112,7 @@ class DataModule(pl.LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.train_transform = train_transform or RandomResizedCrop(224) + Flip()
-        self.val_transform = val_transform or CenterCrop(224, resize=256)
+        self.val_transform = val_transform or Compose([Resize(256), CenterCrop(224)])
         self.loader_options = dict(loader_options)
         self._train: _TrainLoader | None = None
         self._val: Loader | None = None

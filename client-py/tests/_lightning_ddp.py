@@ -32,7 +32,7 @@ class Recorder(pl.LightningModule):
 
 def main() -> None:
     dataset, out = sys.argv[1], Path(sys.argv[2])
-    dm = DataModule(dataset, batch_size=4, train_transform=ringfeed.Resize(8), fields=["index"], seed=5)
+    dm = DataModule(dataset, batch_size=4, train_transform=ringfeed.Resize((8, 8)), fields=["index"], seed=5)
     model = Recorder()
     trainer = pl.Trainer(
         accelerator="cpu",

@@ -20,7 +20,7 @@ def main() -> None:
     dataset, out = sys.argv[1], Path(sys.argv[2])
     dist.init_process_group("gloo")
     # Rank and world size from torchrun's RANK/WORLD_SIZE; LOCAL_WORLD_SIZE reaches the server.
-    loader = ringfeed.Loader(dataset, 3, ringfeed.Resize(8), fields=["index"], seed=4, drop_last=False)
+    loader = ringfeed.Loader(dataset, 3, ringfeed.Resize((8, 8)), fields=["index"], seed=4, drop_last=False)
     dist.barrier()  # every rank's stream is open: each sidecar's snapshot below lists its node's
     seen = {}
     for epoch in (0, 1):

@@ -27,7 +27,7 @@ def loader_for(acc: object, dataset: Path, sock: str) -> ringfeed.Loader:
     return ringfeed.Loader(
         dataset,
         B,
-        ringfeed.Resize(8),
+        ringfeed.Resize((8, 8)),
         rank=acc.process_index,  # type: ignore[attr-defined]
         world_size=acc.num_processes,  # type: ignore[attr-defined]
         device=acc.device,  # type: ignore[attr-defined]

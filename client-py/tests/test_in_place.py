@@ -113,7 +113,7 @@ def test_a_directory_that_is_no_dataset_is_refused_with_what_was_looked_for(tmp_
     """A directory that is neither a packed dataset, an LMDB nor an image folder is a `dataset` error saying so."""
     (tmp_path / "loose.jpg").write_bytes(b"\xff\xd8")
     with pytest.raises(ServerError) as e:
-        ringfeed.Loader(tmp_path, 1, ringfeed.Resize(8), socket=sock, spawn=True)
+        ringfeed.Loader(tmp_path, 1, ringfeed.Resize((8, 8)), socket=sock, spawn=True)
     assert e.value.code == "dataset"
     assert "neither a packed ringfeed dataset" in str(e.value)
     assert "image folder" in str(e.value)
@@ -129,7 +129,7 @@ def test_a_long_listing_reports_progress(tmp_path: Path, caplog: pytest.LogCaptu
             loader = ringfeed.Loader(
                 manifest,
                 8,
-                ringfeed.Resize(8),
+                ringfeed.Resize((8, 8)),
                 socket=server.sock,
                 spawn=False,
                 on_opening=lambda n, s: reports.append((n, s)),

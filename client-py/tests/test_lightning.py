@@ -66,7 +66,13 @@ def trainer(**kw: Any) -> Any:
 
 def module(dataset: Path, sock: str) -> DataModule:
     return DataModule(
-        dataset, batch_size=B, train_transform=ringfeed.Resize(8), fields=["index"], seed=3, socket=sock, spawn=True
+        dataset,
+        batch_size=B,
+        train_transform=ringfeed.Resize((8, 8)),
+        fields=["index"],
+        seed=3,
+        socket=sock,
+        spawn=True,
     )
 
 

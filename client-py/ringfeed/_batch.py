@@ -5,7 +5,7 @@ In order, on the batch's device (the side stream in CUDA mode): each view's ``No
 view's ``<name>_erase`` field), then the loader's ``batch_transform`` (``MixUp``, ``CutMix`` or a
 ``RandomChoice`` of them) on the view's images and the labels.
 
-Randomness the client draws (MixUp/CutMix's λ, box and choice; erasing's ``"random"`` noise) comes
+Randomness the client draws (MixUp/CutMix's lam, box and choice; erasing's ``"random"`` noise) comes
 from generators seeded by ``(seed, epoch, batch index)``, so a resumed epoch repeats it exactly.
 """
 
@@ -23,7 +23,9 @@ __all__ = ["BatchOps"]
 
 def _seed(*parts: int) -> int:
     """A 64-bit seed that depends on every part (stable across Python versions and processes)."""
-    h = hashlib.blake2b(b"ringfeed-batch" + b"".join(p.to_bytes(8, "little", signed=False) for p in parts), digest_size=8)
+    h = hashlib.blake2b(
+        b"ringfeed-batch" + b"".join(p.to_bytes(8, "little", signed=False) for p in parts), digest_size=8
+    )
     return int.from_bytes(h.digest(), "little")
 
 
@@ -58,7 +60,8 @@ class BatchOps:
             own = v.transform.normalize
             if own is not None and normalize is not None:
                 raise ValueError(
-                    f"normalize: view {name!r} has its own Normalize in its Compose; pass normalize= or Normalize, not both"
+                    f"normalize: view {name!r} has its own Normalize in its Compose; "
+                    f"pass normalize= or Normalize, not both"
                 )
             mean_std = (own.mean, own.std) if own is not None else normalize
             if mean_std is not None:
@@ -80,11 +83,26 @@ class BatchOps:
                 self.mix, self.mix_p = list(batch_transform.transforms), list(batch_transform.p)
             else:
                 raise ValueError(
-                    f"batch_transform must be MixUp, CutMix or RandomChoice([MixUp(...), CutMix(...)]), got {batch_transform!r}"
+                    f"batch_transform must be MixUp, CutMix or RandomChoice([MixUp(...), CutMix(...)]), "
+                    f"got {batch_transform!r}"
                 )
             if len(views.views) != 1:
                 raise ValueError("batch_transform: MixUp/CutMix mix one view's images; this loader has several views")
         self.mixed_view = next(iter(views.views))
+
+    def check(self, views: dict[str, Any]) -> None:
+        """Checks what can be checked on the host views before the batch is copied (no GPU sync)."""
+        if not self.mix:
+            return
+        labels = views["label"]
+        if len(labels) == 0:
+            return
+        lo, hi = int(labels.min()), int(labels.max())
+        classes = min(op.num_classes for op in self.mix)
+        if lo < 0:
+            raise ValueError("MixUp/CutMix: the dataset has samples without a label (-1); they need class labels")
+        if hi >= classes:
+            raise ValueError(f"MixUp/CutMix: label {hi} is out of range for num_classes={classes}")
 
     @property
     def active(self) -> bool:
@@ -149,14 +167,6 @@ class BatchOps:
                 break
         op = self.mix[k]
         images, labels = out[self.mixed_view], out["label"]
-        if labels.numel() and int(labels.min()) < 0:
-            raise ValueError(
-                f"{type(op).__name__}: the dataset has samples without a label (-1); MixUp/CutMix need class labels"
-            )
-        if labels.numel() and int(labels.max()) >= op.num_classes:
-            raise ValueError(
-                f"{type(op).__name__}: label {int(labels.max())} is out of range for num_classes={op.num_classes}"
-            )
         lam = rng.betavariate(op.alpha, op.alpha)
         if not images.is_floating_point():
             raise ValueError(f"{type(op).__name__}: mixes float images; add Normalize (or normalize=) to the pipeline")

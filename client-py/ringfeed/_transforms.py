@@ -116,7 +116,9 @@ def _interpolation(who: str, value: Any, allowed: Sequence[str] = _INTERPOLATION
     """A name, or torchvision's ``InterpolationMode`` (its ``value`` is the name)."""
     name = getattr(value, "value", value)
     if name not in allowed:
-        raise ValueError(f"{who}: interpolation must be one of {', '.join(allowed)} (or InterpolationMode), got {value!r}")
+        raise ValueError(
+            f"{who}: interpolation must be one of {', '.join(allowed)} (or InterpolationMode), got {value!r}"
+        )
     return str(name)
 
 
@@ -246,7 +248,9 @@ class Resize(Op):
             self.size = _size("Resize", "size", size)
         if max_size is not None:
             if not shorter:
-                raise ValueError("Resize: max_size applies only when size is an int (the shorter side), as in torchvision")
+                raise ValueError(
+                    "Resize: max_size applies only when size is an int (the shorter side), as in torchvision"
+                )
             if not _is_int(max_size) or not self.size[0] < max_size <= MAX_SIZE:
                 raise ValueError(
                     f"Resize: max_size must be an int greater than size ({self.size[0]}) and at most {MAX_SIZE}, "
@@ -553,7 +557,9 @@ class TrivialAugmentWide(_Policy):
 
     def __init__(self, num_magnitude_bins: int = 31, interpolation: Any = "nearest", fill: Any = None) -> None:
         if not (_is_int(num_magnitude_bins) and 2 <= num_magnitude_bins <= 1024):
-            raise ValueError(f"TrivialAugmentWide: num_magnitude_bins must be an int in 2..=1024, got {num_magnitude_bins!r}")
+            raise ValueError(
+                f"TrivialAugmentWide: num_magnitude_bins must be an int in 2..=1024, got {num_magnitude_bins!r}"
+            )
         self.num_magnitude_bins = int(num_magnitude_bins)
         self._common(interpolation, fill)
 
@@ -562,7 +568,8 @@ class TrivialAugmentWide(_Policy):
 
 
 class RandAugment(_Policy):
-    """torchvision's ``RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31, interpolation=NEAREST, fill=None)``."""
+    """torchvision's ``RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31, interpolation=NEAREST,
+    fill=None)``."""
 
     op = "rand_augment"
 
@@ -632,7 +639,9 @@ def _ops(who: str, transforms: Any) -> list[Op]:
         elif isinstance(t, Op):
             out.append(t)
         else:
-            raise ValueError(f"{who}: {t!r} is not a ringfeed op (torchvision's own transforms do not run in the server)")
+            raise ValueError(
+                f"{who}: {t!r} is not a ringfeed op (torchvision's own transforms do not run in the server)"
+            )
     return out
 
 
@@ -649,7 +658,9 @@ class RandomApply(Op):
         for t in self.transforms:
             size = t.out_size(size)  # type: ignore[assignment]
         if size != (1, 1):
-            raise ValueError("RandomApply: its transforms must keep the image's size (apply crops and resizes outside it)")
+            raise ValueError(
+                "RandomApply: its transforms must keep the image's size (apply crops and resizes outside it)"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "p": self.p, "ops": [t.to_json() for t in self.transforms]}
@@ -678,8 +689,14 @@ class RandomChoice(Op):
             weights = [1.0] * len(self.transforms)
         else:
             weights = list(p)
-            if len(weights) != len(self.transforms) or not all(_real(w) and w >= 0 for w in weights) or sum(weights) <= 0:
-                raise ValueError(f"RandomChoice: p must hold one non-negative weight per transform, not all 0, got {p!r}")
+            if (
+                len(weights) != len(self.transforms)
+                or not all(_real(w) and w >= 0 for w in weights)
+                or sum(weights) <= 0
+            ):
+                raise ValueError(
+                    f"RandomChoice: p must hold one non-negative weight per transform, not all 0, got {p!r}"
+                )
         total = float(sum(weights))
         self.p = [float(w) / total for w in weights]
         if not self.batch:
@@ -692,7 +709,9 @@ class RandomChoice(Op):
 
     def to_json(self) -> dict[str, Any]:
         if self.batch:
-            raise ValueError("RandomChoice of MixUp/CutMix is a batch transform: pass it as Loader(batch_transform=...)")
+            raise ValueError(
+                "RandomChoice of MixUp/CutMix is a batch transform: pass it as Loader(batch_transform=...)"
+            )
         return {"op": self.op, "ops": [t.to_json() for t in self.transforms], "p": self.p}
 
 
@@ -781,7 +800,8 @@ class Compose:
                 flat.append(t)
             else:
                 raise ValueError(
-                    f"Compose: {t!r} is not a ringfeed op (use ringfeed's RandomResizedCrop, ... in place of torchvision's)"
+                    f"Compose: {t!r} is not a ringfeed op "
+                    f"(use ringfeed's RandomResizedCrop, ... in place of torchvision's)"
                 )
         tail = False
         for i, t in enumerate(flat):
@@ -896,9 +916,7 @@ class Views:
     def to_json(self) -> dict[str, Any]:
         """The ``pipeline`` member of ``open``."""
         return {
-            "views": [
-                {"name": name, "count": v.count, "ops": v.transform.to_json()} for name, v in self.views.items()
-            ]
+            "views": [{"name": name, "count": v.count, "ops": v.transform.to_json()} for name, v in self.views.items()]
         }
 
     def legacy(self) -> dict[str, Any] | None:
@@ -915,16 +933,16 @@ class Views:
             j = op.to_json()
             return all(j.get(k, bilinear[k]) == bilinear[k] for k in bilinear)
 
-        if len(t) in (1, 2) and isinstance(t[0], RandomResizedCrop) and plain(t[0]):
-            if len(t) == 1 or isinstance(t[1], RandomHorizontalFlip):
-                flip = t[1].p if len(t) == 2 else 0.0  # type: ignore[attr-defined]
-                return {
-                    "kind": "random_resized_crop",
-                    "size": list(t[0].size),
-                    "scale": list(t[0].scale),
-                    "ratio": list(t[0].ratio),
-                    "flip": flip,
-                }
+        rrc = len(t) in (1, 2) and isinstance(t[0], RandomResizedCrop) and plain(t[0])
+        if rrc and (len(t) == 1 or isinstance(t[1], RandomHorizontalFlip)):
+            flip = t[1].p if len(t) == 2 else 0.0  # type: ignore[attr-defined]
+            return {
+                "kind": "random_resized_crop",
+                "size": list(t[0].size),  # type: ignore[attr-defined]
+                "scale": list(t[0].scale),  # type: ignore[attr-defined]
+                "ratio": list(t[0].ratio),  # type: ignore[attr-defined]
+                "flip": flip,
+            }
         if len(t) == 1 and isinstance(t[0], Resize) and len(t[0].size) == 2 and plain(t[0]):
             return {"kind": "resize", "size": list(t[0].size)}
         if (
@@ -946,17 +964,17 @@ def as_views(transform: Any) -> Views:
     """The ``Views`` a ``Loader``'s ``transform`` means: an op, a ``Compose``, or ``Views`` itself."""
     if isinstance(transform, Views):
         return transform
+    if isinstance(transform, (MixUp, CutMix)):
+        raise ValueError(f"transform: {type(transform).__name__} is a batch transform; pass it as batch_transform=")
     if isinstance(transform, View):
         return Views({"image": transform})
     if isinstance(transform, (Op, Compose)):
         if isinstance(transform, RandomChoice) and transform.batch:
-            raise ValueError("transform: RandomChoice of MixUp/CutMix is a batch transform; pass it as batch_transform=")
-        if isinstance(transform, (MixUp, CutMix)):
-            raise ValueError(f"transform: {type(transform).__name__} is a batch transform; pass it as batch_transform=")
+            raise ValueError(
+                "transform: RandomChoice of MixUp/CutMix is a batch transform; pass it as batch_transform="
+            )
         return Views({"image": View(transform)})
-    raise ValueError(
-        f"transform must be a ringfeed op, Compose([...]) or Views({{...}}), got {transform!r}"
-    )
+    raise ValueError(f"transform must be a ringfeed op, Compose([...]) or Views({{...}}), got {transform!r}")
 
 
 # -- batch transforms ---------------------------------------------------------------------------------
@@ -977,7 +995,7 @@ class _MixBase:
 
 
 class MixUp(_MixBase):
-    """torchvision v2's ``MixUp(alpha=1.0, num_classes)``: one ``λ ~ Beta(α, α)`` per batch, the batch
+    """torchvision v2's ``MixUp(alpha=1.0, num_classes)``: one ``lam ~ Beta(alpha, alpha)`` per batch, the batch
     mixed with itself rolled by one, labels one-hot and mixed the same way. A batch transform:
     ``Loader(batch_transform=MixUp(...))``; seeded from ``(seed, epoch, batch)``, so resume repeats it."""
 
@@ -986,8 +1004,8 @@ class MixUp(_MixBase):
 
 
 class CutMix(_MixBase):
-    """torchvision v2's ``CutMix(alpha=1.0, num_classes)``: a box of area ``1 - λ`` (centre uniform,
-    clipped) pasted from the batch rolled by one; ``λ`` recomputed from the clipped box for the labels."""
+    """torchvision v2's ``CutMix(alpha=1.0, num_classes)``: a box of area ``1 - lam`` (centre uniform,
+    clipped) pasted from the batch rolled by one; ``lam`` recomputed from the clipped box for the labels."""
 
     def __init__(self, *, alpha: float = 1.0, num_classes: int) -> None:
         super().__init__(alpha, num_classes)

@@ -705,6 +705,12 @@ class Loader:
         n = header.count
         views = {name: res.segment.view(slot, name)[:n] for name in self.fields}
         post = self._post
+        if post is not None:
+            try:
+                post.check(views)
+            except ValueError:
+                res.release(slot)
+                raise
         if res.cuda is not None:
             out = res.cuda.copy(views, slot, None if post is None else lambda o: post(o, header.epoch, header.batch))
         elif post is not None:

@@ -533,7 +533,14 @@ fn run_ops(a: OpsArgs) -> Result<ExitCode> {
     for index in a.index..a.index + a.count {
         let rng = SampleRng::new(a.seed, a.epoch, index);
         let crop = p
-            .run(&data, &pipeline, rng, ringfeed::ops::Layout::Nhwc, &mut sink, &mut trace)
+            .run(
+                &data,
+                &pipeline,
+                rng,
+                ringfeed::ops::Layout::Nhwc,
+                &mut sink,
+                &mut trace,
+            )
             .with_context(|| format!("{}: sample {index}", a.image.display()))?;
         for o in &sink.outs {
             out.write_all(o)?;

@@ -447,7 +447,14 @@ fn write_sample(
     let t0 = Instant::now();
     let mut sink = SlotSink { task, pos: job.pos };
     let crop = processor
-        .run(sample.data, &ctx.pipeline, rng, ctx.layout, &mut sink, &mut Trace::off())
+        .run(
+            sample.data,
+            &ctx.pipeline,
+            rng,
+            ctx.layout,
+            &mut sink,
+            &mut Trace::off(),
+        )
         .map_err(|e| (key(), e.to_string()))?;
     let t1 = Instant::now();
     let total = (t1 - t0).as_nanos() as u64;

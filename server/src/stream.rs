@@ -421,9 +421,7 @@ async fn open_stream(
     let pipeline = pipeline_from(open).map_err(bad)?;
     let fields = open.fields.clone().unwrap_or_default();
     for f in &fields {
-        if !["image", "label", "index", "crop"].contains(&f.as_str())
-            && !pipeline.views.iter().any(|v| v.name == *f)
-        {
+        if !["image", "label", "index", "crop"].contains(&f.as_str()) && !pipeline.views.iter().any(|v| v.name == *f) {
             return Err(bad(format!(
                 "open.fields: unknown field {f:?} (known: the views, label, index, crop)"
             )));
@@ -1084,7 +1082,11 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
         .views
         .iter()
         .flat_map(|v| std::iter::once(&v.image).chain(v.erase.as_ref()))
-        .chain([Some(&ctx.label), ctx.index.as_ref(), ctx.crop.as_ref()].into_iter().flatten())
+        .chain(
+            [Some(&ctx.label), ctx.index.as_ref(), ctx.crop.as_ref()]
+                .into_iter()
+                .flatten(),
+        )
         .collect();
     let mut to = 0u32;
     for from in 0..n {

@@ -48,6 +48,7 @@ fn reflect(i: i64, n: i64) -> usize {
 }
 
 /// Blurs the `width`×`height` image `px` in place; `tmp` and the kernels are scratch.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gaussian_blur(
     px: &mut [u8],
     width: usize,

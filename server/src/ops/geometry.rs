@@ -99,7 +99,11 @@ pub fn resize_target(width: u32, height: u32, size: ResizeTo, max_size: Option<u
                 let (short, long) = if width <= height { (w, h) } else { (h, w) };
                 if long > m {
                     let new_short = (f64::from(m) * f64::from(short) / f64::from(long)) as u32;
-                    (w, h) = if width <= height { (new_short, m) } else { (m, new_short) };
+                    (w, h) = if width <= height {
+                        (new_short, m)
+                    } else {
+                        (m, new_short)
+                    };
                 }
             }
             (w.max(1), h.max(1))

@@ -428,8 +428,9 @@ pub struct Processor {
     plans: Vec<(usize, u32, Fused, SampleRng)>,
     /// Erasing boxes of the current image.
     boxes: Vec<[i32; 4]>,
-    /// The 1.1 transform last given to [`Processor::process`], as a pipeline.
-    legacy: Option<(Transform, Pipeline)>,
+    /// The 1.1 transforms given to [`Processor::process`], as pipelines (a few: callers
+    /// alternate between a train and an eval transform, and each would allocate anew).
+    legacy: Vec<(Transform, Pipeline)>,
     options: Options,
     /// Nanoseconds the last sample spent decoding (the rest was the transform).
     decode_ns: u64,
@@ -534,7 +535,7 @@ impl Processor {
             ky: Vec::new(),
             plans: Vec::new(),
             boxes: Vec::new(),
-            legacy: None,
+            legacy: Vec::new(),
             decode_ns: 0,
             options,
         })
@@ -581,10 +582,17 @@ impl Processor {
                 width: out_w,
             });
         }
-        let pipeline = match self.legacy.take() {
-            Some((old, p)) if old == *t => p,
-            _ => t.to_pipeline(),
+        let k = match self.legacy.iter().position(|(old, _)| old == t) {
+            Some(k) => k,
+            None => {
+                if self.legacy.len() >= 8 {
+                    self.legacy.remove(0);
+                }
+                self.legacy.push((*t, t.to_pipeline()));
+                self.legacy.len() - 1
+            }
         };
+        let pipeline = std::mem::take(&mut self.legacy[k].1);
         struct One<'a>(&'a mut [u8]);
         impl Sink for One<'_> {
             fn image(&mut self, _: usize, _: u32) -> &mut [u8] {
@@ -592,7 +600,7 @@ impl Processor {
             }
         }
         let result = self.run(data, &pipeline, rng.clone(), layout, &mut One(out), &mut Trace::off());
-        self.legacy = Some((*t, pipeline));
+        self.legacy[k].1 = pipeline;
         result
     }
 
@@ -668,15 +676,14 @@ impl Processor {
                     self.boxes.clear();
                     for e in &view.erasing {
                         let b = erasing_box(e, view.size, &mut g);
-                        trace.record_named(
-                            "random_erasing",
-                            &[
+                        trace.record_named("random_erasing", || {
+                            [
                                 ("top", b[0].into()),
                                 ("left", b[1].into()),
                                 ("height", b[2].into()),
                                 ("width", b[3].into()),
-                            ],
-                        );
+                            ]
+                        });
                         self.boxes.push(b);
                     }
                     sink.erase(*v, *r, &self.boxes);
@@ -738,6 +745,7 @@ impl Processor {
             });
         }
         let (fw, fh) = f.out_size();
+        self.check_size(fw, fh, view.ops.get(f.consumed.saturating_sub(1)))?;
         let tail = &view.ops[f.consumed..];
         let direct = tail.is_empty() && (fw, fh) == (out_w, out_h);
         let mut img = std::mem::take(&mut self.img);
@@ -901,21 +909,21 @@ impl Processor {
         match *op {
             Op::HorizontalFlip { p } => {
                 let on = coin(rng, p);
-                trace.record(op, &[("flip", on.into())]);
+                trace.record(op, || [("flip", on.into())]);
                 if on {
                     write::flip_rows(img.data_mut(), w as usize);
                 }
             }
             Op::VerticalFlip { p } => {
                 let on = coin(rng, p);
-                trace.record(op, &[("flip", on.into())]);
+                trace.record(op, || [("flip", on.into())]);
                 if on {
                     image::flip_vertical(img.data_mut(), w as usize);
                 }
             }
             Op::CenterCrop { size: (ch, cw) } => {
                 let (l, t) = (plan::center_offset(w, cw), plan::center_offset(h, ch));
-                trace.record(op, &[("top", t.into()), ("left", l.into())]);
+                trace.record(op, || [("top", t.into()), ("left", l.into())]);
                 image::crop_into(img, l, t, cw, ch, [0; 3], &mut self.img2);
                 std::mem::swap(img, &mut self.img2);
             }
@@ -931,7 +939,7 @@ impl Processor {
                         size.0, size.1
                     ))
                 })?;
-                trace.record(op, &[("top", t.into()), ("left", l.into())]);
+                trace.record(op, || [("top", t.into()), ("left", l.into())]);
                 image::crop_into(img, l, t, size.1, size.0, fill, &mut self.img2);
                 std::mem::swap(img, &mut self.img2);
             }
@@ -942,15 +950,14 @@ impl Processor {
                 resampling,
             } => {
                 let (t, l, ch, cw) = random_resized_crop_params(w, h, scale, ratio, rng);
-                trace.record(
-                    op,
-                    &[
+                trace.record(op, || {
+                    [
                         ("top", t.into()),
                         ("left", l.into()),
                         ("height", ch.into()),
                         ("width", cw.into()),
-                    ],
-                );
+                    ]
+                });
                 let crop = Rect {
                     left: l,
                     top: t,
@@ -965,7 +972,7 @@ impl Processor {
                 resampling,
             } => {
                 let (rw, rh) = resize_target(w, h, size, max_size);
-                trace.record(op, &[("height", rh.into()), ("width", rw.into())]);
+                trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
                 self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
             }
             Op::ColorJitter {
@@ -982,16 +989,15 @@ impl Processor {
                     draw(rng, saturation),
                     draw(rng, hue),
                 ];
-                trace.record(
-                    op,
-                    &[
+                trace.record(op, || {
+                    [
                         ("order", order.iter().map(|&i| u32::from(i)).collect::<Vec<_>>().into()),
                         ("brightness", f[0].into()),
                         ("contrast", f[1].into()),
                         ("saturation", f[2].into()),
                         ("hue", f[3].into()),
-                    ],
-                );
+                    ]
+                });
                 let px = img.data_mut();
                 for i in order {
                     if let Some(v) = f[i as usize] {
@@ -1006,14 +1012,14 @@ impl Processor {
             }
             Op::Grayscale { p } => {
                 let on = coin(rng, p);
-                trace.record(op, &[("apply", on.into())]);
+                trace.record(op, || [("apply", on.into())]);
                 if on {
                     color::grayscale(img.data_mut());
                 }
             }
             Op::GaussianBlur { kernel, sigma } => {
                 let s = rng.uniform(sigma.0, sigma.1);
-                trace.record(op, &[("sigma", s.into())]);
+                trace.record(op, || [("sigma", s.into())]);
                 blur::gaussian_blur(
                     img.data_mut(),
                     w as usize,
@@ -1064,7 +1070,7 @@ impl Processor {
             } => {
                 let aug = policy::OPS14[rng.below(14) as usize];
                 let m = self.draw_magnitude(policy::Space::Wide, aug, bins, None, w, h, rng);
-                trace.record(op, &[("aug", aug.name().into()), ("magnitude", m.into())]);
+                trace.record(op, || [("aug", aug.name().into()), ("magnitude", m.into())]);
                 self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
             }
             Op::RandAugment {
@@ -1078,7 +1084,7 @@ impl Processor {
                     let aug = policy::OPS14[rng.below(14) as usize];
                     let (w, h) = (img.width, img.height);
                     let m = self.draw_magnitude(policy::Space::Standard, aug, bins, Some(magnitude), w, h, rng);
-                    trace.record(op, &[("aug", aug.name().into()), ("magnitude", m.into())]);
+                    trace.record(op, || [("aug", aug.name().into()), ("magnitude", m.into())]);
                     self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
                 }
             }
@@ -1092,7 +1098,13 @@ impl Processor {
                 for &(aug, p, bin) in &subs[k] {
                     // torchvision: `if not torch.rand(()) <= p: continue`.
                     if rng.uniform(0.0, 1.0) > p {
-                        trace.record(op, &[("policy", k.into()), ("aug", aug.name().into()), ("apply", false.into())]);
+                        trace.record(op, || {
+                            [
+                                ("policy", k.into()),
+                                ("aug", aug.name().into()),
+                                ("apply", false.into()),
+                            ]
+                        });
                         continue;
                     }
                     let (w, h) = (img.width, img.height);
@@ -1100,32 +1112,34 @@ impl Processor {
                         Some(b) => self.draw_magnitude(policy::Space::Standard, aug, 10, Some(b), w, h, rng),
                         None => None,
                     };
-                    trace.record(
-                        op,
-                        &[
+                    trace.record(op, || {
+                        [
                             ("policy", k.into()),
                             ("aug", aug.name().into()),
                             ("apply", true.into()),
                             ("magnitude", m.into()),
-                        ],
-                    );
+                        ]
+                    });
                     self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
                 }
             }
             Op::RandomApply { p, ref ops } => {
                 // torchvision: `if torch.rand(1) >= p: return`.
                 let on = coin(rng, p);
-                trace.record(op, &[("apply", on.into())]);
+                trace.record(op, || [("apply", on.into())]);
                 if on {
                     for o in ops {
                         self.apply(o, img, rng, trace)?;
                     }
                 }
             }
-            Op::RandomChoice { ref ops, ref cumulative } => {
+            Op::RandomChoice {
+                ref ops,
+                ref cumulative,
+            } => {
                 let u = rng.uniform(0.0, 1.0);
                 let k = cumulative.iter().position(|&c| u < c).unwrap_or(ops.len() - 1);
-                trace.record(op, &[("choice", k.into())]);
+                trace.record(op, || [("choice", k.into())]);
                 self.apply(&ops[k], img, rng, trace)?;
             }
         }
@@ -1134,7 +1148,7 @@ impl Processor {
 
     fn coin_traced(&mut self, op: &Op, rng: &mut SampleRng, p: f64, trace: &mut Trace) -> bool {
         let on = rng.uniform(0.0, 1.0) < p;
-        trace.record(op, &[("apply", on.into())]);
+        trace.record(op, || [("apply", on.into())]);
         on
     }
 
@@ -1241,9 +1255,23 @@ impl Processor {
         }
     }
 
+    /// An intermediate image of `w`×`h` must stay within the decode limit (`--max-pixels`): a
+    /// `resize` of the shorter side of a thin image could otherwise ask for gigapixels.
+    fn check_size(&self, w: u32, h: u32, op: Option<&Op>) -> Result<(), OpError> {
+        let max = self.decoder.limits().max_pixels;
+        if u64::from(w) * u64::from(h) > max {
+            return Err(OpError::Transform(format!(
+                "{}: the image would become {w}x{h}, more than the {max} pixels the server allows (--max-pixels); crop before resizing, or cap the longer side with max_size",
+                op.map_or("the pipeline", Op::name)
+            )));
+        }
+        Ok(())
+    }
+
     /// Resizes the window `crop` of `img` to `(w, h)`, reading only the window (torchvision's
     /// crop-then-resize), into `img`.
     fn resize_image(&mut self, img: &mut Image, crop: Rect, (w, h): (u32, u32), r: Resampling) -> Result<(), OpError> {
+        self.check_size(w, h, None)?;
         self.img2.reset(w, h);
         let dst = Dst {
             pixels: self.img2.data_mut(),

@@ -218,12 +218,12 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
         match *op {
             Op::HorizontalFlip { p } => {
                 let on = rng.uniform(0.0, 1.0) < p;
-                trace.record(op, &[("flip", on.into())]);
+                trace.record(op, || [("flip", on.into())]);
                 f.flip_x ^= on;
             }
             Op::VerticalFlip { p } => {
                 let on = rng.uniform(0.0, 1.0) < p;
-                trace.record(op, &[("flip", on.into())]);
+                trace.record(op, || [("flip", on.into())]);
                 f.flip_y ^= on;
             }
             Op::CenterCrop { size: (h, w) } => {
@@ -232,7 +232,7 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                 if !pad_ok(&mut f, &mut padded, next, [0; 3]) {
                     break;
                 }
-                trace.record(op, &[("top", t.into()), ("left", l.into())]);
+                trace.record(op, || [("top", t.into()), ("left", l.into())]);
             }
             Op::RandomCrop {
                 size: (h, w),
@@ -247,7 +247,7 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                 if !pad_ok(&mut f, &mut padded, next, fill) {
                     break;
                 }
-                trace.record(op, &[("top", t.into()), ("left", l.into())]);
+                trace.record(op, || [("top", t.into()), ("left", l.into())]);
             }
             Op::RandomResizedCrop {
                 size: (h, w),
@@ -259,15 +259,14 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                     break;
                 }
                 let (t, l, ch2, cw2) = random_resized_crop_params(cw, ch, scale, ratio, rng);
-                trace.record(
-                    op,
-                    &[
+                trace.record(op, || {
+                    [
                         ("top", t.into()),
                         ("left", l.into()),
                         ("height", ch2.into()),
                         ("width", cw2.into()),
-                    ],
-                );
+                    ]
+                });
                 let crop = sub(f.win, flip, i64::from(l), i64::from(t), cw2, ch2);
                 f.pre = to_rect(crop);
                 f.resize = Some(((w, h), resampling));
@@ -283,7 +282,7 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                     break;
                 }
                 let (rw, rh) = resize_target(cw, ch, size, max_size);
-                trace.record(op, &[("height", rh.into()), ("width", rw.into())]);
+                trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
                 f.pre = to_rect(f.win);
                 f.resize = Some(((rw, rh), resampling));
                 f.win = Win::full(rw, rh);
@@ -352,8 +351,16 @@ pub(super) fn random_crop_offsets(
     if ph < ch || pw < cw {
         return None;
     }
-    let top = if ph > ch { rng.below((ph - ch + 1) as u64) as i64 } else { 0 };
-    let left = if pw > cw { rng.below((pw - cw + 1) as u64) as i64 } else { 0 };
+    let top = if ph > ch {
+        rng.below((ph - ch + 1) as u64) as i64
+    } else {
+        0
+    };
+    let left = if pw > cw {
+        rng.below((pw - cw + 1) as u64) as i64
+    } else {
+        0
+    };
     Some((top - pt, left - pl))
 }
 
@@ -391,7 +398,15 @@ mod tests {
     #[test]
     fn a_larger_center_crop_pads_with_zeros() {
         let f = run(&[Op::CenterCrop { size: (8, 4) }], 4, 4);
-        assert_eq!(f.dst(), Rect { left: 0, top: 2, width: 4, height: 4 });
+        assert_eq!(
+            f.dst(),
+            Rect {
+                left: 0,
+                top: 2,
+                width: 4,
+                height: 4
+            }
+        );
         assert_eq!(f.fill, [0; 3]);
     }
 

@@ -280,9 +280,7 @@ impl Op {
     /// The output size for an input of `size` (`None`: depends on the image).
     fn out_size(&self, size: Option<(u32, u32)>) -> Option<(u32, u32)> {
         match self {
-            Op::RandomResizedCrop { size, .. } | Op::CenterCrop { size } | Op::RandomCrop { size, .. } => {
-                Some(*size)
-            }
+            Op::RandomResizedCrop { size, .. } | Op::CenterCrop { size } | Op::RandomCrop { size, .. } => Some(*size),
             Op::Resize { size, .. } => match size {
                 ResizeTo::Exact(h, w) => Some((*h, *w)),
                 ResizeTo::Shorter(_) => None,
@@ -325,7 +323,7 @@ pub struct View {
 }
 
 /// A stream's pipeline.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pipeline {
     /// In the order of the request; the first is the legacy `image` field's.
     pub views: Vec<View>,
@@ -403,7 +401,9 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
     };
     if name.is_empty()
         || name.len() > MAX_VIEW_NAME
-        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         || name.as_bytes()[0].is_ascii_digit()
     {
         return Err(format!(
@@ -411,7 +411,9 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
         ));
     }
     if ["label", "index", "crop"].contains(&name.as_str()) {
-        return Err(format!("{at}.name: {name:?} is a field the server always names otherwise"));
+        return Err(format!(
+            "{at}.name: {name:?} is a field the server always names otherwise"
+        ));
     }
     let count = match obj.get("count") {
         None => 1,
@@ -836,7 +838,9 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             let padding = match f.nums("padding")? {
                 None => [0; 4],
                 Some(v) => {
-                    let ok = v.iter().all(|x| x.fract() == 0.0 && (0.0..=f64::from(MAX_SIZE)).contains(x));
+                    let ok = v
+                        .iter()
+                        .all(|x| x.fract() == 0.0 && (0.0..=f64::from(MAX_SIZE)).contains(x));
                     match v.as_slice() {
                         [a] if ok => [*a as u32; 4],
                         [x, y] if ok => [*x as u32, *y as u32, *x as u32, *y as u32],
@@ -852,11 +856,15 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
                     }
                 }
             };
-            if let Some(mode) = f.get("padding_mode") {
-                if mode.as_str() != Some("constant") {
+            if let Some(mode) = f.get("padding_mode")
+                && mode.as_str() != Some("constant")
+            {
+                {
                     return Err(f.err(
                         "padding_mode",
-                        &format!("only \"constant\" is supported (a deliberate difference from torchvision), got {mode}"),
+                        &format!(
+                            "only \"constant\" is supported (a deliberate difference from torchvision), got {mode}"
+                        ),
                     ));
                 }
             }
@@ -895,8 +903,10 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             op
         }
         "gaussian_blur" => {
-            let v = f.nums("kernel_size")?.ok_or_else(|| f.err("kernel_size", "is required"))?;
-            let odd = |x: f64| x.fract() == 0.0 && x >= 1.0 && x <= 255.0 && (x as u32) % 2 == 1;
+            let v = f
+                .nums("kernel_size")?
+                .ok_or_else(|| f.err("kernel_size", "is required"))?;
+            let odd = |x: f64| x.fract() == 0.0 && (1.0..=255.0).contains(&x) && (x as u32) % 2 == 1;
             let kernel = match v.as_slice() {
                 [k] if odd(*k) => (*k as u32, *k as u32),
                 [x, y] if odd(*x) && odd(*y) => (*x as u32, *y as u32),
@@ -1032,10 +1042,7 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             Op::RandomChoice { ops, cumulative }
         }
         other => {
-            return Err(format!(
-                "{at}: unknown op {other:?} (known: {})",
-                KNOWN_OPS.join(", ")
-            ));
+            return Err(format!("{at}: unknown op {other:?} (known: {})", KNOWN_OPS.join(", ")));
         }
     };
     Ok(op)
@@ -1128,15 +1135,33 @@ mod tests {
     #[test]
     fn errors_name_the_op_and_member() {
         let cases = [
-            (json!({"op": "color_jitter", "brightness": [1.5, 0.5]}), "ops[0].brightness (color_jitter)"),
-            (json!({"op": "random_resized_crop", "size": [0]}), "ops[0].size (random_resized_crop)"),
+            (
+                json!({"op": "color_jitter", "brightness": [1.5, 0.5]}),
+                "ops[0].brightness (color_jitter)",
+            ),
+            (
+                json!({"op": "random_resized_crop", "size": [0]}),
+                "ops[0].size (random_resized_crop)",
+            ),
             (json!({"op": "posterize", "bits": 9}), "ops[0].bits (posterize)"),
             (json!({"op": "horizontal_flip", "p": 2}), "ops[0].p (horizontal_flip)"),
-            (json!({"op": "horizontal_flip", "q": 0.5}), "ops[0].q (horizontal_flip): unknown member"),
-            (json!({"op": "gaussian_blur", "kernel_size": [4]}), "ops[0].kernel_size (gaussian_blur)"),
-            (json!({"op": "rand_augment", "magnitude": 31}), "ops[0].magnitude (rand_augment)"),
+            (
+                json!({"op": "horizontal_flip", "q": 0.5}),
+                "ops[0].q (horizontal_flip): unknown member",
+            ),
+            (
+                json!({"op": "gaussian_blur", "kernel_size": [4]}),
+                "ops[0].kernel_size (gaussian_blur)",
+            ),
+            (
+                json!({"op": "rand_augment", "magnitude": 31}),
+                "ops[0].magnitude (rand_augment)",
+            ),
             (json!({"op": "twirl"}), "ops[0]: unknown op \"twirl\""),
-            (json!({"op": "random_crop", "size": [32], "padding_mode": "reflect"}), "padding_mode (random_crop)"),
+            (
+                json!({"op": "random_crop", "size": [32], "padding_mode": "reflect"}),
+                "padding_mode (random_crop)",
+            ),
         ];
         for (op, want) in cases {
             let e = err(json!({"views": [{"ops": [op, {"op": "center_crop", "size": [8]}]}]}));

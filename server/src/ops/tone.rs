@@ -16,10 +16,12 @@ pub(super) fn invert(px: &mut [u8]) {
     }
 }
 
-/// `solarize(x, threshold)`.
+/// `solarize(x, threshold)`. torch compares the uint8 image with the threshold in `f32`
+/// (a policy's `255 * 0.33333334` is 85.0 there, so 85 is inverted).
 pub(super) fn solarize(px: &mut [u8], threshold: f64) {
+    let threshold = threshold as f32;
     for c in px.iter_mut() {
-        if f64::from(*c) >= threshold {
+        if f32::from(*c) >= threshold {
             *c = 255 - *c;
         }
     }

@@ -30,20 +30,25 @@ impl Trace {
         self.entries.is_some()
     }
 
-    /// Records what `op` drew.
+    /// Records what `op` drew. `members` is called only when the trace is on, so an off trace
+    /// costs no allocation.
     #[inline]
-    pub fn record(&mut self, op: &Op, members: &[(&str, Value)]) {
+    pub fn record<I: IntoIterator<Item = (&'static str, Value)>>(&mut self, op: &Op, members: impl FnOnce() -> I) {
         self.record_named(op.name(), members);
     }
 
-    /// Records a draw under `name` (a policy's sub-op, say).
+    /// Records a draw under `name`.
     #[inline]
-    pub fn record_named(&mut self, name: &str, members: &[(&str, Value)]) {
+    pub fn record_named<I: IntoIterator<Item = (&'static str, Value)>>(
+        &mut self,
+        name: &str,
+        members: impl FnOnce() -> I,
+    ) {
         if let Some(e) = &mut self.entries {
             let mut m = Map::new();
             m.insert("op".into(), Value::from(name));
-            for (k, v) in members {
-                m.insert((*k).to_owned(), v.clone());
+            for (k, v) in members() {
+                m.insert(k.to_owned(), v);
             }
             e.push(Value::Object(m));
         }

@@ -68,7 +68,7 @@ MAX_INT = 1 << 53
 
 #: Every message type of control.md, by direction.
 CLIENT_TYPES = frozenset({"hello", "open", "start", "release", "stats", "snapshot", "close"})
-SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error", "snapshot"})
+SERVER_TYPES = frozenset({"welcome", "ring", "ready", "end", "error", "snapshot", "opening"})
 ALL_TYPES = CLIENT_TYPES | SERVER_TYPES
 
 # The members a server message MUST carry (control.md, "req" column), by type. `int` means a JSON
@@ -86,6 +86,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
     "end": {"run": "uint", "epoch": "uint", "batches": "uint", "skipped": "uint"},
     "error": {"code": "str", "message": "str", "fatal": "bool"},
     "snapshot": {"server": "object", "streams": "list[object]"},
+    "opening": {"dataset": "str", "listed": "uint", "elapsed_ms": "uint"},
 }
 # Optional members whose type is still checked when present.
 _OPTIONAL: dict[str, dict[str, str]] = {

@@ -45,7 +45,7 @@ import os
 import sys
 import time
 import weakref
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
@@ -138,8 +138,11 @@ class Loader:
     transform fails here, with the server's message.
 
     Args:
-        path: the dataset: a packed dataset directory (``ringfeed pack``) or an LMDB. Made
-            absolute here; the server opens it.
+        path: the dataset: a packed dataset directory (``ringfeed pack``), an LMDB, an image
+            folder (``DIR/class_name/image.jpg``, torchvision's ``ImageFolder`` classes and order)
+            or a ``.csv``/``.jsonl`` manifest (as ``ringfeed pack`` reads them); the last two are
+            listed by the server at open and read in place (see the README, "Serving files in
+            place", for what packing adds). Made absolute here; the server opens it.
         batch_size: samples per batch, ``1 ..= 65536``.
         transform: the per-image pipeline, with torchvision's names and semantics: an op,
             ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),
@@ -201,6 +204,10 @@ class Loader:
             "Losing the server" below); ``0`` (the default) raises ``ServerDiedError`` at once.
         reconnect_timeout: seconds one re-establishment may take: waiting for a server to listen
             at ``socket`` again (or for the restarted sidecar), connecting and re-opening.
+        on_opening: called as ``on_opening(files_listed, seconds)`` about every second while the
+            server lists an image folder or manifest for this loader (a large tree takes a while;
+            the progress is also logged at INFO on the ``ringfeed`` logger). Each report resets
+            ``timeout``, so a long listing never times out.
 
     Losing the server:
         When the server's connection closes under the loader (the server was killed, crashed or
@@ -266,6 +273,7 @@ class Loader:
         log_every: int | None = None,
         reconnect: int = 0,
         reconnect_timeout: float = 30.0,
+        on_opening: Callable[[int, float], None] | None = None,
     ) -> None:
         # Everything that can be checked without the server is, first.
         self._res = _Stream()
@@ -302,6 +310,9 @@ class Loader:
         self._spawn_timeout = _check_timeout("spawn_timeout", spawn_timeout) or 10.0
         self.reconnect = _int_in("reconnect", reconnect, 0, 1 << 30)
         self.reconnect_timeout = _check_timeout("reconnect_timeout", reconnect_timeout) or 30.0
+        if on_opening is not None and not callable(on_opening):
+            raise ValueError(f"on_opening must be a callable (files_listed, seconds), got {on_opening!r}")
+        self.on_opening = on_opening
         self.device = resolve_device(device)
         self._cuda = self.device != "cpu" and self.device.type == "cuda"
         if normalize is not None:
@@ -370,6 +381,9 @@ class Loader:
         self.server = welcome.get("server")
         conn.send(self._open_message())
         ring, fd = self._recv(want_fd=True)
+        while ring["type"] == "opening":  # 1.2: a folder or manifest being listed (each resets the timeout)
+            self._on_opening(ring)
+            ring, fd = self._recv(want_fd=True)
         if fd is None:
             raise ProtocolError(f"{conn.name} answered `open` with `{ring['type']}`, expected `ring`")
         try:
@@ -387,6 +401,12 @@ class Loader:
             from ._device import CudaCopier
 
             self._res.cuda = CudaCopier(segment, self.device, None)
+
+    def _on_opening(self, msg: dict[str, Any]) -> None:
+        """Reports a long open's progress: on the ``ringfeed`` logger, and to ``on_opening``."""
+        if self.on_opening is not None:
+            self.on_opening(msg["listed"], msg["elapsed_ms"] / 1000)
+        log.info("ringfeed: listing %s: %d files after %.0f s", msg["dataset"], msg["listed"], msg["elapsed_ms"] / 1000)
 
     def _handshake(self) -> dict[str, Any]:
         """Connects (starting a sidecar if allowed), says hello, returns the welcome.

@@ -111,8 +111,11 @@ def settle(pid: int, ok: Callable[[dict[str, int]], bool], timeout: float) -> tu
 class Server:
     """``ringfeed serve --socket DIR/ringfeed.sock --threads N``, started and awaited."""
 
-    def __init__(self, threads: int = 2, sock: Path | None = None, log: Path | None = None) -> None:
+    def __init__(
+        self, threads: int = 2, sock: Path | None = None, log: Path | None = None, extra: list[str] | None = None
+    ) -> None:
         self._dir = None
+        self.extra = list(extra or [])
         if sock is None:
             self._dir = Path(tempfile.mkdtemp(prefix="rff-", dir="/tmp"))
             sock = self._dir / "ringfeed.sock"
@@ -127,7 +130,7 @@ class Server:
         out = open(self.log, "ab") if self.log is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                [binary(), "serve", "--socket", str(self.sock), "--threads", str(self.threads)],
+                [binary(), "serve", "--socket", str(self.sock), "--threads", str(self.threads), *self.extra],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,

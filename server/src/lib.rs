@@ -34,6 +34,7 @@ pub mod control;
 pub mod fault;
 pub mod inspect;
 pub mod observe;
+pub mod opening;
 pub mod ops;
 pub mod pack;
 pub mod pool;

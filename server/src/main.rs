@@ -139,6 +139,10 @@ struct ServeArgs {
     /// Largest shared-memory ring one client may ask for, e.g. 16GiB.
     #[arg(long, value_name = "SIZE", default_value = "16GiB", value_parser = parse_size)]
     max_ring_bytes: u64,
+    /// While an image folder or manifest is being listed for a client, tell the client how far
+    /// the listing is every SECS seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    open_progress: f64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -483,7 +487,14 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
     if let Some(s) = a.exit_when_idle.filter(|s| !(0.0..=86400.0).contains(s)) {
         bail!("--exit-when-idle {s} must be between 0 and 86400 seconds");
     }
+    if !(0.001..=3600.0).contains(&a.open_progress) {
+        bail!(
+            "--open-progress {} must be between 0.001 and 3600 seconds",
+            a.open_progress
+        );
+    }
     let config = ringfeed::serve::ServeConfig {
+        open_progress: std::time::Duration::from_secs_f64(a.open_progress),
         socket: socket.clone(),
         threads: a.threads,
         limits: Limits {

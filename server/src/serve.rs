@@ -38,6 +38,9 @@ pub struct ServeConfig {
     pub metrics: Option<std::net::SocketAddr>,
     /// Pin each decode thread to its own CPU.
     pub pin_threads: bool,
+    /// How often a client waiting for a long open (an image folder being listed) hears of its
+    /// progress (`opening`, control.md 1.2).
+    pub open_progress: Duration,
 }
 
 /// How long connections get to end after SIGTERM/SIGINT.
@@ -117,6 +120,7 @@ pub async fn run(
         config.max_ring_bytes,
     );
     shared.cpu_budget = config.cpu_budget;
+    shared.open_progress = config.open_progress;
     let shared = Arc::new(shared);
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
     let metrics = match config.metrics {

@@ -29,9 +29,11 @@ use crate::control::{
     ClientMessage, ErrorCode, OpenRequest, PROTOCOL, ServerMessage, TransformRequest, decode_frame, encode_frame,
 };
 use crate::ops::{Layout, Pipeline, Transform};
+use crate::pack::input::InputKind;
 use crate::pool::{BatchTask, Pool, StreamCtx, ViewFields};
 use crate::ring::{DType, FieldDesc, FieldSpec, RingLayout, Segment, SlotHeader};
 use crate::sampler::{EpochPlan, SamplerConfig};
+use crate::source::files::ServedKind;
 use crate::source::lmdb::{LabelSource, LmdbOptions};
 use crate::source::{PackedSource, Source};
 
@@ -60,6 +62,10 @@ pub struct Shared {
     pub busy: Mutex<(f64, u32)>,
     /// Notified when the last connection left (for `--exit-when-idle`).
     pub idle: tokio::sync::Notify,
+    /// Image folders and manifests being listed (`crate::opening`).
+    pub openings: Arc<crate::opening::Openings>,
+    /// How often a client waiting for a listing gets an `opening` message.
+    pub open_progress: std::time::Duration,
 }
 
 impl std::fmt::Debug for Shared {
@@ -85,6 +91,8 @@ impl Shared {
             started: std::time::Instant::now(),
             busy: Mutex::new((0.0, 0)),
             idle: tokio::sync::Notify::new(),
+            openings: Default::default(),
+            open_progress: crate::opening::PROGRESS_EVERY,
         }
     }
 
@@ -194,7 +202,10 @@ pub async fn serve_connection(
         };
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let pid = stream_pid.unwrap_or(0);
-        let opened = match open_stream(&open, &shared, done_tx, pid).await {
+        // 1.2: a long open (an image folder being listed) sends `opening` while the client waits.
+        let minor = protocol[1].min(PROTOCOL.1);
+        let progress = if minor >= 2 { Some(&mut write) } else { None };
+        let opened = match open_stream(&open, &shared, done_tx, pid, progress).await {
             Ok(s) => s,
             Err((code, msg)) => return fail(&mut write, code, msg).await,
         };
@@ -376,6 +387,7 @@ async fn open_stream(
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Arc<BatchTask>>,
     pid: u32,
+    progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<(StreamState, ServerMessage), (ErrorCode, String)> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     if !(1..=65536).contains(&open.batch_size) {
@@ -419,7 +431,18 @@ async fn open_stream(
     if !path.is_absolute() {
         return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
     }
-    let source = open_source(shared, &path, open).await?;
+    let source = open_source(shared, &path, open, progress).await?;
+    if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
+        return Err((
+            ErrorCode::Dataset,
+            format!(
+                "{}: {}: {}; pass on_error=\"skip\" to serve it without them (what `ringfeed pack --on-error skip` would pack)",
+                source.describe(),
+                String::from_utf8_lossy(&p.key),
+                p.reason
+            ),
+        ));
+    }
     let sampler = SamplerConfig {
         dataset_len: source.len(),
         batch_size: u64::from(open.batch_size),
@@ -602,11 +625,14 @@ fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
     }
 }
 
-/// Opens (or reuses) the dataset at `path`.
+/// Opens (or reuses) the dataset at `path`: a packed dataset, an LMDB, an image folder or a
+/// manifest (`ServedKind::detect`). Folders and manifests are listed by `crate::opening`; while
+/// that runs, `progress` (a 1.2 client's socket) gets an `opening` message every second.
 async fn open_source(
     shared: &Arc<Shared>,
     path: &Path,
     open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
     let canonical = std::fs::canonicalize(path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
@@ -616,9 +642,20 @@ async fn open_source(
             path.display()
         )));
     }
-    let is_lmdb =
-        canonical.join("data.mdb").is_file() || canonical.extension().is_some_and(|e| e == "mdb" || e == "lmdb");
-    let key = format!("{}|{}|{:?}|{}", canonical.display(), open.check_crc, open.lmdb, is_lmdb);
+    let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
+    let key = match kind {
+        ServedKind::Packed | ServedKind::Lmdb => {
+            format!(
+                "{}|{}|{:?}|{}",
+                canonical.display(),
+                open.check_crc,
+                open.lmdb,
+                kind.name()
+            )
+        }
+        // Listed files: no CRC, no LMDB options.
+        ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+    };
     if let Some(s) = shared
         .sources
         .lock()
@@ -628,41 +665,86 @@ async fn open_source(
     {
         return Ok(s);
     }
-    let lmdb = &open.lmdb;
-    let lmdb_opts = LmdbOptions {
-        layout: match &lmdb.layout {
-            Some(l) => l
-                .parse()
-                .map_err(|e| (ErrorCode::BadRequest, format!("open.lmdb.layout: {e}")))?,
-            None => Default::default(),
-        },
-        labels: match (&lmdb.labels, &lmdb.labels_key) {
-            (Some(f), _) => LabelSource::File(PathBuf::from(f)),
-            (None, Some(k)) => LabelSource::Key(k.as_bytes().to_vec()),
-            (None, None) => LabelSource::None,
-        },
-    };
-    let check_crc = open.check_crc;
-    let opened = tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
-        if is_lmdb {
-            crate::source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
-                .map(|s| Arc::new(s) as Arc<dyn Source>)
-                .map_err(|e| e.to_string())
-        } else {
-            PackedSource::open(&canonical, check_crc)
-                .map(|s| Arc::new(s) as Arc<dyn Source>)
-                .map_err(|e| e.to_string())
+    let opened = match kind {
+        ServedKind::Folder | ServedKind::Manifest => {
+            let input = if kind == ServedKind::Folder {
+                InputKind::Folder
+            } else {
+                InputKind::Manifest
+            };
+            let publisher = Arc::clone(shared);
+            let cache_key = key.clone();
+            let waiter = shared.openings.join(&key, canonical, input, move |s| {
+                publisher.cache_source(cache_key, s);
+            });
+            let opening = Arc::clone(&waiter.opening);
+            let result = opening.result();
+            tokio::pin!(result);
+            let mut progress = progress;
+            let every = shared.open_progress;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let opened = loop {
+                tokio::select! {
+                    r = &mut result => break r,
+                    _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                        let msg = ServerMessage::Opening {
+                            dataset: open.dataset.clone(),
+                            listed: opening.listed(),
+                            elapsed_ms: opening.elapsed().as_millis() as u64,
+                        };
+                        // The client has gone: stop waiting (the last waiter cancels the listing).
+                        send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
+                    },
+                }
+            };
+            drop(waiter);
+            return opened.map_err(dataset_err);
         }
-    })
-    .await
-    .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-    .map_err(dataset_err)?;
-    let mut sources = shared.sources.lock().unwrap_or_else(|p| p.into_inner());
-    // Entries of datasets no stream holds any more go, so the map stays as small as the open set
-    // (clients choose the keys).
-    sources.retain(|_, w| w.strong_count() > 0);
-    sources.insert(key, Arc::downgrade(&opened));
+        ServedKind::Packed | ServedKind::Lmdb => {
+            let lmdb = &open.lmdb;
+            let lmdb_opts = LmdbOptions {
+                layout: match &lmdb.layout {
+                    Some(l) => l
+                        .parse()
+                        .map_err(|e| (ErrorCode::BadRequest, format!("open.lmdb.layout: {e}")))?,
+                    None => Default::default(),
+                },
+                labels: match (&lmdb.labels, &lmdb.labels_key) {
+                    (Some(f), _) => LabelSource::File(PathBuf::from(f)),
+                    (None, Some(k)) => LabelSource::Key(k.as_bytes().to_vec()),
+                    (None, None) => LabelSource::None,
+                },
+            };
+            let check_crc = open.check_crc;
+            tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
+                if kind == ServedKind::Lmdb {
+                    crate::source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
+                        .map(|s| Arc::new(s) as Arc<dyn Source>)
+                        .map_err(|e| e.to_string())
+                } else {
+                    PackedSource::open(&canonical, check_crc)
+                        .map(|s| Arc::new(s) as Arc<dyn Source>)
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .await
+            .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+            .map_err(dataset_err)?
+        }
+    };
+    shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+impl Shared {
+    /// Remembers an open source, so later streams over the same dataset share it.
+    fn cache_source(&self, key: String, source: &Arc<dyn Source>) {
+        let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        // Entries of datasets no stream holds any more go, so the map stays as small as the open
+        // set (clients choose the keys).
+        sources.retain(|_, w| w.strong_count() > 0);
+        sources.insert(key, Arc::downgrade(source));
+    }
 }
 
 impl StreamState {

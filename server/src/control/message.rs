@@ -198,6 +198,12 @@ pub enum ServerMessage {
     },
     /// 1.1: the answer to an observer's `snapshot`.
     Snapshot(Box<crate::stats::Snapshot>),
+    /// 1.2: the dataset is still being opened (an image folder or manifest being listed).
+    Opening {
+        dataset: String,
+        listed: u64,
+        elapsed_ms: u64,
+    },
 }
 
 impl ServerMessage {

@@ -11,7 +11,7 @@ use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::source::lmdb::{LmdbOptions, LmdbSource};
 use crate::source::{NO_LABEL, Source};
@@ -131,12 +131,62 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InputError + '_ {
 
 /// Lists `src` as `kind`. `cancel` is polled so a long listing can be interrupted.
 pub fn plan(src: &Path, kind: InputKind, lmdb: &LmdbOptions, cancel: &AtomicBool) -> Result<Plan, InputError> {
+    plan_counted(src, kind, lmdb, cancel, &AtomicU64::new(0))
+}
+
+/// [`plan`], adding to `listed` as entries are found (files of a folder, lines of a manifest),
+/// so that another thread can report the progress of a long listing. The server lists image
+/// folders and manifests it serves in place with this, so `pack` and `serve` give the same
+/// samples, labels and order.
+pub fn plan_counted(
+    src: &Path,
+    kind: InputKind,
+    lmdb: &LmdbOptions,
+    cancel: &AtomicBool,
+    listed: &AtomicU64,
+) -> Result<Plan, InputError> {
+    let watch = Watch { cancel, listed };
     match kind.detect(src) {
-        InputKind::Folder => plan_folder(src, cancel),
-        InputKind::Manifest => plan_manifest(src, cancel),
+        InputKind::Folder => plan_folder(src, &watch),
+        InputKind::Manifest => plan_manifest(src, &watch),
         InputKind::Lmdb => plan_lmdb(src, lmdb),
         InputKind::Auto => unreachable!("detect never returns Auto"),
     }
+}
+
+/// What a listing reports to, and is stopped by.
+struct Watch<'a> {
+    cancel: &'a AtomicBool,
+    listed: &'a AtomicU64,
+}
+
+impl Watch<'_> {
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    fn found(&self, n: u64) {
+        // Relaxed: a progress counter, read only for display.
+        self.listed.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Reads a file only if it is a regular file: opening a FIFO named `x.jpg` would block forever,
+/// and a device could stream without end. `buf` is cleared and reused.
+pub fn read_regular_file_into(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Read;
+    // Checked before opening: opening a FIFO for reading blocks until a writer comes.
+    let meta = fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    buf.clear();
+    buf.reserve(meta.len() as usize);
+    fs::File::open(path)?.read_to_end(buf)?;
+    Ok(())
 }
 
 fn has_image_extension(name: &OsStr) -> bool {
@@ -156,7 +206,7 @@ fn sorted_entries(dir: &Path) -> Result<Vec<fs::DirEntry>, InputError> {
     Ok(entries)
 }
 
-fn plan_folder(root: &Path, cancel: &AtomicBool) -> Result<Plan, InputError> {
+fn plan_folder(root: &Path, watch: &Watch<'_>) -> Result<Plan, InputError> {
     if !root.is_dir() {
         return Err(InputError::Invalid {
             path: root.to_owned(),
@@ -183,7 +233,7 @@ fn plan_folder(root: &Path, cancel: &AtomicBool) -> Result<Plan, InputError> {
         let label = plan.classes.len() as i64;
         let name = entry.file_name().as_bytes().to_vec();
         let before = plan.items.len();
-        walk_class(root, &path, label, &mut plan, cancel, 0)?;
+        walk_class(root, &path, label, &mut plan, watch, 0)?;
         if plan.items.len() == before {
             plan.problems.push(Problem {
                 key: name.clone(),
@@ -214,10 +264,10 @@ fn walk_class(
     dir: &Path,
     label: i64,
     plan: &mut Plan,
-    cancel: &AtomicBool,
+    watch: &Watch<'_>,
     depth: usize,
 ) -> Result<(), InputError> {
-    if cancel.load(Ordering::Relaxed) {
+    if watch.cancelled() {
         return Err(InputError::Interrupted);
     }
     if depth > MAX_DEPTH {
@@ -229,8 +279,9 @@ fn walk_class(
     for entry in sorted_entries(dir)? {
         let path = entry.path();
         if path.is_dir() {
-            walk_class(root, &path, label, plan, cancel, depth + 1)?;
+            walk_class(root, &path, label, plan, watch, depth + 1)?;
         } else if has_image_extension(&entry.file_name()) {
+            watch.found(1);
             let key = path.strip_prefix(root).unwrap_or(&path).as_os_str().as_bytes().to_vec();
             plan.items.push(Item {
                 key,
@@ -253,14 +304,14 @@ struct Row {
     meta: serde_json::Map<String, serde_json::Value>,
 }
 
-fn plan_manifest(manifest: &Path, cancel: &AtomicBool) -> Result<Plan, InputError> {
+fn plan_manifest(manifest: &Path, watch: &Watch<'_>) -> Result<Plan, InputError> {
     let ext = manifest
         .extension()
         .and_then(OsStr::to_str)
         .map(str::to_ascii_lowercase);
     let rows = match ext.as_deref() {
-        Some("jsonl" | "ndjson") => read_jsonl(manifest, cancel)?,
-        Some("csv") => read_csv(manifest, cancel)?,
+        Some("jsonl" | "ndjson") => read_jsonl(manifest, watch)?,
+        Some("csv") => read_csv(manifest, watch)?,
         _ => {
             if !manifest.exists() {
                 return Err(InputError::Io {
@@ -350,13 +401,16 @@ fn plan_manifest(manifest: &Path, cancel: &AtomicBool) -> Result<Plan, InputErro
     Ok(plan)
 }
 
-fn read_jsonl(manifest: &Path, cancel: &AtomicBool) -> Result<Vec<Row>, InputError> {
+fn read_jsonl(manifest: &Path, watch: &Watch<'_>) -> Result<Vec<Row>, InputError> {
     let file = fs::File::open(manifest).map_err(io_err(manifest))?;
     let mut rows = Vec::new();
     for (n, line) in BufReader::new(file).lines().enumerate() {
         let line_no = n as u64 + 1;
-        if line_no.is_multiple_of(65536) && cancel.load(Ordering::Relaxed) {
-            return Err(InputError::Interrupted);
+        if line_no.is_multiple_of(4096) {
+            watch.found(4096);
+            if watch.cancelled() {
+                return Err(InputError::Interrupted);
+            }
         }
         let line = line.map_err(io_err(manifest))?;
         if line.trim().is_empty() {
@@ -390,7 +444,7 @@ fn read_jsonl(manifest: &Path, cancel: &AtomicBool) -> Result<Vec<Row>, InputErr
     Ok(rows)
 }
 
-fn read_csv(manifest: &Path, cancel: &AtomicBool) -> Result<Vec<Row>, InputError> {
+fn read_csv(manifest: &Path, watch: &Watch<'_>) -> Result<Vec<Row>, InputError> {
     let invalid = |detail: String| InputError::Invalid {
         path: manifest.to_owned(),
         detail,
@@ -413,8 +467,11 @@ fn read_csv(manifest: &Path, cancel: &AtomicBool) -> Result<Vec<Row>, InputError
     let mut rows = Vec::new();
     for (n, record) in reader.records().enumerate() {
         let line_no = n as u64 + 2;
-        if line_no.is_multiple_of(65536) && cancel.load(Ordering::Relaxed) {
-            return Err(InputError::Interrupted);
+        if line_no.is_multiple_of(4096) {
+            watch.found(4096);
+            if watch.cancelled() {
+                return Err(InputError::Interrupted);
+            }
         }
         let record = record.map_err(|e| invalid(format!("line {line_no}: {e}")))?;
         let path = record.get(path_col).unwrap_or("").to_owned();
@@ -478,4 +535,11 @@ fn plan_lmdb(src: &Path, opts: &LmdbOptions) -> Result<Plan, InputError> {
         ignored: 0,
         lmdb: Some(source),
     })
+}
+
+/// [`read_regular_file_into`] into a new buffer.
+pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_regular_file_into(path, &mut buf)?;
+    Ok(buf)
 }

@@ -540,7 +540,7 @@ impl<'a> Worker<'a> {
     fn process(&mut self, item: &input::Item) -> Outcome {
         let owned;
         let data: &[u8] = match &item.origin {
-            input::Origin::File(path) => match read_regular_file(path) {
+            input::Origin::File(path) => match input::read_regular_file(path) {
                 Ok(d) => {
                     owned = d;
                     &owned
@@ -602,16 +602,4 @@ impl<'a> Worker<'a> {
             restarted: false,
         }
     }
-}
-
-/// Reads a file only if it is a regular file: opening a FIFO named `x.jpg` would block forever,
-/// and a device could stream without end.
-fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    if !fs::metadata(path)?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file",
-        ));
-    }
-    fs::read(path)
 }

@@ -1,21 +1,27 @@
-//! Sources: random access to encoded samples, wherever they live.
+//! Sources: random access to encoded samples, wherever they live: packed shards
+//! ([`PackedSource`]), LMDBs ([`lmdb`]), and image folders and manifests ([`files`]), the last
+//! two read in place.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
 //! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read
-//! transaction, say). A [`Sample`] borrows its bytes straight from the store's memory map: nothing
-//! is copied between the file and the decoder.
+//! transaction, say). A [`Sample`] borrows its bytes straight from the store's memory map (packed
+//! shards, LMDB): nothing is copied between the file and the decoder. Files served in place are
+//! the exception: each is read into a per-thread buffer, one `read` per sample.
 //!
 //! Invariants every implementation keeps:
 //! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
-//!   key, label and bytes every time (a training order is a pure function of the index).
+//!   key, label and bytes every time (a training order is a pure function of the index); files
+//!   served in place keep this only while nobody rewrites them.
 //! - `get` never panics on bad data: it returns a [`SourceError`] naming the sample and where it
 //!   was looked for.
 
 use std::fmt;
 
+pub mod files;
 pub mod lmdb;
 pub mod packed;
 
+pub use files::FilesSource;
 pub use packed::PackedSource;
 
 /// One encoded sample, borrowed from the source's mapped memory.
@@ -64,6 +70,13 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// A reader for the calling thread. Cheap enough to make one per worker thread.
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError>;
 
+    /// What listing the source set aside (an empty class directory, a manifest path listed
+    /// twice): a stream under `on_error = raise` refuses to open while there is any, as `pack
+    /// --on-error fail` does. Only sources listed from files have any.
+    fn listing_problems(&self) -> &[crate::pack::input::Problem] {
+        &[]
+    }
+
     /// Calls `f` with sample `index`. The default makes a reader for the call; sources whose
     /// samples need no per-thread state override it to avoid that allocation on the hot path.
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
@@ -91,4 +104,10 @@ pub enum SourceError {
     /// An LMDB problem (open, transaction, missing key, undecodable value, ...).
     #[error(transparent)]
     Lmdb(#[from] lmdb::LmdbError),
+    /// A file of an image folder or manifest served in place could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }

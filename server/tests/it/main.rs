@@ -5,6 +5,7 @@
 
 mod cli;
 mod codec;
+mod in_place;
 mod lmdb;
 mod ops;
 mod pack;

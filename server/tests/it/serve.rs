@@ -94,12 +94,12 @@ impl Client {
         }
     }
 
-    fn send(&mut self, m: &Value) {
+    pub fn send(&mut self, m: &Value) {
         self.sock.write_all(&ringfeed::control::encode_frame(m)).unwrap();
     }
 
     /// The next message; `None` at EOF.
-    fn recv(&mut self) -> Option<Value> {
+    pub fn recv(&mut self) -> Option<Value> {
         loop {
             if self.buf.len() >= 4 {
                 let n = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
@@ -135,18 +135,31 @@ impl Client {
         }
     }
 
-    fn hello(&mut self) {
-        self.send(&json!({"type": "hello", "protocol": [1, 0]}));
+    fn hello(&mut self, minor: u16) {
+        self.send(&json!({"type": "hello", "protocol": [1, minor]}));
         assert_eq!(self.recv().unwrap()["type"], "welcome");
     }
 
     /// hello + open; returns the server's answer (`ring` or `error`), mapping the ring.
     pub fn open(&mut self, open: Value) -> Value {
-        self.hello();
+        let (opening, reply) = self.open_as(0, open);
+        assert!(opening.is_empty(), "a 1.0 client gets no `opening`: {opening:?}");
+        reply
+    }
+
+    /// [`Client::open`] speaking protocol `1.minor`; returns the `opening` messages (1.2) that
+    /// came before the answer, and the answer.
+    pub fn open_as(&mut self, minor: u16, open: Value) -> (Vec<Value>, Value) {
+        self.hello(minor);
         let mut m = open;
         m["type"] = json!("open");
         self.send(&m);
-        let reply = self.recv().unwrap();
+        let mut opening = Vec::new();
+        let mut reply = self.recv().unwrap();
+        while reply["type"] == "opening" {
+            opening.push(reply);
+            reply = self.recv().unwrap();
+        }
         if reply["type"] == "ring" {
             let fd = self.fds.pop().expect("the ring message carries the memfd");
             let file = std::fs::File::from(fd);
@@ -154,7 +167,7 @@ impl Client {
             // resizing; this test only reads slots it holds.
             self.map = Some(unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap());
         }
-        reply
+        (opening, reply)
     }
 
     /// Reads the batch in `slot` (image, label, index fields).
@@ -399,7 +412,9 @@ fn bad_requests_get_clear_errors() {
         (r["code"].as_str(), r["fatal"].as_bool()),
         (Some("version"), Some(true))
     );
-    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.2"));
+    let (major, minor) = ringfeed::control::PROTOCOL;
+    let want = format!("protocol 2.0, this server {major}.{minor}");
+    assert!(r["message"].as_str().unwrap().contains(&want), "{r}");
     assert!(c.recv().is_none(), "the server closes after a version error");
 
     let mut c = server.client();
@@ -502,7 +517,7 @@ fn ring_size_is_bounded() {
 }
 
 /// An observer connection's snapshot.
-fn snapshot(server: &Server) -> Value {
+pub fn snapshot(server: &Server) -> Value {
     let mut o = server.client();
     o.send(&json!({"type": "hello", "protocol": [1, 1]}));
     assert_eq!(o.recv().unwrap()["type"], "welcome");
@@ -632,7 +647,7 @@ fn observers_may_only_observe_and_streams_may_not_observe() {
     let ds = dataset(tmp.path(), 9, &[]);
     let server = Server::start(tmp.path(), 1);
     let mut o = server.client();
-    o.hello();
+    o.hello(0);
     o.send(&json!({"type": "snapshot"}));
     assert_eq!(o.recv().unwrap()["type"], "snapshot");
     o.send(&json!({"type": "start", "epoch": 0}));
@@ -672,7 +687,7 @@ fn an_observer_does_not_keep_an_idle_server_alive() {
     let mut c = Client::connect(&socket);
     c.open(open_msg(&ds, json!({})));
     let mut o = Client::connect(&socket);
-    o.hello();
+    o.hello(0);
     o.send(&json!({"type": "snapshot"}));
     assert_eq!(o.recv().unwrap()["streams"].as_array().unwrap().len(), 1);
     drop(c);
@@ -910,7 +925,7 @@ fn another_user_is_kept_out_by_the_socket_mode_and_by_the_peer_uid_check() {
     assert!(!err.contains("Permission denied"), "{err}");
     // Its own user is still served.
     let mut c = server.client();
-    c.hello();
+    c.hello(0);
 }
 
 #[test]

@@ -136,6 +136,10 @@ fn messages() -> Vec<(&'static str, Value)> {
             json!({"type": "ring", "segment_len": 4096, "dataset_len": 10, "samples_per_rank": 10,
                 "batches_per_epoch": 2, "classes": [], "stream": 7}),
         ),
+        (
+            "opening (1.2)",
+            json!({"type": "opening", "dataset": "/data/imagenet/train", "listed": 412000, "elapsed_ms": 3000}),
+        ),
         ("ready", json!({"type": "ready", "run": 1, "seq": 1, "slot": 0})),
         (
             "end",

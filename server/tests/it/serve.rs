@@ -399,7 +399,7 @@ fn bad_requests_get_clear_errors() {
         (r["code"].as_str(), r["fatal"].as_bool()),
         (Some("version"), Some(true))
     );
-    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.1"));
+    assert!(r["message"].as_str().unwrap().contains("protocol 2.0, this server 1.2"));
     assert!(c.recv().is_none(), "the server closes after a version error");
 
     let mut c = server.client();

@@ -12,6 +12,8 @@ Two parts. The loader: ``Loader`` connects to ``ringfeed serve`` over a Unix soc
 Layout:
 
 - ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
+- ``_tokens``: ``TokenLoader``, a ``Loader`` of token windows (``proto/control.md``, "Token streams").
+- ``_tokfile``: the token dataset format (``proto/tokens.md``): reader, ``verify_tokens``, Megatron reader.
 - ``_transforms``: ``RandomResizedCrop``, ``Flip``, ``CenterCrop``, ``Resize``.
 - ``_protocol``: the control protocol: version, framing, ``Connection``.
 - ``_ring``: the ring's layout: ``struct`` layouts, dtype codes, ``Segment`` (the mapping).
@@ -29,6 +31,7 @@ from ._observe import snapshot
 from ._protocol import PROTOCOL
 from ._reader import PackedDataset, Sample
 from ._shard import FormatError
+from ._tokens import TokenLoader
 from ._transforms import CenterCrop, Flip, RandomResizedCrop, Resize, Transform
 from ._verify import verify
 from ._version import __version__
@@ -49,6 +52,7 @@ __all__ = [
     "ServerDiedError",
     "ServerError",
     "TimeoutError",
+    "TokenLoader",
     "Transform",
     "__version__",
     "snapshot",

@@ -257,6 +257,69 @@ pub fn best_fit_decreasing(lens: &[(u64, u64)], cap: u64) -> (Vec<u64>, Vec<u64>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::{TOKENS_FILE, TokenFile, TokenWriter, TokenWriterOptions};
+
+    /// Documents of lengths 3, 5, 2 (ids 10.., EOS 0 last), the second with a 2-token prompt.
+    fn source() -> Arc<TokenSource> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = TokenWriterOptions::new(100);
+        opts.eos_id = Some(0);
+        opts.prompts = true;
+        let mut w = TokenWriter::create(&dir.path().join(TOKENS_FILE), opts).unwrap();
+        w.push(&[10, 11, 0], 0).unwrap();
+        w.push(&[20, 21, 22, 23, 0], 2).unwrap();
+        w.push(&[30, 0], 0).unwrap();
+        w.finish("{}").unwrap();
+        Arc::new(TokenSource::Packed(TokenFile::open(dir.path()).unwrap()))
+    }
+
+    #[test]
+    fn concat_windows_restart_positions_and_mask_prompts() {
+        let spec = WindowSpec {
+            seq_len: 4,
+            mode: Mode::Concat,
+            max_docs: 3,
+            pad_id: 0,
+        };
+        let w = Windows::new(source(), spec).unwrap();
+        assert_eq!(w.len(), 2); // 10 tokens: (10 - 1) / 4
+        let mut out = Window::default();
+        w.fill(0, &mut out);
+        assert_eq!(out.input_ids, [10, 11, 0, 20]);
+        // The label of 0 -> 20 and of 20 -> 21 are prompt tokens of document 1: no loss.
+        assert_eq!(out.labels, [11, 0, IGNORE, IGNORE]);
+        assert_eq!(out.position_ids, [0, 1, 2, 0]);
+        assert_eq!(out.document_ids, [0, 0, 0, 1]);
+        assert_eq!(out.cu_seqlens, [0, 3, 4, 4]);
+        w.fill(1, &mut out);
+        assert_eq!(out.input_ids, [21, 22, 23, 0]);
+        assert_eq!(out.labels, [22, 23, 0, 30]);
+        assert_eq!(out.position_ids, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn pack_windows_hold_whole_documents_and_pad() {
+        let spec = WindowSpec {
+            seq_len: 5,
+            mode: Mode::Pack,
+            max_docs: 5,
+            pad_id: 0,
+        };
+        let w = Windows::new(source(), spec).unwrap();
+        // Capacity 6: [5-token doc] then [3 + 2].
+        assert_eq!(w.len(), 2);
+        assert_eq!((w.bin(0), w.bin(1)), (&[1u64][..], &[0u64, 2][..]));
+        let mut out = Window::default();
+        w.fill(1, &mut out);
+        assert_eq!(out.input_ids, [10, 11, 0, 30, 0]);
+        assert_eq!(out.labels, [11, 0, IGNORE, 0, IGNORE]);
+        assert_eq!(out.document_ids, [0, 0, 0, 1, 1]);
+        assert_eq!(out.cu_seqlens, [0, 3, 5, 5, 5, 5]);
+        w.fill(0, &mut out);
+        assert_eq!(out.input_ids, [20, 21, 22, 23, 0]);
+        assert_eq!(out.labels, [IGNORE, 22, 23, 0, IGNORE]);
+        assert_eq!(out.document_ids, [0, 0, 0, 0, 0]);
+    }
 
     #[test]
     fn best_fit_decreasing_never_overfills_and_places_every_document_once() {

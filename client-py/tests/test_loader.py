@@ -338,7 +338,8 @@ def test_batch_larger_than_dataset_is_a_bad_request(serve: Callable[..., FakeSer
 def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None:
     """A server of another major version answers `version`; the loader raises it with both versions."""
     server = serve(protocol=(2, 0))
-    with pytest.raises(ServerError, match=r"client speaks protocol \[1, 1\], this server \(2, 0\)") as e:
+    major, minor = ringfeed.PROTOCOL
+    with pytest.raises(ServerError, match=rf"client speaks protocol \[{major}, {minor}\], this server \(2, 0\)") as e:
         make(server)
     assert e.value.code == "version"
 
@@ -346,7 +347,8 @@ def test_version_refused_by_the_server(serve: Callable[..., FakeServer]) -> None
 def test_server_of_another_major_is_refused_by_the_client(serve: Callable[..., FakeServer]) -> None:
     """A server that welcomes this client with another major version is refused, naming both versions."""
     server = serve(protocol=(2, 1), check_version=False)
-    with pytest.raises(ProtocolError, match=r"speaks protocol 2\.1, but this client speaks 1\.1"):
+    major, minor = ringfeed.PROTOCOL
+    with pytest.raises(ProtocolError, match=rf"speaks protocol 2\.1, but this client speaks {major}\.{minor}"):
         make(server)
 
 

@@ -43,7 +43,7 @@ def main() -> None:
     loader = ringfeed.Loader(
         a.dataset,
         batch_size=a.batch_size,
-        transform=ringfeed.RandomResizedCrop(a.size) + ringfeed.Flip(),
+        transform=ringfeed.Compose([ringfeed.RandomResizedCrop(a.size), ringfeed.RandomHorizontalFlip()]),
         layout="NCHW",
         shuffle=True,
         seed=0,

@@ -257,12 +257,12 @@ fn benches(c: &mut Criterion) {
     g.throughput(Throughput::Elements(256));
     let fields = [
         FieldSpec {
-            name: "image",
+            name: "image".into(),
             dtype: DType::U8,
             shape: vec![224, 224, 3],
         },
         FieldSpec {
-            name: "label",
+            name: "label".into(),
             dtype: DType::I64,
             shape: vec![],
         },

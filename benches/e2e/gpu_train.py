@@ -97,10 +97,25 @@ def ceiling_batches():
         yield x, y
 
 
-def dataloader_batches(images: Path, workers: int):
+def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
     tf = transforms.Compose(
         [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
     )
+    if recipe == "full":
+        # torchvision's ta_wide recipe (v2), erasing after normalisation: floats from the workers.
+        from torchvision.transforms import v2
+
+        tf = v2.Compose(
+            [
+                v2.RandomResizedCrop(224, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.TrivialAugmentWide(),
+                v2.PILToTensor(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+                v2.RandomErasing(0.25),
+            ]
+        )
     ds = torchvision.datasets.ImageFolder(str(images), transform=tf)
     dl = torch.utils.data.DataLoader(
         ds,
@@ -115,19 +130,27 @@ def dataloader_batches(images: Path, workers: int):
     mean, std = MEAN.cuda(), STD.cuda()
     while True:
         for x, y in dl:
-            x = x.cuda(non_blocking=True).float().sub_(mean).div_(std).to(memory_format=torch.channels_last)
+            if recipe == "full":
+                x = x.cuda(non_blocking=True).to(torch.bfloat16, memory_format=torch.channels_last)
+            else:
+                x = x.cuda(non_blocking=True).float().sub_(mean).div_(std).to(memory_format=torch.channels_last)
             yield x, y.cuda(non_blocking=True)
 
 
-def ringfeed_batches(packed: Path, sock: str):
+def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc"):
     import ringfeed
 
+    norm = ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    ops = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
+    if recipe == "full":
+        ops += [ringfeed.TrivialAugmentWide(), norm, ringfeed.RandomErasing(0.25)]
+    else:
+        ops.append(norm)
     ld = ringfeed.Loader(
         packed,
         BATCH,
-        transform=ringfeed.RandomResizedCrop(224) + ringfeed.Flip(),
+        transform=ringfeed.Compose(ops),
         device="cuda",
-        normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
         dtype=torch.bfloat16,
         socket=sock,
         layout="NHWC",
@@ -148,6 +171,12 @@ def main() -> None:
     ap.add_argument("--loaders", default="ceiling,ringfeed,dataloader-pil")
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument(
+        "--recipe",
+        default="rrc",
+        choices=["rrc", "full"],
+        help="rrc: RandomResizedCrop + flip; full: + TrivialAugmentWide + Normalize + RandomErasing(0.25)",
+    )
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -168,11 +197,20 @@ def main() -> None:
                 model = make_model(name)
                 batches = {
                     "ceiling": lambda: ceiling_batches(),
-                    "dataloader-pil": lambda: dataloader_batches(a.images, a.workers),
-                    "ringfeed": lambda: ringfeed_batches(a.packed, sock),
+                    "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
+                    "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe),
                 }[loader]()
                 r = train(model, batches, a.steps)
-                r.update({"model": name, "loader": loader, "workers": a.workers, "steps": a.steps, "batch": BATCH})
+                r.update(
+                    {
+                        "model": name,
+                        "loader": loader,
+                        "workers": a.workers,
+                        "steps": a.steps,
+                        "batch": BATCH,
+                        "recipe": a.recipe,
+                    }
+                )
                 results.append(r)
                 print(json.dumps(r), flush=True)
                 del batches, model

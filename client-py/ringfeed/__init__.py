@@ -14,7 +14,8 @@ Layout:
 - ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
 - ``_tokens``: ``TokenLoader``, a ``Loader`` of token windows (``proto/control.md``, "Token streams").
 - ``_tokfile``: the token dataset format (``proto/tokens.md``): reader, ``verify_tokens``, Megatron reader.
-- ``_transforms``: ``RandomResizedCrop``, ``Flip``, ``CenterCrop``, ``Resize``.
+- ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
+- ``_batch``: what runs on a batch after the ring: normalisation, erasing, MixUp/CutMix.
 - ``_protocol``: the control protocol: version, framing, ``Connection``.
 - ``_ring``: the ring's layout: ``struct`` layouts, dtype codes, ``Segment`` (the mapping).
 - ``_device``: pinned host-to-GPU copies on a side stream, fused normalisation.
@@ -32,20 +33,73 @@ from ._protocol import PROTOCOL
 from ._reader import PackedDataset, Sample
 from ._shard import FormatError
 from ._tokens import TokenLoader
-from ._transforms import CenterCrop, Flip, RandomResizedCrop, Resize, Transform
+from ._transforms import (
+    AutoAugment,
+    CenterCrop,
+    ColorJitter,
+    Compose,
+    CutMix,
+    Flip,
+    GaussianBlur,
+    MixUp,
+    Normalize,
+    Op,
+    RandAugment,
+    RandomAdjustSharpness,
+    RandomApply,
+    RandomAutocontrast,
+    RandomChoice,
+    RandomCrop,
+    RandomEqualize,
+    RandomErasing,
+    RandomGrayscale,
+    RandomHorizontalFlip,
+    RandomInvert,
+    RandomPosterize,
+    RandomResizedCrop,
+    RandomSolarize,
+    RandomVerticalFlip,
+    Resize,
+    Transform,
+    TrivialAugmentWide,
+    View,
+    Views,
+)
 from ._verify import verify
 from ._version import __version__
 from .loader import Loader
 
 __all__ = [
     "PROTOCOL",
+    "AutoAugment",
     "CenterCrop",
+    "ColorJitter",
+    "Compose",
+    "CutMix",
     "Flip",
     "FormatError",
+    "GaussianBlur",
     "Loader",
+    "MixUp",
+    "Normalize",
+    "Op",
     "PackedDataset",
     "ProtocolError",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomApply",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomCrop",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomPosterize",
     "RandomResizedCrop",
+    "RandomSolarize",
+    "RandomVerticalFlip",
     "Resize",
     "RingfeedError",
     "Sample",
@@ -54,6 +108,9 @@ __all__ = [
     "TimeoutError",
     "TokenLoader",
     "Transform",
+    "TrivialAugmentWide",
+    "View",
+    "Views",
     "__version__",
     "snapshot",
     "verify",

@@ -116,11 +116,12 @@ class CudaCopier:
                 stacklevel=3,
             )
 
-    def copy(self, views: dict[str, Any], slot: int) -> dict[str, Any]:
+    def copy(self, views: dict[str, Any], slot: int, post: Any = None) -> dict[str, Any]:
         """Starts copying ``views`` (slices of slot ``slot``) to the GPU; returns the GPU tensors.
 
-        The host returns at once. The slot joins ``pending`` and is handed back by ``completed``
-        once the copy has finished.
+        ``post`` (the batch ops: normalisation, erasing, MixUp/CutMix) runs on the side stream
+        after the copy, on the GPU tensors. The host returns at once. The slot joins ``pending``
+        and is handed back by ``completed`` once the copy has finished.
         """
         import torch
 
@@ -131,6 +132,8 @@ class CudaCopier:
             copied.record(self.stream)
             if self.normalize is not None and "image" in out:
                 out["image"] = self.normalize(out["image"])
+            if post is not None:
+                out = post(out)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self.stream)
         consumer.wait_event(done)

@@ -1,26 +1,83 @@
-"""The transforms the server applies, as small value objects (``proto/control.md``, "Transforms").
+"""The ops the server runs, with torchvision's names and semantics (``proto/control.md``, "Pipelines").
 
-Each object validates its parameters when it is built, with a ``ValueError`` that names the
-parameter, so a typo fails at the line that made it rather than as a ``bad_request`` from the
-server. ``to_json()`` gives the ``transform`` member of the ``open`` message; every member is sent
-explicitly, so the server's defaults never decide anything.
+``ringfeed.Compose([RandomResizedCrop(224), RandomHorizontalFlip(), TrivialAugmentWide(),
+Normalize(mean, std), RandomErasing(0.1)])`` is torchvision's recipe: code ports by changing the
+import. Each op validates its parameters when it is built, with a ``ValueError`` that names the op
+and the parameter, and ``to_json()`` gives its object in the ``open`` message's ``pipeline``; every
+member is sent explicitly, so the server's defaults never decide anything.
 
-Semantics are torchvision's. ``RandomResizedCrop(224) + Flip()`` is torchvision's
-``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``, sent as one ``random_resized_crop``
-with ``flip: 0.5``; ``RandomResizedCrop`` alone does not flip (``flip: 0``, although the protocol's
-default for a missing ``flip`` is 0.5).
+Where the ops run:
+
+- Per image, in the server (Rust), with each op's parameters drawn from the sample's seeded
+  generator: the geometric ops (a crop still decodes only its region), colour, tone, blur and the
+  auto-augment policies, and ``RandomApply`` / ``RandomChoice`` of them.
+- Per batch, in the client, on the batch's device: ``Normalize`` and, after it, ``RandomErasing``
+  (its boxes are drawn per image by the server, so they follow the seed and resume).
+- ``MixUp`` and ``CutMix`` (and ``RandomChoice`` of them) are batch transforms: pass them as
+  ``Loader(batch_transform=...)``.
+
+Deliberate differences from torchvision, each tested: ``RandomCrop`` pads with a constant only
+(``padding_mode="constant"``); the server's generator is not torch's, so the same seed draws other
+(identically distributed) parameters; ``GaussianBlur`` convolves in two 1-D passes (the sums differ
+in the last bits). ``Views`` (several outputs per sample) has no torchvision counterpart.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CenterCrop", "Flip", "RandomResizedCrop", "Resize", "Transform"]
+__all__ = [
+    "AutoAugment",
+    "CenterCrop",
+    "ColorJitter",
+    "Compose",
+    "CutMix",
+    "Flip",
+    "GaussianBlur",
+    "MixUp",
+    "Normalize",
+    "Op",
+    "RandAugment",
+    "RandomAdjustSharpness",
+    "RandomApply",
+    "RandomAutocontrast",
+    "RandomChoice",
+    "RandomCrop",
+    "RandomEqualize",
+    "RandomErasing",
+    "RandomGrayscale",
+    "RandomHorizontalFlip",
+    "RandomInvert",
+    "RandomPosterize",
+    "RandomResizedCrop",
+    "RandomSolarize",
+    "RandomVerticalFlip",
+    "Resize",
+    "Transform",
+    "TrivialAugmentWide",
+    "View",
+    "Views",
+    "as_views",
+]
 
-#: Bounds of an output side, in pixels (control.md, "Transforms").
+#: Bounds of an output side, in pixels (control.md, "Pipelines").
 MAX_SIZE = 4096
+#: Longest view name (ring field names hold 16 bytes, and a view may add ``_erase``).
+MAX_VIEW_NAME = 10
+#: Most images per sample over all views.
+MAX_OUTPUTS = 64
+
+_INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _size(who: str, name: str, value: Any) -> tuple[int, int]:
@@ -37,12 +94,10 @@ def _size(who: str, name: str, value: Any) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _prob(who: str, value: Any, name: str = "p") -> float:
+    if not (_real(value) and 0 <= value <= 1):
+        raise ValueError(f"{who}: {name} must be a probability in 0..=1, got {value!r}")
+    return float(value)
 
 
 def _interval(who: str, name: str, value: Any, upper: float | None) -> tuple[float, float]:
@@ -57,138 +112,900 @@ def _interval(who: str, name: str, value: Any, upper: float | None) -> tuple[flo
     return float(lo), float(hi)
 
 
-class Transform:
-    """A transform the server runs on every decoded image; build one of the subclasses."""
+def _interpolation(who: str, value: Any, allowed: Sequence[str] = _INTERPOLATIONS) -> str:
+    """A name, or torchvision's ``InterpolationMode`` (its ``value`` is the name)."""
+    name = getattr(value, "value", value)
+    if name not in allowed:
+        raise ValueError(
+            f"{who}: interpolation must be one of {', '.join(allowed)} (or InterpolationMode), got {value!r}"
+        )
+    return str(name)
 
-    #: The ``kind`` member of the protocol's ``transform`` object.
-    kind = ""
-    #: The output image's ``(height, width)``.
-    size: tuple[int, int]
+
+def _fill(who: str, value: Any, *, allow_none: bool, integer: bool) -> list[float] | None:
+    if value is None:
+        if allow_none:
+            return None
+        value = 0
+    values = [value] if _real(value) else list(value) if isinstance(value, Sequence) else None
+    if values is None or len(values) not in (1, 3) or not all(_real(v) and 0 <= v <= 255 for v in values):
+        raise ValueError(f"{who}: fill must be a number or 3 numbers in 0..=255, got {value!r}")
+    if integer and not all(float(v).is_integer() for v in values):
+        raise ValueError(f"{who}: fill must be integers for uint8 images, got {value!r}")
+    if len(values) == 1:
+        values *= 3
+    return [int(v) if integer else float(v) for v in values]
+
+
+class Op:
+    """One op of a pipeline; build the subclasses. Ops are values: equal when their JSON is."""
+
+    #: The ``op`` member of the protocol's op object.
+    op = ""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``transform`` object of the ``open`` message."""
+        """The op's object in the ``pipeline``."""
         raise NotImplementedError
 
-    def __add__(self, other: object) -> Transform:
-        if not isinstance(other, Transform):
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The output ``(height, width)`` for an input of ``size`` (``None``: depends on the image)."""
+        return size
+
+    def __add__(self, other: object) -> Compose:
+        if not isinstance(other, (Op, Compose)):
             return NotImplemented
-        raise TypeError(
-            f"ringfeed cannot combine {type(self).__name__} with {type(other).__name__}: the server runs one "
-            f"transform per stream, and only RandomResizedCrop(...) + Flip(...) combine"
-        )
+        return Compose([self, other])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Transform) and type(other) is type(self) and other.to_json() == self.to_json()
+        return isinstance(other, Op) and type(other) is type(self) and other.to_json() == self.to_json()
 
     def __hash__(self) -> int:
         return hash(repr(self))
 
     def __repr__(self) -> str:
-        members = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items() if k != "kind")
+        members = ", ".join(f"{k}={v!r}" for k, v in self.to_json().items() if k != "op")
         return f"{type(self).__name__}({members})"
 
 
-class RandomResizedCrop(Transform):
-    """torchvision's ``RandomResizedCrop(size, scale, ratio, antialias=True)``.
+#: The name ringfeed 0.1 used for the base class.
+Transform = Op
+
+
+# -- geometry ---------------------------------------------------------------------------------------
+
+
+class RandomResizedCrop(Op):
+    """torchvision's ``RandomResizedCrop(size, scale, ratio, interpolation, antialias)``.
 
     Args:
         size: output size: an int (square) or ``(height, width)``, each in ``1 ..= 4096``.
         scale: bounds of the crop's area as a fraction of the image's, ``0 < min <= max <= 1``.
         ratio: bounds of the crop's aspect ratio (width / height), ``0 < min <= max``.
-
-    Add ``Flip()`` to flip horizontally after the crop: ``RandomResizedCrop(224) + Flip()``.
+        interpolation: ``"bilinear"`` (default), ``"bicubic"``, ``"nearest"`` or an ``InterpolationMode``.
+        antialias: widen the filter when downscaling (torchvision's default, ``True``).
     """
 
-    kind = "random_resized_crop"
+    op = "random_resized_crop"
 
     def __init__(
         self,
         size: int | Sequence[int],
         scale: Sequence[float] = (0.08, 1.0),
         ratio: Sequence[float] = (3 / 4, 4 / 3),
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
     ) -> None:
         self.size = _size("RandomResizedCrop", "size", size)
         self.scale = _interval("RandomResizedCrop", "scale", scale, 1.0)
         self.ratio = _interval("RandomResizedCrop", "ratio", ratio, None)
-        #: The probability of a horizontal flip after the crop (set by ``+ Flip(p)``).
-        self.flip = 0.0
-        self._flips = False
-
-    def __add__(self, other: object) -> Transform:
-        if isinstance(other, Flip):
-            if self._flips:
-                raise TypeError("RandomResizedCrop(...) + Flip(...) already flips; add Flip() once")
-            combined = RandomResizedCrop(self.size, self.scale, self.ratio)
-            combined.flip = other.p
-            combined._flips = True
-            return combined
-        return super().__add__(other)
+        self.interpolation = _interpolation("RandomResizedCrop", interpolation)
+        self.antialias = bool(antialias)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "op": self.op,
             "size": list(self.size),
             "scale": list(self.scale),
             "ratio": list(self.ratio),
-            "flip": self.flip,
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+
+class Resize(Op):
+    """torchvision's ``Resize(size, interpolation, max_size, antialias)``.
+
+    An int (or a 1-sequence) resizes the **shorter side** and keeps the aspect ratio, as torchvision
+    does (the longer side is truncated, and capped at ``max_size`` when given); ``(h, w)`` stretches
+    to exactly that. A pipeline must end in a fixed size, so ``Resize(256)`` is followed by a crop.
+
+    Args:
+        size: the shorter side, or ``(height, width)``; sides in ``1 ..= 4096``.
+        interpolation: ``"bilinear"`` (default), ``"bicubic"``, ``"nearest"`` or an ``InterpolationMode``.
+        max_size: with a shorter-side size: the longer side's maximum, greater than ``size``.
+        antialias: widen the filter when downscaling (default ``True``).
+    """
+
+    op = "resize"
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        interpolation: Any = "bilinear",
+        max_size: int | None = None,
+        antialias: bool = True,
+    ) -> None:
+        shorter = _is_int(size) or (isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 1)
+        if shorter:
+            s = size if _is_int(size) else size[0]  # type: ignore[index]
+            if not _is_int(s) or not 1 <= s <= MAX_SIZE:
+                raise ValueError(f"Resize: size must be in 1..={MAX_SIZE}, got {size!r}")
+            self.size: tuple[int, ...] = (int(s),)
+        else:
+            self.size = _size("Resize", "size", size)
+        if max_size is not None:
+            if not shorter:
+                raise ValueError(
+                    "Resize: max_size applies only when size is an int (the shorter side), as in torchvision"
+                )
+            if not _is_int(max_size) or not self.size[0] < max_size <= MAX_SIZE:
+                raise ValueError(
+                    f"Resize: max_size must be an int greater than size ({self.size[0]}) and at most {MAX_SIZE}, "
+                    f"got {max_size!r}"
+                )
+        self.max_size = max_size
+        self.interpolation = _interpolation("Resize", interpolation)
+        self.antialias = bool(antialias)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "op": self.op,
+            "size": list(self.size),
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
+        if self.max_size is not None:
+            out["max_size"] = self.max_size
+        return out
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return (self.size[0], self.size[1]) if len(self.size) == 2 else None
+
+
+class CenterCrop(Op):
+    """torchvision's ``CenterCrop(size)``: zero padding where the crop is larger than the image.
+
+    ringfeed 0.1's ``CenterCrop(size, resize=s)`` meant ``Resize(s)`` then the crop; write that as
+    ``Compose([Resize(s), CenterCrop(size)])`` now.
+
+    Args:
+        size: output size: an int (square) or ``(height, width)``, each in ``1 ..= 4096``.
+    """
+
+    op = "center_crop"
+
+    def __init__(self, size: int | Sequence[int], **removed: Any) -> None:
+        if removed:
+            raise TypeError(
+                f"CenterCrop: unexpected {', '.join(removed)}; CenterCrop(size, resize=s) became "
+                f"Compose([Resize(s), CenterCrop(size)]), as in torchvision"
+            )
+        self.size = _size("CenterCrop", "size", size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "size": list(self.size)}
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+
+class RandomCrop(Op):
+    """torchvision's ``RandomCrop(size, padding, pad_if_needed, fill, padding_mode="constant")``.
+
+    Args:
+        size: output size: an int or ``(height, width)``.
+        padding: pixels added before cropping: an int (all sides), ``(left/right, top/bottom)`` or
+            ``(left, top, right, bottom)``.
+        pad_if_needed: pad a side shorter than the crop (by the difference, on both ends).
+        fill: the padding's colour: an int or 3 ints in ``0 ..= 255``.
+        padding_mode: only ``"constant"`` (a deliberate difference: reflect/edge/symmetric are not
+            implemented).
+    """
+
+    op = "random_crop"
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        padding: int | Sequence[int] | None = None,
+        pad_if_needed: bool = False,
+        fill: Any = 0,
+        padding_mode: str = "constant",
+    ) -> None:
+        self.size = _size("RandomCrop", "size", size)
+        if padding is None:
+            pad = [0, 0, 0, 0]
+        else:
+            vals = [padding] if _is_int(padding) else list(padding) if isinstance(padding, Sequence) else None
+            if vals is None or len(vals) not in (1, 2, 4) or not all(_is_int(v) and 0 <= v <= MAX_SIZE for v in vals):
+                raise ValueError(
+                    f"RandomCrop: padding must be an int, (left/right, top/bottom) or (left, top, right, bottom) of "
+                    f"ints in 0..={MAX_SIZE}, got {padding!r}"
+                )
+            pad = vals * 4 if len(vals) == 1 else vals * 2 if len(vals) == 2 else vals
+        self.padding = [int(v) for v in pad]
+        self.pad_if_needed = bool(pad_if_needed)
+        self.fill = _fill("RandomCrop", fill, allow_none=False, integer=True)
+        if padding_mode != "constant":
+            raise ValueError(
+                f"RandomCrop: padding_mode must be 'constant' (ringfeed does not implement {padding_mode!r}), "
+                f"got {padding_mode!r}"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "size": list(self.size),
+            "padding": self.padding,
+            "pad_if_needed": self.pad_if_needed,
+            "fill": self.fill,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.size
+
+
+class _P(Op):
+    """An op with only a probability ``p``."""
+
+    default_p = 0.5
+
+    def __init__(self, p: float | None = None) -> None:
+        self.p = _prob(type(self).__name__, self.default_p if p is None else p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "p": self.p}
+
+
+class RandomHorizontalFlip(_P):
+    """torchvision's ``RandomHorizontalFlip(p=0.5)``."""
+
+    op = "horizontal_flip"
+
+
+#: ringfeed 0.1's name for ``RandomHorizontalFlip``.
+Flip = RandomHorizontalFlip
+
+
+class RandomVerticalFlip(_P):
+    """torchvision's ``RandomVerticalFlip(p=0.5)``."""
+
+    op = "vertical_flip"
+
+
+# -- colour and tone --------------------------------------------------------------------------------
+
+
+def _jitter(name: str, value: Any, center: float, bound: tuple[float, float], clip: bool) -> list[float] | None:
+    """torchvision's ``ColorJitter._check_input``."""
+    if value is None:
+        return None
+    if _real(value):
+        if value < 0:
+            raise ValueError(f"ColorJitter: {name} as a single number must be non-negative, got {value!r}")
+        pair = [center - value, center + value]
+        if clip:
+            pair[0] = max(pair[0], 0.0)
+    elif isinstance(value, Sequence) and len(value) == 2 and all(_real(v) for v in value):
+        pair = [float(v) for v in value]
+    else:
+        raise ValueError(f"ColorJitter: {name} must be a number or a (min, max) pair, got {value!r}")
+    if not bound[0] <= pair[0] <= pair[1] <= bound[1]:
+        raise ValueError(f"ColorJitter: {name} must lie in {bound} and increase, got {pair}")
+    return None if pair[0] == pair[1] == center else [float(pair[0]), float(pair[1])]
+
+
+class ColorJitter(Op):
+    """torchvision's ``ColorJitter(brightness, contrast, saturation, hue)``: the four adjustments in a
+    random order per image, each factor uniform in its range.
+
+    Args:
+        brightness, contrast, saturation: ``x`` for ``[max(0, 1 - x), 1 + x]``, or ``(min, max)``.
+        hue: ``x`` for ``[-x, x]`` (``0 <= x <= 0.5``), or ``(min, max)`` in ``-0.5 ..= 0.5``.
+    """
+
+    op = "color_jitter"
+
+    def __init__(self, brightness: Any = 0, contrast: Any = 0, saturation: Any = 0, hue: Any = 0) -> None:
+        inf = float("inf")
+        self.brightness = _jitter("brightness", brightness, 1.0, (0, inf), True)
+        self.contrast = _jitter("contrast", contrast, 1.0, (0, inf), True)
+        self.saturation = _jitter("saturation", saturation, 1.0, (0, inf), True)
+        self.hue = _jitter("hue", hue, 0.0, (-0.5, 0.5), False)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        for k in ("brightness", "contrast", "saturation", "hue"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        return out
+
+
+class RandomGrayscale(_P):
+    """torchvision's ``RandomGrayscale(p=0.1)`` (three equal channels)."""
+
+    op = "grayscale"
+    default_p = 0.1
+
+
+class GaussianBlur(Op):
+    """torchvision's ``GaussianBlur(kernel_size, sigma=(0.1, 2.0))``: one sigma uniform in the range
+    per image.
+
+    Args:
+        kernel_size: odd ints: one, or ``(kx, ky)`` (x first, as torchvision's functional takes it).
+        sigma: a positive number, or ``(min, max)``.
+    """
+
+    op = "gaussian_blur"
+
+    def __init__(self, kernel_size: int | Sequence[int], sigma: float | Sequence[float] = (0.1, 2.0)) -> None:
+        ks = [kernel_size] if _is_int(kernel_size) else list(kernel_size) if isinstance(kernel_size, Sequence) else []
+        if len(ks) == 1:
+            ks *= 2
+        if len(ks) != 2 or not all(_is_int(k) and 1 <= k <= 255 and k % 2 == 1 for k in ks):
+            raise ValueError(f"GaussianBlur: kernel_size must be odd ints in 1..=255, got {kernel_size!r}")
+        self.kernel_size = [int(k) for k in ks]
+        if _real(sigma):
+            if not sigma > 0:  # type: ignore[operator]
+                raise ValueError(f"GaussianBlur: sigma must be positive, got {sigma!r}")
+            self.sigma = (float(sigma), float(sigma))  # type: ignore[arg-type]
+        else:
+            self.sigma = _interval("GaussianBlur", "sigma", sigma, None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "kernel_size": self.kernel_size, "sigma": list(self.sigma)}
+
+
+class RandomSolarize(Op):
+    """torchvision's ``RandomSolarize(threshold, p=0.5)``: pixels ``>= threshold`` are inverted."""
+
+    op = "solarize"
+
+    def __init__(self, threshold: float, p: float = 0.5) -> None:
+        if not (_real(threshold) and 0 <= threshold <= 255):
+            raise ValueError(f"RandomSolarize: threshold must be in 0..=255 for uint8 images, got {threshold!r}")
+        self.threshold = float(threshold)
+        self.p = _prob("RandomSolarize", p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "threshold": self.threshold, "p": self.p}
+
+
+class RandomPosterize(Op):
+    """torchvision's ``RandomPosterize(bits, p=0.5)``: keep the top ``bits`` bits of each channel."""
+
+    op = "posterize"
+
+    def __init__(self, bits: int, p: float = 0.5) -> None:
+        if not (_is_int(bits) and 0 <= bits <= 8):
+            raise ValueError(f"RandomPosterize: bits must be an int in 0..=8, got {bits!r}")
+        self.bits = int(bits)
+        self.p = _prob("RandomPosterize", p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "bits": self.bits, "p": self.p}
+
+
+class RandomAutocontrast(_P):
+    """torchvision's ``RandomAutocontrast(p=0.5)``."""
+
+    op = "autocontrast"
+
+
+class RandomEqualize(_P):
+    """torchvision's ``RandomEqualize(p=0.5)``."""
+
+    op = "equalize"
+
+
+class RandomInvert(_P):
+    """torchvision's ``RandomInvert(p=0.5)``."""
+
+    op = "invert"
+
+
+class RandomAdjustSharpness(Op):
+    """torchvision's ``RandomAdjustSharpness(sharpness_factor, p=0.5)``."""
+
+    op = "adjust_sharpness"
+
+    def __init__(self, sharpness_factor: float, p: float = 0.5) -> None:
+        if not (_real(sharpness_factor) and sharpness_factor >= 0):
+            raise ValueError(f"RandomAdjustSharpness: sharpness_factor must be non-negative, got {sharpness_factor!r}")
+        self.sharpness_factor = float(sharpness_factor)
+        self.p = _prob("RandomAdjustSharpness", p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "sharpness_factor": self.sharpness_factor, "p": self.p}
+
+
+# -- policies ---------------------------------------------------------------------------------------
+
+
+class _Policy(Op):
+    def _common(self, interpolation: Any, fill: Any) -> None:
+        who = type(self).__name__
+        self.interpolation = _interpolation(who, interpolation, ("nearest", "bilinear"))
+        self.fill = _fill(who, fill, allow_none=True, integer=False)
+
+    def _members(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "interpolation": self.interpolation}
+        if self.fill is not None:
+            out["fill"] = self.fill
+        return out
+
+
+class TrivialAugmentWide(_Policy):
+    """torchvision's ``TrivialAugmentWide(num_magnitude_bins=31, interpolation=NEAREST, fill=None)``."""
+
+    op = "trivial_augment_wide"
+
+    def __init__(self, num_magnitude_bins: int = 31, interpolation: Any = "nearest", fill: Any = None) -> None:
+        if not (_is_int(num_magnitude_bins) and 2 <= num_magnitude_bins <= 1024):
+            raise ValueError(
+                f"TrivialAugmentWide: num_magnitude_bins must be an int in 2..=1024, got {num_magnitude_bins!r}"
+            )
+        self.num_magnitude_bins = int(num_magnitude_bins)
+        self._common(interpolation, fill)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self._members(), "num_magnitude_bins": self.num_magnitude_bins}
+
+
+class RandAugment(_Policy):
+    """torchvision's ``RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31, interpolation=NEAREST,
+    fill=None)``."""
+
+    op = "rand_augment"
+
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: Any = "nearest",
+        fill: Any = None,
+    ) -> None:
+        if not (_is_int(num_ops) and 0 <= num_ops <= 16):
+            raise ValueError(f"RandAugment: num_ops must be an int in 0..=16, got {num_ops!r}")
+        if not (_is_int(num_magnitude_bins) and 2 <= num_magnitude_bins <= 1024):
+            raise ValueError(f"RandAugment: num_magnitude_bins must be an int in 2..=1024, got {num_magnitude_bins!r}")
+        if not (_is_int(magnitude) and 0 <= magnitude < num_magnitude_bins):
+            raise ValueError(
+                f"RandAugment: magnitude must be an int in 0..{num_magnitude_bins} (a magnitude bin), got {magnitude!r}"
+            )
+        self.num_ops, self.magnitude, self.num_magnitude_bins = int(num_ops), int(magnitude), int(num_magnitude_bins)
+        self._common(interpolation, fill)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self._members(),
+            "num_ops": self.num_ops,
+            "magnitude": self.magnitude,
+            "num_magnitude_bins": self.num_magnitude_bins,
         }
 
 
-class Flip(Transform):
-    """torchvision's ``RandomHorizontalFlip(p)``; only after a crop: ``RandomResizedCrop(224) + Flip()``.
+class AutoAugment(_Policy):
+    """torchvision's ``AutoAugment(policy=IMAGENET, interpolation=NEAREST, fill=None)``.
 
     Args:
-        p: the probability of flipping an image, ``0 <= p <= 1``.
+        policy: ``"imagenet"``, ``"cifar10"``, ``"svhn"`` or torchvision's ``AutoAugmentPolicy``.
     """
 
-    kind = "flip"
+    op = "auto_augment"
 
-    def __init__(self, p: float = 0.5) -> None:
-        if not (_real(p) and 0 <= p <= 1):
-            raise ValueError(f"Flip: p must be a probability in 0..=1, got {p!r}")
-        self.p = float(p)
+    def __init__(self, policy: Any = "imagenet", interpolation: Any = "nearest", fill: Any = None) -> None:
+        name = getattr(policy, "value", policy)
+        if name not in ("imagenet", "cifar10", "svhn"):
+            raise ValueError(f"AutoAugment: policy must be 'imagenet', 'cifar10' or 'svhn', got {policy!r}")
+        self.policy = str(name)
+        self._common(interpolation, fill)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "p": self.p}
+        return {**self._members(), "policy": self.policy}
 
 
-class CenterCrop(Transform):
-    """Evaluation: torchvision's ``Resize(resize)`` (shorter side, antialiased) then ``CenterCrop(size)``.
+# -- glue -------------------------------------------------------------------------------------------
+
+
+def _ops(who: str, transforms: Any) -> list[Op]:
+    items = transforms.transforms if isinstance(transforms, Compose) else transforms
+    if not isinstance(items, Sequence) or isinstance(items, str) or not items:
+        raise ValueError(f"{who}: transforms must be a non-empty list of ringfeed ops, got {transforms!r}")
+    out: list[Op] = []
+    for t in items:
+        if isinstance(t, Compose):
+            out.extend(t.transforms)
+        elif isinstance(t, (Normalize, RandomErasing)):
+            raise ValueError(f"{who}: {type(t).__name__} applies to the batch, so it cannot be inside {who}")
+        elif isinstance(t, (MixUp, CutMix)):
+            raise ValueError(f"{who}: {type(t).__name__} is a batch transform; pass it as Loader(batch_transform=...)")
+        elif isinstance(t, Op):
+            out.append(t)
+        else:
+            raise ValueError(
+                f"{who}: {t!r} is not a ringfeed op (torchvision's own transforms do not run in the server)"
+            )
+    return out
+
+
+class RandomApply(Op):
+    """torchvision's ``RandomApply(transforms, p=0.5)``: all of them, in order, with probability ``p``.
+    They must keep the image's size."""
+
+    op = "random_apply"
+
+    def __init__(self, transforms: Any, p: float = 0.5) -> None:
+        self.transforms = _ops("RandomApply", transforms)
+        self.p = _prob("RandomApply", p)
+        size = (1, 1)
+        for t in self.transforms:
+            size = t.out_size(size)  # type: ignore[assignment]
+        if size != (1, 1):
+            raise ValueError(
+                "RandomApply: its transforms must keep the image's size (apply crops and resizes outside it)"
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "p": self.p, "ops": [t.to_json() for t in self.transforms]}
+
+
+class RandomChoice(Op):
+    """torchvision's ``RandomChoice(transforms, p=None)``: one of them (weights ``p``, normalised).
+
+    Of per-image ops it runs in the server; of ``MixUp`` and ``CutMix`` it is a batch transform
+    (``Loader(batch_transform=RandomChoice([MixUp(...), CutMix(...)]))``), as in torchvision's recipe.
+    """
+
+    op = "random_choice"
+
+    def __init__(self, transforms: Sequence[Any], p: Sequence[float] | None = None) -> None:
+        if not isinstance(transforms, Sequence) or not transforms:
+            raise ValueError(f"RandomChoice: transforms must be a non-empty list, got {transforms!r}")
+        self.batch = all(isinstance(t, (MixUp, CutMix)) for t in transforms)
+        if self.batch:
+            self.transforms: list[Any] = list(transforms)
+        else:
+            self.transforms = _ops("RandomChoice", [Compose([t]) if isinstance(t, Compose) else t for t in transforms])
+            if len(self.transforms) != len(transforms):
+                raise ValueError("RandomChoice: each choice must be one op (wrap several in RandomApply(..., p=1))")
+        if p is None:
+            weights = [1.0] * len(self.transforms)
+        else:
+            weights = list(p)
+            if (
+                len(weights) != len(self.transforms)
+                or not all(_real(w) and w >= 0 for w in weights)
+                or sum(weights) <= 0
+            ):
+                raise ValueError(
+                    f"RandomChoice: p must hold one non-negative weight per transform, not all 0, got {p!r}"
+                )
+        total = float(sum(weights))
+        self.p = [float(w) / total for w in weights]
+        if not self.batch:
+            sizes = {t.out_size((1, 1)) for t in self.transforms}
+            if len(sizes) != 1:
+                raise ValueError("RandomChoice: every choice must give the same size")
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return self.transforms[0].out_size(size)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.batch:
+            raise ValueError(
+                "RandomChoice of MixUp/CutMix is a batch transform: pass it as Loader(batch_transform=...)"
+            )
+        return {"op": self.op, "ops": [t.to_json() for t in self.transforms], "p": self.p}
+
+
+class Normalize(Op):
+    """torchvision's ``Normalize(mean, std)`` after ``ToDtype(float32, scale=True)``: ``(x / 255 - mean) / std``,
+    on the batch's device, in the client. Images come out as float ``[N, 3, H, W]`` (channels_last).
 
     Args:
-        size: output size: an int (square) or ``(height, width)``, each in ``1 ..= 4096``.
-        resize: the shorter side after resizing, in ``1 ..= 4096``. By default
-            ``floor(max(size) / 0.875)``, the usual ImageNet ratio (224 → 256).
+        mean, std: 3 numbers each (or 1) on the 0..1 scale; every std positive.
     """
 
-    kind = "center_crop"
+    op = "normalize"
 
-    def __init__(self, size: int | Sequence[int], resize: int | None = None) -> None:
-        self.size = _size("CenterCrop", "size", size)
-        if resize is None:
-            resize = min(MAX_SIZE, math.floor(max(self.size) / 0.875))
-        elif not _is_int(resize) or not 1 <= resize <= MAX_SIZE:
-            raise ValueError(f"CenterCrop: resize must be an int in 1..={MAX_SIZE} (the shorter side), got {resize!r}")
-        self.resize = int(resize)
+    def __init__(self, mean: Sequence[float], std: Sequence[float]) -> None:
+        def three(name: str, v: Any) -> list[float]:
+            vals = [v] if _real(v) else list(v) if isinstance(v, Sequence) else []
+            if len(vals) == 1:
+                vals *= 3
+            if len(vals) != 3 or not all(_real(x) for x in vals):
+                raise ValueError(f"Normalize: {name} must be 3 finite numbers (one per channel), got {v!r}")
+            return [float(x) for x in vals]
+
+        self.mean = three("mean", mean)
+        self.std = three("std", std)
+        if any(s <= 0 for s in self.std):
+            raise ValueError(f"Normalize: every std must be positive, got {list(std)}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "size": list(self.size), "resize": self.resize}
+        return {"op": self.op, "mean": self.mean, "std": self.std}
 
 
-class Resize(Transform):
-    """Stretch every image to exactly ``height x width`` (torchvision's ``Resize((h, w))``, antialiased).
-
-    Unlike torchvision's ``Resize(int)``, which resizes the shorter side, ``Resize(224)`` here
-    means ``(224, 224)``: use ``CenterCrop(size, resize=...)`` to keep the aspect ratio.
+class RandomErasing(Op):
+    """torchvision's ``RandomErasing(p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0)``, after
+    ``Normalize`` as torchvision's recipes order it. The box is drawn per image by the server; the
+    client erases it on the batch's device.
 
     Args:
-        size: output size: an int (square) or ``(height, width)``, each in ``1 ..= 4096``.
+        value: a number, 3 numbers (one per channel, in the normalised scale when after
+            ``Normalize``), or ``"random"`` (standard normal noise).
     """
 
-    kind = "resize"
+    op = "random_erasing"
 
-    def __init__(self, size: int | Sequence[int]) -> None:
-        self.size = _size("Resize", "size", size)
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Sequence[float] = (0.02, 0.33),
+        ratio: Sequence[float] = (0.3, 3.3),
+        value: Any = 0.0,
+        inplace: bool = False,
+    ) -> None:
+        self.p = _prob("RandomErasing", p)
+        self.scale = _interval("RandomErasing", "scale", scale, 1.0)
+        self.ratio = _interval("RandomErasing", "ratio", ratio, None)
+        if value == "random":
+            self.value: str | list[float] = "random"
+        else:
+            vals = [value] if _real(value) else list(value) if isinstance(value, Sequence) else []
+            if len(vals) not in (1, 3) or not all(_real(v) for v in vals):
+                raise ValueError(f"RandomErasing: value must be a number, 3 numbers or 'random', got {value!r}")
+            self.value = [float(v) for v in vals] * (3 if len(vals) == 1 else 1)
+        del inplace  # ringfeed erases the batch it made; there is nothing else to protect
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "size": list(self.size)}
+        return {"op": self.op, "p": self.p, "scale": list(self.scale), "ratio": list(self.ratio), "value": self.value}
+
+
+class Compose:
+    """torchvision's ``Compose(transforms)``: ops run in order; the per-image ones must end in a fixed size.
+
+    ``Normalize`` and ``RandomErasing`` come last (they run on the batch, in the client).
+    """
+
+    def __init__(self, transforms: Sequence[Any]) -> None:
+        if not isinstance(transforms, Sequence) or isinstance(transforms, str):
+            raise ValueError(f"Compose: transforms must be a list of ringfeed ops, got {transforms!r}")
+        flat: list[Op] = []
+        for t in transforms:
+            if isinstance(t, Compose):
+                flat.extend(t.transforms)
+            elif isinstance(t, (MixUp, CutMix)) or (isinstance(t, RandomChoice) and t.batch):
+                raise ValueError(
+                    f"Compose: {type(t).__name__} is a batch transform; pass it as Loader(batch_transform=...)"
+                )
+            elif isinstance(t, Op):
+                flat.append(t)
+            else:
+                raise ValueError(
+                    f"Compose: {t!r} is not a ringfeed op "
+                    f"(use ringfeed's RandomResizedCrop, ... in place of torchvision's)"
+                )
+        tail = False
+        for i, t in enumerate(flat):
+            if isinstance(t, (Normalize, RandomErasing)):
+                tail = True
+                if isinstance(t, Normalize) and any(isinstance(u, (Normalize, RandomErasing)) for u in flat[:i]):
+                    raise ValueError("Compose: Normalize comes once, before RandomErasing")
+            elif tail:
+                raise ValueError(
+                    f"Compose: {type(t).__name__} comes after Normalize/RandomErasing; per-image ops come first "
+                    f"(the batch ops run in the client)"
+                )
+        self.transforms = flat
+
+    @property
+    def ops(self) -> list[Op]:
+        """The per-image ops (what the server runs)."""
+        return [t for t in self.transforms if not isinstance(t, (Normalize, RandomErasing))]
+
+    @property
+    def normalize(self) -> Normalize | None:
+        return next((t for t in self.transforms if isinstance(t, Normalize)), None)
+
+    @property
+    def erasing(self) -> list[RandomErasing]:
+        return [t for t in self.transforms if isinstance(t, RandomErasing)]
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """The output ``(height, width)``, or ``None`` when it depends on the image."""
+        size: tuple[int, int] | None = None
+        for t in self.ops:
+            size = t.out_size(size)
+        return size
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [t.to_json() for t in self.transforms]
+
+    def __add__(self, other: object) -> Compose:
+        if not isinstance(other, (Op, Compose)):
+            return NotImplemented
+        return Compose([self, other])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Compose) and other.to_json() == self.to_json()
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __repr__(self) -> str:
+        return f"Compose({self.transforms!r})"
+
+
+# -- views ------------------------------------------------------------------------------------------
+
+
+class View:
+    """One output field of a sample: ``count`` images from the same pipeline, each with its own draws.
+
+    With ``count > 1`` the field has a leading dimension: ``[N, count, H, W, 3]`` (NHWC).
+    """
+
+    def __init__(self, transform: Any, count: int = 1) -> None:
+        self.transform = transform if isinstance(transform, Compose) else Compose([transform])
+        if not (_is_int(count) and 1 <= count <= MAX_OUTPUTS):
+            raise ValueError(f"View: count must be an int in 1..={MAX_OUTPUTS}, got {count!r}")
+        self.count = int(count)
+        if self.transform.size is None:
+            raise ValueError(
+                f"View: the pipeline {self.transform!r} ends in a size that depends on the image; end it with a crop "
+                f"or a resize to (height, width)"
+            )
+
+    @property
+    def size(self) -> tuple[int, int]:
+        size = self.transform.size
+        assert size is not None
+        return size
+
+    def __repr__(self) -> str:
+        return f"View({self.transform!r}, count={self.count})"
+
+
+class Views:
+    """Several outputs per sample (multi-crop, several views): ``Views({"global": View(g, count=2),
+    "local": View(l, count=8)})`` delivers fields ``global`` and ``local`` beside ``label``.
+
+    Names: 1..=10 characters of ``a-z``, ``0-9``, ``_``, not starting with a digit, not ``label``,
+    ``index`` or ``crop``.
+    """
+
+    def __init__(self, views: Mapping[str, Any]) -> None:
+        if not isinstance(views, Mapping) or not views:
+            raise ValueError(f"Views: views must be a non-empty mapping of names to View or Compose, got {views!r}")
+        self.views: dict[str, View] = {}
+        for name, v in views.items():
+            ok = (
+                isinstance(name, str)
+                and 1 <= len(name) <= MAX_VIEW_NAME
+                and all(c.isascii() and (c.islower() or c.isdigit() or c == "_") for c in name)
+                and not name[0].isdigit()
+            )
+            if not ok or name in ("label", "index", "crop"):
+                raise ValueError(
+                    f"Views: name {name!r} must be 1..={MAX_VIEW_NAME} characters of a-z, 0-9 and _, not starting with "
+                    f"a digit, and not label, index or crop"
+                )
+            self.views[name] = v if isinstance(v, View) else View(v)
+        if sum(v.count for v in self.views.values()) > MAX_OUTPUTS:
+            raise ValueError(f"Views: more than {MAX_OUTPUTS} images per sample")
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``pipeline`` member of ``open``."""
+        return {
+            "views": [{"name": name, "count": v.count, "ops": v.transform.to_json()} for name, v in self.views.items()]
+        }
+
+    def legacy(self) -> dict[str, Any] | None:
+        """The protocol 1.1 ``transform`` this means, if it is one of the three it had (for a 1.1 server)."""
+        if list(self.views) != ["image"]:
+            return None
+        v = self.views["image"]
+        t = v.transform.transforms
+        if v.count != 1:
+            return None
+        bilinear = {"interpolation": "bilinear", "antialias": True}
+
+        def plain(op: Op) -> bool:
+            j = op.to_json()
+            return all(j.get(k, bilinear[k]) == bilinear[k] for k in bilinear)
+
+        rrc = len(t) in (1, 2) and isinstance(t[0], RandomResizedCrop) and plain(t[0])
+        if rrc and (len(t) == 1 or isinstance(t[1], RandomHorizontalFlip)):
+            flip = t[1].p if len(t) == 2 else 0.0  # type: ignore[attr-defined]
+            return {
+                "kind": "random_resized_crop",
+                "size": list(t[0].size),  # type: ignore[attr-defined]
+                "scale": list(t[0].scale),  # type: ignore[attr-defined]
+                "ratio": list(t[0].ratio),  # type: ignore[attr-defined]
+                "flip": flip,
+            }
+        if len(t) == 1 and isinstance(t[0], Resize) and len(t[0].size) == 2 and plain(t[0]):
+            return {"kind": "resize", "size": list(t[0].size)}
+        if (
+            len(t) == 2
+            and isinstance(t[0], Resize)
+            and len(t[0].size) == 1
+            and t[0].max_size is None
+            and plain(t[0])
+            and isinstance(t[1], CenterCrop)
+        ):
+            return {"kind": "center_crop", "size": list(t[1].size), "resize": t[0].size[0]}
+        return None
+
+    def __repr__(self) -> str:
+        return f"Views({self.views!r})"
+
+
+def as_views(transform: Any) -> Views:
+    """The ``Views`` a ``Loader``'s ``transform`` means: an op, a ``Compose``, or ``Views`` itself."""
+    if isinstance(transform, Views):
+        return transform
+    if isinstance(transform, (MixUp, CutMix)):
+        raise ValueError(f"transform: {type(transform).__name__} is a batch transform; pass it as batch_transform=")
+    if isinstance(transform, View):
+        return Views({"image": transform})
+    if isinstance(transform, (Op, Compose)):
+        if isinstance(transform, RandomChoice) and transform.batch:
+            raise ValueError(
+                "transform: RandomChoice of MixUp/CutMix is a batch transform; pass it as batch_transform="
+            )
+        return Views({"image": View(transform)})
+    raise ValueError(f"transform must be a ringfeed op, Compose([...]) or Views({{...}}), got {transform!r}")
+
+
+# -- batch transforms ---------------------------------------------------------------------------------
+
+
+class _MixBase:
+    def __init__(self, alpha: float, num_classes: int) -> None:
+        who = type(self).__name__
+        if not (_real(alpha) and alpha > 0):
+            raise ValueError(f"{who}: alpha must be positive, got {alpha!r}")
+        if not (_is_int(num_classes) and num_classes >= 1):
+            raise ValueError(f"{who}: num_classes must be a positive int (labels become one-hot), got {num_classes!r}")
+        self.alpha = float(alpha)
+        self.num_classes = int(num_classes)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(alpha={self.alpha}, num_classes={self.num_classes})"
+
+
+class MixUp(_MixBase):
+    """torchvision v2's ``MixUp(alpha=1.0, num_classes)``: one ``lam ~ Beta(alpha, alpha)`` per batch, the batch
+    mixed with itself rolled by one, labels one-hot and mixed the same way. A batch transform:
+    ``Loader(batch_transform=MixUp(...))``; seeded from ``(seed, epoch, batch)``, so resume repeats it."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int) -> None:
+        super().__init__(alpha, num_classes)
+
+
+class CutMix(_MixBase):
+    """torchvision v2's ``CutMix(alpha=1.0, num_classes)``: a box of area ``1 - lam`` (centre uniform,
+    clipped) pasted from the batch rolled by one; ``lam`` recomputed from the clipped box for the labels."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: int) -> None:
+        super().__init__(alpha, num_classes)

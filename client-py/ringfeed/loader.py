@@ -46,18 +46,16 @@ from ._observe import snapshot
 from ._protocol import PROTOCOL, Connection, check_server_message
 from ._ring import Segment
 from ._sidecar import connect, default_socket_path
-from ._transforms import Flip, Transform
+from ._transforms import Views, as_views
 from ._version import __version__
 
 __all__ = ["Loader"]
 
 log = logging.getLogger("ringfeed")
 
-#: Fields a stream always carries, and the ones it carries on request (ring.md, "Fields a stream
-#: carries"), with each one's dtype and per-sample shape (``None``: the image's, checked apart).
-ALWAYS = ("image", "label")
-FIELDS: dict[str, tuple[str, tuple[int, ...] | None]] = {
-    "image": ("uint8", None),
+#: Fields a stream carries besides its views' images and erasing boxes (ring.md, "Fields a stream
+#: carries"): ``label`` always, the others on request; each one's dtype and per-sample shape.
+FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
     "label": ("int64", ()),
     "index": ("int64", ()),
     "crop": ("int32", (5,)),
@@ -136,9 +134,15 @@ class Loader:
         path: the dataset: a packed dataset directory (``ringfeed pack``) or an LMDB. Made
             absolute here; the server opens it.
         batch_size: samples per batch, ``1 ..= 65536``.
-        transform: a ``ringfeed`` transform: ``RandomResizedCrop(...) [+ Flip(...)]``,
-            ``CenterCrop(...)`` or ``Resize(...)`` (or the protocol's ``transform`` object as a
-            dict, for transforms this client does not know).
+        transform: the per-image pipeline, with torchvision's names and semantics: an op,
+            ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),
+            RandomHorizontalFlip(), TrivialAugmentWide(), Normalize(mean, std),
+            RandomErasing(0.1)])``), or ``ringfeed.Views({...})`` for several outputs per sample
+            (multi-crop: batches are then dicts by view name). It must end in a fixed size. The
+            protocol 1.1 ``transform`` object as a dict is still accepted.
+        batch_transform: ``MixUp(...)``, ``CutMix(...)`` or ``RandomChoice([MixUp(...),
+            CutMix(...)])``, applied to each batch after normalisation (labels become soft
+            one-hot floats), seeded by ``(seed, epoch, batch)``.
         shuffle: a new permutation of the dataset every epoch (seeded by ``seed`` and the epoch).
         seed: seeds the order and every sample's augmentation, ``0 ..= 2^53 - 1``.
         drop_last: drop the last partial batch of each rank (and cut the permutation to a multiple
@@ -227,8 +231,9 @@ class Loader:
         self,
         path: str | os.PathLike[str],
         batch_size: int,
-        transform: Transform | Mapping[str, Any],
+        transform: Any,
         *,
+        batch_transform: Any = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = True,
@@ -261,7 +266,8 @@ class Loader:
         # Absolute, as the server needs, without resolving symlinks (what the user named is sent).
         self.path = os.path.abspath(os.fspath(path))  # noqa: PTH100
         self.batch_size = _int_in("batch_size", batch_size, 1, MAX_BATCH_SIZE)
-        self.transform = _check_transform(transform)
+        self.transform = transform
+        self.views, self._legacy = _check_transform(transform)
         self.shuffle = _bool("shuffle", shuffle)
         self.seed = _int_in("seed", seed, 0, MAX_SEED)
         self.drop_last = _bool("drop_last", drop_last)
@@ -273,7 +279,7 @@ class Loader:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.on_error = on_error
-        self.fields = _check_fields(fields)
+        self.fields = _check_fields(fields, self.views)
         self.timeout = _check_timeout("timeout", timeout)
         self.hold = _int_in("hold", hold, 1, self.slots)
         self.check_crc = _bool("check_crc", check_crc)
@@ -291,19 +297,25 @@ class Loader:
         self.reconnect_timeout = _check_timeout("reconnect_timeout", reconnect_timeout) or 30.0
         self.device = resolve_device(device)
         self._cuda = self.device != "cpu" and self.device.type == "cuda"
-        self._normalizer = None
         if normalize is not None:
-            from ._device import Normalizer
-
             try:
                 mean, std = normalize
             except (TypeError, ValueError):
                 raise ValueError(f"normalize must be a (mean, std) pair, got {normalize!r}") from None
-            import torch
+            normalize = (mean, std)
+        self._post = None
+        views = self.views if self.views is not None else as_views(_legacy_ops(self._legacy))
+        needs_post = (
+            normalize is not None
+            or dtype is not None
+            or batch_transform is not None
+            or any(v.transform.normalize or v.transform.erasing for v in views.views.values())
+        )
+        if needs_post:
+            from ._batch import BatchOps
 
-            self._normalizer = Normalizer(mean, std, torch.float32 if dtype is None else dtype, self.layout)
-        elif dtype is not None:
-            raise ValueError("dtype applies to normalized images only; pass normalize=(mean, std) too")
+            post = BatchOps(views, self.layout, normalize, dtype, batch_transform, self.seed)
+            self._post = post if post.active else None
         #: The server's sidecar log, when this loader started the server.
         self.server_log: str | None = None
 
@@ -365,7 +377,7 @@ class Loader:
         if self._cuda:
             from ._device import CudaCopier
 
-            self._res.cuda = CudaCopier(segment, self.device, self._normalizer)
+            self._res.cuda = CudaCopier(segment, self.device, None)
 
     def _handshake(self) -> dict[str, Any]:
         """Connects (starting a sidecar if allowed), says hello, returns the welcome.
@@ -404,7 +416,7 @@ class Loader:
             "type": "open",
             "dataset": self.path,
             "batch_size": self.batch_size,
-            "transform": self.transform.to_json() if isinstance(self.transform, Transform) else dict(self.transform),
+            **self._pipeline_member(),
             "layout": self.layout,
             "shuffle": self.shuffle,
             "seed": self.seed,
@@ -413,7 +425,7 @@ class Loader:
             "world_size": self.world_size,
             "slots": self.slots,
             "on_error": self.on_error,
-            "fields": list(self.fields),
+            "fields": [f for f in self.fields if f in ("image", "label", "index", "crop")],
             "check_crc": self.check_crc,
         }
         if self.lmdb is not None:
@@ -429,6 +441,21 @@ class Loader:
                 msg["local_world_size"] = local
         return msg
 
+    def _pipeline_member(self) -> dict[str, Any]:
+        """``pipeline`` for a 1.2 server; ``transform`` for a 1.1 one, when the pipeline is one of its three."""
+        if self.views is None:
+            return {"transform": dict(self._legacy)}  # type: ignore[arg-type]
+        if self.server_protocol >= (1, 2):
+            return {"pipeline": self.views.to_json()}
+        legacy = self.views.legacy()
+        if legacy is None:
+            raise RingfeedError(
+                f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}, which runs only "
+                f"RandomResizedCrop [+ RandomHorizontalFlip], Resize((h, w)) or Resize(s) + CenterCrop; this pipeline "
+                f"needs a ringfeed server with protocol 1.2 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+            )
+        return {"transform": legacy}
+
     def _check_ring(self, segment: Segment) -> None:
         """The ring must carry what was asked for, in the shapes asked for."""
         if segment.batch_size != self.batch_size:
@@ -441,18 +468,28 @@ class Loader:
             field = segment.fields.get(name)
             if field is None:
                 raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
-            dtype, shape = FIELDS[name]
-            if shape is None:
-                size = getattr(self.transform, "size", None) or tuple(self.transform.get("size", ()))  # type: ignore[union-attr]
-                h, w = size if len(size) == 2 else (None, None)
-                shape = (h, w, 3) if self.layout == "NHWC" else (3, h, w)
-                ok = len(field.shape) == 3 and all(a == b for a, b in zip(field.shape, shape, strict=True) if b)
-            else:
-                ok = field.shape == shape
+            dtype, shape = self._field_spec(name)
+            ok = len(field.shape) == len(shape) and all(a == b for a, b in zip(field.shape, shape, strict=True) if b)
             if field.dtype is None or field.dtype.name != dtype or not ok:
                 got = f"{field.dtype.name if field.dtype else f'code {field.code}'} {list(field.shape)}"
                 want = f"{dtype} {[d if d else '?' for d in shape]}"
                 raise ProtocolError(f"the ring's field {name!r} is {got}, expected {want}")
+
+    def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        """A field's dtype and per-sample shape (``None``: not known here)."""
+        if name in FIELDS:
+            return FIELDS[name]
+        if self.views is None:
+            size = tuple(self._legacy.get("size", ()))  # type: ignore[union-attr]
+            h, w = size if len(size) == 2 else (None, None)
+            return "uint8", ((h, w, 3) if self.layout == "NHWC" else (3, h, w))
+        base, erase = (name[: -len("_erase")], True) if name.endswith("_erase") else (name, False)
+        v = self.views.views[base]
+        lead: tuple[int, ...] = (v.count,) if v.count > 1 else ()
+        if erase:
+            return "int32", (*lead, len(v.transform.erasing), 4)
+        h, w = v.size
+        return "uint8", (*lead, *((h, w, 3) if self.layout == "NHWC" else (3, h, w)))
 
     # -- receiving ------------------------------------------------------------------------------
 
@@ -647,18 +684,29 @@ class Loader:
         assert res.segment is not None
         n = header.count
         views = {name: res.segment.view(slot, name)[:n] for name in self.fields}
+        post = self._post
+        if post is not None:
+            try:
+                post.check(views)
+            except ValueError:
+                res.release(slot)
+                raise
         if res.cuda is not None:
-            out = res.cuda.copy(views, slot)
-        elif self._normalizer is not None:
-            # The normalized images are a copy; copy the small fields too and hand the slot back now.
-            out = {name: (self._normalizer(v) if name == "image" else v.clone()) for name, v in views.items()}
+            out = res.cuda.copy(views, slot, None if post is None else lambda o: post(o, header.epoch, header.batch))
+        elif post is not None:
+            # The batch ops make new tensors; copy whatever they left as a view of the ring, and
+            # hand the slot back now.
+            out = post(dict(views), header.epoch, header.batch)
+            out = {k: (v.clone() if any(v is r for r in views.values()) else v) for k, v in out.items()}
             res.release(slot)
         else:
             out = views
             self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
         self._delivered += 1
         self._stats["skipped"] += header.skipped
-        if len(self.fields) == 2:
+        for k in [k for k in out if k.endswith("_erase")]:
+            del out[k]
+        if self.views is None or (list(self.views.views) == ["image"] and set(out) == {"image", "label"}):
             return out["image"], out["label"]
         return out
 
@@ -989,32 +1037,44 @@ def _check_timeout(name: str, value: Any) -> float | None:
     return float(value)
 
 
-def _check_transform(transform: Any) -> Transform | dict[str, Any]:
-    if isinstance(transform, Flip):
-        raise ValueError(
-            "transform=Flip() alone is not a transform the server runs; use RandomResizedCrop(size) + Flip()"
-        )
-    if isinstance(transform, Transform):
-        return transform
+def _check_transform(transform: Any) -> tuple[Views | None, dict[str, Any] | None]:
+    """The loader's views, or (for a protocol 1.1 ``transform`` object given as a dict) that dict."""
     if isinstance(transform, Mapping) and isinstance(transform.get("kind"), str):
-        return dict(transform)
-    raise ValueError(
-        f"transform must be ringfeed.RandomResizedCrop(...) [+ ringfeed.Flip()], ringfeed.CenterCrop(...) or "
-        f"ringfeed.Resize(...), got {transform!r}"
-    )
+        return None, dict(transform)
+    return as_views(transform), None
 
 
-def _check_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
+def _legacy_ops(legacy: dict[str, Any] | None) -> Any:
+    """Stand-in ops for a 1.1 ``transform`` dict (only its output size matters client-side)."""
+    from ._transforms import CenterCrop
+
+    assert legacy is not None
+    size = legacy.get("size", [1, 1])
+    return CenterCrop(tuple(size) if isinstance(size, list) and len(size) == 2 else 1)
+
+
+def _check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str, ...]:
+    """Every field the ring must carry: each view's images (and erasing boxes), ``label``, the extras."""
+    if views is None:
+        out = ["image", "label"]
+    else:
+        out = []
+        for name, v in views.views.items():
+            out.append(name)
+            if v.transform.erasing:
+                out.append(f"{name}_erase")
+        out.append("label")
     if fields is None:
-        return ALWAYS
+        return tuple(out)
     if isinstance(fields, str):
         fields = [fields]
-    out = list(ALWAYS)
     for name in fields:
+        if name in out:
+            continue
         if name not in FIELDS:
-            raise ValueError(f"fields: unknown field {name!r}; the server delivers {', '.join(FIELDS)}")
-        if name not in out:
-            out.append(name)
+            known = ", ".join([*(views.views if views else ["image"]), *FIELDS])
+            raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
+        out.append(name)
     return tuple(out)
 
 

@@ -22,7 +22,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def make(server: FakeServer, batch_size: int, size: int, **kw: Any) -> ringfeed.Loader:
     kw.setdefault("shuffle", False)
     return ringfeed.Loader(
-        DATASET, batch_size, transform=ringfeed.Resize(size), socket=server.path, spawn=False, timeout=30, **kw
+        DATASET,
+        batch_size,
+        transform=ringfeed.Resize((size, size) if isinstance(size, int) else size),
+        socket=server.path,
+        spawn=False,
+        timeout=30,
+        **kw,
     )
 
 
@@ -103,3 +109,45 @@ def test_close_waits_for_copies_and_unpins(serve: Callable[..., FakeServer]) -> 
     assert not cuda.pending
     torch.cuda.synchronize()
     assert torch.equal(images, (labels % 251).to(torch.uint8).view(-1, 1, 1, 1).expand_as(images))
+
+
+def test_batch_ops_on_the_gpu_equal_the_cpu_path(tmp_path: Any) -> None:
+    """A real server's pipeline with Normalize, RandomErasing and MixUp/CutMix gives the same batches on
+    the GPU (side stream) as on the CPU, batch for batch."""
+    import os
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _fleet import make_dataset
+
+    os.environ.setdefault("RINGFEED_BIN", "ringfeed")
+    ds = make_dataset(tmp_path, 48, size=(64, 48))
+    recipe = ringfeed.Compose(
+        [
+            ringfeed.RandomResizedCrop(32),
+            ringfeed.RandomHorizontalFlip(),
+            ringfeed.TrivialAugmentWide(),
+            ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+            ringfeed.RandomErasing(0.9),
+        ]
+    )
+    mix = ringfeed.RandomChoice([ringfeed.MixUp(alpha=0.2, num_classes=4), ringfeed.CutMix(alpha=1.0, num_classes=4)])
+    out = {}
+    for device in ("cpu", "cuda"):
+        with ringfeed.Loader(
+            ds,
+            8,
+            recipe,
+            batch_transform=mix,
+            device=device,
+            seed=3,
+            socket=str(tmp_path / f"{device}.sock"),
+            spawn=True,
+            timeout=60,
+        ) as ld:
+            out[device] = [(x.cpu(), y.cpu()) for x, y in ld]
+    assert len(out["cpu"]) == len(out["cuda"]) == 6
+    for (a, la), (b, lb) in zip(out["cpu"], out["cuda"], strict=True):
+        assert torch.allclose(la, lb)
+        assert torch.allclose(a, b, atol=1e-4)

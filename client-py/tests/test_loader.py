@@ -323,7 +323,7 @@ def test_unknown_dataset_is_a_server_error_naming_it(serve: Callable[..., FakeSe
     """A path the server cannot open fails in the constructor with the server's `dataset` error naming the path."""
     server = serve()
     with pytest.raises(ServerError, match="no dataset at /nope/x") as e:
-        ringfeed.Loader("/nope/x", 2, transform=ringfeed.Resize(4), socket=server.path, spawn=False)
+        ringfeed.Loader("/nope/x", 2, transform=ringfeed.Resize((4, 4)), socket=server.path, spawn=False)
     assert e.value.code == "dataset"
 
 
@@ -418,7 +418,7 @@ def test_nothing_listening_at_an_explicit_socket(sockdir: Path) -> None:
     """With socket= given and nothing listening, the error names the path; no server is started."""
     path = str(sockdir / "none.sock")
     with pytest.raises(RingfeedError, match=f"no ringfeed server is listening at {path}"):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize(4), socket=path)
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), socket=path)
     assert not Path(path).exists()
 
 
@@ -570,7 +570,7 @@ def test_sidecar_that_exits_is_reported_with_its_log(sidecar_env: Path, monkeypa
         RingfeedError,
         match=r"exited with status 3 before listening.*its log .*ringfeed.log ends with:\nerror: cannot bind",
     ):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize(4))
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)))
 
 
 def test_sidecar_that_never_listens_times_out(sidecar_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -579,7 +579,7 @@ def test_sidecar_that_never_listens_times_out(sidecar_env: Path, monkeypatch: py
     monkeypatch.setenv("RINGFEED_BIN", str(exe))
     t = time.monotonic()
     with pytest.raises(RingfeedError, match=rf"did not listen at {sidecar_env} within 0.5 s; see its log"):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize(4), spawn_timeout=0.5)
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), spawn_timeout=0.5)
     assert time.monotonic() - t < 5
     proc = sidecar._SPAWNED[-1]
     os.kill(proc.pid, signal.SIGKILL)
@@ -592,7 +592,7 @@ def test_no_binary_to_start(sidecar_env: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(sidecar, "Path", _NoShipped)
     with pytest.raises(RingfeedError, match=r"no `ringfeed` binary was found.*RINGFEED_BIN"):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize(4))
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)))
 
 
 class _NoShipped(type(Path())):  # type: ignore[misc]
@@ -609,7 +609,7 @@ class StubCopier:
         self.pending: collections.deque[tuple[None, int]] = collections.deque()
         self.waited = 0
 
-    def copy(self, views: dict[str, Any], slot: int) -> dict[str, Any]:
+    def copy(self, views: dict[str, Any], slot: int, post: Any = None) -> dict[str, Any]:
         self.pending.append((None, slot))
         return {k: v.clone() for k, v in views.items()}
 

@@ -144,7 +144,9 @@ def test_a_slow_training_loop_gets_fewer_threads_and_stats_show_why(
         while not Path(sock).exists():
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
-        with ringfeed.Loader(dataset, 4, ringfeed.Resize(16), socket=sock, spawn=False, timeout=30, log_every=5) as ld:
+        with ringfeed.Loader(
+            dataset, 4, ringfeed.Resize((16, 16)), socket=sock, spawn=False, timeout=30, log_every=5
+        ) as ld:
             first = ld.stats()["server"]
             assert first is not None
             assert first["threads"] == 2, first  # all of the budget until the loop has been measured

@@ -20,50 +20,53 @@ NOWHERE = "/nonexistent/ringfeed.sock"
 # -- transforms -------------------------------------------------------------------------------------
 
 
-def test_random_resized_crop_plus_flip_is_one_protocol_transform() -> None:
-    """RandomResizedCrop(224) + Flip() is control.md's random_resized_crop with torchvision's defaults and flip 0.5."""
+def test_random_resized_crop_plus_flip_is_a_pipeline() -> None:
+    """RandomResizedCrop(224) + Flip() is Compose([RandomResizedCrop(224), RandomHorizontalFlip()]) with defaults."""
     t = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
-    assert t.to_json() == {
+    assert t == ringfeed.Compose([ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip(0.5)])
+    assert t.to_json() == [
+        {
+            "op": "random_resized_crop",
+            "size": [224, 224],
+            "scale": [0.08, 1.0],
+            "ratio": [0.75, 1.3333333333333333],
+            "interpolation": "bilinear",
+            "antialias": True,
+        },
+        {"op": "horizontal_flip", "p": 0.5},
+    ]
+    assert t.size == (224, 224)
+    # A 1.1 server gets the 1.1 transform it means.
+    assert ringfeed.Views({"image": t}).legacy() == {
         "kind": "random_resized_crop",
         "size": [224, 224],
         "scale": [0.08, 1.0],
         "ratio": [0.75, 1.3333333333333333],
         "flip": 0.5,
     }
-    assert t.size == (224, 224)
 
 
-def test_random_resized_crop_alone_does_not_flip() -> None:
-    """RandomResizedCrop alone sends flip 0 explicitly (the protocol's default for a missing flip would be 0.5)."""
-    t = ringfeed.RandomResizedCrop((160, 128), scale=(0.35, 1), ratio=(1, 2))
-    assert t.to_json() == {
-        "kind": "random_resized_crop",
-        "size": [160, 128],
-        "scale": [0.35, 1.0],
-        "ratio": [1.0, 2.0],
-        "flip": 0.0,
-    }
-
-
-def test_eval_transforms() -> None:
-    """CenterCrop and Resize give center_crop and resize; CenterCrop's default resize is size / 0.875."""
-    assert ringfeed.CenterCrop(224).to_json() == {"kind": "center_crop", "size": [224, 224], "resize": 256}
-    assert ringfeed.CenterCrop(160).resize == 182
-    assert ringfeed.CenterCrop((100, 200), resize=300).to_json() == {
-        "kind": "center_crop",
-        "size": [100, 200],
-        "resize": 300,
-    }
-    assert ringfeed.Resize(64).to_json() == {"kind": "resize", "size": [64, 64]}
+def test_resize_and_center_crop_have_torchvision_semantics() -> None:
+    """Resize(int) is the shorter side (its size depends on the image); (h, w) stretches; CenterCrop only crops."""
+    assert ringfeed.Resize(256).out_size(None) is None
     assert ringfeed.Resize([32, 48]).size == (32, 48)
+    assert ringfeed.Resize([32]).size == (32,)
+    assert ringfeed.CenterCrop(224).to_json() == {"op": "center_crop", "size": [224, 224]}
+    evals = ringfeed.Compose([ringfeed.Resize(256), ringfeed.CenterCrop(224)])
+    assert evals.size == (224, 224)
+    assert ringfeed.Views({"image": evals}).legacy() == {"kind": "center_crop", "size": [224, 224], "resize": 256}
+    assert ringfeed.Views({"image": ringfeed.Resize((4, 6))}).legacy() == {"kind": "resize", "size": [4, 6]}
+    # Anything else has no 1.1 form.
+    assert ringfeed.Views({"image": evals + ringfeed.RandomInvert()}).legacy() is None
+    assert ringfeed.Views({"image": ringfeed.Resize((4, 6), interpolation="bicubic")}).legacy() is None
 
 
-def test_transforms_compare_and_print() -> None:
-    """Transforms are values: equal when their protocol objects are, with a readable repr."""
-    assert ringfeed.Resize(4) == ringfeed.Resize((4, 4))
-    assert ringfeed.Resize(4) != ringfeed.CenterCrop(4)
-    assert repr(ringfeed.Resize((4, 5))) == "Resize(size=[4, 5])"
-    assert len({ringfeed.Flip(), ringfeed.Flip()}) == 1
+def test_ops_compare_and_print() -> None:
+    """Ops are values: equal when their protocol objects are, with a readable repr."""
+    assert ringfeed.Resize((4, 4)) == ringfeed.Resize([4, 4])
+    assert ringfeed.Resize((4, 4)) != ringfeed.CenterCrop(4)
+    assert repr(ringfeed.CenterCrop((4, 5))) == "CenterCrop(size=[4, 5])"
+    assert len({ringfeed.Flip(), ringfeed.RandomHorizontalFlip()}) == 1
 
 
 @pytest.mark.parametrize(
@@ -90,40 +93,59 @@ def test_transforms_compare_and_print() -> None:
         ),
         (lambda: ringfeed.RandomResizedCrop(224, ratio=(-1, 1)), "ratio must be"),
         (lambda: ringfeed.RandomResizedCrop(224, ratio=(1, float("inf"))), "ratio must be"),
-        (lambda: ringfeed.Flip(1.5), r"Flip: p must be a probability in 0..=1, got 1.5"),
-        (lambda: ringfeed.Flip(-0.1), "Flip: p must be"),
-        (lambda: ringfeed.Flip("yes"), "Flip: p must be"),  # type: ignore[arg-type]
-        (lambda: ringfeed.CenterCrop(224, resize=0), r"CenterCrop: resize must be an int in 1..=4096"),
-        (lambda: ringfeed.CenterCrop(224, resize=256.0), "CenterCrop: resize must be"),  # type: ignore[arg-type]
+        (lambda: ringfeed.RandomResizedCrop(224, interpolation="lanczos"), "RandomResizedCrop: interpolation must be"),
+        (lambda: ringfeed.Flip(1.5), r"RandomHorizontalFlip: p must be a probability in 0..=1, got 1.5"),
+        (lambda: ringfeed.Flip(-0.1), "p must be"),
+        (lambda: ringfeed.Flip("yes"), "p must be"),  # type: ignore[arg-type]
         (lambda: ringfeed.CenterCrop(-1), "CenterCrop: size must be"),
         (lambda: ringfeed.Resize(5000), "Resize: size must be"),
+        (lambda: ringfeed.Resize(256, max_size=200), "Resize: max_size must be an int greater than size"),
+        (lambda: ringfeed.RandomCrop(32, padding=(1, 2, 3)), "RandomCrop: padding must be"),
+        (lambda: ringfeed.RandomCrop(32, fill=300), "RandomCrop: fill must be"),
+        (lambda: ringfeed.ColorJitter(hue=0.6), r"ColorJitter: hue must lie in \(-0.5, 0.5\)"),
+        (lambda: ringfeed.RandomSolarize(300), "RandomSolarize: threshold"),
+        (lambda: ringfeed.RandomAdjustSharpness(-1), "RandomAdjustSharpness: sharpness_factor"),
+        (lambda: ringfeed.AutoAugment("cifar100"), "AutoAugment: policy"),
+        (
+            lambda: ringfeed.TrivialAugmentWide(interpolation="bicubic"),
+            "TrivialAugmentWide: interpolation must be one of nearest, bilinear",
+        ),
+        (lambda: ringfeed.Normalize([0.5], [0.0]), "Normalize: every std must be positive"),
+        (lambda: ringfeed.RandomErasing(value="noise"), "RandomErasing: value must be"),
+        (lambda: ringfeed.MixUp(alpha=0, num_classes=10), "MixUp: alpha must be positive"),
+        (lambda: ringfeed.CutMix(num_classes=0), "CutMix: num_classes must be a positive int"),
+        (lambda: ringfeed.RandomChoice([ringfeed.RandomInvert()], p=[-1]), "RandomChoice: p must"),
+        (lambda: ringfeed.View(ringfeed.CenterCrop(4), count=65), "View: count must be"),
+        (lambda: ringfeed.Compose([ringfeed.MixUp(num_classes=3)]), "MixUp is a batch transform"),
+        (lambda: ringfeed.Compose(["RandomResizedCrop(224)"]), "is not a ringfeed op"),
     ],
 )
-def test_invalid_transform_parameters_name_the_parameter(make: Any, match: str) -> None:
-    """Each out-of-range transform parameter is a ValueError naming the transform, the parameter and the value."""
+def test_invalid_op_parameters_name_the_parameter(make: Any, match: str) -> None:
+    """Each out-of-range op parameter is a ValueError naming the op, the parameter and the value."""
     with pytest.raises(ValueError, match=match):
         make()
 
 
-@pytest.mark.parametrize(
-    ("make", "match"),
-    [
-        (lambda: ringfeed.RandomResizedCrop(8) + ringfeed.Flip() + ringfeed.Flip(), "already flips"),
-        (lambda: ringfeed.CenterCrop(8) + ringfeed.Flip(), "cannot combine CenterCrop with Flip"),
-        (lambda: ringfeed.Flip() + ringfeed.RandomResizedCrop(8), "cannot combine Flip with RandomResizedCrop"),
-        (lambda: ringfeed.Resize(8) + ringfeed.Resize(8), "only RandomResizedCrop"),
-    ],
-)
-def test_only_crop_plus_flip_combine(make: Any, match: str) -> None:
-    """The server runs one transform per stream: only RandomResizedCrop + Flip combine, once."""
-    with pytest.raises(TypeError, match=match):
-        make()
-
-
-def test_adding_a_non_transform_is_a_type_error() -> None:
-    """Adding something that is not a transform is the usual TypeError."""
+def test_adding_a_non_op_is_a_type_error() -> None:
+    """Adding something that is not an op is the usual TypeError."""
     with pytest.raises(TypeError):
         ringfeed.Resize(8) + 1
+
+
+def test_pipeline_vectors_are_what_the_python_ops_write() -> None:
+    """Each vector of proto/vectors/control/pipelines.json is the JSON its Python expression builds, with its sizes."""
+    import json
+    from pathlib import Path
+
+    rf = ringfeed
+    path = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" / "pipelines.json"
+    vectors = json.loads(path.read_text())
+    for case in vectors["good"]:
+        views = rf._transforms.as_views(eval(case["python"], {"rf": rf}))
+        assert views.to_json() == case["pipeline"], case["name"]
+        for name, (h, w, count) in case["views"].items():
+            assert views.views[name].size == (h, w), case["name"]
+            assert views.views[name].count == count, case["name"]
 
 
 # -- ranks and devices ----------------------------------------------------------------------------
@@ -183,8 +205,11 @@ def test_devices() -> None:
         ({"batch_size": 0}, r"batch_size must be an integer in 1..=65536, got 0"),
         ({"batch_size": 65537}, "batch_size must be"),
         ({"batch_size": 2.0}, "batch_size must be"),
-        ({"transform": ringfeed.Flip()}, r"Flip\(\) alone is not a transform"),
-        ({"transform": "RandomResizedCrop(224)"}, "transform must be ringfeed.RandomResizedCrop"),
+        ({"transform": ringfeed.Flip()}, "ends in a size that depends on the image"),
+        ({"transform": ringfeed.Resize(8)}, "ends in a size that depends on the image"),
+        ({"transform": "RandomResizedCrop(224)"}, "transform must be a ringfeed op"),
+        ({"transform": ringfeed.MixUp(num_classes=3)}, "MixUp is a batch transform"),
+        ({"batch_transform": ringfeed.RandomInvert()}, "batch_transform must be MixUp, CutMix"),
         ({"seed": -1}, r"seed must be an integer in 0..=9007199254740991"),
         ({"seed": 2**53}, "seed must be"),
         ({"shuffle": 1}, "shuffle must be True or False"),
@@ -207,7 +232,7 @@ def test_devices() -> None:
 )
 def test_bad_parameters_fail_before_connecting(kw: dict[str, Any], match: str) -> None:
     """Each bad Loader parameter is a ValueError naming it, raised before any connection is tried."""
-    args: dict[str, Any] = {"batch_size": 2, "transform": ringfeed.Resize(8), "socket": NOWHERE}
+    args: dict[str, Any] = {"batch_size": 2, "transform": ringfeed.Resize((8, 8)), "socket": NOWHERE}
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         ringfeed.Loader("/data/x", **args)
@@ -217,6 +242,10 @@ def test_fields_always_include_image_and_label() -> None:
     """fields= lists extras; image and label are always delivered, first, without duplicates."""
     from ringfeed.loader import _check_fields
 
-    assert _check_fields(None) == ("image", "label")
-    assert _check_fields(["crop", "image", "index", "crop"]) == ("image", "label", "crop", "index")
-    assert _check_fields("index") == ("image", "label", "index")
+    views = ringfeed.Views({"image": ringfeed.CenterCrop(4)})
+    assert _check_fields(None, views) == ("image", "label")
+    assert _check_fields(["crop", "image", "index", "crop"], views) == ("image", "label", "crop", "index")
+    assert _check_fields("index", views) == ("image", "label", "index")
+    # Each view is a field, with its erasing boxes when it erases.
+    erasing = ringfeed.Views({"a": ringfeed.CenterCrop(4), "b": ringfeed.CenterCrop(2) + ringfeed.RandomErasing()})
+    assert _check_fields(None, erasing) == ("a", "b", "b_erase", "label")

@@ -147,7 +147,13 @@ def test_cpu_views_point_into_the_ring(dataset: Path, sock: str) -> None:
 
 def test_eval_transform_nchw_and_normalize(dataset: Path, sock: str) -> None:
     """CenterCrop in NCHW, and normalize on the CPU: float32 [N, 3, h, w] channels_last."""
-    with loader(dataset, sock, transform=ringfeed.CenterCrop(12, resize=14), layout="NCHW", shuffle=False) as ld:
+    with loader(
+        dataset,
+        sock,
+        transform=ringfeed.Compose([ringfeed.Resize(14), ringfeed.CenterCrop(12)]),
+        layout="NCHW",
+        shuffle=False,
+    ) as ld:
         b = next(iter(ld))
         assert tuple(b["image"].shape) == (4, 3, 12, 12)
         assert b["index"].tolist() == [0, 1, 2, 3]
@@ -196,7 +202,7 @@ def test_a_killed_server_is_server_died_at_once(dataset: Path, sock: str) -> Non
 def test_the_embedded_sidecar_exits_when_idle(dataset: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no socket=, the loader starts `ringfeed serve --exit-when-idle` at $RINGFEED_SOCKET; it exits when idle."""
     monkeypatch.setenv("RINGFEED_SOCKET", sock)
-    with ringfeed.Loader(dataset, 4, transform=ringfeed.Resize(8), timeout=30.0) as ld:
+    with ringfeed.Loader(dataset, 4, transform=ringfeed.Resize((8, 8)), timeout=30.0) as ld:
         assert len(epoch_tuples(ld)) == N // 4
         proc = sidecar._SPAWNED[-1]
         assert ld.server_log == sock[: -len(".sock")] + ".log"

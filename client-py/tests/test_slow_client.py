@@ -163,12 +163,18 @@ def test_a_ring_that_does_not_fit_in_memory_is_refused(dataset: Path, tmp_path: 
         # 8 slots of 64 images of 1024x1024x3 = 8 * 192 MiB.
         with pytest.raises(ServerError) as e:
             ringfeed.Loader(
-                dataset, 64, transform=ringfeed.Resize(1024), socket=str(sock), spawn=False, slots=8, drop_last=False
+                dataset,
+                64,
+                transform=ringfeed.Resize((1024, 1024)),
+                socket=str(sock),
+                spawn=False,
+                slots=8,
+                drop_last=False,
             )
         print(f"\n{e.value}")
         assert e.value.code == "bad_request"
         assert "lower `slots` or `batch_size`" in e.value.message
-        with ringfeed.Loader(dataset, BS, transform=ringfeed.Resize(16), socket=str(sock), spawn=False) as ld:
+        with ringfeed.Loader(dataset, BS, transform=ringfeed.Resize((16, 16)), socket=str(sock), spawn=False) as ld:
             assert len(list(ld)) == N // BS
     finally:
         proc.terminate()

@@ -44,6 +44,38 @@ enum Command {
     /// Show every stream of a running server: throughput, the training loop's wait, threads,
     /// depth, slot states and per-stage times, refreshed every second.
     Top(TopArgs),
+    /// Run a pipeline (control.md, "Pipelines") on one image file, as the server would for
+    /// sample indices `--index ..` of `--epoch`, and write the images (HWC, RGB8, outputs in
+    /// order) to `--out`; print each sample's drawn parameters as a JSON line. For checking
+    /// ops against torchvision, and for seeing what a pipeline does to a picture.
+    Ops(OpsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct OpsArgs {
+    /// The encoded image.
+    image: PathBuf,
+    /// The pipeline as JSON (`{"views": [...]}`), or `@FILE`.
+    #[arg(long)]
+    pipeline: String,
+    /// The stream's seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// The epoch.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// The first sample index.
+    #[arg(long, default_value_t = 0)]
+    index: u64,
+    /// How many indices, from `--index`.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Where the images go: every output of every sample, in order, raw bytes.
+    #[arg(long)]
+    out: PathBuf,
+    /// Decode every image whole (the reference path) instead of by region.
+    #[arg(long)]
+    no_region_decode: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -610,6 +642,55 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_ops(a: OpsArgs) -> Result<ExitCode> {
+    use ringfeed::ops::{BufferSink, Options, Pipeline, Processor, SampleRng, Trace};
+    use std::io::Write;
+    let text = match a.pipeline.strip_prefix('@') {
+        Some(f) => std::fs::read_to_string(f).with_context(|| format!("reading {f}"))?,
+        None => a.pipeline.clone(),
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).context("--pipeline is not JSON")?;
+    let pipeline = Pipeline::parse(&value).map_err(|e| anyhow::anyhow!("--pipeline: {e}"))?;
+    let data = std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
+    let options = Options {
+        region_decode: !a.no_region_decode,
+        ..Options::default()
+    };
+    let mut p = Processor::with_options(Limits::default(), options)?;
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?,
+    );
+    let stdout = std::io::stdout();
+    let mut lines = stdout.lock();
+    let mut sink = BufferSink::for_pipeline(&pipeline);
+    let mut trace = Trace::on();
+    for index in a.index..a.index + a.count {
+        let rng = SampleRng::new(a.seed, a.epoch, index);
+        let crop = p
+            .run(
+                &data,
+                &pipeline,
+                rng,
+                ringfeed::ops::Layout::Nhwc,
+                &mut sink,
+                &mut trace,
+            )
+            .with_context(|| format!("{}: sample {index}", a.image.display()))?;
+        for o in &sink.outs {
+            out.write_all(o)?;
+        }
+        let line = serde_json::json!({
+            "index": index,
+            "trace": trace.take(),
+            "erase": sink.erase,
+            "crop": crop.to_i32s(),
+        });
+        writeln!(lines, "{line}")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_top(a: TopArgs) -> Result<ExitCode> {
     use std::io::{IsTerminal, Write};
     if !(0.05..=3600.0).contains(&a.interval) {
@@ -655,6 +736,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => run_inspect(a),
         Command::Serve(a) => run_serve(a),
         Command::Top(a) => run_top(a),
+        Command::Ops(a) => run_ops(a),
     };
     match result {
         Ok(code) => code,

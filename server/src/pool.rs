@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::codec::Limits;
-use crate::ops::{Layout, Processor, SampleRng, Transform};
+use crate::ops::{Layout, Pipeline, Processor, SampleRng, Sink, Trace};
 use crate::ring::{FieldDesc, Segment};
 use crate::source::Source;
 use crate::stats::{STAGES, Stage, StreamStats};
@@ -36,10 +36,11 @@ use crate::stats::{STAGES, Stage, StreamStats};
 pub struct StreamCtx {
     pub source: Arc<dyn Source>,
     pub segment: Arc<Segment>,
-    pub transform: Transform,
+    pub pipeline: Pipeline,
     pub layout: Layout,
     pub seed: u64,
-    pub image: FieldDesc,
+    /// Each view's fields, in the pipeline's order.
+    pub views: Vec<ViewFields>,
     pub label: FieldDesc,
     pub index: Option<FieldDesc>,
     pub crop: Option<FieldDesc>,
@@ -68,6 +69,58 @@ impl std::fmt::Debug for StreamCtx {
         f.debug_struct("StreamCtx")
             .field("source", &self.source.describe())
             .finish_non_exhaustive()
+    }
+}
+
+/// The ring fields of one view: its images, and its erasing boxes when it erases.
+#[derive(Debug, Clone)]
+pub struct ViewFields {
+    pub image: FieldDesc,
+    pub erase: Option<FieldDesc>,
+}
+
+/// The outputs of sample `pos` of a FILLING slot, for [`Processor::run`].
+struct SlotSink<'a> {
+    task: &'a BatchTask,
+    pos: u32,
+}
+
+impl SlotSink<'_> {
+    /// Bytes `[k * len, (k + 1) * len)` of sample `pos` of the field at `offset` whose samples
+    /// are `sample_bytes` long.
+    fn part(&mut self, (offset, sample_bytes): (u64, u64), k: u32, len: u64) -> &mut [u8] {
+        let at = offset + u64::from(self.pos) * sample_bytes + u64::from(k) * len;
+        let dst = self.task.stream.segment.slot_ptr(self.task.slot, at, len);
+        // SAFETY: `dst` is valid for `len` bytes inside the sample's part of the field
+        // (slot_ptr checks the range; `k * len` stays inside `sample_bytes` because a view's
+        // field holds `count` images of `len` bytes). This job is the only writer of sample
+        // `pos` in this FILLING slot (module invariants), the client does not touch a slot
+        // before `ready` (ring.md rules 1 and 2), and the returned borrow of `self` keeps two
+        // parts from being alive at once.
+        unsafe { std::slice::from_raw_parts_mut(dst, len as usize) }
+    }
+}
+
+impl Sink for SlotSink<'_> {
+    fn image(&mut self, view: usize, rep: u32) -> &mut [u8] {
+        let ctx = &self.task.stream;
+        let (h, w) = ctx.pipeline.views[view].size;
+        let f = &ctx.views[view].image;
+        let field = (f.offset, f.sample_bytes);
+        self.part(field, rep, u64::from(h) * u64::from(w) * 3)
+    }
+
+    fn erase(&mut self, view: usize, rep: u32, boxes: &[[i32; 4]]) {
+        let Some(f) = &self.task.stream.views[view].erase else {
+            return;
+        };
+        let field = (f.offset, f.sample_bytes);
+        let out = self.part(field, rep, boxes.len() as u64 * 16);
+        for (o, b) in out.chunks_exact_mut(16).zip(boxes) {
+            for (k, v) in b.iter().enumerate() {
+                o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
     }
 }
 
@@ -410,17 +463,18 @@ fn write_sample(
     let task = &job.batch;
     let ctx = &task.stream;
     let key = || String::from_utf8_lossy(sample.key).into_owned();
-    let img = &ctx.image;
-    let at = img.offset + u64::from(job.pos) * img.sample_bytes;
-    let dst = ctx.segment.slot_ptr(task.slot, at, img.sample_bytes);
-    // SAFETY: `dst` is valid for `sample_bytes` (slot_ptr checks the range); this job is the
-    // only writer of sample `pos` in this FILLING slot (module invariants), and the client does
-    // not touch a slot before `ready` (ring.md rules 1 and 2).
-    let out = unsafe { std::slice::from_raw_parts_mut(dst, img.sample_bytes as usize) };
-    let mut rng = SampleRng::new(ctx.seed, task.epoch, index);
+    let rng = SampleRng::new(ctx.seed, task.epoch, index);
     let t0 = Instant::now();
+    let mut sink = SlotSink { task, pos: job.pos };
     let crop = processor
-        .process(sample.data, &ctx.transform, &mut rng, ctx.layout, out)
+        .run(
+            sample.data,
+            &ctx.pipeline,
+            rng,
+            ctx.layout,
+            &mut sink,
+            &mut Trace::off(),
+        )
         .map_err(|e| (key(), e.to_string()))?;
     let t1 = Instant::now();
     let total = (t1 - t0).as_nanos() as u64;

@@ -199,12 +199,13 @@ impl Axis {
     /// `0..in_size`) onto `out` pixels (at least 1). fir's `precompute_coefficients` and
     /// `Normalizer16::new`, operation for operation, so that the rounding is the same.
     #[inline(always)]
-    fn compute(&mut self, in_size: u32, in0: f64, in1: f64, out: u32) {
+    fn compute(&mut self, filter: Filter, in_size: u32, in0: f64, in1: f64, out: u32) {
         let out_n = out as usize;
         let scale = (in1 - in0) / f64::from(out);
-        let filter_scale = scale.max(1.0);
-        // The triangle's support is 1.
-        let radius = filter_scale;
+        // Without antialiasing the kernel keeps its width when downscaling (torch's
+        // `interpolate(antialias=False)`): each output pixel reads its few nearest source pixels.
+        let filter_scale = if filter.antialias { scale.max(1.0) } else { 1.0 };
+        let radius = filter.kernel.support() * filter_scale;
         let window = radius.ceil() as usize * 2 + 1;
         let recip = 1.0 / filter_scale;
         self.weights.clear();
@@ -218,7 +219,7 @@ impl Axis {
             let (mut first, mut end) = (x_min, x_max);
             let (mut n, mut sum) = (0usize, 0.0f64);
             for x in x_min..x_max {
-                let v = triangle((f64::from(x) - center) * recip);
+                let v = filter.weight((f64::from(x) - center) * recip);
                 if x == first && v == 0.0 {
                     // Leading zero weights are not taps.
                     first += 1;
@@ -312,11 +313,78 @@ fn triangle(x: f64) -> f64 {
     if x < 1.0 { 1.0 - x } else { 0.0 }
 }
 
+/// Keys' cubic convolution kernel with parameter `a`, support 2: Pillow's `bicubic_filter`
+/// (`a = -0.5`, torchvision's antialiased bicubic) or PyTorch's `interpolate(mode="bicubic")`
+/// (`a = -0.75`, its bicubic without antialiasing).
+fn cubic(x: f64, a: f64) -> f64 {
+    let x = x.abs();
+    if x < 1.0 {
+        ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * a
+    } else {
+        0.0
+    }
+}
+
+/// The interpolation kernel of a [`Filter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// A triangle of support 1 (bilinear).
+    Bilinear,
+    /// Keys' cubic of support 2 (bicubic).
+    Bicubic,
+}
+
+impl Kernel {
+    fn support(self) -> f64 {
+        match self {
+            Kernel::Bilinear => 1.0,
+            Kernel::Bicubic => 2.0,
+        }
+    }
+}
+
+/// What [`Resampler::resample`] convolves with: a kernel, and whether it widens with the
+/// downscale factor (antialiasing, torchvision's default `antialias=True`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Filter {
+    /// The interpolation kernel.
+    pub kernel: Kernel,
+    /// Widen the kernel by the downscale factor, so every source pixel contributes.
+    pub antialias: bool,
+}
+
+impl Filter {
+    /// Antialiased bilinear: Pillow's `BILINEAR`, torchvision's default.
+    pub const BILINEAR: Filter = Filter {
+        kernel: Kernel::Bilinear,
+        antialias: true,
+    };
+
+    #[inline(always)]
+    fn weight(self, x: f64) -> f64 {
+        match (self.kernel, self.antialias) {
+            (Kernel::Bilinear, _) => triangle(x),
+            (Kernel::Bicubic, true) => cubic(x, -0.5),
+            (Kernel::Bicubic, false) => cubic(x, -0.75),
+        }
+    }
+}
+
+impl Default for Filter {
+    fn default() -> Self {
+        Filter::BILINEAR
+    }
+}
+
 /// Resamples packed RGB8 images with Pillow's antialiased bilinear filter (see the module
 /// docs). One per thread: it keeps its coefficient tables and intermediate rows from call to
 /// call, and allocates only when a call needs more room than any call before.
 pub struct Resampler {
     isa: Isa,
+    /// The filter of the following calls ([`Resampler::set_filter`]).
+    filter: Filter,
     horizontal: Axis,
     vertical: Axis,
     /// Up to [`ROWS`] rows of the vertical pass's output, the input of the horizontal pass.
@@ -388,12 +456,23 @@ impl Resampler {
     fn with_isa(isa: Isa) -> Self {
         Resampler {
             isa,
+            filter: Filter::BILINEAR,
             horizontal: Axis::default(),
             vertical: Axis::default(),
             rows: Vec::new(),
             block: Vec::new(),
             columns: Vec::new(),
         }
+    }
+
+    /// Sets the filter of the following calls (antialiased bilinear until set).
+    pub fn set_filter(&mut self, filter: Filter) {
+        self.filter = filter;
+    }
+
+    /// The filter in force.
+    pub fn filter(&self) -> Filter {
+        self.filter
     }
 
     /// Resamples `sample` of `src.bounds` onto `dst.rect`, leaving the rest of `dst` as it is.
@@ -494,11 +573,11 @@ impl Resampler {
         let need_v = f64::from(rect.height) != sample.height || sample.top != sample.top.round();
         if need_h {
             let (l, w) = (sample.left, sample.width);
-            self.horizontal.compute(bounds.width, l, l + w, rect.width);
+            self.horizontal.compute(self.filter, bounds.width, l, l + w, rect.width);
         }
         if need_v {
             let (t, h) = (sample.top, sample.height);
-            self.vertical.compute(bounds.height, t, t + h, rect.height);
+            self.vertical.compute(self.filter, bounds.height, t, t + h, rect.height);
         }
         let job = Job {
             src,
@@ -1214,13 +1293,13 @@ mod tests {
     fn coefficients() {
         let mut a = Axis::default();
         // The same size: the identity, at 14 bits (a weight of 1 fits 15 bits at most).
-        a.compute(5, 0.0, 5.0, 5);
+        a.compute(Filter::BILINEAR, 5, 0.0, 5.0, 5);
         assert_eq!(a.precision, 14);
         for i in 0..5 {
             assert_eq!(a.taps(i), (i, &[1 << 14][..]));
         }
         // Halving: support 2, weights 1/8, 3/8, 3/8, 1/8 (clamped at the edges).
-        a.compute(8, 0.0, 8.0, 4);
+        a.compute(Filter::BILINEAR, 8, 0.0, 8.0, 4);
         assert_eq!(a.taps(1).0, 1);
         let w = a.taps(1).1;
         let unit = 1i32 << a.precision;

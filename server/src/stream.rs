@@ -28,9 +28,9 @@ use crate::control::frame::check_length;
 use crate::control::{
     ClientMessage, ErrorCode, OpenRequest, PROTOCOL, ServerMessage, TransformRequest, decode_frame, encode_frame,
 };
-use crate::ops::{Layout, Transform};
-use crate::pool::{BatchTask, Pool, StreamCtx};
-use crate::ring::{DType, FieldSpec, RingLayout, Segment, SlotHeader};
+use crate::ops::{Layout, Pipeline, Transform};
+use crate::pool::{BatchTask, Pool, StreamCtx, ViewFields};
+use crate::ring::{DType, FieldDesc, FieldSpec, RingLayout, Segment, SlotHeader};
 use crate::sampler::{EpochPlan, SamplerConfig};
 use crate::source::lmdb::{LabelSource, LmdbOptions};
 use crate::source::{PackedSource, Source};
@@ -430,12 +430,12 @@ async fn open_stream(
         "skip" => true,
         other => return Err(bad(format!("open.on_error {other:?} must be \"raise\" or \"skip\""))),
     };
-    let (transform, (h, w)) = transform_from(&open.transform).map_err(bad)?;
+    let pipeline = pipeline_from(open).map_err(bad)?;
     let fields = open.fields.clone().unwrap_or_default();
     for f in &fields {
-        if !["image", "label", "index", "crop"].contains(&f.as_str()) {
+        if !["image", "label", "index", "crop"].contains(&f.as_str()) && !pipeline.views.iter().any(|v| v.name == *f) {
             return Err(bad(format!(
-                "open.fields: unknown field {f:?} (known: image, label, index, crop)"
+                "open.fields: unknown field {f:?} (known: the views, label, index, crop)"
             )));
         }
     }
@@ -457,32 +457,48 @@ async fn open_stream(
         .validate()
         .map_err(|e| bad(format!("{}: {e}", path.display())))?;
 
-    let image_shape = match layout {
-        Layout::Nhwc => vec![h, w, 3],
-        Layout::Nchw => vec![3, h, w],
-    };
-    let mut specs = vec![
-        FieldSpec {
-            name: "image",
+    let mut specs = Vec::new();
+    for v in &pipeline.views {
+        let (h, w) = v.size;
+        let mut shape = match layout {
+            Layout::Nhwc => vec![h, w, 3],
+            Layout::Nchw => vec![3, h, w],
+        };
+        if v.count > 1 {
+            shape.insert(0, v.count);
+        }
+        specs.push(FieldSpec {
+            name: v.name.clone().into(),
             dtype: DType::U8,
-            shape: image_shape,
-        },
-        FieldSpec {
-            name: "label",
-            dtype: DType::I64,
-            shape: vec![],
-        },
-    ];
+            shape,
+        });
+        if !v.erasing.is_empty() {
+            let mut shape = vec![v.erasing.len() as u32, 4];
+            if v.count > 1 {
+                shape.insert(0, v.count);
+            }
+            specs.push(FieldSpec {
+                name: format!("{}_erase", v.name).into(),
+                dtype: DType::I32,
+                shape,
+            });
+        }
+    }
+    specs.push(FieldSpec {
+        name: "label".into(),
+        dtype: DType::I64,
+        shape: vec![],
+    });
     if fields.iter().any(|f| f == "index") {
         specs.push(FieldSpec {
-            name: "index",
+            name: "index".into(),
             dtype: DType::I64,
             shape: vec![],
         });
     }
     if fields.iter().any(|f| f == "crop") {
         specs.push(FieldSpec {
-            name: "crop",
+            name: "crop".into(),
             dtype: DType::I32,
             shape: vec![5],
         });
@@ -490,10 +506,11 @@ async fn open_stream(
     let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
     if ring.header.segment_len > shared.max_ring_bytes {
         return Err(bad(format!(
-            "the ring would take {:.2} GiB ({} slots of {} images of {h}x{w}), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
+            "the ring would take {:.2} GiB ({} slots of {} samples of {} images), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
             ring.header.segment_len as f64 / (1u64 << 30) as f64,
             open.slots,
             open.batch_size,
+            pipeline.outputs(),
             shared.max_ring_bytes as f64 / (1u64 << 30) as f64
         )));
     }
@@ -527,14 +544,22 @@ async fn open_stream(
         threads,
         depth,
     ));
+    let views = pipeline
+        .views
+        .iter()
+        .map(|v| ViewFields {
+            image: field(&v.name).expect("every view has its field"),
+            erase: field(&format!("{}_erase", v.name)),
+        })
+        .collect();
     let ctx = Arc::new(StreamCtx {
-        image: field("image").expect("the image field is always present"),
+        views,
         label: field("label").expect("the label field is always present"),
         index: field("index"),
         crop: field("crop"),
         source: Arc::clone(&source),
         segment: Arc::new(segment),
-        transform,
+        pipeline,
         layout,
         seed: open.seed,
         current_run: AtomicU32::new(0),
@@ -573,32 +598,39 @@ impl StreamState {
     }
 }
 
-/// Converts a transform request and validates it (`ops::Transform::validate` holds the bounds of
-/// control.md, "Transforms"); returns it with its output size `(h, w)`.
-fn transform_from(t: &TransformRequest) -> Result<(Transform, (u32, u32)), String> {
-    let transform = match *t {
-        TransformRequest::RandomResizedCrop {
-            size,
-            scale,
-            ratio,
-            flip,
-        } => Transform::RandomResizedCrop {
-            size: (size[0], size[1]),
-            scale: (scale[0], scale[1]),
-            ratio: (ratio[0], ratio[1]),
-            flip,
-        },
-        TransformRequest::CenterCrop { size, resize } => Transform::CenterCrop {
-            size: (size[0], size[1]),
-            resize,
-        },
-        TransformRequest::Resize { size } => Transform::Resize {
-            size: (size[0], size[1]),
-        },
-    };
-    transform.validate()?;
-    let size = transform.size();
-    Ok((transform, size))
+/// The stream's pipeline: the 1.2 `pipeline` member, or the 1.1 `transform` as the pipeline it
+/// means (validated by `ops::Transform::validate`, which holds the bounds of control.md,
+/// "Transforms").
+fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
+    match (&open.pipeline, &open.transform) {
+        (Some(_), Some(_)) => Err("open: give either pipeline (1.2) or transform (1.1), not both".to_owned()),
+        (Some(p), None) => Pipeline::parse(p),
+        (None, Some(t)) => {
+            let transform = match *t {
+                TransformRequest::RandomResizedCrop {
+                    size,
+                    scale,
+                    ratio,
+                    flip,
+                } => Transform::RandomResizedCrop {
+                    size: (size[0], size[1]),
+                    scale: (scale[0], scale[1]),
+                    ratio: (ratio[0], ratio[1]),
+                    flip,
+                },
+                TransformRequest::CenterCrop { size, resize } => Transform::CenterCrop {
+                    size: (size[0], size[1]),
+                    resize,
+                },
+                TransformRequest::Resize { size } => Transform::Resize {
+                    size: (size[0], size[1]),
+                },
+            };
+            transform.validate()?;
+            Ok(transform.to_pipeline())
+        }
+        (None, None) => Err("open: a pipeline (1.2) or a transform (1.1) is required".to_owned()),
+    }
 }
 
 /// Opens (or reuses) the dataset at `path`.
@@ -995,19 +1027,23 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
         return n;
     }
     let failed: std::collections::BTreeSet<u32> = failures.iter().map(|f| f.pos).collect();
-    let fields = [
-        Some(&ctx.image),
-        Some(&ctx.label),
-        ctx.index.as_ref(),
-        ctx.crop.as_ref(),
-    ];
+    let fields: Vec<&FieldDesc> = ctx
+        .views
+        .iter()
+        .flat_map(|v| std::iter::once(&v.image).chain(v.erase.as_ref()))
+        .chain(
+            [Some(&ctx.label), ctx.index.as_ref(), ctx.crop.as_ref()]
+                .into_iter()
+                .flatten(),
+        )
+        .collect();
     let mut to = 0u32;
     for from in 0..n {
         if failed.contains(&from) {
             continue;
         }
         if from != to {
-            for f in fields.iter().flatten() {
+            for f in &fields {
                 let src = ctx
                     .segment
                     .slot_ptr(task.slot, f.offset + u64::from(from) * f.sample_bytes, f.sample_bytes);

@@ -150,3 +150,84 @@ fn process_allocates_nothing_once_warm() {
     assert!(warm_up > 0, "the counting allocator counts nothing");
     assert_eq!(after, 0, "{after} heap allocations in {samples} samples once warm");
 }
+
+/// The same for op pipelines: every kind of per-image op (colour, tone, blur, the policies'
+/// warps, a second resize), two views of several images, and erasing boxes.
+#[test]
+fn pipelines_allocate_nothing_once_warm() {
+    use ringfeed::ops::{BufferSink, Pipeline, Trace};
+    use turbojpeg::Subsamp;
+    let packed = |data: Vec<u8>| {
+        let mut out = Vec::new();
+        let mut d = ringfeed::codec::Decoder::new(Limits::default()).expect("decoder");
+        d.add_restarts(&data, 2, &mut out).expect("decodes").expect("rewritten");
+        out
+    };
+    let files = [
+        jpeg(640, 480, 1, Subsamp::Sub2x2),
+        packed(jpeg(500, 375, 6, Subsamp::Sub2x2)),
+        jpeg(375, 500, 3, Subsamp::None),
+        jpeg(97, 61, 5, Subsamp::Gray),
+    ];
+    let spec = serde_json::json!({"views": [
+        {"name": "global", "count": 2, "ops": [
+            {"op": "random_resized_crop", "size": [96, 96], "interpolation": "bicubic"},
+            {"op": "horizontal_flip"},
+            {"op": "color_jitter", "brightness": [0.6, 1.4], "contrast": [0.6, 1.4], "saturation": [0.6, 1.4], "hue": [-0.1, 0.1]},
+            {"op": "grayscale", "p": 0.2},
+            {"op": "gaussian_blur", "kernel_size": [9], "sigma": [0.1, 2.0]},
+            {"op": "trivial_augment_wide"},
+            {"op": "rand_augment", "num_ops": 2, "magnitude": 9, "interpolation": "bilinear", "fill": [128]},
+            {"op": "auto_augment"},
+            {"op": "random_choice", "ops": [{"op": "equalize"}, {"op": "autocontrast"}, {"op": "adjust_sharpness", "sharpness_factor": 2}]},
+            {"op": "normalize", "mean": [0.5], "std": [0.5]},
+            {"op": "random_erasing", "p": 0.9}]},
+        {"name": "local", "count": 3, "ops": [
+            {"op": "resize", "size": [80]},
+            {"op": "random_crop", "size": [64, 64], "padding": [4], "pad_if_needed": true},
+            {"op": "solarize", "threshold": 128},
+            {"op": "posterize", "bits": 4},
+            {"op": "invert"},
+            {"op": "resize", "size": [48, 40], "interpolation": "nearest"},
+            {"op": "vertical_flip"}]}]});
+    let pipeline = Pipeline::parse(&spec).expect("pipeline");
+    let mut p = Processor::new(Limits::default()).expect("processor");
+    let mut sink = BufferSink::for_pipeline(&pipeline);
+    let mut trace = Trace::off();
+    let mut run = |p: &mut Processor, data: &[u8], layout: Layout, epoch: u64, index: u64| {
+        p.run(
+            data,
+            &pipeline,
+            SampleRng::new(0, epoch, index),
+            layout,
+            &mut sink,
+            &mut trace,
+        )
+        .expect("runs");
+    };
+    let layouts = [Layout::Nhwc, Layout::Nchw];
+    // Warm-up: enough draws that every policy op, size and branch has run at least once.
+    let before = allocations();
+    for epoch in 0..40 {
+        for (i, data) in files.iter().enumerate() {
+            for layout in layouts {
+                run(&mut p, data, layout, 1000 + epoch, i as u64);
+            }
+        }
+    }
+    let warm_up = allocations() - before;
+    let before = allocations();
+    let mut samples = 0;
+    for epoch in 0..6 {
+        for (i, data) in files.iter().enumerate() {
+            for layout in layouts {
+                run(&mut p, data, layout, epoch, i as u64);
+                samples += 1;
+            }
+        }
+    }
+    let after = allocations() - before;
+    eprintln!("pipelines: warm-up {warm_up} allocations; then {samples} samples: {after}");
+    assert!(warm_up > 0, "the counting allocator counts nothing");
+    assert_eq!(after, 0, "{after} heap allocations in {samples} samples once warm");
+}

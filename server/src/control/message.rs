@@ -103,7 +103,12 @@ pub struct OpenRequest {
     #[serde(default)]
     pub lmdb: LmdbRequest,
     pub batch_size: u32,
-    pub transform: TransformRequest,
+    /// The 1.1 fixed transform; one of `transform` and `pipeline` is required.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<TransformRequest>,
+    /// 1.2: the op pipeline (control.md, "Pipelines"), parsed by `ops::Pipeline::parse`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<serde_json::Value>,
     #[serde(default = "default_layout")]
     pub layout: String,
     #[serde(default = "yes")]
@@ -226,7 +231,7 @@ mod tests {
             ("NHWC", true, true, 1, 4)
         );
         assert_eq!(
-            o.transform,
+            o.transform.unwrap(),
             TransformRequest::RandomResizedCrop {
                 size: [224, 224],
                 scale: [0.08, 1.0],

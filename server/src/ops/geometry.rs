@@ -3,6 +3,7 @@
 //! torch's.
 
 use super::rng::SampleRng;
+use super::spec::ResizeTo;
 
 /// Python's `round(x)` for a float: ties go to the even integer.
 #[inline]
@@ -85,41 +86,27 @@ pub fn resize_shorter(width: u32, height: u32, s: u32) -> (u32, u32) {
     if width <= height { (s, new_long) } else { (new_long, s) }
 }
 
-/// One axis of `Resize` + `CenterCrop`: which part of the source fills which part of the
-/// output.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Axis {
-    /// Start of the sampled source interval, in source pixels (fractional).
-    pub(super) src_start: f64,
-    /// Its length in source pixels.
-    pub(super) src_len: f64,
-    /// First output pixel it fills.
-    pub(super) dst_start: u32,
-    /// Number of output pixels it fills; the rest (padding) are zero.
-    pub(super) dst_len: u32,
-}
-
-/// An axis of `src` pixels resized to `resized` and centre-cropped to `crop`, as torchvision
-/// does it: the crop starts at `int(round((resized - crop) / 2.0))` of the resized axis; a crop
-/// longer than the resized axis pads it with zeros, `(crop - resized) // 2` before it.
-pub(super) fn center_axis(src: u32, resized: u32, crop: u32) -> Axis {
-    let scale = f64::from(src) / f64::from(resized.max(1));
-    if crop <= resized {
-        let offset = round_py(f64::from(resized - crop) / 2.0);
-        let src_start = offset * scale;
-        let src_len = (f64::from(crop) * scale).min(f64::from(src) - src_start);
-        Axis {
-            src_start,
-            src_len,
-            dst_start: 0,
-            dst_len: crop,
-        }
-    } else {
-        Axis {
-            src_start: 0.0,
-            src_len: f64::from(src),
-            dst_start: (crop - resized) / 2,
-            dst_len: resized,
+/// torchvision's `Resize(size, max_size)` output size for a `width`×`height` image (its
+/// `_compute_resized_output_size`): the shorter side to `s` and the longer truncated, then, if
+/// the longer exceeds `max_size`, the longer to `max_size` and the shorter
+/// `int(max_size * short / long)`; or exactly `(h, w)`. Never 0. Returns `(width, height)`.
+pub fn resize_target(width: u32, height: u32, size: ResizeTo, max_size: Option<u32>) -> (u32, u32) {
+    match size {
+        ResizeTo::Exact(h, w) => (w, h),
+        ResizeTo::Shorter(s) => {
+            let (mut w, mut h) = resize_shorter(width, height, s);
+            if let Some(m) = max_size {
+                let (short, long) = if width <= height { (w, h) } else { (h, w) };
+                if long > m {
+                    let new_short = (f64::from(m) * f64::from(short) / f64::from(long)) as u32;
+                    (w, h) = if width <= height {
+                        (new_short, m)
+                    } else {
+                        (m, new_short)
+                    };
+                }
+            }
+            (w.max(1), h.max(1))
         }
     }
 }
@@ -147,16 +134,14 @@ mod tests {
     }
 
     #[test]
-    fn center_axis_rounds_half_to_even() {
-        // (257 - 224) / 2 = 16.5 -> 16; (259 - 224) / 2 = 17.5 -> 18.
-        assert_eq!(center_axis(257, 257, 224).src_start, 16.0);
-        assert_eq!(center_axis(259, 259, 224).src_start, 18.0);
-        let a = center_axis(500, 256, 224);
-        assert_eq!((a.dst_start, a.dst_len), (0, 224));
-        assert!((a.src_start - 16.0 * 500.0 / 256.0).abs() < 1e-12);
-        // Padding: 100 resized pixels centred in 224, 62 zeros before them.
-        let a = center_axis(50, 100, 224);
-        assert_eq!((a.src_start, a.src_len, a.dst_start, a.dst_len), (0.0, 50.0, 62, 100));
+    fn max_size_caps_the_longer_side() {
+        let s = ResizeTo::Shorter(256);
+        assert_eq!(resize_target(500, 375, s, None), (341, 256));
+        // 341 > 300: longer 300, shorter int(300 * 256 / 341) = 225.
+        assert_eq!(resize_target(500, 375, s, Some(300)), (300, 225));
+        assert_eq!(resize_target(375, 500, s, Some(300)), (225, 300));
+        assert_eq!(resize_target(375, 500, ResizeTo::Exact(10, 20), None), (20, 10));
+        assert_eq!(resize_target(1, 5000, ResizeTo::Shorter(1), Some(2)), (1, 2));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! ```text
 //! mix(z)  = z ^= z >> 30; z *= 0xBF58476D1CE4E5B9; z ^= z >> 27; z *= 0x94D049BB133111EB; z ^ (z >> 31)
 //! state   = mix(mix(mix(seed ^ 0x72696E6766656564) ^ epoch) ^ index)      // "ringfeed"
+//! fork(j) = mix(state ^ mix(j ^ 0x76696577666F726B))                      // "viewfork"
 //! next()  = state += 0x9E3779B97F4A7C15; mix(state)                         // splitmix64
 //! uniform(lo, hi) = lo + (hi - lo) * (next() >> 11) * 2^-53
 //! below(n)        = Lemire's multiply-shift with rejection: unbiased in 0..n
@@ -19,6 +20,9 @@
 const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Separates these streams from any other use of splitmix64 on the same seed: "ringfeed".
 const DOMAIN: u64 = 0x7269_6E67_6665_6564;
+
+/// Separates forked generators from the sample's own: "viewfork".
+const FORK: u64 = 0x7669_6577_666F_726B;
 
 /// splitmix64's output function (Stafford's "mix13"), a bijection on `u64`.
 #[inline]
@@ -40,6 +44,14 @@ impl SampleRng {
     pub fn new(seed: u64, epoch: u64, index: u64) -> Self {
         SampleRng {
             state: mix(mix(mix(seed ^ DOMAIN) ^ epoch) ^ index),
+        }
+    }
+
+    /// An independent generator for output `j` of the same sample (control.md, "Pipelines"):
+    /// `state' = mix(state ^ mix(j ^ FORK))`, a bijection of the state for each `j`.
+    pub fn fork(&self, j: u64) -> SampleRng {
+        SampleRng {
+            state: mix(self.state ^ mix(j ^ FORK)),
         }
     }
 

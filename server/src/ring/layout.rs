@@ -55,7 +55,8 @@ impl DType {
 /// What a stream wants in a field, before offsets are assigned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldSpec {
-    pub name: &'static str,
+    /// ASCII, 1..=16 bytes.
+    pub name: std::borrow::Cow<'static, str>,
     pub dtype: DType,
     /// One sample's shape (at most 4 dimensions; empty for a scalar).
     pub shape: Vec<u32>,
@@ -142,7 +143,7 @@ impl RingLayout {
                 .checked_mul(u64::from(batch_size))
                 .ok_or_else(|| invalid(format!("field {} overflows", f.name)))?;
             descs.push(FieldDesc {
-                name: f.name.to_owned(),
+                name: f.name.to_string(),
                 dtype: f.dtype,
                 shape: f.shape.clone(),
                 offset,
@@ -322,12 +323,12 @@ mod tests {
     fn image_fields() -> Vec<FieldSpec> {
         vec![
             FieldSpec {
-                name: "image",
+                name: "image".into(),
                 dtype: DType::U8,
                 shape: vec![224, 224, 3],
             },
             FieldSpec {
-                name: "label",
+                name: "label".into(),
                 dtype: DType::I64,
                 shape: vec![],
             },
@@ -371,7 +372,7 @@ mod tests {
     #[test]
     fn absurd_layouts_are_refused() {
         let huge = vec![FieldSpec {
-            name: "image",
+            name: "image".into(),
             dtype: DType::U8,
             shape: vec![u32::MAX, u32::MAX, 3],
         }];

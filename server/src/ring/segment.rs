@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn create_map_and_read_back() {
         let fields = [FieldSpec {
-            name: "image",
+            name: "image".into(),
             dtype: DType::U8,
             shape: vec![4, 6, 3],
         }];
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn the_memfd_is_sealed() {
         let fields = [FieldSpec {
-            name: "label",
+            name: "label".into(),
             dtype: DType::I64,
             shape: vec![],
         }];

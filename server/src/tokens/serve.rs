@@ -282,12 +282,12 @@ pub(crate) async fn open_token_stream(
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {
-            name: "input_ids",
+            name: "input_ids".into(),
             dtype: DType::I64,
             shape: vec![seq_len],
         },
         FieldSpec {
-            name: "labels",
+            name: "labels".into(),
             dtype: DType::I64,
             shape: vec![seq_len],
         },
@@ -295,7 +295,7 @@ pub(crate) async fn open_token_stream(
     for name in ["position_ids", "document_ids"] {
         if want(name) {
             specs.push(FieldSpec {
-                name,
+                name: name.into(),
                 dtype: DType::I32,
                 shape: vec![seq_len],
             });
@@ -303,14 +303,14 @@ pub(crate) async fn open_token_stream(
     }
     if want("cu_seqlens") {
         specs.push(FieldSpec {
-            name: "cu_seqlens",
+            name: "cu_seqlens".into(),
             dtype: DType::I32,
             shape: vec![max_docs + 1],
         });
     }
     if want("index") {
         specs.push(FieldSpec {
-            name: "index",
+            name: "index".into(),
             dtype: DType::I64,
             shape: vec![],
         });
@@ -357,15 +357,16 @@ pub(crate) async fn open_token_stream(
         depth,
     ));
     let ctx = Arc::new(StreamCtx {
-        // The image path's members are not used by a token stream (`kind` decides); they hold
-        // the token fields so that slot compaction, which never runs for windows, stays total.
-        image: kind.input_ids.clone(),
+        // The image path's members are not used by a token stream (`kind` decides): no views,
+        // and `label` holds the labels field so that slot compaction (which never runs for
+        // windows: they do not fail) stays total.
+        views: Vec::new(),
         label: kind.labels.clone(),
         index: None,
         crop: None,
         source: Arc::clone(&kind) as Arc<dyn Source>,
         segment: Arc::new(segment),
-        transform: crate::ops::Transform::Resize { size: (1, 1) },
+        pipeline: crate::ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
         layout: crate::ops::Layout::Nhwc,
         seed: open.seed,
         current_run: AtomicU32::new(0),

@@ -967,3 +967,197 @@ proptest! {
         }
     }
 }
+
+/// The pipelines of `proto/vectors/control/pipelines.json`: the good ones parse with each view's
+/// declared size and count; the bad ones are refused with the message the vector names.
+#[test]
+fn pipeline_vectors() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto/vectors/control/pipelines.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    for case in v["good"].as_array().unwrap() {
+        let p = ringfeed::ops::Pipeline::parse(&case["pipeline"]).unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
+        let want = case["views"].as_object().unwrap();
+        assert_eq!(p.views.len(), want.len(), "{}", case["name"]);
+        for view in &p.views {
+            let w = &want[&view.name];
+            let got = [view.size.0, view.size.1, view.count];
+            let w: Vec<u32> = w
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(got.as_slice(), w.as_slice(), "{} view {}", case["name"], view.name);
+        }
+    }
+    for case in v["bad"].as_array().unwrap() {
+        let e = ringfeed::ops::Pipeline::parse(&case["pipeline"]).unwrap_err();
+        let want = case["error"].as_str().unwrap();
+        assert!(
+            e.starts_with(want),
+            "{}: {e:?} does not start with {want:?}",
+            case["name"]
+        );
+    }
+}
+
+/// The 1.2 pipeline a client sends for each 1.1 transform (as `ringfeed.Compose([...])` writes
+/// it) gives the 1.1 transform's bytes and crop, for every layout: the JSON maps onto the same
+/// ops, and the client's 1.1 fallback (`Views.legacy`) is exact.
+#[test]
+fn legacy_transforms_equal_their_pipelines() {
+    use ringfeed::ops::{BufferSink, Pipeline, SampleRng, Trace};
+    use serde_json::json;
+    let data = busy_jpeg(301, 207, 4, &opts(Subsamp::Sub2x2));
+    let bilinear = |mut v: serde_json::Value| {
+        v["interpolation"] = json!("bilinear");
+        v["antialias"] = json!(true);
+        v
+    };
+    let cases = [
+        (
+            rrc(64, 48),
+            json!([bilinear(json!({"op": "random_resized_crop", "size": [64, 48], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0]})),
+                   {"op": "horizontal_flip", "p": 0.5}]),
+        ),
+        (
+            Transform::CenterCrop {
+                size: (56, 60),
+                resize: 72,
+            },
+            json!([bilinear(json!({"op": "resize", "size": [72]})), {"op": "center_crop", "size": [56, 60]}]),
+        ),
+        (
+            Transform::Resize { size: (33, 70) },
+            json!([bilinear(json!({"op": "resize", "size": [33, 70]}))]),
+        ),
+    ];
+    for (t, ops) in cases {
+        let pipeline = Pipeline::parse(&json!({"views": [{"ops": ops}]})).unwrap();
+        for layout in [Layout::Nhwc, Layout::Nchw] {
+            for index in 0..6 {
+                let mut p = processor(true);
+                let (old, crop) = run(&mut p, &data, &t, index, layout).unwrap();
+                let mut sink = BufferSink::for_pipeline(&pipeline);
+                let c = p
+                    .run(
+                        &data,
+                        &pipeline,
+                        SampleRng::new(7, 0, index),
+                        layout,
+                        &mut sink,
+                        &mut Trace::off(),
+                    )
+                    .unwrap();
+                assert_eq!(sink.outs[0], old, "{t:?} {layout:?} {index}");
+                assert_eq!(c, crop);
+            }
+        }
+    }
+}
+
+/// Random pipelines (every op, random members including extremes, nested glue, several views)
+/// either parse or are refused, and an accepted one runs on any image (1×1, thin strips, grey,
+/// 4:4:4) to `Ok` or an error, never a panic, and fills its declared outputs.
+#[test]
+fn random_pipelines_never_panic() {
+    use ringfeed::ops::{BufferSink, Pipeline, Trace};
+    use serde_json::{Value, json};
+    let mut r = Rng(0x5eed);
+    let mut pick = |n: u64| r.next() % n;
+    let images = [
+        busy_jpeg(1, 1, 1, &opts(Subsamp::Sub2x2)),
+        busy_jpeg(300, 2, 2, &opts(Subsamp::Sub2x2)),
+        busy_jpeg(3, 90, 3, &opts(Subsamp::None)),
+        busy_jpeg(57, 41, 4, &opts(Subsamp::Gray)),
+    ];
+    let mut accepted = 0;
+    for case in 0..600u64 {
+        let size = |p: &mut dyn FnMut(u64) -> u64| -> Value {
+            match p(4) {
+                0 => json!([1 + p(64)]),
+                1 => json!([1 + p(64), 1 + p(64)]),
+                2 => json!([0]),
+                _ => json!([1 + p(8)]),
+            }
+        };
+        let op = |p: &mut dyn FnMut(u64) -> u64, depth: u32| -> Value {
+            let prob = [0.0, 0.3, 1.0, 1.5][p(4) as usize];
+            let interp = ["nearest", "bilinear", "bicubic", "lanczos"][p(4) as usize];
+            let _ = depth;
+            match p(if depth > 1 { 20 } else { 22 }) {
+                0 => {
+                    json!({"op": "random_resized_crop", "size": size(p), "scale": [0.01 * (1 + p(100)) as f64, 1.0], "interpolation": interp, "antialias": p(2) == 0})
+                }
+                1 => json!({"op": "resize", "size": size(p), "interpolation": interp}),
+                2 => json!({"op": "center_crop", "size": size(p)}),
+                3 => {
+                    json!({"op": "random_crop", "size": size(p), "padding": [p(9)], "pad_if_needed": p(2) == 0, "fill": [p(300)]})
+                }
+                4 => json!({"op": "horizontal_flip", "p": prob}),
+                5 => json!({"op": "vertical_flip", "p": prob}),
+                6 => {
+                    json!({"op": "color_jitter", "brightness": [0.0, 3.0 * p(3) as f64], "hue": [-0.5, 0.5 - 0.5 * p(3) as f64]})
+                }
+                7 => json!({"op": "grayscale", "p": prob}),
+                8 => json!({"op": "gaussian_blur", "kernel_size": [1 + 2 * p(8)], "sigma": [0.01, 5.0]}),
+                9 => json!({"op": "solarize", "threshold": p(300), "p": prob}),
+                10 => json!({"op": "posterize", "bits": p(10), "p": prob}),
+                11 => json!({"op": "autocontrast", "p": prob}),
+                12 => json!({"op": "equalize", "p": prob}),
+                13 => json!({"op": "adjust_sharpness", "sharpness_factor": p(4), "p": prob}),
+                14 => json!({"op": "invert", "p": prob}),
+                15 => json!({"op": "trivial_augment_wide", "num_magnitude_bins": 1 + p(40), "interpolation": interp}),
+                16 => json!({"op": "rand_augment", "num_ops": p(4), "magnitude": p(35), "fill": [p(256)]}),
+                17 => {
+                    let policy = ["imagenet", "cifar10", "svhn"][p(3) as usize];
+                    json!({"op": "auto_augment", "policy": policy, "interpolation": "bilinear", "fill": [1, 2, 3]})
+                }
+                18 => json!({"op": "normalize", "mean": [0.5], "std": [0.2]}),
+                19 => json!({"op": "random_erasing", "p": prob}),
+                20 => json!({"op": "random_apply", "p": prob, "ops": [{"op": "invert"}, {"op": "equalize"}]}),
+                _ => {
+                    json!({"op": "random_choice", "ops": [{"op": "center_crop", "size": [8]}, {"op": "random_resized_crop", "size": [8]}]})
+                }
+            }
+        };
+        let views: Vec<Value> = (0..1 + pick(2))
+            .map(|v| {
+                let mut ops: Vec<Value> = (0..1 + pick(6)).map(|_| op(&mut pick, 0)).collect();
+                // Mostly valid: per-image ops, a crop to a fixed size, then the batch ops.
+                ops.retain(|o| o["op"] != "normalize" && o["op"] != "random_erasing" || pick(8) == 0);
+                if pick(5) > 0 {
+                    ops.push(json!({"op": "center_crop", "size": [1 + pick(32)]}));
+                }
+                if pick(2) == 0 {
+                    ops.push(json!({"op": "normalize", "mean": [0.5], "std": [0.2]}));
+                    ops.push(json!({"op": "random_erasing", "p": 0.9}));
+                }
+                json!({"name": format!("v{v}"), "count": 1 + pick(3), "ops": ops})
+            })
+            .collect();
+        let spec = json!({ "views": views });
+        let Ok(pipeline) = Pipeline::parse(&spec) else {
+            continue;
+        };
+        accepted += 1;
+        let mut p = processor(true);
+        for (k, data) in images.iter().enumerate() {
+            for layout in [Layout::Nhwc, Layout::Nchw] {
+                let mut sink = BufferSink::for_pipeline(&pipeline);
+                let _ = p.run(
+                    data,
+                    &pipeline,
+                    SampleRng::new(case, 0, k as u64),
+                    layout,
+                    &mut sink,
+                    &mut Trace::off(),
+                );
+            }
+        }
+    }
+    assert!(
+        accepted > 150,
+        "only {accepted} random pipelines were valid: the generator is off"
+    );
+}

@@ -71,6 +71,23 @@ fn messages() -> Vec<(&'static str, Value)> {
                 "autotune": false, "threads": 6, "prefetch": 3, "local_world_size": 8}),
         ),
         ("hello, 1.1", json!({"type": "hello", "protocol": [1, 1]})),
+        ("hello, 1.2", json!({"type": "hello", "protocol": [1, 2]})),
+        (
+            "open, 1.2 pipeline with two views",
+            json!({"type": "open", "dataset": "/data/imagenet-train", "lmdb": {}, "batch_size": 128,
+                "pipeline": {"views": [
+                    {"name": "global", "count": 2, "ops": [
+                        {"op": "random_resized_crop", "size": [224, 224], "scale": [0.4, 1.0], "ratio": [0.75, 4.0 / 3.0], "interpolation": "bicubic", "antialias": true},
+                        {"op": "horizontal_flip", "p": 0.5},
+                        {"op": "random_apply", "p": 0.8, "ops": [{"op": "color_jitter", "brightness": [0.6, 1.4], "hue": [-0.1, 0.1]}]},
+                        {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]},
+                        {"op": "random_erasing", "p": 0.25, "scale": [0.02, 0.33], "ratio": [0.3, 3.3], "value": "random"}]},
+                    {"name": "local", "count": 8, "ops": [
+                        {"op": "random_resized_crop", "size": [96, 96], "scale": [0.05, 0.4], "ratio": [0.75, 4.0 / 3.0], "interpolation": "bicubic", "antialias": true},
+                        {"op": "trivial_augment_wide", "num_magnitude_bins": 31, "interpolation": "nearest", "fill": [124.0, 116.0, 104.0]}]}]},
+                "layout": "NCHW", "shuffle": true, "seed": 3, "drop_last": true, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "raise", "fields": ["global", "local", "label"], "check_crc": true}),
+        ),
         ("snapshot request", json!({"type": "snapshot"})),
         (
             "snapshot",
@@ -182,17 +199,17 @@ fn control_frames() {
 fn ring_layout() {
     let fields = [
         FieldSpec {
-            name: "image",
+            name: "image".into(),
             dtype: DType::U8,
             shape: vec![4, 6, 3],
         },
         FieldSpec {
-            name: "label",
+            name: "label".into(),
             dtype: DType::I64,
             shape: vec![],
         },
         FieldSpec {
-            name: "index",
+            name: "index".into(),
             dtype: DType::I64,
             shape: vec![],
         },

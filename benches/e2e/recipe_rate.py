@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Augmentation recipes fed without a model: ringfeed against a DataLoader with torchvision v2, per core
+and at many cores, same files, same run.
+
+    python3 benches/e2e/recipe_rate.py --images DIR --packed DIR [--threads 1,15] [--batches 40]
+        [--recipes rrc,full] [--device cpu|cuda] [--out DIR]
+
+Recipes (torchvision's reference recipe names):
+- ``rrc``: RandomResizedCrop(224) + RandomHorizontalFlip, normalised.
+- ``full``: RandomResizedCrop(224) + RandomHorizontalFlip + TrivialAugmentWide + Normalize +
+  RandomErasing(0.25) (torchvision's ``ta_wide`` recipe, as the issue's DataLoader baseline runs it).
+
+Loaders:
+- ``ringfeed``: ``ringfeed.Loader`` with ``ringfeed.Compose([...])`` of the same ops, ``threads=N``
+  decode threads pinned (``autotune=False``), a sidecar started for the run; normalisation and
+  erasing on ``--device``.
+- ``dataloader-tv2``: ``torch.utils.data.DataLoader`` over ``torchvision.datasets.ImageFolder`` (PIL
+  decode) with ``torchvision.transforms.v2`` (``ToImage``, ``ToDtype(float32, scale=True)``,
+  ``Normalize``, ``RandomErasing``), ``N`` workers, pinned memory; batches moved to ``--device``.
+
+Each run skips 5 batches, then times ``--batches`` batches of 256 and reports img/s; the table gives
+ringfeed's rate over the DataLoader's at the same N ("x DataLoader"). Writes recipe.json and
+recipe.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torchvision
+from torchvision.transforms import v2
+
+BATCH = 256
+SKIP = 5
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def tv_recipe(name: str) -> v2.Compose:
+    ops: list = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
+    if name == "full":
+        ops.append(v2.TrivialAugmentWide())
+    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    if name == "full":
+        ops.append(v2.RandomErasing(0.25))
+    return v2.Compose(ops)
+
+
+def rf_recipe(name: str):
+    import ringfeed
+
+    ops: list = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
+    if name == "full":
+        ops.append(ringfeed.TrivialAugmentWide())
+    ops.append(ringfeed.Normalize(MEAN, STD))
+    if name == "full":
+        ops.append(ringfeed.RandomErasing(0.25))
+    return ringfeed.Compose(ops)
+
+
+def timed(batches, n: int, device: str) -> float:
+    it = iter(batches)
+    for _ in range(SKIP):
+        next(it)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        x, _ = next(it)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    del x
+    return n * BATCH / (time.perf_counter() - t)
+
+
+def dataloader(images: Path, recipe: str, workers: int, device: str):
+    ds = torchvision.datasets.ImageFolder(str(images), transform=tv_recipe(recipe))
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        pin_memory=device == "cuda",
+        drop_last=True,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
+    while True:
+        for x, y in dl:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def ringfeed_loader(packed: Path, recipe: str, threads: int, device: str, sock: str):
+    import ringfeed
+
+    ld = ringfeed.Loader(
+        packed,
+        BATCH,
+        transform=rf_recipe(recipe),
+        device=device,
+        socket=sock,
+        autotune=False,
+        threads=threads,
+        slots=6,
+    )
+    epoch = 0
+    while True:
+        ld.set_epoch(epoch)
+        yield from ld
+        epoch += 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=Path, required=True)
+    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--threads", default="1,15")
+    ap.add_argument("--recipes", default="rrc,full")
+    ap.add_argument("--loaders", default="ringfeed,dataloader-tv2")
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
+    work = Path(tempfile.mkdtemp(prefix="rfr-", dir="/tmp"))
+    sock = str(work / "ringfeed.sock")
+    top = max(int(t) for t in a.threads.split(","))
+    server = subprocess.Popen([binary, "serve", "--socket", sock, "--threads", str(top)], stderr=subprocess.DEVNULL)
+    results = []
+    try:
+        while not Path(sock).exists():
+            time.sleep(0.05)
+        for recipe in a.recipes.split(","):
+            for n in (int(t) for t in a.threads.split(",")):
+                for loader in a.loaders.split(","):
+                    batches = (
+                        ringfeed_loader(a.packed, recipe, n, a.device, sock)
+                        if loader == "ringfeed"
+                        else dataloader(a.images, recipe, n, a.device)
+                    )
+                    rate = timed(batches, a.batches, a.device)
+                    del batches
+                    r = {"recipe": recipe, "loader": loader, "threads": n, "img_per_s": rate, "device": a.device}
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "host": platform.node(),
+    }
+    (a.out / "recipe.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
+    by = {(r["recipe"], r["loader"], r["threads"]): r["img_per_s"] for r in results}
+    lines = [
+        "# Augmentation recipes, no model: img/s (batch 256)",
+        "",
+        f"{meta['cpus']} CPU cores, torch {meta['torch']}, torchvision {meta['torchvision']}; device {a.device}; "
+        f"{a.batches} timed batches after {SKIP}.",
+        "",
+        "| recipe | threads / workers | ringfeed | DataLoader + torchvision v2 | x DataLoader |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for recipe in a.recipes.split(","):
+        for n in (int(t) for t in a.threads.split(",")):
+            rf, dl = by.get((recipe, "ringfeed", n)), by.get((recipe, "dataloader-tv2", n))
+            ratio = f"{rf / dl:.2f}" if rf and dl else "-"
+            lines.append(f"| {recipe} | {n} | {rf or 0:,.0f} | {dl or 0:,.0f} | {ratio} |")
+    (a.out / "recipe.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,8 @@ Two parts. The loader: ``Loader`` connects to ``ringfeed serve`` over a Unix soc
 Layout:
 
 - ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
+- ``_tokens``: ``TokenLoader``, a ``Loader`` of token windows (``proto/control.md``, "Token streams").
+- ``_tokfile``: the token dataset format (``proto/tokens.md``): reader, ``verify_tokens``, Megatron reader.
 - ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
 - ``_batch``: what runs on a batch after the ring: normalisation, erasing, MixUp/CutMix.
 - ``_protocol``: the control protocol: version, framing, ``Connection``.
@@ -30,6 +32,7 @@ from ._observe import snapshot
 from ._protocol import PROTOCOL
 from ._reader import PackedDataset, Sample
 from ._shard import FormatError
+from ._tokens import TokenLoader
 from ._transforms import (
     AutoAugment,
     CenterCrop,
@@ -103,6 +106,7 @@ __all__ = [
     "ServerDiedError",
     "ServerError",
     "TimeoutError",
+    "TokenLoader",
     "Transform",
     "TrivialAugmentWide",
     "View",

@@ -13,6 +13,8 @@
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
 //! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
 //!   LMDB read in place ([`source::lmdb`]).
+//! - [`tokens`]: the token dataset format v1 (`proto/tokens.md`): writer, reader, verifier, and
+//!   Megatron / flat token files read in place.
 //! - [`fault`]: SIGBUS on a mapped file that changed on disk becomes an error naming the file.
 //! - [`codec`]: image probing, decoding with explicit resource limits, and JPEG re-encoding.
 //! - [`ops`]: per-sample transforms (RandomResizedCrop, Resize + CenterCrop, Resize) decoded
@@ -47,4 +49,5 @@ pub mod shard;
 pub mod source;
 pub mod stats;
 pub mod stream;
+pub mod tokens;
 pub mod tune;

@@ -8,10 +8,12 @@ use std::sync::atomic::AtomicBool;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use ringfeed::codec::{Decoder, Limits, Reencode};
+use ringfeed::pack::text::{Eos, TextInput, TextPackOptions};
 use ringfeed::pack::{Check, InputKind, OnError, PackError, PackOptions, ProgressMode};
 use ringfeed::progress::Progress;
 use ringfeed::shard::{VerifyError, VerifyOptions, WriterOptions};
 use ringfeed::source::lmdb::{LabelSource, Layout, LmdbOptions};
+use ringfeed::tokens::{FlatDtype, TokenSource};
 
 /// Exit status for a run stopped by SIGINT or SIGTERM (128 + SIGINT, as shells report it).
 const EXIT_INTERRUPTED: u8 = 130;
@@ -29,7 +31,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Pack an image folder, a manifest (CSV/JSONL) or an LMDB into a packed dataset.
+    /// Pack an image folder, a manifest (CSV/JSONL) or an LMDB into a packed dataset; with
+    /// --tokenizer, pack text (JSONL, plain text) into a token dataset.
     Pack(PackArgs),
     /// Check a packed dataset: magics, versions, checksums, index consistency, and optionally
     /// that every sample decodes. Exits non-zero at the first problem.
@@ -226,6 +229,35 @@ struct PackArgs {
     summary_json: Option<PathBuf>,
     #[command(flatten)]
     lmdb: LmdbArgs,
+    #[command(flatten)]
+    text: TextArgs,
+}
+
+/// Text packing: with `--tokenizer`, SRC is text (JSONL or plain text) and OUT a token dataset.
+#[derive(clap::Args, Debug)]
+struct TextArgs {
+    /// Pack text into a token dataset with this Hugging Face tokenizer.json: SRC is a JSONL file,
+    /// a plain-text file, or a directory of them.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// What the text input is.
+    #[arg(long, value_enum, default_value_t = TextInput::Auto, requires = "tokenizer")]
+    text_input: TextInput,
+    /// JSONL: the field holding each document's text.
+    #[arg(long, value_name = "NAME", default_value = "text", requires = "tokenizer")]
+    text_field: String,
+    /// JSONL: the prompt field of prompt/completion pairs (its tokens carry no loss).
+    #[arg(long, value_name = "NAME", requires_all = ["tokenizer", "completion_field"])]
+    prompt_field: Option<String>,
+    /// JSONL: the completion field of prompt/completion pairs.
+    #[arg(long, value_name = "NAME", requires_all = ["tokenizer", "prompt_field"])]
+    completion_field: Option<String>,
+    /// The token appended after each document [default: the tokenizer's <|endoftext|>, </s>, ...].
+    #[arg(long, value_name = "TOKEN", requires = "tokenizer", conflicts_with = "no_eos")]
+    eos: Option<String>,
+    /// Append no end-of-document token.
+    #[arg(long, requires = "tokenizer")]
+    no_eos: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -244,15 +276,24 @@ struct VerifyArgs {
     /// Progress display.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     progress: ProgressMode,
+    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    dtype: Option<FlatDtype>,
 }
 
 #[derive(clap::Args, Debug)]
 struct InspectArgs {
-    /// Packed dataset directory, or an LMDB.
+    /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin.
     dataset: PathBuf,
-    /// Describe this sample.
+    /// Describe this sample (for token data: this document).
     #[arg(long, value_name = "I", default_value_t = 0)]
     sample: u64,
+    /// Token data: decode the sample with this tokenizer.json.
+    #[arg(long, value_name = "FILE")]
+    tokenizer: Option<PathBuf>,
+    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype.
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    dtype: Option<FlatDtype>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -302,6 +343,9 @@ fn cancel_on_signals() -> Result<Arc<AtomicBool>> {
 }
 
 fn run_pack(a: PackArgs) -> Result<ExitCode> {
+    if a.text.tokenizer.is_some() {
+        return run_pack_text(a);
+    }
     let cancel = cancel_on_signals()?;
     let opts = PackOptions {
         input: a.input,
@@ -377,7 +421,94 @@ fn run_pack(a: PackArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_pack_text(a: PackArgs) -> Result<ExitCode> {
+    let cancel = cancel_on_signals()?;
+    let t = a.text;
+    let mut opts = TextPackOptions::new(t.tokenizer.expect("checked by the caller"));
+    opts.input = t.text_input;
+    opts.eos = match (t.eos, t.no_eos) {
+        (_, true) => Eos::None,
+        (Some(tok), false) => Eos::Token(tok),
+        (None, false) => Eos::Auto,
+    };
+    opts.text_field = t.text_field;
+    opts.prompt_field = t.prompt_field;
+    opts.completion_field = t.completion_field;
+    opts.threads = a.threads;
+    opts.on_error = a.on_error;
+    opts.report = a.report;
+    opts.force = a.force;
+    opts.progress = a.progress;
+    let s = match ringfeed::pack::text::pack_text(&a.src, &a.out, &opts, &cancel) {
+        Ok(s) => s,
+        Err(PackError::Interrupted) => {
+            eprintln!("ringfeed: pack interrupted; no output was written");
+            return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "packed {} documents, {} tokens from {} ({}) into {}: uint{} tokens (vocabulary {}), {:.1} MB",
+        s.documents,
+        s.tokens,
+        a.src.display(),
+        s.input,
+        a.out.display(),
+        u32::from(s.width) * 8,
+        s.vocab_size,
+        s.bytes as f64 / 1e6
+    );
+    println!(
+        "{:.1} s with {} threads: {:.0} tokens/s, {:.1} MB/s read",
+        s.elapsed.as_secs_f64(),
+        s.threads,
+        s.tokens_per_sec(),
+        s.input_mb_per_sec()
+    );
+    match &s.report {
+        Some(r) => println!("skipped {} (listed in {})", s.skipped.len(), r.display()),
+        None => println!("skipped 0"),
+    }
+    if let Some(path) = &a.summary_json {
+        std::fs::write(path, serde_json::to_string_pretty(&s.to_json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `path` holds token data (a token dataset, a Megatron .bin/.idx pair), or `--dtype`
+/// says it is a flat token file.
+fn is_token_data(path: &Path, dtype: Option<FlatDtype>) -> bool {
+    dtype.is_some()
+        || path.join(ringfeed::tokens::TOKENS_FILE).is_file()
+        || (path.extension().is_some_and(|e| e == "bin" || e == "idx") && path.with_extension("idx").is_file())
+}
+
+fn run_verify_tokens(a: &VerifyArgs) -> Result<ExitCode> {
+    ringfeed::fault::install().context("installing the SIGBUS handler")?;
+    let src = TokenSource::open(&a.dataset, a.dtype).context("verify failed")?;
+    match src.verify() {
+        Ok(()) => {
+            println!(
+                "ok: {} tokens in {} documents ({}, uint{})",
+                src.token_count(),
+                src.doc_count(),
+                src.kind(),
+                u32::from(src.width()) * 8
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let kind = e.kind();
+            Err(anyhow::Error::from(e).context(format!("verify failed ({kind})")))
+        }
+    }
+}
+
 fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
+    if is_token_data(&a.dataset, a.dtype) {
+        return run_verify_tokens(&a);
+    }
     let limits = Limits {
         max_pixels: a.max_pixels,
     };
@@ -447,6 +578,20 @@ fn is_lmdb(path: &Path) -> bool {
 }
 
 fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
+    if is_token_data(&a.dataset, a.dtype) {
+        let src = TokenSource::open(&a.dataset, a.dtype)?;
+        let tok = match &a.tokenizer {
+            Some(p) => Some(ringfeed::pack::text::load_tokenizer(p)?),
+            None => None,
+        };
+        let v = ringfeed::tokens::inspect::inspect(&src, a.sample, tok.as_ref())?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            print!("{}", ringfeed::tokens::inspect::to_text(&v));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let inspection = if is_lmdb(&a.dataset) {
         ringfeed::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
     } else {

@@ -50,6 +50,18 @@ pub struct StreamCtx {
     pub done: tokio::sync::mpsc::UnboundedSender<Arc<BatchTask>>,
     /// Counters and knobs (threads allotted, depth).
     pub stats: Arc<StreamStats>,
+    /// What a job of this stream makes: an image (the members above), or a token window.
+    pub kind: SampleKind,
+}
+
+/// The kinds of sample a stream delivers. A job calls its kind's fill; everything else (sampler,
+/// ring, run loop) is shared.
+#[derive(Debug, Clone)]
+pub enum SampleKind {
+    /// Decoded and transformed images (`source`, `transform`, `image`, `label`, ...).
+    Image,
+    /// Token windows (`proto/control.md`, "Token streams").
+    Tokens(Arc<crate::tokens::serve::TokenKind>),
 }
 
 impl std::fmt::Debug for StreamCtx {
@@ -385,9 +397,17 @@ fn run(processor: &mut Option<Processor>, job: &Job) {
     // Acquire: pairs with the stream's Release store of a new run, so a cancelled run is
     // seen as soon as possible (a stale read only costs wasted work, never wrong output).
     if ctx.current_run.load(Ordering::Acquire) == task.run {
-        let result = match processor.as_mut() {
-            Some(p) => run_job(p, job),
-            None => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
+        let result = match (&ctx.kind, processor.as_mut()) {
+            (SampleKind::Tokens(kind), _) => {
+                let t0 = Instant::now();
+                crate::tokens::serve::fill(kind, task, job.pos);
+                let mut times = [0u64; STAGES];
+                times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
+                ctx.stats.add_sample_times(times);
+                Ok(())
+            }
+            (SampleKind::Image, Some(p)) => run_job(p, job),
+            (SampleKind::Image, None) => Err(("?".to_owned(), "the decoder failed to start".to_owned())),
         };
         if let Err((key, message)) = result {
             let failure = SampleFailure {

@@ -194,7 +194,8 @@ pub async fn serve_connection(
 
         // Open, or observe.
         let open = match msg_rx.recv().await {
-            Some(Ok(ClientMessage::Open(o))) => o,
+            Some(Ok(ClientMessage::Open(o))) => Opening::Images(o),
+            Some(Ok(ClientMessage::OpenTokens(o))) => Opening::Tokens(o),
             Some(Ok(ClientMessage::Snapshot {})) => return observe(&shared, &mut write, &mut msg_rx, &mut shutdown).await,
             Some(Ok(ClientMessage::Close)) | None => return Ok(()),
             Some(Ok(_)) => return fail(&mut write, ErrorCode::Protocol, "expected `open` after `hello`".into()).await,
@@ -205,7 +206,13 @@ pub async fn serve_connection(
         // 1.2: a long open (an image folder being listed) sends `opening` while the client waits.
         let minor = protocol[1].min(PROTOCOL.1);
         let progress = if minor >= 2 { Some(&mut write) } else { None };
-        let opened = match open_stream(&open, &shared, done_tx, pid, progress).await {
+        let opened = match open {
+            Opening::Images(open) => open_stream(&open, &shared, done_tx, pid, progress).await,
+            Opening::Tokens(open) => crate::tokens::serve::open_token_stream(&open, &shared, done_tx, pid)
+                .await
+                .map(|(ctx, sampler, ring)| (StreamState::new(ctx, sampler, open.slots, false), ring)),
+        };
+        let opened = match opened {
             Ok(s) => s,
             Err((code, msg)) => return fail(&mut write, code, msg).await,
         };
@@ -259,6 +266,12 @@ async fn observe(
     .await;
     shared.connections.fetch_add(1, Ordering::AcqRel);
     result
+}
+
+/// An `open` of either sample kind.
+enum Opening {
+    Images(Box<OpenRequest>),
+    Tokens(Box<crate::tokens::serve::TokenOpenRequest>),
 }
 
 /// Sends a fatal error and ends the connection.
@@ -322,6 +335,17 @@ async fn read_messages(mut read: OwnedReadHalf, tx: mpsc::Sender<Result<ClientMe
         let parsed = decode_frame(&payload)
             .map_err(|e| (ErrorCode::Protocol, e.to_string()))
             .and_then(|(kind, value)| {
+                if kind == "open" && value.get("sample_kind").and_then(|k| k.as_str()) == Some("tokens") {
+                    // 1.2: a token stream's `open` (control.md, "Token streams").
+                    return serde_json::from_value(value)
+                        .map(|o| ClientMessage::OpenTokens(Box::new(o)))
+                        .map_err(|e| {
+                            (
+                                ErrorCode::BadRequest,
+                                format!("invalid `open` message for a token stream: {e}"),
+                            )
+                        });
+                }
                 serde_json::from_value::<ClientMessage>(value).map_err(|e| {
                     let code = if kind == "open" {
                         ErrorCode::BadRequest
@@ -564,6 +588,7 @@ async fn open_stream(
         current_run: AtomicU32::new(0),
         done,
         stats,
+        kind: crate::pool::SampleKind::Image,
     });
     let ring_msg = ServerMessage::Ring {
         segment_len: ctx.segment.len(),
@@ -577,17 +602,23 @@ async fn open_stream(
             .collect(),
         stream: Some(ctx.stats.id),
     };
-    let state = StreamState {
-        slots: vec![Slot::Free; open.slots as usize],
-        ctx,
-        sampler,
-        seq: 0,
-        runs: 0,
-        gens: 0,
-        run: None,
-        skip_errors,
-    };
-    Ok((state, ring_msg))
+    Ok((StreamState::new(ctx, sampler, open.slots, skip_errors), ring_msg))
+}
+
+impl StreamState {
+    /// A stream that has opened its ring and not started a run.
+    fn new(ctx: Arc<StreamCtx>, sampler: SamplerConfig, slots: u32, skip_errors: bool) -> Self {
+        StreamState {
+            slots: vec![Slot::Free; slots as usize],
+            ctx,
+            sampler,
+            seq: 0,
+            runs: 0,
+            gens: 0,
+            run: None,
+            skip_errors,
+        }
+    }
 }
 
 /// The stream's pipeline: the 1.2 `pipeline` member, or the 1.1 `transform` as the pipeline it
@@ -862,7 +893,7 @@ impl StreamState {
                 )
                 .await
             }
-            ClientMessage::Hello { .. } | ClientMessage::Open(_) => {
+            ClientMessage::Hello { .. } | ClientMessage::Open(_) | ClientMessage::OpenTokens(_) => {
                 fail(
                     write,
                     ErrorCode::Protocol,

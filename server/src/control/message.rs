@@ -40,6 +40,10 @@ pub enum ClientMessage {
         pid: Option<u64>,
     },
     Open(Box<OpenRequest>),
+    /// 1.2: an `open` with `"sample_kind": "tokens"` (control.md, "Token streams"); decoded by
+    /// the connection's reader from an `open` message, never sent under a type of its own.
+    #[serde(skip)]
+    OpenTokens(Box<crate::tokens::serve::TokenOpenRequest>),
     Start {
         epoch: u64,
         #[serde(default)]

@@ -1,4 +1,5 @@
-//! The offline packer: image folders, manifests and LMDBs in, a packed dataset out.
+//! The offline packer: image folders, manifests and LMDBs in, a packed dataset out ([`text`]:
+//! JSONL and plain text in, a token dataset out).
 //!
 //! ```text
 //!  plan (ordered items) ──► dispatcher ──jobs──► N workers: read, check, re-encode ──results──►
@@ -32,6 +33,7 @@ use crate::source::lmdb::LmdbOptions;
 use crate::source::{SampleReader, Source};
 
 pub mod input;
+pub mod text;
 
 pub use crate::progress::ProgressMode;
 pub use input::{InputKind, Plan};
@@ -176,6 +178,11 @@ pub enum PackError {
     Write(#[from] ShardError),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: cannot load the tokenizer: {reason} (--tokenizer takes a Hugging Face tokenizer.json)", path.display())]
+    Tokenizer { path: PathBuf, reason: String },
+    /// A setting that cannot work with this input; the message names the flag.
+    #[error("{0}")]
+    Setting(String),
 }
 
 /// Packs `src` into a new dataset at `out`.

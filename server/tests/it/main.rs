@@ -13,5 +13,7 @@ mod serve;
 mod shard;
 mod storage;
 mod support;
+mod token_vectors;
+mod tokens;
 mod vectors;
 mod wire_vectors;

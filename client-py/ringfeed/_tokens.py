@@ -1,0 +1,257 @@
+"""``ringfeed.TokenLoader``: windows of token data from a ringfeed server, as dicts of tensors.
+
+A token stream is the server's second sample kind (``proto/control.md``, "Token streams"): the
+same connection, ring, ``start``/``ready``/``release`` cycle, resume and reconnect as an image
+stream, so ``TokenLoader`` is a ``Loader`` whose ``open`` asks for windows instead of images and
+whose batches are dicts of fields instead of ``(images, labels)``. Everything else (slot
+ownership, CUDA copies on a side stream, ``state_dict``, ``stats``, reconnecting) is the
+``Loader``'s own code, not a copy of it.
+
+Why a class beside ``Loader`` rather than a mode of it: a token stream takes none of the image
+arguments (``transform``, ``layout``, ``normalize``, ``lmdb``, ``on_error``) and has its own
+(``seq_len``, ``mode``, boundary fields), so one signature for both would accept combinations
+that mean nothing; the subclass keeps each signature honest and shares the machinery.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from ._errors import ProtocolError
+from .loader import Loader, _int_in
+
+__all__ = ["TokenLoader"]
+
+#: Fields a token stream always carries, and the ones it carries on request (ring.md, "Fields
+#: of a token stream"), with each one's dtype; shapes depend on ``seq_len`` and ``max_docs``.
+TOKEN_ALWAYS = ("input_ids", "labels")
+TOKEN_FIELDS: dict[str, str] = {
+    "input_ids": "int64",
+    "labels": "int64",
+    "position_ids": "int32",
+    "document_ids": "int32",
+    "cu_seqlens": "int32",
+    "index": "int64",
+}
+#: The label of a position that carries no loss (PyTorch's ``ignore_index``).
+IGNORE_INDEX = -100
+MODES = ("concat", "pack")
+
+
+class TokenLoader(Loader):
+    """Batches of ``seq_len``-token windows of a token dataset, as a dict of tensors.
+
+    ::
+
+        loader = ringfeed.TokenLoader("/data/fineweb.tok", batch_size=16, seq_len=2048,
+                                      fields=("position_ids", "cu_seqlens"), device="cuda")
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                out = model(input_ids=batch["input_ids"], labels=batch["labels"])
+
+    Each window reads ``seq_len + 1`` tokens: ``input_ids`` are the first ``seq_len``, ``labels``
+    the last ``seq_len`` (the shift is done; ``-100`` where no loss is taken), both int64
+    ``[batch_size, seq_len]``.
+
+    Args:
+        path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
+            flat token file (with ``dtype``).
+        batch_size: windows per batch.
+        seq_len: tokens per window (``seq_len + 1`` are read).
+        mode: ``"concat"``: documents back to back with their EOS, cut into windows (pretraining;
+            the windows of an epoch cover the stream once); ``"pack"``: whole documents placed
+            into windows by best-fit decreasing, padded, never split, a document longer than
+            ``seq_len + 1`` cut (SFT).
+        fields: boundary fields to deliver besides ``input_ids`` and ``labels``:
+            ``"position_ids"`` (int32, restarting at 0 at each document), ``"document_ids"``
+            (int32, the documents of a window numbered from 0, padding ``-1``), ``"cu_seqlens"``
+            (int32, cumulative sequence lengths for FlashAttention's varlen kernels, padded to
+            ``max_docs + 1`` per window with ``seq_len``; the batch is flattened into one
+            ``[batch_size * max_docs + 1]`` tensor of offsets into the ``batch_size * seq_len``
+            tokens, a fixed shape so ``torch.compile`` does not recompile), ``"index"`` (the
+            window's index).
+        max_docs: sequences per window in ``cu_seqlens`` (default ``seq_len``, which always
+            fits; a window with more has its last ones merged).
+        pad_id: padding token in ``pack`` mode (default: the dataset's EOS, else 0).
+        dtype: a flat token file's dtype, ``"uint16"`` or ``"uint32"``.
+        threads: reading threads for this stream (default 1: for tokens the cost is reading,
+            not decoding).
+        shuffle, seed, drop_last, device, rank, world_size, slots, socket, timeout, spawn, hold,
+        spawn_timeout, autotune, prefetch, log_every, reconnect, reconnect_timeout: as for
+            ``Loader``.
+
+    ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (same world size), ``stats``
+    and ``close`` are the ``Loader``'s.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        batch_size: int,
+        seq_len: int,
+        *,
+        mode: str = "concat",
+        fields: Sequence[str] | None = None,
+        max_docs: int | None = None,
+        pad_id: int | None = None,
+        dtype: str | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        device: Any = "cpu",
+        rank: int | None = None,
+        world_size: int | None = None,
+        slots: int = 4,
+        socket: str | os.PathLike[str] | None = None,
+        timeout: float | None = 60.0,
+        spawn: bool | None = None,
+        hold: int = 1,
+        spawn_timeout: float = 10.0,
+        autotune: bool = True,
+        threads: int | None = None,
+        prefetch: int | None = None,
+        log_every: int | None = None,
+        reconnect: int = 0,
+        reconnect_timeout: float = 30.0,
+    ) -> None:
+        self.seq_len = _int_in("seq_len", seq_len, 1, 1 << 20)
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'concat' or 'pack', got {mode!r}")
+        self.mode = mode
+        self.max_docs = self.seq_len if max_docs is None else _int_in("max_docs", max_docs, 1, self.seq_len)
+        self.pad_id = None if pad_id is None else _int_in("pad_id", pad_id, 0, (1 << 32) - 1)
+        if dtype not in (None, "uint16", "uint32"):
+            raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
+        self.token_dtype = dtype
+        self.token_fields = _check_token_fields(fields)
+        super().__init__(
+            path,
+            batch_size,
+            {"kind": "tokens"},  # never sent: a token stream's `open` has no transform
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            device=device,
+            rank=rank,
+            world_size=world_size,
+            slots=slots,
+            socket=socket,
+            timeout=timeout,
+            spawn=spawn,
+            hold=hold,
+            spawn_timeout=spawn_timeout,
+            autotune=autotune,
+            threads=1 if threads is None else threads,
+            prefetch=prefetch,
+            log_every=log_every,
+            reconnect=reconnect,
+            reconnect_timeout=reconnect_timeout,
+        )
+
+    def _open_message(self) -> dict[str, Any]:
+        if self.server_protocol < (1, 2):
+            raise ProtocolError(
+                f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; token streams "
+                f"need 1.2 (install a ringfeed server that matches this package)"
+            )
+        tokens: dict[str, Any] = {"seq_len": self.seq_len, "mode": self.mode, "max_docs": self.max_docs}
+        if self.pad_id is not None:
+            tokens["pad_id"] = self.pad_id
+        if self.token_dtype is not None:
+            tokens["dtype"] = self.token_dtype
+        msg: dict[str, Any] = {
+            "type": "open",
+            "sample_kind": "tokens",
+            "dataset": self.path,
+            "batch_size": self.batch_size,
+            "tokens": tokens,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "slots": self.slots,
+            "fields": [f for f in self.token_fields if f not in TOKEN_ALWAYS],
+            "autotune": self.autotune,
+        }
+        if self.threads is not None:
+            msg["threads"] = self.threads
+        if self.prefetch is not None:
+            msg["prefetch"] = self.prefetch
+        return msg
+
+    def _check_ring(self, segment: Any) -> None:
+        if segment.batch_size != self.batch_size:
+            raise ProtocolError(
+                f"the ring holds batches of {segment.batch_size}, but the loader asked for {self.batch_size}"
+            )
+        if self.hold > segment.slot_count:
+            raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
+        for name in self.token_fields:
+            field = segment.fields.get(name)
+            if field is None:
+                raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
+            shape = {"cu_seqlens": (self.max_docs + 1,), "index": ()}.get(name, (self.seq_len,))
+            if field.dtype is None or field.dtype.name != TOKEN_FIELDS[name] or tuple(field.shape) != shape:
+                raise ProtocolError(
+                    f"the ring's field {name!r} is {field.dtype.name if field.dtype else field.code} "
+                    f"{list(field.shape)}, expected {TOKEN_FIELDS[name]} {list(shape)}"
+                )
+
+    def _make_batch(self, slot: int, header: Any) -> Any:
+        res = self._res
+        assert res.segment is not None
+        n = header.count
+        views = {name: res.segment.view(slot, name)[:n] for name in self.token_fields}
+        if res.cuda is not None:
+            out = res.cuda.copy(views, slot)
+        else:
+            out = views
+            self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
+        self._delivered += 1
+        self._stats["skipped"] += header.skipped
+        if "cu_seqlens" in out:
+            out = dict(out)
+            out["cu_seqlens"] = flatten_cu_seqlens(out["cu_seqlens"], self.seq_len)
+        return out
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"epoch {self._epoch}, {self._delivered} batches delivered"
+        return (
+            f"<ringfeed.TokenLoader {self.path!r} batch_size={self.batch_size} seq_len={self.seq_len} mode={self.mode} "
+            f"rank={self.rank}/{self.world_size} device={self.device} ({state})>"
+        )
+
+
+def flatten_cu_seqlens(per_window: Any, seq_len: int) -> Any:
+    """``[B, max_docs + 1]`` per-window offsets → one ``[B * max_docs + 1]`` array of offsets
+    into the flattened ``B * seq_len`` tokens: window ``b``'s offsets shifted by ``b * seq_len``,
+    its padding entries empty sequences. A torch tensor stays on its device."""
+    b = per_window.shape[0]
+    if type(per_window).__module__ == "numpy":
+        import numpy as np
+
+        shift = np.arange(b, dtype=per_window.dtype)[:, None] * seq_len
+        return np.concatenate([np.zeros(1, dtype=per_window.dtype), (per_window[:, 1:] + shift).reshape(-1)])
+    import torch
+
+    shift = torch.arange(b, dtype=per_window.dtype, device=per_window.device)[:, None] * seq_len
+    return torch.cat([per_window.new_zeros(1), (per_window[:, 1:] + shift).reshape(-1)])
+
+
+def _check_token_fields(fields: Sequence[str] | None) -> tuple[str, ...]:
+    if fields is None:
+        return TOKEN_ALWAYS
+    if isinstance(fields, str):
+        fields = [fields]
+    out = list(TOKEN_ALWAYS)
+    for name in fields:
+        if name not in TOKEN_FIELDS:
+            raise ValueError(f"fields: unknown field {name!r}; a token stream delivers {', '.join(TOKEN_FIELDS)}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)

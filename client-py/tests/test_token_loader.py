@@ -1,0 +1,304 @@
+"""``ringfeed.TokenLoader`` against a real ``ringfeed serve``: windows of a token dataset packed by
+``ringfeed pack --tokenizer``, checked field by field against a Python reference implementation
+of ``proto/control.md``, "Token streams" (concat and pack modes, position_ids, document_ids,
+cu_seqlens, loss masks), plus coverage, resume and ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _support import ringfeed_bin
+
+import ringfeed
+from ringfeed import _tokfile as tf
+
+torch = pytest.importorskip("torch")
+
+IGNORE = -100
+WORDS = [f"w{i}" for i in range(50)]
+
+
+def tokenizer(dir: Path) -> Path:
+    """A word-level tokenizer.json: ``<|endoftext|>`` 0, ``[UNK]`` 1, words from 2."""
+    vocab = {"<|endoftext|>": 0, "[UNK]": 1} | {w: i + 2 for i, w in enumerate(WORDS)}
+    spec = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": 0,
+                "content": "<|endoftext|>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    }
+    p = dir / "tokenizer.json"
+    p.write_text(json.dumps(spec))
+    return p
+
+
+def pack(tmp: Path, rows: list[dict[str, str]], *extra: str) -> Path:
+    src = tmp / "c.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp / "tok"
+    r = subprocess.run(
+        [ringfeed_bin(), "pack", str(src), str(out), "--tokenizer", str(tokenizer(tmp)), "--progress", "none", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def text(rng: np.random.Generator, n: int) -> str:
+    return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), n))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 documents of 1 to 120 words (so some are longer than the windows below)."""
+    rng = np.random.default_rng(0)
+    rows = [{"text": text(rng, int(rng.integers(1, 120)))} for _ in range(300)]
+    return pack(tmp_path_factory.mktemp("corpus"), rows)
+
+
+@pytest.fixture(scope="module")
+def sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(1)
+    rows = [
+        {"prompt": text(rng, int(rng.integers(0, 20))), "completion": text(rng, int(rng.integers(1, 30)))}
+        for _ in range(120)
+    ]
+    return pack(tmp_path_factory.mktemp("sft"), rows, "--prompt-field", "prompt", "--completion-field", "completion")
+
+
+# -- the reference ------------------------------------------------------------------------------
+
+
+def best_fit_decreasing(lens: list[int], cap: int) -> list[list[int]]:
+    """Documents sorted longest first (ties by index), each into the open bin with the least room
+    that fits it (ties: the lowest bin), else a new bin."""
+    order = sorted(range(len(lens)), key=lambda d: (-lens[d], d))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for d in order:
+        fits = [(room[b], b) for b in range(len(bins)) if room[b] >= lens[d]]
+        if fits:
+            _, b = min(fits)
+        else:
+            bins.append([])
+            room.append(cap)
+            b = len(bins) - 1
+        bins[b].append(d)
+        room[b] -= lens[d]
+    return bins
+
+
+def reference(ds: tf.TokenDataset, mode: str, seq_len: int, max_docs: int) -> list[dict[str, list[int]]]:
+    """Every window of the dataset, as proto/control.md ("Token streams") defines them."""
+    starts = ds.doc_starts.tolist()
+    tokens = ds.tokens.tolist()
+    prompts = ds.prompt_lens.tolist()
+    # Per token of the stream: its document and its position in it.
+    meta: list[tuple[int, int]] = []
+    for d in range(ds.doc_count):
+        meta += [(d, p) for p in range(starts[d + 1] - starts[d])]
+    windows: list[tuple[list[int], list[tuple[int, int, bool]]]] = []
+    if mode == "concat":
+        for w in range((len(tokens) - 1) // seq_len):
+            s = w * seq_len
+            first = meta[s][0]
+            m = [(meta[t][0] - first, meta[t][1], meta[t][1] >= prompts[meta[t][0]]) for t in range(s, s + seq_len + 1)]
+            windows.append((tokens[s : s + seq_len + 1], m))
+    else:
+        cap = seq_len + 1
+        lens = [min(starts[d + 1] - starts[d], cap) for d in range(ds.doc_count)]
+        for b in best_fit_decreasing(lens, cap):
+            buf: list[int] = []
+            m = []
+            for k, d in enumerate(b):
+                buf += tokens[starts[d] : starts[d] + lens[d]]
+                m += [(k, p, p >= prompts[d]) for p in range(lens[d])]
+            pad = cap - len(buf)
+            buf += [ds.eos_id or 0] * pad
+            m += [(-1, p, False) for p in range(pad)]
+            windows.append((buf, m))
+    out = []
+    for buf, m in windows:
+        labels = []
+        for i in range(seq_len):
+            crosses = mode == "pack" and (m[i + 1][0] != m[i][0] or m[i][0] < 0)
+            labels.append(buf[i + 1] if m[i + 1][2] and not crosses else IGNORE)
+        pos = [m[i][1] for i in range(seq_len)]
+        cu = [0] + [i for i in range(1, seq_len) if pos[i] == 0]
+        cu = cu[:max_docs] + [seq_len] * (max_docs + 1 - len(cu[:max_docs]))
+        out.append(
+            {
+                "input_ids": buf[:seq_len],
+                "labels": labels,
+                "position_ids": pos,
+                "document_ids": [m[i][0] for i in range(seq_len)],
+                "cu_seqlens": cu,
+            }
+        )
+    return out
+
+
+FIELDS = ("position_ids", "document_ids", "cu_seqlens", "index")
+
+
+def collect(loader: ringfeed.TokenLoader) -> list[dict[str, Any]]:
+    """Every window of one iteration, per window, copied out of the ring."""
+    got = []
+    for batch in loader:
+        b = batch["input_ids"].shape[0]
+        cu = batch["cu_seqlens"][1:].reshape(b, -1) - torch.arange(b, dtype=torch.int32)[:, None] * loader.seq_len
+        for i in range(b):
+            row = {k: batch[k][i].tolist() for k in ("input_ids", "labels", "position_ids", "document_ids", "index")}
+            row["cu_seqlens"] = [0, *cu[i].tolist()]
+            got.append(row)
+    return got
+
+
+@pytest.mark.parametrize(
+    ("mode", "data"), [("concat", "corpus"), ("pack", "corpus"), ("concat", "sft"), ("pack", "sft")]
+)
+def test_windows_match_the_reference(mode: str, data: str, request: pytest.FixtureRequest, sock: str) -> None:
+    """Every window of an epoch has the reference's input_ids, labels (loss masks included),
+    position_ids, document_ids and padded cu_seqlens; the epoch delivers each window once."""
+    path = request.getfixturevalue(data)
+    ds = tf.TokenDataset(path)
+    seq_len, max_docs = 64, 8
+    ref = reference(ds, mode, seq_len, max_docs)
+    with ringfeed.TokenLoader(
+        path,
+        batch_size=4,
+        seq_len=seq_len,
+        mode=mode,
+        max_docs=max_docs,
+        fields=FIELDS,
+        socket=sock,
+        spawn=True,
+        seed=3,
+    ) as loader:
+        assert len(loader) == len(ref) // 4
+        got = collect(loader)
+    indices = [g.pop("index") for g in got]
+    assert len(set(indices)) == len(indices) == len(ref) // 4 * 4
+    for i, g in zip(indices, got, strict=True):
+        assert g == ref[i], f"window {i}"
+
+
+def test_concat_windows_cover_the_stream_once(corpus: Path, sock: str) -> None:
+    """In concat mode the windows of an epoch, put back in index order, are the token stream
+    itself: each input token once, in order, and labels the stream shifted by one."""
+    ds = tf.TokenDataset(corpus)
+    seq_len = 50
+    with ringfeed.TokenLoader(
+        corpus, batch_size=1, seq_len=seq_len, fields=["index"], socket=sock, spawn=True
+    ) as loader:
+        rows = {int(b["index"][0]): (b["input_ids"][0].clone(), b["labels"][0].clone()) for b in loader}
+    n = (ds.token_count - 1) // seq_len
+    assert sorted(rows) == list(range(n))
+    stream = torch.cat([rows[i][0] for i in range(n)])
+    labels = torch.cat([rows[i][1] for i in range(n)])
+    want = torch.from_numpy(ds.tokens[: n * seq_len + 1].astype(np.int64))
+    assert torch.equal(stream, want[:-1])
+    assert torch.equal(labels, want[1:])
+
+
+def test_pack_never_splits_a_document(corpus: Path, sock: str) -> None:
+    """In pack mode every document shorter than seq_len + 1 appears whole in exactly one window,
+    and a longer one is cut to its first seq_len + 1 tokens."""
+    ds = tf.TokenDataset(corpus)
+    seq_len = 64
+    seen: list[tuple[int, ...]] = []
+    with ringfeed.TokenLoader(
+        corpus,
+        batch_size=2,
+        seq_len=seq_len,
+        mode="pack",
+        fields=["document_ids"],
+        socket=sock,
+        spawn=True,
+        drop_last=False,
+    ) as loader:
+        for b in loader:
+            for ids_t, docs_t, labels_t in zip(b["input_ids"], b["document_ids"], b["labels"], strict=True):
+                ids, docs, labels = ids_t.tolist(), docs_t.tolist(), labels_t.tolist()
+                for k in sorted(set(docs) - {-1}):
+                    where = [i for i, d in enumerate(docs) if d == k]
+                    assert where == list(range(where[0], where[-1] + 1)), "a document's tokens are contiguous"
+                    toks = [ids[i] for i in where]
+                    # The window's (seq_len + 1)-th token is seen only as the last label.
+                    if where[-1] == seq_len - 1 and labels[-1] != IGNORE:
+                        toks.append(labels[-1])
+                    seen.append(tuple(toks))
+    want = [tuple(ds.doc(d).tolist()[: seq_len + 1]) for d in range(ds.doc_count)]
+    assert any(len(ds.doc(d)) > seq_len + 1 for d in range(ds.doc_count)), "the corpus has documents to cut"
+    assert sorted(seen) == sorted(want)
+
+
+def test_resume_gives_exactly_the_rest(corpus: Path, sock: str) -> None:
+    """A loader resumed from state_dict() mid-epoch delivers exactly the windows the first one had
+    not delivered, in the same order."""
+    kw = {"batch_size": 3, "seq_len": 32, "fields": ["index"], "socket": sock, "spawn": True, "seed": 7}
+    with ringfeed.TokenLoader(corpus, **kw) as loader:
+        loader.set_epoch(2)
+        full = [b["index"].tolist() for b in loader]
+    with ringfeed.TokenLoader(corpus, **kw) as a:
+        a.set_epoch(2)
+        it = iter(a)
+        head = [next(it)["index"].tolist() for _ in range(5)]
+        state = a.state_dict()
+    with ringfeed.TokenLoader(corpus, **kw) as b:
+        b.load_state_dict(state)
+        b.set_epoch(2)
+        rest = [x["index"].tolist() for x in b]
+    assert head + rest == full
+
+
+def test_ranks_share_an_epoch_like_distributed_sampler(corpus: Path, sock: str) -> None:
+    """Two ranks get disjoint windows whose union is every window of the epoch (drop_last off:
+    padded like DistributedSampler)."""
+    seen = []
+    for rank in range(2):
+        with ringfeed.TokenLoader(
+            corpus,
+            batch_size=4,
+            seq_len=40,
+            fields=["index"],
+            rank=rank,
+            world_size=2,
+            socket=sock,
+            spawn=True,
+            drop_last=False,
+        ) as loader:
+            seen.append([i for b in loader for i in b["index"].tolist()])
+    n = (tf.TokenDataset(corpus).token_count - 1) // 40
+    assert set(seen[0]) | set(seen[1]) == set(range(n))
+    assert len(seen[0]) == len(seen[1]) == -(-n // 2)
+
+
+def test_bad_token_requests_are_refused(corpus: Path, sock: str) -> None:
+    """A window longer than the dataset and an unknown field are refused with the setting named."""
+    with pytest.raises(ringfeed.ServerError, match="seq_len"):
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=1 << 20, socket=sock, spawn=True)
+    with pytest.raises(ValueError, match="fields"):
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, fields=["image"], socket=sock, spawn=True)

@@ -141,7 +141,7 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
             c1 = LOADERS[0].stats(server=False)
             d = {k: c1[k] - client0[k] for k in ("wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches")}
             whole = max(d["wait_s"] + d["compute_s"], 1e-9)
-            out["loader"] = d | {"data_wait_share": d["data_wait_s"] / whole, "gpu_wait_share": d["gpu_wait_s"] / whole}
+            out["loader_stats"] = d | {"data_wait_share": d["data_wait_s"] / whole, "gpu_wait_share": d["gpu_wait_s"] / whole}
         out["server_timeline"] = timeline
         last = next((e for e in reversed(timeline) if "limit" in e), None)
         if last is not None:
@@ -319,7 +319,7 @@ def main() -> None:
         "over the total. Loop blocked in next(): wall time inside next(); for a GPU-bound model fed by a",
         "CUDA loader it includes back-pressure from the GPU (see the module docstring).",
     ]
-    signals = [r for r in results if "loader" in r or "server_last" in r]
+    signals = [r for r in results if "loader_stats" in r or "server_last" in r]
     if signals:
         lines += [
             "",
@@ -331,7 +331,7 @@ def main() -> None:
         ]
         pct = lambda v: "-" if v is None else f"{v * 100:.1f} %"  # noqa: E731
         for r in signals:
-            ld, sv = r.get("loader", {}), r.get("server_last", {})
+            ld, sv = r.get("loader_stats", {}), r.get("server_last", {})
             lines.append(
                 f"| {r['model']} | {pct(ld.get('data_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
                 f"| {sv.get('threads', '-')} | {pct(sv.get('busy'))} | {pct(sv.get('wait'))} "

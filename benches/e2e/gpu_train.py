@@ -141,7 +141,10 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
             c1 = LOADERS[0].stats(server=False)
             d = {k: c1[k] - client0[k] for k in ("wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches")}
             whole = max(d["wait_s"] + d["compute_s"], 1e-9)
-            out["loader_stats"] = d | {"data_wait_share": d["data_wait_s"] / whole, "gpu_wait_share": d["gpu_wait_s"] / whole}
+            out["loader_stats"] = d | {
+                "data_wait_share": d["data_wait_s"] / whole,
+                "gpu_wait_share": d["gpu_wait_s"] / whole,
+            }
         out["server_timeline"] = timeline
         last = next((e for e in reversed(timeline) if "limit" in e), None)
         if last is not None:

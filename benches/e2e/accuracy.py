@@ -33,40 +33,17 @@ from pathlib import Path
 
 import torch
 import torchvision
+from _recipes import MEAN, STD, epochs, rf_recipe, tv_recipe
 from torch import nn
 from torchvision.transforms import v2
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 BATCH = 256
-
-
-def tv_train(recipe: str, size: int) -> v2.Compose:
-    ops: list = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
-    if recipe == "full":
-        ops.append(v2.TrivialAugmentWide())
-    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-    if recipe == "full":
-        ops.append(v2.RandomErasing(0.25))
-    return v2.Compose(ops)
-
-
-def rf_train(recipe: str, size: int):
-    import ringfeed
-
-    ops: list = [ringfeed.RandomResizedCrop(size), ringfeed.RandomHorizontalFlip()]
-    if recipe == "full":
-        ops.append(ringfeed.TrivialAugmentWide())
-    ops.append(ringfeed.Normalize(MEAN, STD))
-    if recipe == "full":
-        ops.append(ringfeed.RandomErasing(0.25))
-    return ringfeed.Compose(ops)
 
 
 def batches_dataloader(data: Path, recipe: str, size: int, workers: int, seed: int, classes: int):
     g = torch.Generator()
     g.manual_seed(seed)
-    ds = torchvision.datasets.ImageFolder(str(data / "train"), transform=tv_train(recipe, size))
+    ds = torchvision.datasets.ImageFolder(str(data / "train"), transform=tv_recipe(recipe, size))
     dl = torch.utils.data.DataLoader(
         ds,
         batch_size=BATCH,
@@ -98,7 +75,7 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
     ld = ringfeed.Loader(
         packed,
         BATCH,
-        transform=rf_train(recipe, size),
+        transform=rf_recipe(recipe, size),
         batch_transform=mix,
         device="cuda",
         seed=seed,
@@ -106,11 +83,7 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
         threads=workers,
         slots=6,
     )
-    epoch = 0
-    while True:
-        ld.set_epoch(epoch)
-        yield from ld
-        epoch += 1
+    yield from epochs(ld)
 
 
 def evaluate(model: nn.Module, data: Path, size: int, workers: int) -> float:

@@ -37,34 +37,10 @@ from pathlib import Path
 
 import torch
 import torchvision
-from torchvision.transforms import v2
+from _recipes import epochs, rf_recipe, tv_recipe
 
 BATCH = 256
 SKIP = 5
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-def tv_recipe(name: str) -> v2.Compose:
-    ops: list = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()]
-    if name == "full":
-        ops.append(v2.TrivialAugmentWide())
-    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-    if name == "full":
-        ops.append(v2.RandomErasing(0.25))
-    return v2.Compose(ops)
-
-
-def rf_recipe(name: str):
-    import ringfeed
-
-    ops: list = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
-    if name == "full":
-        ops.append(ringfeed.TrivialAugmentWide())
-    ops.append(ringfeed.Normalize(MEAN, STD))
-    if name == "full":
-        ops.append(ringfeed.RandomErasing(0.25))
-    return ringfeed.Compose(ops)
 
 
 def timed(batches, n: int, device: str) -> float:
@@ -112,11 +88,7 @@ def ringfeed_loader(packed: Path, recipe: str, threads: int, device: str, sock: 
         threads=threads,
         slots=6,
     )
-    epoch = 0
-    while True:
-        ld.set_epoch(epoch)
-        yield from ld
-        epoch += 1
+    yield from epochs(ld)
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import torchvision.transforms.v2.functional as F  # noqa: N812
 from _support import ringfeed_bin
 from PIL import Image
 from scipy import stats
+from test_pixels import photo
 from torchvision.transforms import InterpolationMode
 
 import ringfeed
@@ -35,20 +36,10 @@ INTERP = {
 }
 
 
-def picture(w: int, h: int, seed: int) -> np.ndarray:
-    """A smooth picture with edges, flat patches and noise (HWC uint8)."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    rgb = np.stack([(xx * (c + 1) * 0.9 + yy * (3 - c) * 0.6 + rng.uniform(0, 255)) % 256 for c in range(3)], -1)
-    rgb[h // 3 : h // 2, w // 4 : w // 2] = rng.uniform(0, 255, size=3)
-    rgb += rng.normal(0, 8, size=rgb.shape)
-    return np.clip(rgb, 0, 255).astype(np.uint8)
-
-
 @pytest.fixture(scope="module")
 def png(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
     """A 67x53 PNG and its pixels as a CHW uint8 tensor."""
-    arr = picture(67, 53, 7)
+    arr = np.asarray(photo(67, 53, 7))
     path = tmp_path_factory.mktemp("ops") / "p.png"
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, "PNG")

@@ -1,0 +1,53 @@
+"""The augmentation recipes the end-to-end benchmarks compare, written once for both loaders.
+
+- ``rrc``: RandomResizedCrop + RandomHorizontalFlip + Normalize;
+- ``full``: torchvision's ``ta_wide`` reference recipe: RandomResizedCrop + RandomHorizontalFlip +
+  TrivialAugmentWide + Normalize + RandomErasing(``erasing``), erasing after normalisation.
+
+``tv_recipe`` is the torchvision v2 pipeline a DataLoader's workers run on PIL images (floats out);
+``rf_recipe`` the same ops as a ``ringfeed.Compose``. ``epochs`` iterates a loader for ever, one
+``set_epoch`` per pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torchvision.transforms import v2
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+RECIPES = ("rrc", "full")
+
+
+def tv_recipe(name: str, size: int = 224, erasing: float = 0.25) -> v2.Compose:
+    ops: list[Any] = [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()]
+    if name == "full":
+        ops.append(v2.TrivialAugmentWide())
+    ops += [v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    if name == "full":
+        ops.append(v2.RandomErasing(erasing))
+    return v2.Compose(ops)
+
+
+def rf_recipe(name: str, size: int = 224, erasing: float = 0.25) -> Any:
+    import ringfeed
+
+    ops: list[Any] = [ringfeed.RandomResizedCrop(size), ringfeed.RandomHorizontalFlip()]
+    if name == "full":
+        ops.append(ringfeed.TrivialAugmentWide())
+    ops.append(ringfeed.Normalize(MEAN, STD))
+    if name == "full":
+        ops.append(ringfeed.RandomErasing(erasing))
+    return ringfeed.Compose(ops)
+
+
+def epochs(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1

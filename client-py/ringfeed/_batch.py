@@ -89,6 +89,8 @@ class BatchOps:
             if len(views.views) != 1:
                 raise ValueError("batch_transform: MixUp/CutMix mix one view's images; this loader has several views")
         self.mixed_view = next(iter(views.views))
+        #: Erasing's constant fills, per (value, device, dtype, layout): made once, not per batch.
+        self._fills: dict[tuple[Any, ...], Any] = {}
 
     def check(self, views: dict[str, Any]) -> None:
         """Checks what can be checked on the host views before the batch is copied (no GPU sync)."""
@@ -149,8 +151,12 @@ class BatchOps:
                 g.manual_seed(_seed(self.seed, epoch, batch, k) & ((1 << 63) - 1))
                 fill = torch.randn(x.shape, generator=g, device=x.device, dtype=torch.float32).to(x.dtype)
             else:
-                shape = (1, 3, 1, 1) if nchw else (1, 1, 1, 3)
-                fill = torch.tensor(op.value, device=x.device, dtype=torch.float32).view(shape).to(x.dtype)
+                key = (tuple(op.value), x.device, x.dtype, nchw)
+                fill = self._fills.get(key)
+                if fill is None:
+                    shape = (1, 3, 1, 1) if nchw else (1, 1, 1, 3)
+                    fill = torch.tensor(op.value, dtype=torch.float32).view(shape).to(x.device, x.dtype)
+                    self._fills[key] = fill
             x = torch.where(mask, fill, x)
         return x
 

@@ -88,14 +88,14 @@ class CudaCopier:
     Args:
         segment: the mapped ring (``_ring.Segment`` with torch views).
         device: the target ``torch.device`` (type ``cuda``, with an index).
-        normalize: applied to the ``image`` field on the GPU after the copy, or ``None``.
+
+    What runs on the copies (normalisation, erasing, MixUp/CutMix) is ``copy``'s ``post``.
     """
 
-    def __init__(self, segment: Any, device: Any, normalize: Normalizer | None) -> None:
+    def __init__(self, segment: Any, device: Any) -> None:
         import torch
 
         self.device = device
-        self.normalize = normalize
         #: ``(copied event, slot)`` of copies whose slot is not released yet, oldest first.
         self.pending: deque[tuple[Any, int]] = deque()
         self._cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -130,8 +130,6 @@ class CudaCopier:
             out = {name: v.to(self.device, non_blocking=True) for name, v in views.items()}
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
-            if self.normalize is not None and "image" in out:
-                out["image"] = self.normalize(out["image"])
             if post is not None:
                 out = post(out)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]

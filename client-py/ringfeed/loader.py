@@ -400,7 +400,7 @@ class Loader:
         if self._cuda:
             from ._device import CudaCopier
 
-            self._res.cuda = CudaCopier(segment, self.device, None)
+            self._res.cuda = CudaCopier(segment, self.device)
 
     def _on_opening(self, msg: dict[str, Any]) -> None:
         """Reports a long open's progress: on the ``ringfeed`` logger, and to ``on_opening``."""

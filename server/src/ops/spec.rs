@@ -285,7 +285,6 @@ impl Op {
                 ResizeTo::Exact(h, w) => Some((*h, *w)),
                 ResizeTo::Shorter(_) => None,
             },
-            Op::RandomApply { .. } | Op::RandomChoice { .. } => size,
             _ => size,
         }
     }

@@ -1081,11 +1081,10 @@ fn random_pipelines_never_panic() {
                 _ => json!([1 + p(8)]),
             }
         };
-        let op = |p: &mut dyn FnMut(u64) -> u64, depth: u32| -> Value {
+        let op = |p: &mut dyn FnMut(u64) -> u64| -> Value {
             let prob = [0.0, 0.3, 1.0, 1.5][p(4) as usize];
             let interp = ["nearest", "bilinear", "bicubic", "lanczos"][p(4) as usize];
-            let _ = depth;
-            match p(if depth > 1 { 20 } else { 22 }) {
+            match p(22) {
                 0 => {
                     json!({"op": "random_resized_crop", "size": size(p), "scale": [0.01 * (1 + p(100)) as f64, 1.0], "interpolation": interp, "antialias": p(2) == 0})
                 }
@@ -1123,7 +1122,7 @@ fn random_pipelines_never_panic() {
         };
         let views: Vec<Value> = (0..1 + pick(2))
             .map(|v| {
-                let mut ops: Vec<Value> = (0..1 + pick(6)).map(|_| op(&mut pick, 0)).collect();
+                let mut ops: Vec<Value> = (0..1 + pick(6)).map(|_| op(&mut pick)).collect();
                 // Mostly valid: per-image ops, a crop to a fixed size, then the batch ops.
                 ops.retain(|o| o["op"] != "normalize" && o["op"] != "random_erasing" || pick(8) == 0);
                 if pick(5) > 0 {

@@ -253,3 +253,62 @@ def test_axis_weights_reproduce_torch_antialiased_resize() -> None:
             ours = torch.einsum("yh,chw,xw->cyx", wy[0], img[0], wx[0])
             ref = torch.nn.functional.interpolate(img, size=(out_h, out_w), mode=mode, antialias=True)[0]
             assert float((ours - ref).abs().max()) < 1e-3, (mode, out_h, out_w)
+
+
+def _gpu_backends() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    out = ["torchvision"]
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+
+        out.insert(0, "nvimgcodec")
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", _gpu_backends())
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_gpu_decoders_finish_batches_like_the_cpu(
+    folder: tuple[Path, dict[str, str]], sock: str, backend: str, layout: str
+) -> None:
+    """On a CUDA device, each GPU decoder's batches (every sample offered) carry the CPU path's
+    samples, labels and crops, pixels within a few levels, normalised on the GPU afterwards; no
+    sample fell back to the host; the slot bytes the decoder read were not released early (the
+    same epoch twice gives the same batches)."""
+    root, kinds = folder
+    recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    cpu, _ = _epoch(root, sock, False, recipe, layout=layout)
+    runs = []
+    for _ in range(2):
+        with ringfeed.Loader(
+            root,
+            6,
+            recipe,
+            socket=sock,
+            spawn=True,
+            seed=5,
+            fields=["index", "crop"],
+            layout=layout,
+            device="cuda",
+            gpu_decode=1.0,
+            _gpu_backend=backend,
+            timeout=60,
+        ) as ld:
+            batches = [{k: v.clone() for k, v in b.items()} for b in ld]
+            torch.cuda.synchronize()
+            runs.append((batches, ld.stats()))
+    (gpu, stats), (again, _) = runs
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"].cpu())
+    assert stats["gpu_samples"] == plain
+    assert stats["gpu_fallbacks"] == 0
+    for a, b, c in zip(cpu, gpu, again, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k].cpu()), k
+        assert b["image"].device.type == "cuda"
+        diff = (a["image"] - b["image"].float().cpu()).abs() * 0.25 * 255
+        assert float(diff.mean()) < 2.0, float(diff.mean())
+        assert torch.equal(b["image"], c["image"])

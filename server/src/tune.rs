@@ -56,10 +56,12 @@
 //!   rest of the CPU budget; when their wants exceed it, in proportion to their wants, and the
 //!   threads left over by rounding go to the streams that wait most.
 //!
-//! A third knob (issue 11: the share of each batch the client decodes on its GPU) fits beside
-//! threads and depth as one more rule on the same [`Limit`]: raise the share on [`Limit::Cpu`]
-//! (the loop waits for data with every thread of its cap saturated), lower it when the step time
-//! `C` grows (GPU decode competes with the model), and carry it in [`Decision`] like `depth`.
+//! - **GPU share (hybrid decode, 1.3).** For a stream whose client finishes part of each batch on
+//!   its GPU with the share left to the tuner, [`gpu_share`] raises the share by
+//!   [`Config::gpu_step`] on [`Limit::Cpu`] (the loop waits for data with every thread of its cap
+//!   saturated) and lowers it, with a ceiling for the regime, when the loop's step time `C` has
+//!   grown by more than [`Config::gpu_slowdown`] since before the first raise (GPU decode competes
+//!   with the model). It is carried in [`Decision::gpu_share`] like `depth`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

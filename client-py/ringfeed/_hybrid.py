@@ -350,9 +350,11 @@ class Finisher:
             antialias,
             (flags & FLIP_X) != 0,
         )
-        # Rows, then columns: [k, oh, ph] @ [k, ph, pw*3] -> [k, oh, pw, 3] -> [k, oh, 3, pw] @ [k, 1, pw, ow].
+        # Rows, then columns: [k, oh, ph] @ [k, ph, pw*3] -> [k, oh, pw, 3] -> [k, oh*3, pw] @ [k, pw, ow].
+        # (Two plain bmm's: a broadcasting matmul would materialise the weights oh times over.)
         y = torch.bmm(wy.to(self.dtype), x.view(k, ph, pw * 3)).view(k, oh, pw, 3).permute(0, 1, 3, 2)
-        z = torch.matmul(y, wx.to(self.dtype).transpose(1, 2)[:, None]).float()  # [k, oh, 3, ow]
+        y = y.reshape(k, oh * 3, pw)
+        z = torch.bmm(y, wx.to(self.dtype).transpose(1, 2)).view(k, oh, 3, ow).float()
         fill = r[:, _C["fill"]]
         fill = torch.stack([fill & 255, (fill >> 8) & 255, (fill >> 16) & 255], 1).float()  # [k, 3]
         mask = (vy[:, :, None] & vx[:, None, :])[:, :, None, :]  # [k, oh, 1, ow]

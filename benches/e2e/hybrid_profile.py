@@ -81,6 +81,20 @@ def stages(images: Path) -> None:
     image = torch.empty((256, 3, 224, 224), dtype=torch.uint8, device="cuda")
     where = torch.arange(256, device="cuda")
     timed("Finisher._finish (copy, weights, products, write)", lambda: fin._finish(rec, ts, image, where))
+    import threading
+
+    def spin(seconds: float) -> int:
+        n, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            n += 1
+        return n
+
+    alone = spin(0.2)
+    worker = threading.Thread(target=lambda: [dec.decode(datas, cuda_stream=stream.cuda_stream) for _ in range(8)])
+    worker.start()
+    beside = spin(0.2)
+    worker.join()
+    print(f"a Python loop beside a decoding thread runs at {beside / alone * 100:.0f} % of its speed alone (GIL)")
     arena = np.concatenate(datas)
     offs = np.cumsum([0] + [len(d) for d in datas[:-1]])
     rec[:, 0], rec[:, 1] = offs, [len(d) for d in datas]
@@ -88,7 +102,7 @@ def stages(images: Path) -> None:
         timed("Finisher(...) whole (decode + finish)", lambda: fin(rec, arena, image, stream))
 
 
-def profile(packed: Path, threads: int, share: float) -> None:
+def profile(packed: Path, threads: int, share: float, quiet: bool = False) -> None:
     import ringfeed
 
     binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
@@ -111,6 +125,7 @@ def profile(packed: Path, threads: int, share: float) -> None:
             normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
             dtype=torch.bfloat16,
         ) as ld:
+
             def forever():
                 epoch = 0
                 while True:
@@ -131,6 +146,8 @@ def profile(packed: Path, threads: int, share: float) -> None:
             prof.disable()
             dt = time.perf_counter() - t0
             print(f"loader, share {share}, {threads} threads: {30 * 256 / dt:.0f} img/s", flush=True)
+            if quiet:
+                return
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
             print(s.getvalue()[-6000:])
@@ -149,6 +166,8 @@ def main() -> None:
     a = ap.parse_args()
     stages(a.images)
     profile(a.packed, a.threads, a.share)
+    for share in (0.0, 0.5, 0.75):
+        profile(a.packed, a.threads, share, quiet=True)
 
 
 if __name__ == "__main__":

@@ -216,10 +216,48 @@ class Finisher:
         # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
         # released only then, and at most `slots` batches are in flight).
         self._keep: collections.deque[list[Any]] = collections.deque(maxlen=slots + 1)
+        #: Whether decodes can run ahead in a thread of their own (:meth:`submit`): nvImageCodec's
+        #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
+        self.background = backend in ("nvimgcodec", "host")
+        self._pool: Any = None
         #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks.
         self._counts = [0, 0, 0]
         #: The same since construction.
         self.totals = [0, 0, 0]
+
+    def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
+        """Starts decoding a batch's GPU samples in the finisher's thread; a future for
+        :meth:`__call__`'s ``pending``. ``jobs`` and ``arena`` must stay valid (the slot held)
+        until the future is done."""
+        import concurrent.futures
+
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringfeed-gpu-decode")
+        t0 = time.perf_counter_ns()
+        pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
+        rec = jobs[pos].astype(np.int64)
+        datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
+
+        def run() -> tuple[Any, ...]:
+            if self.backend == "nvimgcodec":
+                kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
+                got = list(self._decoder.decode(datas, **kw))
+            else:
+                got = []
+                for d in datas:
+                    try:
+                        got.append(_host_decode(d))
+                    except (OSError, ValueError):
+                        got.append(None)
+            return pos, rec, datas, got, time.perf_counter_ns() - t0
+
+        return self._pool.submit(run)
+
+    def close(self) -> None:
+        """Waits for decodes in flight and stops the thread. Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def take_counts(self) -> tuple[int, int, int]:
         """``(samples, host ns, fallbacks)`` since the last call (for ``stats``, 1.3)."""
@@ -227,8 +265,11 @@ class Finisher:
         self._counts = [0, 0, 0]
         return c  # type: ignore[return-value]
 
-    def _decode(self, datas: list[np.ndarray], stream: Any) -> tuple[list[Any], list[tuple[int, str]], int]:
-        """Decodes ``datas``: HWC uint8 tensors on the device (None where failed), failures, fallbacks."""
+    def _decode(
+        self, datas: list[np.ndarray], stream: Any, decoded: list[Any] | None = None
+    ) -> tuple[list[Any], list[tuple[int, str]], int]:
+        """Decodes ``datas`` (or takes ``decoded``, a :meth:`submit`'s nvImageCodec images): HWC uint8
+        tensors on the device (None where failed), failures, fallbacks."""
         import torch
         import torchvision.io as tio
 
@@ -236,7 +277,7 @@ class Finisher:
         refused: list[int] = []
         if self.backend == "nvimgcodec":
             kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
-            got = self._decoder.decode(datas, **kw)
+            got = decoded if decoded is not None else self._decoder.decode(datas, **kw)
             for i, img in enumerate(got):
                 if img is None:
                     refused.append(i)
@@ -252,6 +293,9 @@ class Finisher:
                 images = [g.permute(1, 2, 0) for g in got]
             except RuntimeError:
                 refused = list(range(len(datas)))
+        elif decoded is not None:  # host, decoded ahead
+            images = [None if d is None else d.to(self.device, non_blocking=True) for d in decoded]
+            refused = [i for i, d in enumerate(decoded) if d is None]
         else:
             refused = list(range(len(datas)))
         failed: list[tuple[int, str]] = []
@@ -266,11 +310,14 @@ class Finisher:
             fallbacks += self.backend != "host"
         return images, failed, fallbacks
 
-    def __call__(self, jobs: np.ndarray, arena: np.ndarray, image: Any, stream: Any = None) -> list[int]:
+    def __call__(
+        self, jobs: np.ndarray, arena: np.ndarray, image: Any, stream: Any = None, pending: Any = None
+    ) -> list[int]:
         """Finishes the GPU samples of a batch into ``image`` (the batch tensor, on the device).
 
         ``jobs`` is the slot's ``gpu_job`` field ``[n, 18]`` (host, int32), ``arena`` its
-        ``gpu_bytes`` payload as one flat uint8 array. Returns the batch positions it finished.
+        ``gpu_bytes`` payload as one flat uint8 array; ``pending``, a :meth:`submit` of the same
+        batch whose decode ran ahead. Returns the batch positions it finished.
 
         Raises:
             DecodeError: some samples could not be decoded at all (the others are finished).
@@ -278,12 +325,17 @@ class Finisher:
         import torch
 
         t0 = time.perf_counter_ns()
-        pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
+        ahead_ns = 0
+        if pending is not None:
+            pos, rec, datas, decoded, ahead_ns = pending.result()
+        else:
+            pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
+            rec = jobs[pos].astype(np.int64)
+            datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
+            decoded = None
         if len(pos) == 0:
             return []
-        rec = jobs[pos].astype(np.int64)
-        datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
-        images, failed, fallbacks = self._decode(datas, stream)
+        images, failed, fallbacks = self._decode(datas, stream, decoded)
         self._keep.append(images)
         ok = [i for i in range(len(pos)) if images[i] is not None]
         # A decoded image of another size than the server probed is refused like a failed decode.
@@ -304,7 +356,7 @@ class Finisher:
                 self._finish(rec[part], [images[i] for i in part], image, where)
         for c in (self._counts, self.totals):
             c[0] += len(ok)
-            c[1] += time.perf_counter_ns() - t0
+            c[1] += time.perf_counter_ns() - t0 + ahead_ns
             c[2] += fallbacks
         if failed:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])

@@ -94,6 +94,7 @@ class _Stream:
         self.conn: Connection | None = None
         self.segment: Segment | None = None
         self.cuda: Any = None
+        self.finisher: Any = None
         self.held: dict[int, int] = {}
 
     def release(self, slot: int) -> None:
@@ -106,7 +107,11 @@ class _Stream:
         cuda, self.cuda = self.cuda, None
         conn, self.conn = self.conn, None
         segment, self.segment = self.segment, None
+        finisher, self.finisher = self.finisher, None
         try:
+            if finisher is not None:
+                # Its thread may still read a slot's encoded bytes: it stops before the unmap.
+                finisher.close()
             if cuda is not None:
                 # Nothing may read the ring once it is unpinned and unmapped.
                 cuda.close()
@@ -358,6 +363,12 @@ class Loader:
             gpu_decode_bytes = _int_in("gpu_decode_bytes", gpu_decode_bytes, 4096, 64 << 20)
         self._gpu_bytes = gpu_decode_bytes
         self._finisher: Any = None
+        # Hybrid decode's look-ahead: the next batch, taken from the server while this one is
+        # handed out, whose GPU decode already runs in the finisher's thread: (slot, header,
+        # pending decode); and messages read while looking ahead, not yet acted on.
+        self._ahead: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        self._held_msgs: collections.deque[dict[str, Any]] = collections.deque()
+        self._held_error: BaseException | None = None
 
         # Stream state (see `state_dict`).
         self._epoch = 0
@@ -434,6 +445,7 @@ class Loader:
             (view,) = self.views.views.values()
             device = self.device if self._cuda else _cpu()
             self._finisher = Finisher(device, self._gpu_backend, self.layout, view.size, segment.slot_count)
+            self._res.finisher = self._finisher
 
     def _on_opening(self, msg: dict[str, Any]) -> None:
         """Reports a long open's progress: on the ``ringfeed`` logger, and to ``on_opening``."""
@@ -675,6 +687,13 @@ class Loader:
         self._gpu_s = 0.0
         self._release_due()
         while True:
+            if self._ahead:
+                slot, header, pending = self._ahead.popleft()
+                batch = self._make_batch(slot, header, pending)
+                self._look_ahead()
+                self._reconnects_in_row = 0
+                self._count_step(t0)
+                return batch
             msg = self._next_message()
             kind = msg["type"]
             if kind == "ready":
@@ -682,6 +701,7 @@ class Loader:
                 if got is None:
                     continue
                 batch = self._make_batch(*got)
+                self._look_ahead()
                 self._reconnects_in_row = 0
                 self._count_step(t0)
                 return batch
@@ -708,6 +728,11 @@ class Loader:
         and nothing is readable, wait for the oldest copy (a DMA, not the training step) and
         release its slot, instead of blocking on the socket.
         """
+        if self._held_error is not None:
+            e, self._held_error = self._held_error, None
+            raise e
+        if self._held_msgs:
+            return self._held_msgs.popleft()
         cuda = self._res.cuda
         while cuda is not None and cuda.pending:
             got = self._recv(poll=True)
@@ -715,6 +740,45 @@ class Loader:
                 return got[0]
             self._res.release(self._behind_gpu(cuda.wait_oldest))
         return self._recv()[0]
+
+    def _look_ahead(self) -> None:
+        """Hybrid decode: takes the next batch if the server has it ready, and starts its GPU decode
+        in the finisher's thread, so that it runs while the training step runs (the hardware
+        decoder's call blocks its thread for the whole decode). Never waits for the server."""
+        if self._finisher is None or not self._finisher.background or self._ahead or self._held_error:
+            return
+        try:
+            while True:
+                got = self._recv(poll=True)
+                if got is None:
+                    return
+                msg = got[0]
+                if msg["type"] != "ready":
+                    self._held_msgs.append(msg)
+                    return
+                taken = self._on_ready(msg)
+                if taken is None:
+                    continue  # a stale run's batch (released), or one whose every sample was skipped
+                slot, header = taken
+                jobs, arena = self._gpu_inputs(slot, header)
+                self._ahead.append((slot, header, self._finisher.submit(jobs, arena, self._copy_stream())))
+                return
+        except RingfeedError as e:
+            # Raised where the loop would have met it: at the next batch, after this one.
+            self._held_error = e
+
+    def _copy_stream(self) -> Any:
+        return None if self._res.cuda is None else self._res.cuda.stream
+
+    def _drop_ahead(self) -> None:
+        """Releases the batches taken ahead (once their decodes have stopped reading their slots)."""
+        while self._ahead:
+            slot, _, pending = self._ahead.popleft()
+            with contextlib.suppress(Exception):
+                pending.result()
+            if slot in self._res.held:
+                with contextlib.suppress(RingfeedError, OSError):
+                    self._res.release(slot)
 
     def _behind_gpu(self, fn: Any, *args: Any) -> Any:
         """Runs ``fn`` (a CUDA call that may block behind the GPU's queued work), counting its time
@@ -765,7 +829,7 @@ class Loader:
             return None
         return slot, header
 
-    def _make_batch(self, slot: int, header: Any) -> Any:
+    def _make_batch(self, slot: int, header: Any, pending: Any = None) -> Any:
         res = self._res
         assert res.segment is not None
         n = header.count
@@ -777,7 +841,7 @@ class Loader:
             except ValueError:
                 res.release(slot)
                 raise
-        finish = self._gpu_finish(slot, header) if self._finisher is not None else None
+        finish = self._gpu_finish(slot, header, pending) if self._finisher is not None else None
         if finish is not None and res.cuda is None:
             # CPU mode (the tests' host backend): the GPU samples are finished into the held slot
             # itself (ring.md rule 7), then the batch goes on as any other.
@@ -790,7 +854,8 @@ class Loader:
         if res.cuda is not None:
             hook = None if post is None else (lambda o: post(o, header.epoch, header.batch))
             try:
-                out = self._behind_gpu(res.cuda.copy, views, slot, hook, finish)
+                extra = () if finish is None else (finish,)
+                out = self._behind_gpu(res.cuda.copy, views, slot, hook, *extra)
             except _SampleDecodeError:
                 res.cuda.stream.synchronize()
                 res.release(slot)
@@ -814,19 +879,24 @@ class Loader:
             return out["image"], out["label"]
         return out
 
-    def _gpu_finish(self, slot: int, header: Any) -> _Finish:
+    def _gpu_inputs(self, slot: int, header: Any) -> tuple[Any, Any]:
+        """The slot's ``gpu_job`` records and ``gpu_bytes`` arena, as numpy views of the ring."""
+        res = self._res
+        assert res.segment is not None
+        jobs = res.segment.view(slot, "gpu_job")[: header.count]
+        arena = res.segment.view(slot, "gpu_bytes")
+        jobs_np = jobs.numpy() if hasattr(jobs, "numpy") else jobs
+        arena_np = arena.numpy() if hasattr(arena, "numpy") else arena
+        return jobs_np, arena_np.reshape(-1)
+
+    def _gpu_finish(self, slot: int, header: Any, pending: Any = None) -> _Finish:
         """What finishes this batch's GPU samples, run where its tensors are (ring.md, ``gpu_job``)."""
         res = self._res
         assert res.segment is not None
         assert self._finisher is not None
-        n = header.count
-        jobs = res.segment.view(slot, "gpu_job")[:n]
-        arena = res.segment.view(slot, "gpu_bytes")
-        to_np = getattr(jobs, "numpy", None)
-        jobs_np = jobs.numpy() if to_np is not None else jobs
-        arena_np = arena.numpy() if hasattr(arena, "numpy") else arena
-        index = res.segment.view(slot, "index")[:n] if "index" in res.segment.fields else None
-        return _Finish(self, jobs_np, arena_np.reshape(-1), header, index)
+        jobs, arena = self._gpu_inputs(slot, header)
+        index = res.segment.view(slot, "index")[: header.count] if "index" in res.segment.fields else None
+        return _Finish(self, jobs, arena, header, index, pending)
 
     def _release_due(self) -> None:
         """Releases what may be released before waiting for the next batch."""
@@ -866,6 +936,7 @@ class Loader:
         stale and released unread.
         """
         self._iteration += 1
+        self._drop_ahead()
         self._release_yielded()
 
     def _guard(self, fn: Any, *args: Any) -> Any:
@@ -988,6 +1059,10 @@ class Loader:
         handshake) for up to ``reconnect_timeout`` seconds; any other failure is final. The new
         connection numbers its runs and ``seq`` from the start.
         """
+        # The taken-ahead batches belonged to the lost stream (its ring is gone with it).
+        self._ahead.clear()
+        self._held_msgs.clear()
+        self._held_error = None
         self._reconnects_in_row += 1
         log.warning(
             "lost the ringfeed server at %s (%s); reconnecting (%d of %d in a row), then resuming epoch %d at batch %d",
@@ -1214,8 +1289,9 @@ class _SampleDecodeError(ServerError):
 class _Finish:
     """Finishes one batch's GPU samples (hybrid decode) into its image tensor, then applies ``on_error``."""
 
-    def __init__(self, loader: Loader, jobs: Any, arena: Any, header: Any, index: Any) -> None:
+    def __init__(self, loader: Loader, jobs: Any, arena: Any, header: Any, index: Any, pending: Any = None) -> None:
         self.loader, self.jobs, self.arena, self.header, self.index = loader, jobs, arena, header, index
+        self.pending = pending
         self.skipped = 0
 
     def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
@@ -1225,7 +1301,7 @@ class _Finish:
         assert lo.views is not None
         (name,) = lo.views.views
         try:
-            lo._finisher(self.jobs, self.arena, out[name], stream)
+            lo._finisher(self.jobs, self.arena, out[name], stream, self.pending)
             return out
         except DecodeError as e:
             failed = e.failed

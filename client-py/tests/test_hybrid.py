@@ -312,3 +312,38 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
         diff = (a["image"] - b["image"].float().cpu()).abs() * 0.25 * 255
         assert float(diff.mean()) < 2.0, float(diff.mean())
         assert torch.equal(b["image"], c["image"])
+
+
+def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The loader takes the next batch ahead to start its decode during the step: breaking off an
+    epoch, resuming from state_dict() in a new loader, and abandoning an iteration for a new epoch
+    deliver every batch exactly once, the ones taken ahead included."""
+    root, _ = folder
+
+    def loader(**kw: object) -> ringfeed.Loader:
+        return ringfeed.Loader(
+            root, 3, RRC, socket=sock, spawn=True, seed=2, fields=["index"], slots=3, gpu_decode=1.0,
+            _gpu_backend="host", timeout=60, **kw,
+        )  # fmt: skip
+
+    with loader() as ld:
+        whole = [b["index"].clone() for b in ld]
+    assert len(whole) == 29 // 3
+    with loader() as ld:
+        it = iter(ld)
+        head = [next(it)["index"].clone() for _ in range(4)]
+        ahead = len(ld._ahead)
+        state = ld.state_dict()
+    assert state["batches_delivered"] == 4
+    with loader() as ld:
+        ld.load_state_dict(state)
+        tail = [b["index"].clone() for b in ld]
+        # A new epoch in the middle of an iteration drops what was taken ahead, and goes on.
+        ld.set_epoch(1)
+        it = iter(ld)
+        next(it)
+        ld.set_epoch(2)
+        again = [b["index"].clone() for b in ld]
+    assert [torch.equal(a, b) for a, b in zip(whole, head + tail, strict=True)] == [True] * len(whole)
+    assert len(again) == len(whole)
+    assert ahead <= 1

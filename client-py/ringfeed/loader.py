@@ -745,10 +745,14 @@ class Loader:
         """Hybrid decode: takes the next batch if the server has it ready, and starts its GPU decode
         in the finisher's thread, so that it runs while the training step runs (the hardware
         decoder's call blocks its thread for the whole decode). Never waits for the server."""
-        if self._finisher is None or not self._finisher.background or self._ahead or self._held_error:
+        if self._finisher is None or not self._finisher.background or self._held_error:
             return
+        segment = self._res.segment
+        assert segment is not None
+        # Two ahead at most (decoding one while the other is finished), leaving the server slots.
+        most = max(0, min(2, segment.slot_count - 2))
         try:
-            while True:
+            while len(self._ahead) < most:
                 got = self._recv(poll=True)
                 if got is None:
                     return
@@ -762,7 +766,6 @@ class Loader:
                 slot, header = taken
                 jobs, arena = self._gpu_inputs(slot, header)
                 self._ahead.append((slot, header, self._finisher.submit(jobs, arena, self._copy_stream())))
-                return
         except RingfeedError as e:
             # Raised where the loop would have met it: at the next batch, after this one.
             self._held_error = e

@@ -322,7 +322,7 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
 
     def loader(**kw: object) -> ringfeed.Loader:
         return ringfeed.Loader(
-            root, 3, RRC, socket=sock, spawn=True, seed=2, fields=["index"], slots=3, gpu_decode=1.0,
+            root, 3, RRC, socket=sock, spawn=True, seed=2, fields=["index"], slots=4, gpu_decode=1.0,
             _gpu_backend="host", timeout=60, **kw,
         )  # fmt: skip
 
@@ -346,4 +346,4 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
         again = [b["index"].clone() for b in ld]
     assert [torch.equal(a, b) for a, b in zip(whole, head + tail, strict=True)] == [True] * len(whole)
     assert len(again) == len(whole)
-    assert ahead <= 1
+    assert ahead <= 2

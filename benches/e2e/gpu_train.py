@@ -9,7 +9,11 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
 - dataloader-pil: torch DataLoader over torchvision ImageFolder with PIL RandomResizedCrop(224) +
   flip, `--workers` workers, pin_memory, uint8 tensors normalised on the GPU;
 - ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
-  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run.
+  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run;
+  ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
+  with the share pinned at S;
+- dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
+  `--threads-cap` (else `--workers`) CPU threads.
 Each run skips 20 warm-up steps, then times `--steps` steps, and reports two shares of the total:
 - GPU idle: the sum over steps of the gap, on the GPU's own clock (CUDA events), between the end of
   one step's last kernel and the start of the next step's first: time the GPU had nothing queued,
@@ -312,7 +316,11 @@ def main() -> None:
             for loader in a.loaders.split(","):
                 torch.manual_seed(0)
                 model = make_model(name)
+                share = float(loader.removeprefix("ringfeed-share-")) if loader.startswith("ringfeed-share-") else None
                 batches = {
+                    f"ringfeed-share-{share}": lambda: ringfeed_batches(
+                        a.packed, sock, a.recipe, a.threads_cap, share  # noqa: B023 - called at once
+                    ),
                     "ceiling": lambda: ceiling_batches(),
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
                     "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap),

@@ -32,7 +32,7 @@ PY
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
     echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
-  timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py 2>&1 | tail -25 || echo "pytest rc $?"
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py 2>&1 | tail -25 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
   ;;
@@ -60,10 +60,18 @@ profile)
   fi
   timeout 300 python3 benches/e2e/hybrid_profile.py --images /tmp/photos --packed /tmp/packed --threads ${THREADS:-6} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -70
   ;;
+train2)
+  mkdir -p "$out"
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  timeout 280 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid,ringfeed-share-0.5,ringfeed-share-0.625,ringfeed-share-0.75,dali --workers 15 --threads-cap 6 --steps 500 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-share-0.25,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | tail -24 || echo "r18-15 rc $?"
+  ;;
 train)
   mkdir -p "$out"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --threads-cap 6 --steps 300 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --threads-cap 6 --steps 500 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18,resnet50 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 200 --out "$out/r-15" 2>&1 | tail -30 || echo "r-15 rc $?"
   ;;

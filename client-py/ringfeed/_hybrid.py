@@ -224,6 +224,9 @@ class Finisher:
         self._counts = [0, 0, 0]
         #: The same since construction.
         self.totals = [0, 0, 0]
+        #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
+        #: the wait for data, never as time behind the GPU).
+        self.last_call_ns = 0
 
     def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
         """Starts decoding a batch's GPU samples in the finisher's thread; a future for
@@ -334,6 +337,7 @@ class Finisher:
             datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
             decoded = None
         if len(pos) == 0:
+            self.last_call_ns = 0
             return []
         images, failed, fallbacks = self._decode(datas, stream, decoded)
         self._keep.append(images)
@@ -354,9 +358,10 @@ class Finisher:
                 part = ok[c : c + step]
                 where = torch.as_tensor(pos[part], device=self.device)
                 self._finish(rec[part], [images[i] for i in part], image, where)
+        self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
             c[0] += len(ok)
-            c[1] += time.perf_counter_ns() - t0 + ahead_ns
+            c[1] += self.last_call_ns + ahead_ns
             c[2] += fallbacks
         if failed:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])

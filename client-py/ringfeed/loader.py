@@ -859,6 +859,10 @@ class Loader:
             try:
                 extra = () if finish is None else (finish,)
                 out = self._behind_gpu(res.cuda.copy, views, slot, hook, *extra)
+                if finish is not None and self._finisher is not None:
+                    # Finishing the GPU samples is making the batch (the wait for data), not
+                    # back-pressure from the GPU: the tuner must not read it as the model's step.
+                    self._gpu_s = max(self._gpu_s - self._finisher.last_call_ns / 1e9, 0.0)
             except _SampleDecodeError:
                 res.cuda.stream.synchronize()
                 res.release(slot)

@@ -319,7 +319,11 @@ def main() -> None:
                 share = float(loader.removeprefix("ringfeed-share-")) if loader.startswith("ringfeed-share-") else None
                 batches = {
                     f"ringfeed-share-{share}": lambda: ringfeed_batches(
-                        a.packed, sock, a.recipe, a.threads_cap, share  # noqa: B023 - called at once
+                        a.packed,
+                        sock,
+                        a.recipe,
+                        a.threads_cap,
+                        share,  # noqa: B023 - called at once
                     ),
                     "ceiling": lambda: ceiling_batches(),
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),

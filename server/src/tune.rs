@@ -338,6 +338,8 @@ struct StreamState {
     gpu_step: Option<f64>,
     /// The share found to slow the model: never raised to it again in this regime.
     gpu_ceiling: Option<f64>,
+    /// The share before the last raise: where a raise that slowed the model goes back to.
+    gpu_from: Option<f64>,
     /// Intervals to wait before the share may change again.
     gpu_hold: u32,
 }
@@ -670,7 +672,7 @@ impl Tuner {
 /// The third knob (control.md, "Hybrid decode"): the share of each batch offered to the client's
 /// GPU, for a stream whose share the tuner sets. Raised while the CPU is the limit (the loop waits
 /// for data with every thread of its cap saturated), to the share the cost model leaves to the GPU
-/// and at least one step; lowered one step, with a ceiling
+/// and at least one step; lowered back to where that raise started (else one step), with a ceiling
 /// for the regime, when the loop's own step has grown by more than [`Config::gpu_slowdown`] since
 /// before the first raise (GPU decode competes with the model). Returns the new share and why.
 fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, s: &Signals) -> Option<(f64, String)> {
@@ -690,7 +692,13 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         && share > 0.0
         && step > before * (1.0 + cfg.gpu_slowdown)
     {
-        let next = (share - cfg.gpu_step).max(0.0);
+        // Straight back to where the last raise started (a slow model costs every step), else a
+        // step down.
+        let next = st
+            .gpu_from
+            .take()
+            .filter(|&f| f < share)
+            .unwrap_or((share - cfg.gpu_step).max(0.0));
         st.gpu_ceiling = Some(share);
         st.gpu_hold = cfg.gpu_hold;
         return Some((
@@ -717,6 +725,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         let next = (share + cfg.gpu_step).max(model).min(top);
         if next > share + 1e-9 {
             st.gpu_step.get_or_insert(step);
+            st.gpu_from = Some(share);
             st.gpu_hold = cfg.gpu_hold;
             return Some((
                 next,
@@ -1729,7 +1738,8 @@ mod tests {
         };
         let run = drive_gpu(&mut sim, 6, 80);
         // The cost model asks for 0.75 at first (the CPU alone feeds a third of the loop); the
-        // slowdown brings it back, a step at a time, to where the step grows by less than 5 %.
+        // slowdown takes it back each time, and the ceiling comes down a step each time, to where
+        // the step grows by less than 5 %.
         let top = run.iter().map(|r| r.1).fold(0.0, f64::max);
         assert!(top > 0.5, "the share never rose: {run:?}");
         let tail = &run[60..];

@@ -68,6 +68,17 @@ train2)
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-share-0.25,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | tail -24 || echo "r18-15 rc $?"
   ;;
+quick)
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+  "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+  mkdir -p "$out"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -16 || echo "r18-6 rc $?"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ringfeed,ringfeed-hybrid --workers 15 --steps 600 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -16 || echo "r18-15 rc $?"
+  ;;
 train)
   mkdir -p "$out"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \

@@ -223,33 +223,10 @@ LOADERS: list = []
 
 def dali_batches(images: Path, threads: int):
     """NVIDIA DALI's standard ResNet-50 training pipeline (mixed decode with the hardware decoder)."""
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    import _dali
 
-    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
-    def pipe():
-        jpegs, labels = fn.readers.file(file_root=str(images), random_shuffle=True, name="reader")
-        img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
-        img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
-        img = fn.crop_mirror_normalize(
-            img,
-            dtype=types.FLOAT16,
-            output_layout="CHW",
-            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
-            mirror=fn.random.coin_flip(),
-        )
-        return img, labels.gpu()
-
-    p = pipe()
-    p.build()
-    it = DALIGenericIterator(
-        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-    )
-    while True:
-        for out in it:
-            x = out[0]["x"].to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
-            yield x, out[0]["y"].squeeze(-1).long()
+    for x, y in _dali.batches(images, threads, BATCH):
+        yield x.contiguous(memory_format=torch.channels_last), y
 
 
 def ringfeed_batches(

@@ -1,0 +1,44 @@
+"""NVIDIA DALI's standard ResNet-50 training pipeline, the peer the GPU benchmarks measure against.
+
+``fn.readers.file`` → ``fn.decoders.image_random_crop(device="mixed")`` (the hardware JPEG decoder)
+→ ``fn.resize(224, antialias)`` → ``fn.crop_mirror_normalize`` (fp16, CHW, a random mirror), as
+DALI's ResNet-50 example builds it. ``batches`` yields ``(images, labels)`` on the GPU for ever,
+images as ``dtype``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def batches(images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16) -> Iterator[tuple[Any, Any]]:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe() -> Any:
+        jpegs, labels = fn.readers.file(file_root=str(images), random_shuffle=True, name="reader")
+        img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
+        img = fn.crop_mirror_normalize(
+            img,
+            dtype=types.FLOAT16,
+            output_layout="CHW",
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mirror=fn.random.coin_flip(),
+        )
+        return img, labels.gpu()
+
+    p = pipe()
+    p.build()
+    it = DALIGenericIterator(
+        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    while True:
+        for out in it:
+            yield out[0]["x"].to(dtype), out[0]["y"].squeeze(-1).long()

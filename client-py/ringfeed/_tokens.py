@@ -16,7 +16,6 @@ that mean nothing; the subclass keeps each signature honest and shares the machi
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,8 +77,9 @@ class TokenLoader(Loader):
             fits; a window with more has its last ones merged).
         pad_id: padding token in ``pack`` mode (default: the dataset's EOS, else 0).
         dtype: a flat token file's dtype, ``"uint16"`` or ``"uint32"``.
-        threads: reading threads for this stream (default 1: for tokens the cost is reading,
-            not decoding).
+        threads: reading threads for this stream: with ``autotune``, a bound (the server starts a
+            token stream at one thread, and for tokens the cost is reading, not decoding, so the
+            tuner keeps it there unless the loop waits); without it, exactly this many (default 1).
         shuffle, seed, drop_last, device, rank, world_size, slots, socket, timeout, spawn, hold,
         spawn_timeout, autotune, prefetch, log_every, reconnect, reconnect_timeout: as for
             ``Loader``.
@@ -145,14 +145,15 @@ class TokenLoader(Loader):
             hold=hold,
             spawn_timeout=spawn_timeout,
             autotune=autotune,
-            threads=1 if threads is None else threads,
+            threads=threads,
             prefetch=prefetch,
             log_every=log_every,
             reconnect=reconnect,
             reconnect_timeout=reconnect_timeout,
         )
 
-    def _open_message(self) -> dict[str, Any]:
+    def _kind_members(self) -> dict[str, Any]:
+        """The token stream's members of ``open`` (control.md, "Token streams")."""
         if self.server_protocol < (1, 2):
             raise ProtocolError(
                 f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; token streams "
@@ -163,57 +164,20 @@ class TokenLoader(Loader):
             tokens["pad_id"] = self.pad_id
         if self.token_dtype is not None:
             tokens["dtype"] = self.token_dtype
-        msg: dict[str, Any] = {
-            "type": "open",
+        return {
             "sample_kind": "tokens",
-            "dataset": self.path,
-            "batch_size": self.batch_size,
             "tokens": tokens,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "slots": self.slots,
             "fields": [f for f in self.token_fields if f not in TOKEN_ALWAYS],
-            "autotune": self.autotune,
         }
-        if self.threads is not None:
-            msg["threads"] = self.threads
-        if self.prefetch is not None:
-            msg["prefetch"] = self.prefetch
-        return msg
 
-    def _check_ring(self, segment: Any) -> None:
-        if segment.batch_size != self.batch_size:
-            raise ProtocolError(
-                f"the ring holds batches of {segment.batch_size}, but the loader asked for {self.batch_size}"
-            )
-        if self.hold > segment.slot_count:
-            raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
-        for name in self.token_fields:
-            field = segment.fields.get(name)
-            if field is None:
-                raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
-            shape = {"cu_seqlens": (self.max_docs + 1,), "index": ()}.get(name, (self.seq_len,))
-            if field.dtype is None or field.dtype.name != TOKEN_FIELDS[name] or tuple(field.shape) != shape:
-                raise ProtocolError(
-                    f"the ring's field {name!r} is {field.dtype.name if field.dtype else field.code} "
-                    f"{list(field.shape)}, expected {TOKEN_FIELDS[name]} {list(shape)}"
-                )
+    def _ring_fields(self) -> tuple[str, ...]:
+        return self.token_fields
 
-    def _make_batch(self, slot: int, header: Any) -> Any:
-        res = self._res
-        assert res.segment is not None
-        n = header.count
-        views = {name: res.segment.view(slot, name)[:n] for name in self.token_fields}
-        if res.cuda is not None:
-            out = res.cuda.copy(views, slot)
-        else:
-            out = views
-            self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
-        self._delivered += 1
-        self._stats["skipped"] += header.skipped
+    def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        shape = {"cu_seqlens": (self.max_docs + 1,), "index": ()}.get(name, (self.seq_len,))
+        return TOKEN_FIELDS[name], shape
+
+    def _shape_batch(self, out: dict[str, Any]) -> Any:
         if "cu_seqlens" in out:
             out = dict(out)
             out["cu_seqlens"] = flatten_cu_seqlens(out["cu_seqlens"], self.seq_len)

@@ -441,24 +441,19 @@ class Loader:
         raise AssertionError("unreachable")
 
     def _open_message(self) -> dict[str, Any]:
+        """The ``open``: the members every sample kind shares, and the kind's own (``_kind_members``)."""
         msg: dict[str, Any] = {
             "type": "open",
             "dataset": self.path,
             "batch_size": self.batch_size,
-            **self._pipeline_member(),
-            "layout": self.layout,
+            **self._kind_members(),
             "shuffle": self.shuffle,
             "seed": self.seed,
             "drop_last": self.drop_last,
             "rank": self.rank,
             "world_size": self.world_size,
             "slots": self.slots,
-            "on_error": self.on_error,
-            "fields": [f for f in self.fields if f in ("image", "label", "index", "crop")],
-            "check_crc": self.check_crc,
         }
-        if self.lmdb is not None:
-            msg["lmdb"] = self.lmdb
         if self.server_protocol >= (1, 1):
             msg["autotune"] = self.autotune
             if self.threads is not None:
@@ -468,6 +463,19 @@ class Loader:
             local = _env_int("LOCAL_WORLD_SIZE")
             if local is not None and 1 <= local <= 4096:
                 msg["local_world_size"] = local
+        return msg
+
+    def _kind_members(self) -> dict[str, Any]:
+        """The image stream's members of ``open`` (control.md, "open")."""
+        msg: dict[str, Any] = {
+            **self._pipeline_member(),
+            "layout": self.layout,
+            "on_error": self.on_error,
+            "fields": [f for f in self.fields if f in ("image", "label", "index", "crop")],
+            "check_crc": self.check_crc,
+        }
+        if self.lmdb is not None:
+            msg["lmdb"] = self.lmdb
         return msg
 
     def _pipeline_member(self) -> dict[str, Any]:
@@ -493,7 +501,7 @@ class Loader:
             )
         if self.hold > segment.slot_count:
             raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
-        for name in self.fields:
+        for name in self._ring_fields():
             field = segment.fields.get(name)
             if field is None:
                 raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
@@ -503,6 +511,10 @@ class Loader:
                 got = f"{field.dtype.name if field.dtype else f'code {field.code}'} {list(field.shape)}"
                 want = f"{dtype} {[d if d else '?' for d in shape]}"
                 raise ProtocolError(f"the ring's field {name!r} is {got}, expected {want}")
+
+    def _ring_fields(self) -> tuple[str, ...]:
+        """The ring fields this loader reads and hands out."""
+        return self.fields
 
     def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
         """A field's dtype and per-sample shape (``None``: not known here)."""
@@ -722,7 +734,7 @@ class Loader:
         res = self._res
         assert res.segment is not None
         n = header.count
-        views = {name: res.segment.view(slot, name)[:n] for name in self.fields}
+        views = {name: res.segment.view(slot, name)[:n] for name in self._ring_fields()}
         post = self._post
         if post is not None:
             try:
@@ -744,6 +756,10 @@ class Loader:
             self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
         self._delivered += 1
         self._stats["skipped"] += header.skipped
+        return self._shape_batch(out)
+
+    def _shape_batch(self, out: dict[str, Any]) -> Any:
+        """What the iterator yields for a batch's fields: ``(images, labels)``, or a dict."""
         for k in [k for k in out if k.endswith("_erase")]:
             del out[k]
         if self.views is None or (list(self.views.views) == ["image"] and set(out) == {"image", "label"}):

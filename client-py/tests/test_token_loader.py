@@ -302,3 +302,56 @@ def test_bad_token_requests_are_refused(corpus: Path, sock: str) -> None:
         ringfeed.TokenLoader(corpus, batch_size=1, seq_len=1 << 20, socket=sock, spawn=True)
     with pytest.raises(ValueError, match="fields"):
         ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, fields=["image"], socket=sock, spawn=True)
+
+
+VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" / "frames.json"
+
+
+def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `open` a TokenLoader sends is the frames.json vector "open, 1.2 token stream" (which the
+    Rust side decodes into its one OpenRequest and encodes back byte for byte), but for the path."""
+    from ringfeed import _protocol
+
+    case = next(c for c in json.loads(VECTORS.read_text()) if c["name"] == "open, 1.2 token stream")
+    want = case["message"]
+    sent: list[dict[str, Any]] = []
+    real_send = _protocol.Connection.send
+
+    def record(self: Any, msg: dict[str, Any]) -> None:
+        sent.append(msg)
+        real_send(self, msg)
+
+    monkeypatch.setattr(_protocol.Connection, "send", record)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    t = want["tokens"]
+    with ringfeed.TokenLoader(
+        corpus,
+        batch_size=want["batch_size"],
+        seq_len=16,
+        max_docs=t["max_docs"] // 8,
+        fields=want["fields"],
+        rank=want["rank"],
+        world_size=2,
+        drop_last=want["drop_last"],
+        socket=sock,
+        spawn=True,
+    ) as loader:
+        assert len(loader) >= 1
+    got = next(m for m in sent if m["type"] == "open")
+    assert got == want | {
+        "dataset": str(corpus),
+        "tokens": t | {"seq_len": 16, "max_docs": t["max_docs"] // 8},
+        "world_size": 2,
+    }
+
+
+class _ImageMemberTokenLoader(ringfeed.TokenLoader):
+    def _kind_members(self) -> dict[str, Any]:
+        return super()._kind_members() | {"layout": "NHWC"}
+
+
+def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> None:
+    """One `open` serves both kinds, and a token stream's `open` that carries an image member is a
+    bad request naming the member."""
+    with pytest.raises(ringfeed.ServerError, match=r"open\.layout is not a member of a token stream"):
+        _ImageMemberTokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)

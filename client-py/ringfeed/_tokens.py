@@ -84,7 +84,8 @@ class TokenLoader(Loader):
         spawn_timeout, autotune, prefetch, log_every, reconnect, reconnect_timeout: as for
             ``Loader``.
 
-    ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (same world size), ``stats``
+    ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (a resume may change ``world_size`` and
+    ``batch_size``: the rest of the epoch is re-striped by its global position), ``stats``
     and ``close`` are the ``Loader``'s.
     """
 

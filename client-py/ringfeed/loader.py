@@ -79,8 +79,9 @@ STATS_EVERY = 16
 STATS_PERIOD = 0.25
 #: Connections tried when a server closes before its welcome (see ``Loader._handshake``).
 HANDSHAKE_ATTEMPTS = 3
-#: Version of the ``state_dict()`` layout.
-STATE_VERSION = 1
+#: Version of the ``state_dict()`` layout (control.md, "Resume by a global position"); version 1
+#: (without ``position``) is still loaded.
+STATE_VERSION = 2
 
 
 class _Stream:
@@ -341,6 +342,10 @@ class Loader:
         self._epoch = 0
         self._delivered = 0
         self._cursor = 0  # the first batch of the next iteration (set by load_state_dict)
+        # The global position (control.md, "Resume by a global position") the current run's
+        # striping starts from: 0 but in the first iteration after a re-striping load_state_dict().
+        self._run_position = 0
+        self._resumed = False  # load_state_dict() set the next iteration's start
         self._iteration = 0  # bumped by every iter(), set_epoch() and load_state_dict(): older iterators stop
         self._run = 0  # `start`s sent on this connection: the number of the current run
         self._run_epoch = 0  # the epoch of the current run
@@ -597,8 +602,11 @@ class Loader:
         self._abandon()
         iteration = self._iteration
         first, self._cursor = self._cursor, 0
+        if not self._resumed:
+            self._run_position = 0
+        self._resumed = False
         self._delivered = first
-        if first >= self.batches_per_epoch:
+        if first >= self._run_batches():
             # The whole epoch was delivered before the state was saved: nothing is left of it.
             return _nothing()
         self._run_epoch = self._epoch
@@ -609,7 +617,10 @@ class Loader:
         """Sends ``start`` for the current iteration, from the first batch not yet delivered."""
         conn = self._res.conn
         assert conn is not None
-        self._guard(conn.send, {"type": "start", "epoch": self._run_epoch, "first_batch": self._delivered})
+        start = {"type": "start", "epoch": self._run_epoch, "first_batch": self._delivered}
+        if self._run_position:
+            start["position"] = self._run_position
+        self._guard(conn.send, start)
         self._run += 1
         self._first = self._next_batch_index = self._delivered
 
@@ -980,20 +991,40 @@ class Loader:
         if epoch != self._epoch:
             self._abandon()
             self._epoch = epoch
-            self._cursor = self._delivered = 0
+            self._cursor = self._delivered = self._run_position = 0
+            self._resumed = False
+
+    def _run_batches(self) -> int:
+        """Batches this rank gets in the current run (from ``_run_position``)."""
+        return batches_from(
+            self.dataset_len, self._run_position, self.world_size, self.batch_size, drop_last=self.drop_last
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        """The stream's position: enough to resume it exactly, mid-epoch, in a new loader.
+        """The stream's position: enough to resume it exactly, mid-epoch, in a new loader, with this
+        or another ``world_size`` and ``batch_size`` (control.md, "Resume by a global position").
 
-        ``batches_delivered`` counts the batches of ``epoch`` handed out so far (a batch counts once
-        it has been returned by the iterator). Every rank's state holds the same position when the
-        ranks step together, so any rank's state can be loaded on every rank.
+        ``position`` is the global position: the samples (windows, for tokens) of the epoch's order
+        that all ranks together have consumed, ``dataset_len`` once the epoch is done.
+        ``batches_delivered`` counts the batches of the current run handed out so far (a batch
+        counts once it has been returned by the iterator; the run starts at ``run_position``, 0
+        unless this loader resumed a state saved under another world or batch size). Every
+        rank's state holds the same position when the ranks step together, so any rank's state
+        can be loaded on every rank.
         """
+        return self._state_at(self._delivered)
+
+    def _state_at(self, delivered: int) -> dict[str, Any]:
+        """``state_dict()`` as it would be after ``delivered`` batches of the current run."""
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self._epoch,
-            "batches_delivered": self._delivered,
+            "position": position_after(
+                self.dataset_len, self._run_position, delivered, self.world_size, self.batch_size, self.drop_last
+            ),
+            "run_position": self._run_position,
+            "batches_delivered": delivered,
             "rank": self.rank,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -1002,16 +1033,30 @@ class Loader:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resumes from ``state_dict()``: the next iteration starts at ``batches_delivered``.
+        """Resumes from ``state_dict()``: the next iteration delivers the rest of the saved epoch.
+
+        With the ``world_size`` and ``batch_size`` the state was saved with, it starts at batch
+        ``batches_delivered``, exactly the batches the saving loader had not delivered. With
+        another world or batch size, the rest of the epoch from the state's global position is
+        re-striped over the ranks (every rank must load the same state): every sample not yet
+        consumed is delivered once, as ``DistributedSampler`` would split it (control.md, "Resume
+        by a global position"). A position that is not a multiple of the new
+        ``world_size * batch_size`` needs a 1.3 server.
 
         Raises:
-            ValueError: the state was saved with a different seed, batch size, world size,
-                shuffle or drop_last (the batch numbering would not match), or is malformed.
+            ValueError: the state was saved with a different seed, shuffle or drop_last (another
+                order), or (version 1) another batch size or world size, or is malformed.
+            RingfeedError: the resume needs a 1.3 server and this one is older.
         """
-        version = state.get("version", STATE_VERSION)
-        if version != STATE_VERSION:
-            raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION}")
-        for key in ("seed", "batch_size", "world_size", "shuffle", "drop_last"):
+        version = state.get("version", 1)
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION} (or 1)")
+        fixed = (
+            ("seed", "batch_size", "world_size", "shuffle", "drop_last")
+            if version == 1
+            else ("seed", "shuffle", "drop_last")
+        )
+        for key in fixed:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"the state was saved with {key}={state[key]!r} but this loader has {key}={getattr(self, key)!r}; "
@@ -1021,10 +1066,33 @@ class Loader:
             if key not in state:
                 raise ValueError(f"the state has no {key!r}")
         epoch = _int_in("state['epoch']", state["epoch"], 0, MAX_EPOCH)
-        delivered = _int_in("state['batches_delivered']", state["batches_delivered"], 0, self.batches_per_epoch)
+        world = _int_in("state['world_size']", state.get("world_size", self.world_size), 1, MAX_SEED)
+        batch = _int_in("state['batch_size']", state.get("batch_size", self.batch_size), 1, MAX_BATCH_SIZE)
+        run_position = _int_in("state['run_position']", state.get("run_position", 0), 0, self.dataset_len)
+        saved = batches_from(self.dataset_len, run_position, world, batch, drop_last=self.drop_last)
+        delivered = _int_in("state['batches_delivered']", state["batches_delivered"], 0, saved)
+        position = position_after(self.dataset_len, run_position, delivered, world, batch, self.drop_last)
+        step = self.world_size * self.batch_size
+        if position >= self.dataset_len:
+            run_position, cursor = 0, self.batches_per_epoch  # the epoch is done
+        elif position % step == 0:
+            # On a batch boundary of this configuration: exactly batches k.. of the whole epoch.
+            run_position, cursor = 0, min(position // step, self.batches_per_epoch)
+        else:
+            if self.server_protocol < (1, 3):
+                major, minor = self.server_protocol
+                raise RingfeedError(
+                    f"resuming at global position {position} with world_size={self.world_size}, "
+                    f"batch_size={self.batch_size} (not a multiple of {step}) re-stripes the epoch, which needs a "
+                    f"ringfeed server with protocol 1.3; this one speaks {major}.{minor} (upgrade the server, or "
+                    f"resume with world_size * batch_size dividing {position})"
+                )
+            run_position, cursor = position, 0
         self._abandon()
         self._epoch = epoch
-        self._cursor = self._delivered = delivered
+        self._run_position = run_position
+        self._resumed = True
+        self._cursor = self._delivered = cursor
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -1093,6 +1161,23 @@ def _last_words(unread: list[dict[str, Any]]) -> dict[str, Any] | None:
                 continue
             return msg
     return None
+
+
+# -- the global position (control.md, "Resume by a global position") -----------------------------
+
+
+def batches_from(n: int, position: int, world: int, batch: int, *, drop_last: bool) -> int:
+    """Batches each of ``world`` ranks gets of the rest of an epoch of ``n`` samples from ``position``."""
+    rest = max(n - position, 0)
+    per_rank = rest // world if drop_last else -(-rest // world)
+    return per_rank // batch if drop_last else -(-per_rank // batch)
+
+
+def position_after(n: int, run_position: int, delivered: int, world: int, batch: int, drop_last: bool) -> int:
+    """The global position after every rank took ``delivered`` batches of a run from ``run_position``."""
+    if delivered >= batches_from(n, run_position, world, batch, drop_last=drop_last):
+        return n
+    return min(n, run_position + delivered * batch * world)
 
 
 # -- parameters ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _support import ringfeed_bin
+from _support import restripe_conformance, ringfeed_bin
 
 import ringfeed
 from ringfeed import _tokfile as tf
@@ -272,6 +272,35 @@ def test_resume_gives_exactly_the_rest(corpus: Path, sock: str) -> None:
         b.set_epoch(2)
         rest = [x["index"].tolist() for x in b]
     assert head + rest == full
+
+
+@pytest.mark.parametrize("mode", ["concat", "pack"])
+def test_resume_with_another_world_size_restripes_the_rest(corpus: Path, sock: str, mode: str) -> None:
+    """Four ranks take 4 batches of windows each; the job resumes from their state at world 2, at world 3 and
+    at world 3 with another batch size: every window of the epoch exactly once, each with its own tokens."""
+    ds = tf.TokenDataset(corpus)
+    # A seq_len whose window count leaves no drop_last tail: 32 consumed, then a multiple of 36.
+    count = {"concat": lambda s: (ds.token_count - 1) // s, "pack": lambda s: len(packed_windows(ds, s))}[mode]
+    seq_len = next(s for s in range(8, 400) if count(s) >= 68 and (count(s) - 32) % 36 == 0)
+    n = count(seq_len)
+    tokens: dict[int, list[int]] = {}
+
+    def make(**kw: Any) -> ringfeed.TokenLoader:
+        ld = ringfeed.TokenLoader(corpus, seq_len=seq_len, mode=mode, fields=["index"], socket=sock, spawn=True, **kw)
+        ld.set_epoch(1)
+        return ld
+
+    def key(b: dict[str, Any]) -> list[int]:
+        for i, ids in zip(b["index"].tolist(), b["input_ids"].tolist(), strict=True):
+            assert tokens.setdefault(i, ids) == ids
+        return b["index"].tolist()
+
+    restripe_conformance(make, n, key, batch=2, steps=4)
+
+
+def packed_windows(ds: tf.TokenDataset, seq_len: int) -> list[list[int]]:
+    starts = ds.doc_starts.tolist()
+    return best_fit_decreasing([min(starts[d + 1] - starts[d], seq_len + 1) for d in range(ds.doc_count)], seq_len + 1)
 
 
 def test_ranks_share_an_epoch_like_distributed_sampler(corpus: Path, sock: str) -> None:

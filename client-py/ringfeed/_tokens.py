@@ -15,8 +15,9 @@ that mean nothing; the subclass keeps each signature honest and shares the machi
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._errors import ProtocolError
@@ -34,6 +35,7 @@ TOKEN_FIELDS: dict[str, str] = {
     "document_ids": "int32",
     "cu_seqlens": "int32",
     "index": "int64",
+    "dataset_index": "int32",
 }
 #: The label of a position that carries no loss (PyTorch's ``ignore_index``).
 IGNORE_INDEX = -100
@@ -58,7 +60,14 @@ class TokenLoader(Loader):
 
     Args:
         path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
-            flat token file (with ``dtype``).
+            flat token file (with ``dtype``); or a mapping of such paths to weights, to mix them
+            into one stream (protocol 1.3; control.md, "Mixing"): ``{"/data/web.tok": 0.7,
+            "/data/code.tok": 0.3}``. Weights count tokens (every window holds ``seq_len``), need
+            not sum to 1, and hold at every prefix of the stream: after any number of windows
+            taken by all ranks together, each dataset has had ``floor`` or ``ceil`` of its share.
+            A mixed epoch has as many windows as the datasets together; a dataset whose weight
+            asks for more windows than it has repeats them (a new shuffle each pass), one that
+            asks for fewer is sampled. Shuffling (``shuffle``) happens inside each dataset.
         batch_size: windows per batch.
         seq_len: tokens per window (``seq_len + 1`` are read).
         mode: ``"concat"``: documents back to back with their EOS, cut into windows (pretraining;
@@ -72,7 +81,8 @@ class TokenLoader(Loader):
             ``max_docs + 1`` per window with ``seq_len``; the batch is flattened into one
             ``[batch_size * max_docs + 1]`` tensor of offsets into the ``batch_size * seq_len``
             tokens, a fixed shape so ``torch.compile`` does not recompile), ``"index"`` (the
-            window's index).
+            window's index in its dataset), ``"dataset_index"`` (int32, the window's dataset in a
+            mix: its position in ``path``'s mapping; 0 without a mix).
         max_docs: sequences per window in ``cu_seqlens`` (default ``seq_len``, which always
             fits; a window with more has its last ones merged).
         pad_id: padding token in ``pack`` mode (default: the dataset's EOS, else 0).
@@ -91,7 +101,7 @@ class TokenLoader(Loader):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Mapping[str | os.PathLike[str], float],
         batch_size: int,
         seq_len: int,
         *,
@@ -129,8 +139,9 @@ class TokenLoader(Loader):
             raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
         self.token_dtype = dtype
         self.token_fields = _check_token_fields(fields)
+        self.mix = _check_mix(path)
         super().__init__(
-            path,
+            self.mix[0][0],
             batch_size,
             {"kind": "tokens"},  # never sent: a token stream's `open` has no transform
             shuffle=shuffle,
@@ -165,6 +176,14 @@ class TokenLoader(Loader):
             tokens["pad_id"] = self.pad_id
         if self.token_dtype is not None:
             tokens["dtype"] = self.token_dtype
+        if len(self.mix) > 1:
+            if self.server_protocol < (1, 3):
+                raise ProtocolError(
+                    f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; mixing token "
+                    f"datasets needs 1.3 (install a ringfeed server that matches this package)"
+                )
+            tokens["weight"] = self.mix[0][1]
+            tokens["mix"] = [{"dataset": p, "weight": w} for p, w in self.mix[1:]]
         return {
             "sample_kind": "tokens",
             "tokens": tokens,
@@ -175,7 +194,7 @@ class TokenLoader(Loader):
         return self.token_fields
 
     def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
-        shape = {"cu_seqlens": (self.max_docs + 1,), "index": ()}.get(name, (self.seq_len,))
+        shape = {"cu_seqlens": (self.max_docs + 1,), "index": (), "dataset_index": ()}.get(name, (self.seq_len,))
         return TOKEN_FIELDS[name], shape
 
     def _shape_batch(self, out: dict[str, Any]) -> Any:
@@ -206,6 +225,22 @@ def flatten_cu_seqlens(per_window: Any, seq_len: int) -> Any:
 
     shift = torch.arange(b, dtype=per_window.dtype, device=per_window.device)[:, None] * seq_len
     return torch.cat([per_window.new_zeros(1), (per_window[:, 1:] + shift).reshape(-1)])
+
+
+def _check_mix(path: Any) -> list[tuple[str, float]]:
+    """``[(absolute path, weight)]``: one dataset (weight 1), or a mapping's entries in order."""
+    if not isinstance(path, Mapping):
+        return [(os.path.abspath(os.fspath(path)), 1.0)]  # noqa: PTH100
+    if not path:
+        raise ValueError("path: a mix needs at least one dataset")
+    out = []
+    for p, w in path.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"path: the weight of {os.fspath(p)!r} must be a positive number, got {w!r}")
+        out.append((os.path.abspath(os.fspath(p)), float(w)))  # noqa: PTH100
+    if len({p for p, _ in out}) != len(out):
+        raise ValueError("path: a mix names a dataset twice")
+    return out
 
 
 def _check_token_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

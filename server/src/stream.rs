@@ -396,6 +396,8 @@ pub(crate) struct Prepared {
     pub specs: Vec<FieldSpec>,
     /// `on_error = skip`.
     pub skip_errors: bool,
+    /// The kind orders its samples itself (a token mix): the sampler does not shuffle them.
+    pub own_order: bool,
     /// Threads to start with when the `open` names none (`None`: the budget, or the pool
     /// without autotune).
     pub start_threads: Option<u32>,
@@ -463,7 +465,7 @@ async fn open_stream(
     let sampler = SamplerConfig {
         dataset_len: source.len(),
         batch_size: u64::from(open.batch_size),
-        shuffle: open.shuffle,
+        shuffle: open.shuffle && !prepared.own_order,
         seed: open.seed,
         drop_last: open.drop_last,
         rank: u64::from(open.rank),
@@ -635,6 +637,7 @@ async fn prepare_images(
         source,
         specs,
         skip_errors,
+        own_order: false,
         start_threads: None,
         per_sample,
         finish: Box::new(move |segment: &Segment| {

@@ -11,9 +11,10 @@
 //! [`StreamCtx::kind`]: crate::pool::StreamCtx
 
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::mix::Mix;
 use super::windows::{Mode, Window, WindowSpec, Windows};
 use super::{FlatDtype, TokenSource};
 use crate::control::{ErrorCode, OpenRequest};
@@ -23,13 +24,30 @@ use crate::source::{Sample, SampleReader, Source, SourceError};
 use crate::stream::{KindParts, OpenError, Prepared, Shared};
 
 /// The optional fields a token stream delivers on request, besides `input_ids` and `labels`.
-pub const TOKEN_FIELDS: [&str; 4] = ["position_ids", "document_ids", "cu_seqlens", "index"];
+pub const TOKEN_FIELDS: [&str; 5] = ["position_ids", "document_ids", "cu_seqlens", "index", "dataset_index"];
 
-/// A token stream's windows, counted as the stream's samples.
+/// A token stream's windows, counted as the stream's samples: one dataset's, or several mixed.
 #[derive(Debug)]
 pub struct TokenWindows {
-    pub windows: Windows,
-    pub path: PathBuf,
+    /// Each dataset's path (as the client named it) and windows: `open.dataset` first, then
+    /// `tokens.mix` in order.
+    pub parts: Vec<(PathBuf, Windows)>,
+    /// The mix of `parts` (1.3; `None`: one dataset, whose windows are the samples).
+    pub mix: Option<Mix>,
+    /// A mix shuffles inside each dataset (the sampler keeps the mix's order).
+    pub shuffle: bool,
+    pub seed: u64,
+}
+
+impl TokenWindows {
+    /// Sample `k` of `epoch` (a window of the one dataset, or a slot of the mix): its dataset and
+    /// window.
+    pub fn locate(&self, k: u64, epoch: u64) -> (usize, u64) {
+        match &self.mix {
+            None => (0, k),
+            Some(m) => m.window(k, self.seed, epoch, self.shuffle),
+        }
+    }
 }
 
 /// A token stream's windows and where each field lives in a slot.
@@ -42,25 +60,44 @@ pub struct TokenKind {
     pub document_ids: Option<FieldDesc>,
     pub cu_seqlens: Option<FieldDesc>,
     pub index: Option<FieldDesc>,
+    pub dataset_index: Option<FieldDesc>,
 }
 
 /// The stream's `source`: the windows, counted as samples. Windows are written by [`fill`], so
 /// reading one as an encoded sample is an error.
 impl Source for TokenWindows {
     fn len(&self) -> u64 {
-        self.windows.len()
+        match &self.mix {
+            None => self.parts[0].1.len(),
+            Some(m) => m.len(),
+        }
     }
     fn class_names(&self) -> Vec<Vec<u8>> {
         Vec::new()
     }
     fn describe(&self) -> String {
-        format!(
-            "{} ({} tokens, {} windows of {})",
-            self.path.display(),
-            self.windows.source.kind(),
-            self.windows.len(),
-            self.windows.spec.seq_len
-        )
+        let one = |(path, w): &(PathBuf, Windows)| {
+            format!(
+                "{} ({} tokens, {} windows of {})",
+                path.display(),
+                w.source.kind(),
+                w.len(),
+                w.spec.seq_len
+            )
+        };
+        match &self.mix {
+            None => one(&self.parts[0]),
+            Some(m) => {
+                let total: u64 = m.weights.iter().sum();
+                let parts: Vec<String> = self
+                    .parts
+                    .iter()
+                    .zip(&m.weights)
+                    .map(|(p, &q)| format!("{} x{:.3}", one(p), q as f64 / total as f64))
+                    .collect();
+                format!("a mix of {} windows: {}", m.len(), parts.join(", "))
+            }
+        }
     }
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
         Ok(Box::new(NoSamples))
@@ -85,10 +122,10 @@ thread_local! {
 
 /// Writes the window of sample `pos` of `task` into its slot.
 pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
-    let w = task.indices[pos as usize];
+    let (d, w) = kind.windows.locate(task.indices[pos as usize], task.epoch);
     WINDOW.with(|cell| {
         let (win, bytes) = &mut *cell.borrow_mut();
-        kind.windows.windows.fill(w, win);
+        kind.windows.parts[d].1.fill(w, win);
         let put = |field: &FieldDesc, bytes: &[u8]| {
             debug_assert_eq!(bytes.len() as u64, field.sample_bytes);
             let at = field.offset + u64::from(pos) * field.sample_bytes;
@@ -117,6 +154,9 @@ pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
         }
         if let Some(f) = &kind.index {
             put(f, &(w as i64).to_le_bytes());
+        }
+        if let Some(f) = &kind.dataset_index {
+            put(f, &(d as i32).to_le_bytes());
         }
     });
 }
@@ -162,30 +202,57 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
             )));
         }
     }
-    let path = PathBuf::from(&open.dataset);
-    let canonical = crate::stream::admit(shared, &path)?;
-    let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
-    let shown = path.clone();
-    let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {
-        crate::fault::install().map_err(|e| (ErrorCode::Internal, e.to_string()))?;
-        let src = TokenSource::open(&canonical, flat).map_err(|e| (ErrorCode::Dataset, e.to_string()))?;
-        let spec = WindowSpec {
-            seq_len,
-            mode,
-            max_docs,
-            pad_id: pad.or(src.eos_id()).unwrap_or(0),
-        };
-        Windows::new(Arc::new(src), spec).map_err(|e| (ErrorCode::BadRequest, format!("{}: {e}", shown.display())))
-    })
-    .await
-    .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
-    if windows.is_empty() {
-        return Err(bad(format!(
-            "{}: {} tokens make no window of seq_len {seq_len} (a window reads seq_len + 1 tokens); lower tokens.seq_len",
-            path.display(),
-            windows.source.token_count()
-        )));
+    if t.weight.is_some() && t.mix.is_none() {
+        return Err(bad(
+            "open.tokens.weight is the weight of open.dataset in a mix; give tokens.mix too, or leave weight out".into(),
+        ));
     }
+    // The datasets: open.dataset, then the mix's, each with its weight (1.3, control.md "Mixing").
+    let mut named = vec![(open.dataset.clone(), t.weight.unwrap_or(1.0))];
+    for (i, m) in t.mix.iter().flatten().enumerate() {
+        if !Path::new(&m.dataset).is_absolute() {
+            return Err(bad(format!(
+                "open.tokens.mix[{i}].dataset {:?} must be an absolute path",
+                m.dataset
+            )));
+        }
+        named.push((m.dataset.clone(), m.weight));
+    }
+    let weights = if t.mix.is_some() {
+        Some(super::mix::quantise(&named).map_err(|e| bad(e.to_string()))?)
+    } else {
+        None
+    };
+    let mut parts = Vec::with_capacity(named.len());
+    for (dataset, _) in &named {
+        let path = PathBuf::from(dataset);
+        let canonical = crate::stream::admit(shared, &path)?;
+        let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
+        let shown = path.clone();
+        let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {
+            crate::fault::install().map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+            let src = TokenSource::open(&canonical, flat).map_err(|e| (ErrorCode::Dataset, e.to_string()))?;
+            let spec = WindowSpec {
+                seq_len,
+                mode,
+                max_docs,
+                pad_id: pad.or(src.eos_id()).unwrap_or(0),
+            };
+            Windows::new(Arc::new(src), spec).map_err(|e| (ErrorCode::BadRequest, format!("{}: {e}", shown.display())))
+        })
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
+        if windows.is_empty() {
+            return Err(bad(format!(
+                "{}: {} tokens make no window of seq_len {seq_len} (a window reads seq_len + 1 tokens); lower tokens.seq_len",
+                path.display(),
+                windows.source.token_count()
+            )));
+        }
+        parts.push((path, windows));
+    }
+    let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
+    let mix = weights.map(|q| Mix::new(parts.iter().map(|(_, w)| w.len()).collect(), q));
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {
@@ -222,13 +289,28 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
             shape: vec![],
         });
     }
-    let windows = Arc::new(TokenWindows { windows, path });
+    if want("dataset_index") {
+        specs.push(FieldSpec {
+            name: "dataset_index".into(),
+            dtype: DType::I32,
+            shape: vec![],
+        });
+    }
+    let own_order = mix.is_some();
+    let windows = Arc::new(TokenWindows {
+        parts,
+        mix,
+        shuffle: open.shuffle,
+        seed: open.seed,
+    });
     let source = Arc::clone(&windows) as Arc<dyn Source>;
     Ok(Prepared {
         source,
         specs,
         // Windows do not fail one by one: a token file that cannot be read fails the open.
         skip_errors: false,
+        // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
+        own_order,
         // Reading windows costs little: one thread unless the client or the tuner asks for more.
         start_threads: Some(1),
         per_sample: format!("windows of {seq_len} tokens"),
@@ -241,6 +323,7 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
                 document_ids: field("document_ids"),
                 cu_seqlens: field("cu_seqlens"),
                 index: field("index"),
+                dataset_index: field("dataset_index"),
                 windows,
             });
             KindParts {

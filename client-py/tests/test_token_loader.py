@@ -483,3 +483,15 @@ def test_a_mix_resumes_with_another_world_size(corpus: Path, sft: Path, third: P
     kept = len(order)
     assert kept > n - 6, "only the drop_last tail (under 3 ranks x 2) is left out"
     assert [order[k] for k in range(kept)] == full[:kept]
+
+
+def test_a_token_stream_starts_at_one_thread_under_autotune(corpus: Path, sock: str) -> None:
+    """With autotune, a token stream starts at one reading thread (the server's default for the kind), not
+    the whole budget an image stream starts with; without autotune it is pinned at one."""
+    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True) as ld:
+        server = ld.stats()["server"]
+        assert server is not None
+        assert server["threads"] == 1
+        assert server["autotune"]
+    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True, autotune=False) as ld:
+        assert ld.stats()["server"]["threads"] == 1

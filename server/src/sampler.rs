@@ -290,7 +290,10 @@ mod tests {
         }
         seen.sort_unstable();
         assert_eq!(seen.len(), 4 * 8 * 7);
-        assert_eq!(SamplerConfig { rank: 0, ..whole(3) }.plan_from(0, len).indices, Vec::<u64>::new());
+        assert_eq!(
+            SamplerConfig { rank: 0, ..whole(3) }.plan_from(0, len).indices,
+            Vec::<u64>::new()
+        );
     }
 
     #[test]

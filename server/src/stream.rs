@@ -451,7 +451,9 @@ async fn open_stream(
             SampleKindRequest::Images => ("an image stream", "\"sample_kind\": \"tokens\""),
             SampleKindRequest::Tokens => ("a token stream", "an image stream"),
         };
-        return Err(bad(format!("open.{m} is not a member of {what} (it belongs to {other})")));
+        return Err(bad(format!(
+            "open.{m} is not a member of {what} (it belongs to {other})"
+        )));
     }
     let path = PathBuf::from(&open.dataset);
     if !path.is_absolute() {
@@ -544,7 +546,10 @@ async fn open_stream(
             .collect(),
         stream: Some(ctx.stats.id),
     };
-    Ok((StreamState::new(ctx, sampler, open.slots, prepared.skip_errors), ring_msg))
+    Ok((
+        StreamState::new(ctx, sampler, open.slots, prepared.skip_errors),
+        ring_msg,
+    ))
 }
 
 /// The image kind: the pipeline, the layout, the dataset (`open_source`) and the image fields.

@@ -139,7 +139,10 @@ impl Mix {
         let i = self.slots[k as usize];
         let c = (k / CHECKPOINT) as usize;
         let from = c as u64 * CHECKPOINT;
-        let before = self.slots[from as usize..k as usize].iter().filter(|&&s| s == i).count() as u64;
+        let before = self.slots[from as usize..k as usize]
+            .iter()
+            .filter(|&&s| s == i)
+            .count() as u64;
         (i as usize, self.counts[c * d + i as usize] + before)
     }
 

@@ -168,7 +168,8 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
     let bad = |m: String| (ErrorCode::BadRequest, m);
     let Some(t) = open.tokens.clone() else {
         return Err(bad(
-            "open.tokens is required for a token stream (\"sample_kind\": \"tokens\"): at least {\"seq_len\": N}".into(),
+            "open.tokens is required for a token stream (\"sample_kind\": \"tokens\"): at least {\"seq_len\": N}"
+                .into(),
         ));
     };
     if !(1..=1 << 20).contains(&t.seq_len) {
@@ -204,7 +205,8 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
     }
     if t.weight.is_some() && t.mix.is_none() {
         return Err(bad(
-            "open.tokens.weight is the weight of open.dataset in a mix; give tokens.mix too, or leave weight out".into(),
+            "open.tokens.weight is the weight of open.dataset in a mix; give tokens.mix too, or leave weight out"
+                .into(),
         ));
     }
     // The datasets: open.dataset, then the mix's, each with its weight (1.3, control.md "Mixing").

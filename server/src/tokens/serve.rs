@@ -313,6 +313,7 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         skip_errors: false,
         // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
         own_order,
+        gpu: None,
         // Reading windows costs little: one thread unless the client or the tuner asks for more.
         start_threads: Some(1),
         per_sample: format!("windows of {seq_len} tokens"),
@@ -336,6 +337,7 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
                 label: kind.labels.clone(),
                 index: None,
                 crop: None,
+                gpu: None,
                 pipeline: crate::ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
                 layout: crate::ops::Layout::Nhwc,
                 kind: SampleKind::Tokens(kind),

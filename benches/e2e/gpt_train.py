@@ -11,8 +11,9 @@ Each model (transformers, random init, bf16 weights, AdamW, loss = cross-entropy
 against the already-shifted labels) is trained for `--steps` timed steps after `--warmup`, fed by:
 
 - ceiling: one batch already on the device, reused (the rate when the GPU never waits);
-- ringfeed: `ringfeed.TokenLoader` (concat windows, one server thread, CUDA mode: pinned ring,
-  side-stream copies), a sidecar started for the run;
+- ringfeed: `ringfeed.TokenLoader` (concat windows, autotuned: a token stream starts at one server
+  thread and the table shows where the tuner left it; CUDA mode: pinned ring, side-stream copies),
+  a sidecar started for the run;
 - dataloader-tokenize: a torch DataLoader whose `--workers` workers read corpus.jsonl and
   tokenise on the fly with `tokenizers` (concatenate with EOS, cut seq_len + 1 windows),
   pin_memory, copied with non_blocking;
@@ -224,6 +225,11 @@ def main() -> int:
                 else:
                     raise SystemExit(f"unknown mode {mode!r}")
                 r = train(model, batches, a.steps, a.warmup, device, vocab)
+                # The autotuner's setting at the end: for tokens it should have stayed at one thread.
+                server_threads = None
+                if mode == "ringfeed":
+                    view = loader.stats()["server"]
+                    server_threads = view["threads"] if view else None
                 if closer:
                     closer()
                 del model
@@ -234,6 +240,7 @@ def main() -> int:
                         "mode": mode,
                         "tokens_per_s": tokens / r["seconds"],
                         "ms_per_step": r["seconds"] * 1e3 / a.steps,
+                        "server_threads": server_threads,
                     }
                 )
                 last = rows[-1]
@@ -265,15 +272,15 @@ def main() -> int:
         md = [
             f"# LLM training fed by token loaders ({meta.get('gpu', a.device)}, seq {a.seq_len}, batch {a.batch_size})",
             "",
-            "| model | feed | tokens/s | ms/step | share of ceiling | ms/step over ceiling |",
-            "|---|---|---:|---:|---:|---:|",
+            "| model | feed | tokens/s | ms/step | share of ceiling | ms/step over ceiling | server threads |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             share = f"{r['share_of_ceiling'] * 100:.1f} %" if r["share_of_ceiling"] is not None else "-"
             extra = f"{r['extra_ms_per_step']:+.2f}" if r["extra_ms_per_step"] is not None else "-"
             md.append(
                 f"| {r['model']} | {r['mode']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.2f} "
-                f"| {share} | {extra} |"
+                f"| {share} | {extra} | {r['server_threads'] if r['server_threads'] is not None else '-'} |"
             )
         (a.out / "gpt.md").write_text("\n".join(md) + "\n")
     return 0

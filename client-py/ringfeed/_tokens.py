@@ -15,9 +15,9 @@ that mean nothing; the subclass keeps each signature honest and shares the machi
 
 from __future__ import annotations
 
+import math
 import os
-import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._errors import ProtocolError
@@ -35,6 +35,7 @@ TOKEN_FIELDS: dict[str, str] = {
     "document_ids": "int32",
     "cu_seqlens": "int32",
     "index": "int64",
+    "dataset_index": "int32",
 }
 #: The label of a position that carries no loss (PyTorch's ``ignore_index``).
 IGNORE_INDEX = -100
@@ -59,7 +60,14 @@ class TokenLoader(Loader):
 
     Args:
         path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
-            flat token file (with ``dtype``).
+            flat token file (with ``dtype``); or a mapping of such paths to weights, to mix them
+            into one stream (protocol 1.3; control.md, "Mixing"): ``{"/data/web.tok": 0.7,
+            "/data/code.tok": 0.3}``. Weights count tokens (every window holds ``seq_len``), need
+            not sum to 1, and hold at every prefix of the stream: after any number of windows
+            taken by all ranks together, each dataset has had ``floor`` or ``ceil`` of its share.
+            A mixed epoch has as many windows as the datasets together; a dataset whose weight
+            asks for more windows than it has repeats them (a new shuffle each pass), one that
+            asks for fewer is sampled. Shuffling (``shuffle``) happens inside each dataset.
         batch_size: windows per batch.
         seq_len: tokens per window (``seq_len + 1`` are read).
         mode: ``"concat"``: documents back to back with their EOS, cut into windows (pretraining;
@@ -73,24 +81,27 @@ class TokenLoader(Loader):
             ``max_docs + 1`` per window with ``seq_len``; the batch is flattened into one
             ``[batch_size * max_docs + 1]`` tensor of offsets into the ``batch_size * seq_len``
             tokens, a fixed shape so ``torch.compile`` does not recompile), ``"index"`` (the
-            window's index).
+            window's index in its dataset), ``"dataset_index"`` (int32, the window's dataset in a
+            mix: its position in ``path``'s mapping; 0 without a mix).
         max_docs: sequences per window in ``cu_seqlens`` (default ``seq_len``, which always
             fits; a window with more has its last ones merged).
         pad_id: padding token in ``pack`` mode (default: the dataset's EOS, else 0).
         dtype: a flat token file's dtype, ``"uint16"`` or ``"uint32"``.
-        threads: reading threads for this stream (default 1: for tokens the cost is reading,
-            not decoding).
+        threads: reading threads for this stream: with ``autotune``, a bound (the server starts a
+            token stream at one thread, and for tokens the cost is reading, not decoding, so the
+            tuner keeps it there unless the loop waits); without it, exactly this many (default 1).
         shuffle, seed, drop_last, device, rank, world_size, slots, socket, timeout, spawn, hold,
         spawn_timeout, autotune, prefetch, log_every, reconnect, reconnect_timeout: as for
             ``Loader``.
 
-    ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (same world size), ``stats``
+    ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (a resume may change ``world_size`` and
+    ``batch_size``: the rest of the epoch is re-striped by its global position), ``stats``
     and ``close`` are the ``Loader``'s.
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Mapping[str | os.PathLike[str], float],
         batch_size: int,
         seq_len: int,
         *,
@@ -128,8 +139,9 @@ class TokenLoader(Loader):
             raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
         self.token_dtype = dtype
         self.token_fields = _check_token_fields(fields)
+        self.mix = _check_mix(path)
         super().__init__(
-            path,
+            self.mix[0][0],
             batch_size,
             {"kind": "tokens"},  # never sent: a token stream's `open` has no transform
             shuffle=shuffle,
@@ -145,14 +157,15 @@ class TokenLoader(Loader):
             hold=hold,
             spawn_timeout=spawn_timeout,
             autotune=autotune,
-            threads=1 if threads is None else threads,
+            threads=threads,
             prefetch=prefetch,
             log_every=log_every,
             reconnect=reconnect,
             reconnect_timeout=reconnect_timeout,
         )
 
-    def _open_message(self) -> dict[str, Any]:
+    def _kind_members(self) -> dict[str, Any]:
+        """The token stream's members of ``open`` (control.md, "Token streams")."""
         if self.server_protocol < (1, 2):
             raise ProtocolError(
                 f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; token streams "
@@ -163,57 +176,28 @@ class TokenLoader(Loader):
             tokens["pad_id"] = self.pad_id
         if self.token_dtype is not None:
             tokens["dtype"] = self.token_dtype
-        msg: dict[str, Any] = {
-            "type": "open",
-            "sample_kind": "tokens",
-            "dataset": self.path,
-            "batch_size": self.batch_size,
-            "tokens": tokens,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "drop_last": self.drop_last,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "slots": self.slots,
-            "fields": [f for f in self.token_fields if f not in TOKEN_ALWAYS],
-            "autotune": self.autotune,
-        }
-        if self.threads is not None:
-            msg["threads"] = self.threads
-        if self.prefetch is not None:
-            msg["prefetch"] = self.prefetch
-        return msg
-
-    def _check_ring(self, segment: Any) -> None:
-        if segment.batch_size != self.batch_size:
-            raise ProtocolError(
-                f"the ring holds batches of {segment.batch_size}, but the loader asked for {self.batch_size}"
-            )
-        if self.hold > segment.slot_count:
-            raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
-        for name in self.token_fields:
-            field = segment.fields.get(name)
-            if field is None:
-                raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
-            shape = {"cu_seqlens": (self.max_docs + 1,), "index": ()}.get(name, (self.seq_len,))
-            if field.dtype is None or field.dtype.name != TOKEN_FIELDS[name] or tuple(field.shape) != shape:
+        if len(self.mix) > 1:
+            if self.server_protocol < (1, 3):
                 raise ProtocolError(
-                    f"the ring's field {name!r} is {field.dtype.name if field.dtype else field.code} "
-                    f"{list(field.shape)}, expected {TOKEN_FIELDS[name]} {list(shape)}"
+                    f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; mixing token "
+                    f"datasets needs 1.3 (install a ringfeed server that matches this package)"
                 )
+            tokens["weight"] = self.mix[0][1]
+            tokens["mix"] = [{"dataset": p, "weight": w} for p, w in self.mix[1:]]
+        return {
+            "sample_kind": "tokens",
+            "tokens": tokens,
+            "fields": [f for f in self.token_fields if f not in TOKEN_ALWAYS],
+        }
 
-    def _make_batch(self, slot: int, header: Any) -> Any:
-        res = self._res
-        assert res.segment is not None
-        n = header.count
-        views = {name: res.segment.view(slot, name)[:n] for name in self.token_fields}
-        if res.cuda is not None:
-            out = res.cuda.copy(views, slot)
-        else:
-            out = views
-            self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
-        self._delivered += 1
-        self._stats["skipped"] += header.skipped
+    def _ring_fields(self) -> tuple[str, ...]:
+        return self.token_fields
+
+    def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        shape = {"cu_seqlens": (self.max_docs + 1,), "index": (), "dataset_index": ()}.get(name, (self.seq_len,))
+        return TOKEN_FIELDS[name], shape
+
+    def _shape_batch(self, out: dict[str, Any]) -> Any:
         if "cu_seqlens" in out:
             out = dict(out)
             out["cu_seqlens"] = flatten_cu_seqlens(out["cu_seqlens"], self.seq_len)
@@ -241,6 +225,22 @@ def flatten_cu_seqlens(per_window: Any, seq_len: int) -> Any:
 
     shift = torch.arange(b, dtype=per_window.dtype, device=per_window.device)[:, None] * seq_len
     return torch.cat([per_window.new_zeros(1), (per_window[:, 1:] + shift).reshape(-1)])
+
+
+def _check_mix(path: Any) -> list[tuple[str, float]]:
+    """``[(absolute path, weight)]``: one dataset (weight 1), or a mapping's entries in order."""
+    if not isinstance(path, Mapping):
+        return [(os.path.abspath(os.fspath(path)), 1.0)]  # noqa: PTH100
+    if not path:
+        raise ValueError("path: a mix needs at least one dataset")
+    out = []
+    for p, w in path.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+            raise ValueError(f"path: the weight of {os.fspath(p)!r} must be a positive number, got {w!r}")
+        out.append((os.path.abspath(os.fspath(p)), float(w)))  # noqa: PTH100
+    if len({p for p, _ in out}) != len(out):
+        raise ValueError("path: a mix names a dataset twice")
+    return out
 
 
 def _check_token_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

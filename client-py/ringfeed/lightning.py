@@ -61,9 +61,7 @@ class _TrainLoader:
         self._used += 1
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.loader.state_dict()
-        state["batches_delivered"] = min(self._start + self._used, len(self.loader))
-        return state
+        return self.loader._state_at(min(self._start + self._used, self.loader._run_batches()))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)

@@ -79,8 +79,9 @@ STATS_EVERY = 16
 STATS_PERIOD = 0.25
 #: Connections tried when a server closes before its welcome (see ``Loader._handshake``).
 HANDSHAKE_ATTEMPTS = 3
-#: Version of the ``state_dict()`` layout.
-STATE_VERSION = 1
+#: Version of the ``state_dict()`` layout (control.md, "Resume by a global position"); version 1
+#: (without ``position``) is still loaded.
+STATE_VERSION = 2
 
 
 class _Stream:
@@ -374,6 +375,10 @@ class Loader:
         self._epoch = 0
         self._delivered = 0
         self._cursor = 0  # the first batch of the next iteration (set by load_state_dict)
+        # The global position (control.md, "Resume by a global position") the current run's
+        # striping starts from: 0 but in the first iteration after a re-striping load_state_dict().
+        self._run_position = 0
+        self._resumed = False  # load_state_dict() set the next iteration's start
         self._iteration = 0  # bumped by every iter(), set_epoch() and load_state_dict(): older iterators stop
         self._run = 0  # `start`s sent on this connection: the number of the current run
         self._run_epoch = 0  # the epoch of the current run
@@ -486,24 +491,19 @@ class Loader:
         raise AssertionError("unreachable")
 
     def _open_message(self) -> dict[str, Any]:
+        """The ``open``: the members every sample kind shares, and the kind's own (``_kind_members``)."""
         msg: dict[str, Any] = {
             "type": "open",
             "dataset": self.path,
             "batch_size": self.batch_size,
-            **self._pipeline_member(),
-            "layout": self.layout,
+            **self._kind_members(),
             "shuffle": self.shuffle,
             "seed": self.seed,
             "drop_last": self.drop_last,
             "rank": self.rank,
             "world_size": self.world_size,
             "slots": self.slots,
-            "on_error": self.on_error,
-            "fields": [f for f in self.fields if f in ("image", "label", "index", "crop")],
-            "check_crc": self.check_crc,
         }
-        if self.lmdb is not None:
-            msg["lmdb"] = self.lmdb
         if self.server_protocol >= (1, 1):
             msg["autotune"] = self.autotune
             if self.threads is not None:
@@ -513,6 +513,19 @@ class Loader:
             local = _env_int("LOCAL_WORLD_SIZE")
             if local is not None and 1 <= local <= 4096:
                 msg["local_world_size"] = local
+        return msg
+
+    def _kind_members(self) -> dict[str, Any]:
+        """The image stream's members of ``open`` (control.md, "open")."""
+        msg: dict[str, Any] = {
+            **self._pipeline_member(),
+            "layout": self.layout,
+            "on_error": self.on_error,
+            "fields": [f for f in self.fields if f in ("image", "label", "index", "crop")],
+            "check_crc": self.check_crc,
+        }
+        if self.lmdb is not None:
+            msg["lmdb"] = self.lmdb
         if self._gpu_share is not False and self.server_protocol < (1, 3):
             major, minor = self.server_protocol
             self._gpu_share = False
@@ -552,7 +565,7 @@ class Loader:
             )
         if self.hold > segment.slot_count:
             raise ProtocolError(f"the ring has {segment.slot_count} slots, fewer than hold={self.hold}")
-        for name in self.fields:
+        for name in self._ring_fields():
             field = segment.fields.get(name)
             if field is None:
                 raise ProtocolError(f"the ring has no field {name!r} (it has {', '.join(segment.fields)})")
@@ -562,6 +575,10 @@ class Loader:
                 got = f"{field.dtype.name if field.dtype else f'code {field.code}'} {list(field.shape)}"
                 want = f"{dtype} {[d if d else '?' for d in shape]}"
                 raise ProtocolError(f"the ring's field {name!r} is {got}, expected {want}")
+
+    def _ring_fields(self) -> tuple[str, ...]:
+        """The ring fields this loader reads and hands out."""
+        return self.fields
 
     def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
         """A field's dtype and per-sample shape (``None``: not known here)."""
@@ -644,8 +661,11 @@ class Loader:
         self._abandon()
         iteration = self._iteration
         first, self._cursor = self._cursor, 0
+        if not self._resumed:
+            self._run_position = 0
+        self._resumed = False
         self._delivered = first
-        if first >= self.batches_per_epoch:
+        if first >= self._run_batches():
             # The whole epoch was delivered before the state was saved: nothing is left of it.
             return _nothing()
         self._run_epoch = self._epoch
@@ -656,7 +676,10 @@ class Loader:
         """Sends ``start`` for the current iteration, from the first batch not yet delivered."""
         conn = self._res.conn
         assert conn is not None
-        self._guard(conn.send, {"type": "start", "epoch": self._run_epoch, "first_batch": self._delivered})
+        start = {"type": "start", "epoch": self._run_epoch, "first_batch": self._delivered}
+        if self._run_position:
+            start["position"] = self._run_position
+        self._guard(conn.send, start)
         self._run += 1
         self._first = self._next_batch_index = self._delivered
 
@@ -836,7 +859,7 @@ class Loader:
         res = self._res
         assert res.segment is not None
         n = header.count
-        views = {name: res.segment.view(slot, name)[:n] for name in self.fields}
+        views = {name: res.segment.view(slot, name)[:n] for name in self._ring_fields()}
         post = self._post
         if post is not None:
             try:
@@ -880,6 +903,10 @@ class Loader:
             self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
         self._delivered += 1
         self._stats["skipped"] += header.skipped
+        return self._shape_batch(out)
+
+    def _shape_batch(self, out: dict[str, Any]) -> Any:
+        """What the iterator yields for a batch's fields: ``(images, labels)``, or a dict."""
         for k in [k for k in out if k.endswith("_erase")]:
             del out[k]
         if self.views is None or (list(self.views.views) == ["image"] and set(out) == {"image", "label"}):
@@ -1129,20 +1156,40 @@ class Loader:
         if epoch != self._epoch:
             self._abandon()
             self._epoch = epoch
-            self._cursor = self._delivered = 0
+            self._cursor = self._delivered = self._run_position = 0
+            self._resumed = False
+
+    def _run_batches(self) -> int:
+        """Batches this rank gets in the current run (from ``_run_position``)."""
+        return batches_from(
+            self.dataset_len, self._run_position, self.world_size, self.batch_size, drop_last=self.drop_last
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        """The stream's position: enough to resume it exactly, mid-epoch, in a new loader.
+        """The stream's position: enough to resume it exactly, mid-epoch, in a new loader, with this
+        or another ``world_size`` and ``batch_size`` (control.md, "Resume by a global position").
 
-        ``batches_delivered`` counts the batches of ``epoch`` handed out so far (a batch counts once
-        it has been returned by the iterator). Every rank's state holds the same position when the
-        ranks step together, so any rank's state can be loaded on every rank.
+        ``position`` is the global position: the samples (windows, for tokens) of the epoch's order
+        that all ranks together have consumed, ``dataset_len`` once the epoch is done.
+        ``batches_delivered`` counts the batches of the current run handed out so far (a batch
+        counts once it has been returned by the iterator; the run starts at ``run_position``, 0
+        unless this loader resumed a state saved under another world or batch size). Every
+        rank's state holds the same position when the ranks step together, so any rank's state
+        can be loaded on every rank.
         """
+        return self._state_at(self._delivered)
+
+    def _state_at(self, delivered: int) -> dict[str, Any]:
+        """``state_dict()`` as it would be after ``delivered`` batches of the current run."""
         return {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self._epoch,
-            "batches_delivered": self._delivered,
+            "position": position_after(
+                self.dataset_len, self._run_position, delivered, self.world_size, self.batch_size, self.drop_last
+            ),
+            "run_position": self._run_position,
+            "batches_delivered": delivered,
             "rank": self.rank,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -1151,16 +1198,30 @@ class Loader:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resumes from ``state_dict()``: the next iteration starts at ``batches_delivered``.
+        """Resumes from ``state_dict()``: the next iteration delivers the rest of the saved epoch.
+
+        With the ``world_size`` and ``batch_size`` the state was saved with, it starts at batch
+        ``batches_delivered``, exactly the batches the saving loader had not delivered. With
+        another world or batch size, the rest of the epoch from the state's global position is
+        re-striped over the ranks (every rank must load the same state): every sample not yet
+        consumed is delivered once, as ``DistributedSampler`` would split it (control.md, "Resume
+        by a global position"). A position that is not a multiple of the new
+        ``world_size * batch_size`` needs a 1.3 server.
 
         Raises:
-            ValueError: the state was saved with a different seed, batch size, world size,
-                shuffle or drop_last (the batch numbering would not match), or is malformed.
+            ValueError: the state was saved with a different seed, shuffle or drop_last (another
+                order), or (version 1) another batch size or world size, or is malformed.
+            RingfeedError: the resume needs a 1.3 server and this one is older.
         """
-        version = state.get("version", STATE_VERSION)
-        if version != STATE_VERSION:
-            raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION}")
-        for key in ("seed", "batch_size", "world_size", "shuffle", "drop_last"):
+        version = state.get("version", 1)
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION} (or 1)")
+        fixed = (
+            ("seed", "batch_size", "world_size", "shuffle", "drop_last")
+            if version == 1
+            else ("seed", "shuffle", "drop_last")
+        )
+        for key in fixed:
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"the state was saved with {key}={state[key]!r} but this loader has {key}={getattr(self, key)!r}; "
@@ -1170,10 +1231,33 @@ class Loader:
             if key not in state:
                 raise ValueError(f"the state has no {key!r}")
         epoch = _int_in("state['epoch']", state["epoch"], 0, MAX_EPOCH)
-        delivered = _int_in("state['batches_delivered']", state["batches_delivered"], 0, self.batches_per_epoch)
+        world = _int_in("state['world_size']", state.get("world_size", self.world_size), 1, MAX_SEED)
+        batch = _int_in("state['batch_size']", state.get("batch_size", self.batch_size), 1, MAX_BATCH_SIZE)
+        run_position = _int_in("state['run_position']", state.get("run_position", 0), 0, self.dataset_len)
+        saved = batches_from(self.dataset_len, run_position, world, batch, drop_last=self.drop_last)
+        delivered = _int_in("state['batches_delivered']", state["batches_delivered"], 0, saved)
+        position = position_after(self.dataset_len, run_position, delivered, world, batch, self.drop_last)
+        step = self.world_size * self.batch_size
+        if position >= self.dataset_len:
+            run_position, cursor = 0, self.batches_per_epoch  # the epoch is done
+        elif position % step == 0:
+            # On a batch boundary of this configuration: exactly batches k.. of the whole epoch.
+            run_position, cursor = 0, min(position // step, self.batches_per_epoch)
+        else:
+            if self.server_protocol < (1, 3):
+                major, minor = self.server_protocol
+                raise RingfeedError(
+                    f"resuming at global position {position} with world_size={self.world_size}, "
+                    f"batch_size={self.batch_size} (not a multiple of {step}) re-stripes the epoch, which needs a "
+                    f"ringfeed server with protocol 1.3; this one speaks {major}.{minor} (upgrade the server, or "
+                    f"resume with world_size * batch_size dividing {position})"
+                )
+            run_position, cursor = position, 0
         self._abandon()
         self._epoch = epoch
-        self._cursor = self._delivered = delivered
+        self._run_position = run_position
+        self._resumed = True
+        self._cursor = self._delivered = cursor
 
     # -- life cycle ---------------------------------------------------------------------------------
 
@@ -1248,6 +1332,23 @@ def _last_words(unread: list[dict[str, Any]]) -> dict[str, Any] | None:
                 continue
             return msg
     return None
+
+
+# -- the global position (control.md, "Resume by a global position") -----------------------------
+
+
+def batches_from(n: int, position: int, world: int, batch: int, *, drop_last: bool) -> int:
+    """Batches each of ``world`` ranks gets of the rest of an epoch of ``n`` samples from ``position``."""
+    rest = max(n - position, 0)
+    per_rank = rest // world if drop_last else -(-rest // world)
+    return per_rank // batch if drop_last else -(-per_rank // batch)
+
+
+def position_after(n: int, run_position: int, delivered: int, world: int, batch: int, drop_last: bool) -> int:
+    """The global position after every rank took ``delivered`` batches of a run from ``run_position``."""
+    if delivered >= batches_from(n, run_position, world, batch, drop_last=drop_last):
+        return n
+    return min(n, run_position + delivered * batch * world)
 
 
 # -- parameters ---------------------------------------------------------------------------------

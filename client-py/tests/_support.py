@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _fleet import binary
@@ -16,3 +18,36 @@ def ringfeed_bin() -> str:
         return binary()
     except RuntimeError as e:
         pytest.fail(str(e))
+
+
+def restripe_conformance(
+    make: Callable[..., Any], n: int, key: Callable[[Any], list[int]], *, batch: int, steps: int
+) -> dict[tuple[int, int], list[int]]:
+    """The resume conformance test of a global position (proto/control.md, "Resume by a global
+    position"), for any loader: ``make(rank=, world_size=, batch_size=)`` opens one, ``key(batch)``
+    gives the sample (or window) indices of a batch. Four ranks take ``steps`` batches of
+    ``batch`` each and save their states (all the same position); then the job resumes at world 2,
+    at world 3 and at world 3 with batch ``batch + 1``. Each resume must deliver every index not yet
+    delivered exactly once (``n`` is chosen by the caller so that no ``drop_last`` tail is left).
+    Returns what each resume delivered, by ``(world, batch)``."""
+    head: list[int] = []
+    states = []
+    for rank in range(4):
+        with make(rank=rank, world_size=4, batch_size=batch) as ld:
+            it = iter(ld)
+            for _ in range(steps):
+                head += key(next(it))
+            states.append(ld.state_dict())
+    assert len({s["position"] for s in states}) == 1, "every rank holds the same global position"
+    assert states[0]["position"] == 4 * batch * steps
+    out = {}
+    for world, b in ((2, batch), (3, batch), (3, batch + 1)):
+        rest: list[int] = []
+        for rank in range(world):
+            with make(rank=rank, world_size=world, batch_size=b) as ld:
+                ld.load_state_dict(states[rank % 4])
+                rest += [i for x in ld for i in key(x)]
+        both = head + rest
+        assert sorted(both) == list(range(n)), f"world {world}, batch {b}: every index of the epoch exactly once"
+        out[(world, b)] = rest
+    return out

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from _support import ringfeed_bin
+from _support import restripe_conformance, ringfeed_bin
 from PIL import Image
 
 import ringfeed
@@ -122,6 +122,42 @@ def test_resume_mid_epoch_in_a_new_loader(dataset: Path, sock: str) -> None:
     for x, y in zip(full[2:], rest, strict=True):
         assert torch.equal(x["index"], y["index"])
         assert torch.equal(x["image"], y["image"])
+
+
+def test_resume_with_another_world_size_restripes_the_rest(tmp_path: Path, sock: str) -> None:
+    """Four ranks take 4 batches each; the job resumes from their state at world 2, at world 3 and at world 3
+    with another batch size: every sample of the epoch is delivered exactly once, and each sample's pixels
+    are those it has in an epoch that was never interrupted (its augmentation is drawn by its index)."""
+    n = 68  # 32 consumed, then 36 = 9 batches of 2 ranks x 2, 6 of 3 x 2, 4 of 3 x 3
+    for i in range(n):
+        p = tmp_path / "src" / f"c{i % 2}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(jpeg(40 + i % 13, 30 + i % 7, i))
+    r = subprocess.run(
+        [ringfeed_bin(), "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--progress", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    pixels: dict[int, torch.Tensor] = {}
+
+    def make(**kw: Any) -> ringfeed.Loader:
+        ld = loader(tmp_path / "ds", sock, **kw)
+        ld.set_epoch(3)
+        return ld
+
+    def key(b: dict[str, torch.Tensor]) -> list[int]:
+        for i, img in zip(b["index"].tolist(), b["image"], strict=True):
+            pixels.setdefault(i, img.clone())
+            assert torch.equal(pixels[i], img), f"sample {i} has other pixels after the resume"
+        return b["index"].tolist()
+
+    restripe_conformance(make, n, key, batch=2, steps=4)
+    with make(batch_size=4, world_size=1, rank=0) as ld:
+        for b in ld:
+            key(b)
+    assert len(pixels) == n
 
 
 def test_ranks_split_the_epoch(dataset: Path, sock: str) -> None:

@@ -6,13 +6,15 @@ cu_seqlens, loss masks), plus coverage, resume and ranks."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _support import ringfeed_bin
+from _support import restripe_conformance, ringfeed_bin
 
 import ringfeed
 from ringfeed import _tokfile as tf
@@ -274,6 +276,35 @@ def test_resume_gives_exactly_the_rest(corpus: Path, sock: str) -> None:
     assert head + rest == full
 
 
+@pytest.mark.parametrize("mode", ["concat", "pack"])
+def test_resume_with_another_world_size_restripes_the_rest(corpus: Path, sock: str, mode: str) -> None:
+    """Four ranks take 4 batches of windows each; the job resumes from their state at world 2, at world 3 and
+    at world 3 with another batch size: every window of the epoch exactly once, each with its own tokens."""
+    ds = tf.TokenDataset(corpus)
+    # A seq_len whose window count leaves no drop_last tail: 32 consumed, then a multiple of 36.
+    count = {"concat": lambda s: (ds.token_count - 1) // s, "pack": lambda s: len(packed_windows(ds, s))}[mode]
+    seq_len = next(s for s in range(8, 400) if count(s) >= 68 and (count(s) - 32) % 36 == 0)
+    n = count(seq_len)
+    tokens: dict[int, list[int]] = {}
+
+    def make(**kw: Any) -> ringfeed.TokenLoader:
+        ld = ringfeed.TokenLoader(corpus, seq_len=seq_len, mode=mode, fields=["index"], socket=sock, spawn=True, **kw)
+        ld.set_epoch(1)
+        return ld
+
+    def key(b: dict[str, Any]) -> list[int]:
+        for i, ids in zip(b["index"].tolist(), b["input_ids"].tolist(), strict=True):
+            assert tokens.setdefault(i, ids) == ids
+        return b["index"].tolist()
+
+    restripe_conformance(make, n, key, batch=2, steps=4)
+
+
+def packed_windows(ds: tf.TokenDataset, seq_len: int) -> list[list[int]]:
+    starts = ds.doc_starts.tolist()
+    return best_fit_decreasing([min(starts[d + 1] - starts[d], seq_len + 1) for d in range(ds.doc_count)], seq_len + 1)
+
+
 def test_ranks_share_an_epoch_like_distributed_sampler(corpus: Path, sock: str) -> None:
     """Two ranks get disjoint windows whose union is every window of the epoch (drop_last off:
     padded like DistributedSampler)."""
@@ -302,3 +333,165 @@ def test_bad_token_requests_are_refused(corpus: Path, sock: str) -> None:
         ringfeed.TokenLoader(corpus, batch_size=1, seq_len=1 << 20, socket=sock, spawn=True)
     with pytest.raises(ValueError, match="fields"):
         ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, fields=["image"], socket=sock, spawn=True)
+
+
+VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" / "frames.json"
+
+
+def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `open` a TokenLoader sends is the frames.json vector "open, 1.2 token stream" (which the
+    Rust side decodes into its one OpenRequest and encodes back byte for byte), but for the path."""
+    from ringfeed import _protocol
+
+    case = next(c for c in json.loads(VECTORS.read_text()) if c["name"] == "open, 1.2 token stream")
+    want = case["message"]
+    sent: list[dict[str, Any]] = []
+    real_send = _protocol.Connection.send
+
+    def record(self: Any, msg: dict[str, Any]) -> None:
+        sent.append(msg)
+        real_send(self, msg)
+
+    monkeypatch.setattr(_protocol.Connection, "send", record)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    t = want["tokens"]
+    with ringfeed.TokenLoader(
+        corpus,
+        batch_size=want["batch_size"],
+        seq_len=16,
+        max_docs=t["max_docs"] // 8,
+        fields=want["fields"],
+        rank=want["rank"],
+        world_size=2,
+        drop_last=want["drop_last"],
+        socket=sock,
+        spawn=True,
+    ) as loader:
+        assert len(loader) >= 1
+    got = next(m for m in sent if m["type"] == "open")
+    assert got == want | {
+        "dataset": str(corpus),
+        "tokens": t | {"seq_len": 16, "max_docs": t["max_docs"] // 8},
+        "world_size": 2,
+    }
+
+
+class _ImageMemberTokenLoader(ringfeed.TokenLoader):
+    def _kind_members(self) -> dict[str, Any]:
+        return super()._kind_members() | {"layout": "NHWC"}
+
+
+def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> None:
+    """One `open` serves both kinds, and a token stream's `open` that carries an image member is a
+    bad request naming the member."""
+    with pytest.raises(ringfeed.ServerError, match=r"open\.layout is not a member of a token stream"):
+        _ImageMemberTokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
+
+
+# -- mixing (control.md, "Mixing") -------------------------------------------------------------
+
+
+def quota_schedule(weights: list[float], n: int) -> list[int]:
+    """The reference mix: the dataset of each of ``n`` slots by the quota method on the quantised weights."""
+    top = max(weights)
+    q = [math.floor(w / top * 2**32 + 0.5) for w in weights]
+    total = sum(q)
+    c = [0] * len(q)
+    out = []
+    for k in range(n):
+        eligible = [i for i in range(len(q)) if c[i] * total < q[i] * (k + 1)]
+        # Largest q_i / (c_i + 1), ties to the lower index (Fractions: exact).
+        best = max(eligible, key=lambda i: (Fraction(q[i], c[i] + 1), -i))
+        c[best] += 1
+        out.append(best)
+    return out
+
+
+@pytest.fixture(scope="module")
+def third(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(2)
+    return pack(tmp_path_factory.mktemp("third"), [{"text": text(rng, int(rng.integers(5, 40)))} for _ in range(60)])
+
+
+def test_a_mix_holds_its_weights_at_every_prefix(corpus: Path, sft: Path, third: Path, sock: str) -> None:
+    """A mix of three datasets delivers each dataset's windows in exactly the reference quota schedule (so
+    after every window each dataset has had floor or ceil of its share of the tokens), each window is its
+    dataset's window `index`, and each pass over a dataset uses every one of its windows once."""
+    seq_len, weights = 16, [0.6, 0.3, 0.1]
+    paths = [corpus, sft, third]
+    refs = [reference(tf.TokenDataset(p), "concat", seq_len, seq_len) for p in paths]
+    with ringfeed.TokenLoader(
+        dict(zip(paths, weights, strict=True)),
+        batch_size=4,
+        seq_len=seq_len,
+        fields=["index", "dataset_index"],
+        socket=sock,
+        spawn=True,
+        seed=5,
+    ) as loader:
+        assert loader.dataset_len == sum(len(r) for r in refs)
+        got = [
+            (d, i, ids)
+            for b in loader
+            for d, i, ids in zip(b["dataset_index"].tolist(), b["index"].tolist(), b["input_ids"].tolist(), strict=True)
+        ]
+    schedule = quota_schedule(weights, loader.dataset_len)
+    assert [d for d, _, _ in got] == schedule[: len(got)]
+    counts = [0, 0, 0]
+    for k, (d, i, ids) in enumerate(got):
+        counts[d] += 1
+        for j, w in enumerate(weights):
+            share = w / sum(weights) * (k + 1)
+            assert math.floor(share - 1e-9) <= counts[j] <= math.ceil(share + 1e-9), f"window {k}, dataset {j}"
+        assert ids == refs[d][i]["input_ids"], f"window {k}: dataset {d}'s window {i}"
+    for d, ref in enumerate(refs):
+        mine = [i for dd, i, _ in got if dd == d]
+        for p in range(0, len(mine) - len(ref) + 1, len(ref)):
+            assert sorted(mine[p : p + len(ref)]) == list(range(len(ref))), f"dataset {d}, pass {p // len(ref)}"
+    assert counts[0] > len(refs[0]) or counts[2] > len(refs[2]) or counts[1] > len(refs[1]), "some dataset repeats"
+
+
+def test_a_mix_resumes_with_another_world_size(corpus: Path, sft: Path, third: Path, sock: str) -> None:
+    """A mixed stream run on 4 ranks for 3 steps and resumed on 3 ranks delivers, in global order, exactly
+    the single-rank stream of the same seed and epoch: the mix's order survives the re-striping."""
+    mix = {corpus: 0.5, sft: 0.25, third: 0.25}
+    kw: dict[str, Any] = {"seq_len": 24, "fields": ["index", "dataset_index"], "socket": sock, "spawn": True}
+
+    def items(b: dict[str, Any]) -> list[tuple[int, int]]:
+        return list(zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True))
+
+    with ringfeed.TokenLoader(mix, batch_size=1, seed=2, **kw) as ld:
+        ld.set_epoch(1)
+        full = [x for b in ld for x in items(b)]
+    n = len(full)
+    order: dict[int, tuple[int, int]] = {}
+    states = []
+    for rank in range(4):
+        with ringfeed.TokenLoader(mix, batch_size=2, seed=2, rank=rank, world_size=4, **kw) as ld:
+            ld.set_epoch(1)
+            it = iter(ld)
+            mine = [x for _ in range(3) for x in items(next(it))]
+            order |= {rank + 4 * j: x for j, x in enumerate(mine)}
+            states.append(ld.state_dict())
+    start = states[0]["position"]
+    assert start == 24
+    for rank in range(3):
+        with ringfeed.TokenLoader(mix, batch_size=2, seed=2, rank=rank, world_size=3, **kw) as ld:
+            ld.load_state_dict(states[0])
+            mine = [x for b in ld for x in items(b)]
+            order |= {start + rank + 3 * j: x for j, x in enumerate(mine)}
+    kept = len(order)
+    assert kept > n - 6, "only the drop_last tail (under 3 ranks x 2) is left out"
+    assert [order[k] for k in range(kept)] == full[:kept]
+
+
+def test_a_token_stream_starts_at_one_thread_under_autotune(corpus: Path, sock: str) -> None:
+    """With autotune, a token stream starts at one reading thread (the server's default for the kind), not
+    the whole budget an image stream starts with; without autotune it is pinned at one."""
+    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True) as ld:
+        server = ld.stats()["server"]
+        assert server is not None
+        assert server["threads"] == 1
+        assert server["autotune"]
+    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True, autotune=False) as ld:
+        assert ld.stats()["server"]["threads"] == 1

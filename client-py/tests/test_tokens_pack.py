@@ -79,6 +79,59 @@ def test_any_thread_count_writes_the_same_bytes(corpus: Path, packed: Path, tmp_
     assert (out / "tokens.rft").read_bytes() == (packed / "tokens.rft").read_bytes()
 
 
+def test_parquet_input_packs_the_same_documents(corpus: Path, packed: Path, tmp_path: Path) -> None:
+    """The corpus written by pyarrow as Parquet (snappy, several row groups, an extra column) packs to the same
+    token file as its JSONL, whose documents decode to the texts; gzip, lz4 and no compression read the same,
+    and a directory of Parquet files packs as their rows in bytewise file order."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    texts = documents(corpus)
+    table = pa.table({"id": list(range(len(texts))), "text": texts})
+    for codec in ("snappy", "gzip", "lz4", "none"):
+        src = tmp_path / f"corpus-{codec}.parquet"
+        pq.write_table(table, src, compression=codec, row_group_size=300)
+        out = tmp_path / f"pq-{codec}"
+        run("pack", str(src), str(out), "--tokenizer", str(corpus / "tokenizer.json"), "-j", "2")
+        ds = tf.TokenDataset(out)
+        assert ds.doc_count == len(texts)
+        assert ds.tokens.tolist() == tf.TokenDataset(packed).tokens.tolist(), codec
+        assert ds.info()["source_kind"] == "parquet"
+    tok = tokenizers.Tokenizer.from_file(str(corpus / "tokenizer.json"))
+    ds = tf.TokenDataset(tmp_path / "pq-snappy")
+    for d in (0, 1, len(texts) // 2, len(texts) - 1):
+        assert tok.decode(ds.doc(d).tolist()[:-1], skip_special_tokens=False) == texts[d]
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    half = len(texts) // 2
+    pq.write_table(table.slice(half), parts / "b.parquet")
+    pq.write_table(table.slice(0, half), parts / "a.parquet")
+    out = tmp_path / "pq-dir"
+    run("pack", str(parts), str(out), "--tokenizer", str(corpus / "tokenizer.json"), "--text-input", "parquet")
+    assert tf.TokenDataset(out).tokens.tolist() == tf.TokenDataset(packed).tokens.tolist()
+
+
+def test_bad_parquet_input_is_named(corpus: Path, tmp_path: Path) -> None:
+    """A missing text column, a non-string one and a null value fail the pack naming the file (and row) and the
+    setting; with --on-error skip only the null row is left out."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    tokenizer = str(corpus / "tokenizer.json")
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"body": ["a b c"], "n": [1]}), src)
+    r = run("pack", str(src), str(tmp_path / "o1"), "--tokenizer", tokenizer, ok=False)
+    assert "no column `text`" in r.stderr, r.stderr
+    assert "--text-field" in r.stderr, r.stderr
+    assert "body, n" in r.stderr, r.stderr
+    r = run("pack", str(src), str(tmp_path / "o2"), "--tokenizer", tokenizer, "--text-field", "n", ok=False)
+    assert "column `n` is INT64, not a string" in r.stderr, r.stderr
+    pq.write_table(pa.table({"text": ["one doc", None, "three"]}), src)
+    r = run("pack", str(src), str(tmp_path / "o3"), "--tokenizer", tokenizer, ok=False)
+    assert f"{src}:row 2: column `text` is null" in r.stderr, r.stderr
+    assert not (tmp_path / "o3").exists()
+    run("pack", str(src), str(tmp_path / "o4"), "--tokenizer", tokenizer, "--on-error", "skip")
+    assert tf.TokenDataset(tmp_path / "o4").doc_count == 2
+
+
 def test_prompt_lengths_match_the_reference(corpus: Path, tmp_path: Path) -> None:
     """For prompt/completion pairs, each document is prompt + completion + EOS and records the
     prompt's token count, as the Python tokenizer counts it."""

@@ -233,17 +233,19 @@ struct PackArgs {
     text: TextArgs,
 }
 
-/// Text packing: with `--tokenizer`, SRC is text (JSONL or plain text) and OUT a token dataset.
+/// Text packing: with `--tokenizer`, SRC is text (JSONL, Parquet or plain text) and OUT a token
+/// dataset.
 #[derive(clap::Args, Debug)]
 struct TextArgs {
     /// Pack text into a token dataset with this Hugging Face tokenizer.json: SRC is a JSONL file,
-    /// a plain-text file, or a directory of them.
+    /// a Parquet file, a plain-text file, or a directory of them (`--text-input` picks the kind
+    /// of a directory's files: `*.txt` by default).
     #[arg(long, value_name = "FILE")]
     tokenizer: Option<PathBuf>,
     /// What the text input is.
     #[arg(long, value_enum, default_value_t = TextInput::Auto, requires = "tokenizer")]
     text_input: TextInput,
-    /// JSONL: the field holding each document's text.
+    /// JSONL and Parquet: the field (column) holding each document's text.
     #[arg(long, value_name = "NAME", default_value = "text", requires = "tokenizer")]
     text_field: String,
     /// JSONL: the prompt field of prompt/completion pairs (its tokens carry no loss).

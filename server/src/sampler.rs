@@ -80,16 +80,27 @@ impl SamplerConfig {
 
     /// Samples each rank gets per epoch, as `DistributedSampler` computes it.
     pub fn samples_per_rank(&self) -> u64 {
+        self.samples_per_rank_from(0)
+    }
+
+    /// Samples each rank gets of the rest of an epoch from global `position` (0 ..= dataset_len).
+    pub fn samples_per_rank_from(&self, position: u64) -> u64 {
+        let rest = self.dataset_len.saturating_sub(position);
         if self.drop_last {
-            self.dataset_len / self.world_size
+            rest / self.world_size
         } else {
-            self.dataset_len.div_ceil(self.world_size)
+            rest.div_ceil(self.world_size)
         }
     }
 
     /// Batches each rank gets per epoch.
     pub fn batches_per_epoch(&self) -> u64 {
-        let n = self.samples_per_rank();
+        self.batches_from(0)
+    }
+
+    /// Batches each rank gets of the rest of an epoch from global `position`.
+    pub fn batches_from(&self, position: u64) -> u64 {
+        let n = self.samples_per_rank_from(position);
         if self.drop_last {
             n / self.batch_size
         } else {
@@ -99,21 +110,31 @@ impl SamplerConfig {
 
     /// This rank's indices for `epoch`.
     pub fn plan(&self, epoch: u64) -> EpochPlan {
+        self.plan_from(epoch, 0)
+    }
+
+    /// This rank's indices for the rest of `epoch` from global `position` (0 ..= dataset_len):
+    /// the epoch's order from `position` on, padded by repeating the order's start (as often as
+    /// needed) or cut, striped over the ranks. Position 0 is the whole epoch; a position that
+    /// `world_size * batch_size * k` samples make is exactly batches `k..` of the whole epoch's
+    /// plan, so resuming there with the same world gives the same batches, and with another
+    /// world or batch size re-stripes the rest (control.md, "Resume by a global position").
+    pub fn plan_from(&self, epoch: u64, position: u64) -> EpochPlan {
         let len = self.dataset_len;
         let mut order: Vec<u64> = (0..len).collect();
         if self.shuffle {
             shuffle(&mut order, self.seed, epoch);
         }
-        let per_rank = self.samples_per_rank();
-        let total = per_rank * self.world_size;
-        // Pad by repeating the start of the order (as often as needed), or cut the tail.
+        let total = (self.samples_per_rank_from(position) * self.world_size) as usize;
+        let from = position.min(len) as usize;
+        let mut rest: Vec<u64> = order[from..].to_vec();
         let mut i = 0usize;
-        while (order.len() as u64) < total {
-            order.push(order[i]);
+        while rest.len() < total {
+            rest.push(order[i % order.len()]);
             i += 1;
         }
-        order.truncate(total as usize);
-        let indices = order
+        rest.truncate(total);
+        let indices = rest
             .into_iter()
             .skip(self.rank as usize)
             .step_by(self.world_size as usize)
@@ -213,6 +234,65 @@ mod tests {
             sorted,
             (0..50).collect::<Vec<u64>>(),
             "a permutation of the whole dataset"
+        );
+    }
+
+    /// The batches every rank delivers from `position`, flattened.
+    fn rest(len: u64, world: u64, batch: u64, position: u64, epoch: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for r in 0..world {
+            let c = SamplerConfig {
+                batch_size: batch,
+                world_size: world,
+                rank: r,
+                ..cfg(len, world, r, true)
+            };
+            let p = c.plan_from(epoch, position);
+            assert_eq!(p.batches(), c.batches_from(position));
+            for b in 0..p.batches() {
+                out.extend_from_slice(p.batch(b));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_position_resumes_the_same_batches_and_restripes_for_another_world() {
+        let len = 1000;
+        let whole = |world| SamplerConfig {
+            batch_size: 8,
+            world_size: world,
+            ..cfg(len, world, 0, true)
+        };
+        // Same world: position 4 ranks * 8 * 5 batches is batches 5.. of the epoch.
+        for r in 0..4 {
+            let c = SamplerConfig { rank: r, ..whole(4) };
+            let full = c.plan(2);
+            let from = c.plan_from(2, 4 * 8 * 5);
+            assert_eq!(&full.indices[5 * 8..], &from.indices[..]);
+        }
+        // World 4 for 7 steps, then world 3 (batch 8) or world 2 (batch 12): every sample of
+        // the epoch once, but the tail drop_last cuts.
+        let mut seen: Vec<u64> = (0..4)
+            .flat_map(|r| {
+                let p = SamplerConfig { rank: r, ..whole(4) }.plan(2);
+                p.indices[..7 * 8].to_vec()
+            })
+            .collect();
+        for (world, batch) in [(3, 8), (2, 12)] {
+            let mut all = seen.clone();
+            all.extend(rest(len, world, batch, 4 * 8 * 7, 2));
+            let n = all.len() as u64;
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(all.len() as u64, n, "no sample twice");
+            assert!(len - n < world * batch, "only the drop_last tail is missing");
+        }
+        seen.sort_unstable();
+        assert_eq!(seen.len(), 4 * 8 * 7);
+        assert_eq!(
+            SamplerConfig { rank: 0, ..whole(3) }.plan_from(0, len).indices,
+            Vec::<u64>::new()
         );
     }
 

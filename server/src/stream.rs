@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 
 use crate::control::frame::check_length;
 use crate::control::{
-    ClientMessage, ErrorCode, OpenRequest, PROTOCOL, ServerMessage, TransformRequest, decode_frame, encode_frame,
+    ClientMessage, ErrorCode, OpenRequest, PROTOCOL, SampleKindRequest, ServerMessage, TransformRequest, decode_frame,
+    encode_frame,
 };
 use crate::ops::{Layout, Pipeline, Transform};
 use crate::pack::input::InputKind;
@@ -194,8 +195,7 @@ pub async fn serve_connection(
 
         // Open, or observe.
         let open = match msg_rx.recv().await {
-            Some(Ok(ClientMessage::Open(o))) => Opening::Images(o),
-            Some(Ok(ClientMessage::OpenTokens(o))) => Opening::Tokens(o),
+            Some(Ok(ClientMessage::Open(o))) => o,
             Some(Ok(ClientMessage::Snapshot {})) => return observe(&shared, &mut write, &mut msg_rx, &mut shutdown).await,
             Some(Ok(ClientMessage::Close)) | None => return Ok(()),
             Some(Ok(_)) => return fail(&mut write, ErrorCode::Protocol, "expected `open` after `hello`".into()).await,
@@ -206,13 +206,7 @@ pub async fn serve_connection(
         // 1.2: a long open (an image folder being listed) sends `opening` while the client waits.
         let minor = protocol[1].min(PROTOCOL.1);
         let progress = if minor >= 2 { Some(&mut write) } else { None };
-        let opened = match open {
-            Opening::Images(open) => open_stream(&open, &shared, done_tx, pid, progress).await,
-            Opening::Tokens(open) => crate::tokens::serve::open_token_stream(&open, &shared, done_tx, pid)
-                .await
-                .map(|(ctx, sampler, ring)| (StreamState::new(ctx, sampler, open.slots, false), ring)),
-        };
-        let opened = match opened {
+        let opened = match open_stream(&open, &shared, done_tx, pid, progress).await {
             Ok(s) => s,
             Err((code, msg)) => return fail(&mut write, code, msg).await,
         };
@@ -266,12 +260,6 @@ async fn observe(
     .await;
     shared.connections.fetch_add(1, Ordering::AcqRel);
     result
-}
-
-/// An `open` of either sample kind.
-enum Opening {
-    Images(Box<OpenRequest>),
-    Tokens(Box<crate::tokens::serve::TokenOpenRequest>),
 }
 
 /// Sends a fatal error and ends the connection.
@@ -335,17 +323,6 @@ async fn read_messages(mut read: OwnedReadHalf, tx: mpsc::Sender<Result<ClientMe
         let parsed = decode_frame(&payload)
             .map_err(|e| (ErrorCode::Protocol, e.to_string()))
             .and_then(|(kind, value)| {
-                if kind == "open" && value.get("sample_kind").and_then(|k| k.as_str()) == Some("tokens") {
-                    // 1.2: a token stream's `open` (control.md, "Token streams").
-                    return serde_json::from_value(value)
-                        .map(|o| ClientMessage::OpenTokens(Box::new(o)))
-                        .map_err(|e| {
-                            (
-                                ErrorCode::BadRequest,
-                                format!("invalid `open` message for a token stream: {e}"),
-                            )
-                        });
-                }
                 serde_json::from_value::<ClientMessage>(value).map_err(|e| {
                     let code = if kind == "open" {
                         ErrorCode::BadRequest
@@ -405,14 +382,54 @@ struct StreamState {
     skip_errors: bool,
 }
 
-/// Validates an `open`, opens the dataset and creates the ring.
+/// Why an `open` is refused: the error code and the message.
+pub(crate) type OpenError = (ErrorCode, String);
+
+/// What one sample kind opened, before the ring exists: its samples, its ring fields, and how
+/// it finishes its `StreamCtx` once the ring is there. Everything else of a stream's set-up
+/// (bounds, the sampler, the ring, the stats, the `ring` answer) is [`open_stream`]'s, shared by
+/// every kind.
+pub(crate) struct Prepared {
+    /// The samples (images, or token windows), counted by the sampler.
+    pub source: Arc<dyn Source>,
+    /// The ring's fields.
+    pub specs: Vec<FieldSpec>,
+    /// `on_error = skip`.
+    pub skip_errors: bool,
+    /// The kind orders its samples itself (a token mix): the sampler does not shuffle them.
+    pub own_order: bool,
+    /// 1.3: hybrid decode (images only).
+    pub gpu: Option<crate::control::message::GpuDecodeRequest>,
+    /// Threads to start with when the `open` names none (`None`: the budget, or the pool
+    /// without autotune).
+    pub start_threads: Option<u32>,
+    /// A batch's samples in words, for the ring-size error ("256 samples of 2 images").
+    pub per_sample: String,
+    /// Builds the kind's members of the stream's context from the ring.
+    pub finish: Box<dyn FnOnce(&Segment) -> KindParts + Send>,
+}
+
+/// The sample kind's members of a `StreamCtx`.
+pub(crate) struct KindParts {
+    pub views: Vec<ViewFields>,
+    pub label: FieldDesc,
+    pub index: Option<FieldDesc>,
+    pub crop: Option<FieldDesc>,
+    /// 1.3: hybrid decode's ring fields (images only).
+    pub gpu: Option<crate::pool::GpuFields>,
+    pub pipeline: Pipeline,
+    pub layout: Layout,
+    pub kind: crate::pool::SampleKind,
+}
+
+/// Validates an `open` of any sample kind, opens its data and creates the ring.
 async fn open_stream(
     open: &OpenRequest,
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Arc<BatchTask>>,
     pid: u32,
     progress: Option<&mut OwnedWriteHalf>,
-) -> Result<(StreamState, ServerMessage), (ErrorCode, String)> {
+) -> Result<(StreamState, ServerMessage), OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     if !(1..=65536).contains(&open.batch_size) {
         return Err(bad(format!("open.batch_size {} is outside 1..=65536", open.batch_size)));
@@ -432,12 +449,138 @@ async fn open_stream(
     if let Some(n) = open.local_world_size.filter(|n| !(1..=4096).contains(n)) {
         return Err(bad(format!("open.local_world_size {n} is outside 1..=4096")));
     }
-    let layout = match open.layout.as_str() {
+    let kind = open.kind();
+    if let Some(m) = open.foreign_members().first() {
+        let (what, other) = match kind {
+            SampleKindRequest::Images => ("an image stream", "\"sample_kind\": \"tokens\""),
+            SampleKindRequest::Tokens => ("a token stream", "an image stream"),
+        };
+        return Err(bad(format!(
+            "open.{m} is not a member of {what} (it belongs to {other})"
+        )));
+    }
+    let path = PathBuf::from(&open.dataset);
+    if !path.is_absolute() {
+        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
+    }
+    let prepared = match kind {
+        SampleKindRequest::Images => prepare_images(open, shared, &path, progress).await?,
+        SampleKindRequest::Tokens => crate::tokens::serve::prepare(open, shared).await?,
+    };
+    let source = prepared.source;
+    let sampler = SamplerConfig {
+        dataset_len: source.len(),
+        batch_size: u64::from(open.batch_size),
+        shuffle: open.shuffle && !prepared.own_order,
+        seed: open.seed,
+        drop_last: open.drop_last,
+        rank: u64::from(open.rank),
+        world_size: u64::from(open.world_size),
+    };
+    let (per_rank, batches) = sampler
+        .validate()
+        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let ring = RingLayout::new(&prepared.specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
+    if ring.header.segment_len > shared.max_ring_bytes {
+        return Err(bad(format!(
+            "the ring would take {:.2} GiB ({} slots of {} {}), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
+            ring.header.segment_len as f64 / (1u64 << 30) as f64,
+            open.slots,
+            open.batch_size,
+            prepared.per_sample,
+            shared.max_ring_bytes as f64 / (1u64 << 30) as f64
+        )));
+    }
+    let segment = tokio::task::spawn_blocking(move || Segment::create(ring, "ringfeed-ring"))
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| bad(e.to_string()))?;
+    let pool = shared.pool.threads() as u32;
+    let (threads, depth) = if open.autotune != Some(false) {
+        // Until the tuner has measured the loop: the kind's start (images: as many threads as
+        // the budget allows), within the client's bound.
+        let start = prepared.start_threads.unwrap_or(u32::MAX);
+        (
+            open.threads.unwrap_or(u32::MAX).min(start).min(shared.budget()).max(1),
+            open.prefetch.unwrap_or((open.slots - 1).max(1)),
+        )
+    } else {
+        (
+            open.threads.or(prepared.start_threads).unwrap_or(pool).min(pool).max(1),
+            open.prefetch.unwrap_or(open.slots),
+        )
+    };
+    let mut stats = crate::stats::StreamStats::new(
+        shared.registry.next_id(),
+        pid,
+        source.describe(),
+        open.batch_size,
+        open.slots,
+        open.autotune != Some(false),
+        open.threads,
+        open.local_world_size,
+        threads,
+        depth,
+    );
+    if let Some(g) = &prepared.gpu {
+        let auto = g.share.is_none() && open.autotune != Some(false);
+        stats.gpu = Some(if auto {
+            crate::stats::GpuMode::Auto
+        } else {
+            crate::stats::GpuMode::Pinned
+        });
+        stats.set_share(g.share.unwrap_or(0.0));
+    }
+    let stats = Arc::new(stats);
+    let parts = (prepared.finish)(&segment);
+    let ctx = Arc::new(StreamCtx {
+        views: parts.views,
+        label: parts.label,
+        index: parts.index,
+        crop: parts.crop,
+        gpu: parts.gpu,
+        source: Arc::clone(&source),
+        segment: Arc::new(segment),
+        pipeline: parts.pipeline,
+        layout: parts.layout,
+        seed: open.seed,
+        current_run: AtomicU32::new(0),
+        done,
+        stats,
+        kind: parts.kind,
+    });
+    let ring_msg = ServerMessage::Ring {
+        segment_len: ctx.segment.len(),
+        dataset_len: source.len(),
+        samples_per_rank: per_rank,
+        batches_per_epoch: batches,
+        classes: source
+            .class_names()
+            .iter()
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect(),
+        stream: Some(ctx.stats.id),
+    };
+    Ok((
+        StreamState::new(ctx, sampler, open.slots, prepared.skip_errors),
+        ring_msg,
+    ))
+}
+
+/// The image kind: the pipeline, the layout, the dataset (`open_source`) and the image fields.
+async fn prepare_images(
+    open: &OpenRequest,
+    shared: &Arc<Shared>,
+    path: &Path,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Prepared, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    let layout = match open.layout() {
         "NHWC" => Layout::Nhwc,
         "NCHW" => Layout::Nchw,
         other => return Err(bad(format!("open.layout {other:?} must be \"NHWC\" or \"NCHW\""))),
     };
-    let skip_errors = match open.on_error.as_str() {
+    let skip_errors = match open.on_error() {
         "raise" => false,
         "skip" => true,
         other => return Err(bad(format!("open.on_error {other:?} must be \"raise\" or \"skip\""))),
@@ -451,11 +594,7 @@ async fn open_stream(
             )));
         }
     }
-    let path = PathBuf::from(&open.dataset);
-    if !path.is_absolute() {
-        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
-    }
-    let source = open_source(shared, &path, open, progress).await?;
+    let source = open_source(shared, path, open, progress).await?;
     if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
         return Err((
             ErrorCode::Dataset,
@@ -467,19 +606,6 @@ async fn open_stream(
             ),
         ));
     }
-    let sampler = SamplerConfig {
-        dataset_len: source.len(),
-        batch_size: u64::from(open.batch_size),
-        shuffle: open.shuffle,
-        seed: open.seed,
-        drop_last: open.drop_last,
-        rank: u64::from(open.rank),
-        world_size: u64::from(open.world_size),
-    };
-    let (per_rank, batches) = sampler
-        .validate()
-        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
-
     let mut specs = Vec::new();
     for v in &pipeline.views {
         let (h, w) = v.size;
@@ -562,96 +688,53 @@ async fn open_stream(
             Some(g.clone())
         }
     };
-    let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
-    if ring.header.segment_len > shared.max_ring_bytes {
-        return Err(bad(format!(
-            "the ring would take {:.2} GiB ({} slots of {} samples of {} images), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
-            ring.header.segment_len as f64 / (1u64 << 30) as f64,
-            open.slots,
-            open.batch_size,
-            pipeline.outputs(),
-            shared.max_ring_bytes as f64 / (1u64 << 30) as f64
+    let per_sample = format!("samples of {} images", pipeline.outputs());
+    Ok(Prepared {
+        source,
+        specs,
+        skip_errors,
+        own_order: false,
+        gpu,
+        start_threads: None,
+        per_sample,
+        finish: Box::new(move |segment: &Segment| {
+            let field = |n: &str| segment.layout().field(n).cloned();
+            let views = pipeline
+                .views
+                .iter()
+                .map(|v| ViewFields {
+                    image: field(&v.name).expect("every view has its field"),
+                    erase: field(&format!("{}_erase", v.name)),
+                })
+                .collect();
+            KindParts {
+                views,
+                label: field("label").expect("the label field is always present"),
+                index: field("index"),
+                crop: field("crop"),
+                gpu: field("gpu_job")
+                    .zip(field("gpu_bytes"))
+                    .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
+                pipeline,
+                layout,
+                kind: crate::pool::SampleKind::Image,
+            }
+        }),
+    })
+}
+
+/// The canonical path of a dataset the server may serve: it exists, and it lies under one of
+/// the server's `--data-root` directories when there are any.
+pub(crate) fn admit(shared: &Shared, path: &Path) -> Result<PathBuf, OpenError> {
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    let canonical = std::fs::canonicalize(path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
+    if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| canonical.starts_with(r)) {
+        return Err(dataset_err(format!(
+            "dataset {} is outside the server's --data-root directories; ask the server's operator to add its directory",
+            path.display()
         )));
     }
-    let segment = tokio::task::spawn_blocking(move || Segment::create(ring, "ringfeed-ring"))
-        .await
-        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| bad(e.to_string()))?;
-    let field = |n: &str| segment.layout().field(n).cloned();
-    let pool = shared.pool.threads() as u32;
-    let (threads, depth) = if open.autotune != Some(false) {
-        // Until the tuner has measured the loop: as many threads as the budget allows.
-        (
-            open.threads.unwrap_or(u32::MAX).min(shared.budget()),
-            open.prefetch.unwrap_or((open.slots - 1).max(1)),
-        )
-    } else {
-        (
-            open.threads.unwrap_or(pool).min(pool),
-            open.prefetch.unwrap_or(open.slots),
-        )
-    };
-    let mut stats = crate::stats::StreamStats::new(
-        shared.registry.next_id(),
-        pid,
-        source.describe(),
-        open.batch_size,
-        open.slots,
-        open.autotune != Some(false),
-        open.threads,
-        open.local_world_size,
-        threads,
-        depth,
-    );
-    if let Some(g) = &gpu {
-        let auto = g.share.is_none() && open.autotune != Some(false);
-        stats.gpu = Some(if auto {
-            crate::stats::GpuMode::Auto
-        } else {
-            crate::stats::GpuMode::Pinned
-        });
-        stats.set_share(g.share.unwrap_or(0.0));
-    }
-    let stats = Arc::new(stats);
-    let views = pipeline
-        .views
-        .iter()
-        .map(|v| ViewFields {
-            image: field(&v.name).expect("every view has its field"),
-            erase: field(&format!("{}_erase", v.name)),
-        })
-        .collect();
-    let ctx = Arc::new(StreamCtx {
-        views,
-        label: field("label").expect("the label field is always present"),
-        index: field("index"),
-        crop: field("crop"),
-        gpu: field("gpu_job")
-            .zip(field("gpu_bytes"))
-            .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
-        source: Arc::clone(&source),
-        segment: Arc::new(segment),
-        pipeline,
-        layout,
-        seed: open.seed,
-        current_run: AtomicU32::new(0),
-        done,
-        stats,
-        kind: crate::pool::SampleKind::Image,
-    });
-    let ring_msg = ServerMessage::Ring {
-        segment_len: ctx.segment.len(),
-        dataset_len: source.len(),
-        samples_per_rank: per_rank,
-        batches_per_epoch: batches,
-        classes: source
-            .class_names()
-            .iter()
-            .map(|c| String::from_utf8_lossy(c).into_owned())
-            .collect(),
-        stream: Some(ctx.stats.id),
-    };
-    Ok((StreamState::new(ctx, sampler, open.slots, skip_errors), ring_msg))
+    Ok(canonical)
 }
 
 impl StreamState {
@@ -715,21 +798,15 @@ async fn open_source(
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
-    let canonical = std::fs::canonicalize(path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
-    if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| canonical.starts_with(r)) {
-        return Err(dataset_err(format!(
-            "dataset {} is outside the server's --data-root directories; ask the server's operator to add its directory",
-            path.display()
-        )));
-    }
+    let canonical = admit(shared, path)?;
     let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
     let key = match kind {
         ServedKind::Packed | ServedKind::Lmdb => {
             format!(
                 "{}|{}|{:?}|{}",
                 canonical.display(),
-                open.check_crc,
-                open.lmdb,
+                open.check_crc(),
+                open.lmdb(),
                 kind.name()
             )
         }
@@ -781,7 +858,7 @@ async fn open_source(
             return opened.map_err(dataset_err);
         }
         ServedKind::Packed | ServedKind::Lmdb => {
-            let lmdb = &open.lmdb;
+            let lmdb = &open.lmdb();
             let lmdb_opts = LmdbOptions {
                 layout: match &lmdb.layout {
                     Some(l) => l
@@ -795,7 +872,7 @@ async fn open_source(
                     (None, None) => LabelSource::None,
                 },
             };
-            let check_crc = open.check_crc;
+            let check_crc = open.check_crc();
             tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
                 if kind == ServedKind::Lmdb {
                     crate::source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
@@ -865,7 +942,11 @@ impl StreamState {
 
     async fn on_message(&mut self, m: ClientMessage, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
         match m {
-            ClientMessage::Start { epoch, first_batch } => {
+            ClientMessage::Start {
+                epoch,
+                first_batch,
+                position,
+            } => {
                 if epoch > u64::from(u32::MAX) {
                     return fail(
                         write,
@@ -874,7 +955,19 @@ impl StreamState {
                     )
                     .await;
                 }
-                let plan = self.sampler.plan(epoch);
+                let position = position.unwrap_or(0);
+                if position > self.sampler.dataset_len {
+                    return fail(
+                        write,
+                        ErrorCode::BadRequest,
+                        format!(
+                            "start.position {position} is past the {} samples of an epoch",
+                            self.sampler.dataset_len
+                        ),
+                    )
+                    .await;
+                }
+                let plan = self.sampler.plan_from(epoch, position);
                 let total = plan.batches();
                 if first_batch > total {
                     return fail(
@@ -887,7 +980,7 @@ impl StreamState {
                 let speculated = self
                     .run
                     .as_ref()
-                    .is_some_and(|r| !r.confirmed && r.epoch == epoch && r.next_send == first_batch);
+                    .is_some_and(|r| !r.confirmed && r.epoch == epoch && r.next_send == first_batch && position == 0);
                 if speculated {
                     // The epoch this stream prepared ahead is the one asked for: confirm it and
                     // send what is ready.
@@ -949,7 +1042,7 @@ impl StreamState {
                 )
                 .await
             }
-            ClientMessage::Hello { .. } | ClientMessage::Open(_) | ClientMessage::OpenTokens(_) => {
+            ClientMessage::Hello { .. } | ClientMessage::Open(_) => {
                 fail(
                     write,
                     ErrorCode::Protocol,

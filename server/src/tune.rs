@@ -1135,6 +1135,31 @@ mod tests {
         assert_eq!(changes, 0, "{trace:?}");
     }
 
+    /// A token stream (control.md, "Token streams"): the cost of a window is reading it, tens of
+    /// microseconds for 2048 tokens, against a GPT step of tens of milliseconds. Started where a
+    /// token stream starts (one thread) it never grows; started at the whole budget (a client's
+    /// `threads` bound, an old server's habit) it sheds down to one. The wait stays near zero.
+    #[test]
+    fn a_token_stream_settles_at_one_thread() {
+        for (start, step_ms, batch) in [(1, 100, 16), (15, 100, 16), (1, 20, 64), (15, 20, 64)] {
+            let mut sim = Sim {
+                cost: Duration::from_micros(40),
+                step: Duration::from_millis(step_ms),
+                batch,
+                slots: 4,
+                noise: 11,
+                ..Sim::default()
+            };
+            let mut tuner = Tuner::new(Config::default());
+            let trace = drive(&mut tuner, &mut sim, start, 60, 15);
+            assert_eq!(trace.last().unwrap().0, 1, "start {start}: {trace:?}");
+            if start == 1 {
+                assert!(trace.iter().all(|&(t, _)| t == 1), "never grows: {trace:?}");
+            }
+            assert!(trace[2..].iter().all(|&(_, w)| w < 0.02), "start {start}: {trace:?}");
+        }
+    }
+
     #[test]
     fn a_slow_consumer_sheds_threads() {
         let mut sim = Sim {

@@ -6,17 +6,14 @@ use serde::{Deserialize, Serialize};
 fn yes() -> bool {
     true
 }
-fn default_layout() -> String {
-    "NHWC".to_owned()
-}
 fn default_world() -> u32 {
     1
 }
 fn default_slots() -> u32 {
     4
 }
-fn default_on_error() -> String {
-    "raise".to_owned()
+fn default_mode() -> String {
+    "concat".to_owned()
 }
 fn default_scale() -> [f64; 2] {
     [0.08, 1.0]
@@ -39,15 +36,16 @@ pub enum ClientMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pid: Option<u64>,
     },
+    /// An `open` of either sample kind (`OpenRequest::sample_kind`).
     Open(Box<OpenRequest>),
-    /// 1.2: an `open` with `"sample_kind": "tokens"` (control.md, "Token streams"); decoded by
-    /// the connection's reader from an `open` message, never sent under a type of its own.
-    #[serde(skip)]
-    OpenTokens(Box<crate::tokens::serve::TokenOpenRequest>),
     Start {
         epoch: u64,
         #[serde(default)]
         first_batch: u64,
+        /// 1.3: where in the epoch's order this run's striping starts: the samples all ranks
+        /// consumed before it (control.md, "Resume by a global position").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        position: Option<u64>,
     },
     Release {
         slot: u32,
@@ -108,21 +106,72 @@ pub enum TransformRequest {
     },
 }
 
-/// The members of an `open` (control.md, "open").
+/// What an `open` asks for (control.md, "open", "Token streams").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleKindRequest {
+    /// Decoded images (the default, and all there was before 1.2).
+    #[default]
+    Images,
+    /// 1.2: windows of token data.
+    Tokens,
+}
+
+/// The `tokens` member of a token stream's `open` (control.md, "Token streams").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenOptions {
+    pub seq_len: u32,
+    #[serde(default = "default_mode")]
+    pub mode: String,
+    /// Entries of `cu_seqlens` minus one (default: `seq_len`, which always fits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_docs: Option<u32>,
+    /// Padding id in `pack` mode (default: the dataset's EOS, else 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_id: Option<u32>,
+    /// A flat token file's dtype: `uint16` or `uint32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// 1.3: more token datasets mixed into the stream with `open.dataset` (control.md, "Mixing").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<Vec<MixEntry>>,
+    /// 1.3: the weight of `open.dataset` in a mix (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+}
+
+/// One more dataset of a token mix (1.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MixEntry {
+    pub dataset: String,
+    pub weight: f64,
+}
+
+/// The members of an `open` (control.md, "open"), for every sample kind. Members of one kind
+/// only are optional here so that a typed decode and encode gives back exactly what was sent;
+/// [`OpenRequest::layout`] and its siblings apply the defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpenRequest {
+    /// 1.2: `"images"` (absent) or `"tokens"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_kind: Option<SampleKindRequest>,
     pub dataset: String,
-    #[serde(default)]
-    pub lmdb: LmdbRequest,
+    /// Images: LMDB options (default `{}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lmdb: Option<LmdbRequest>,
     pub batch_size: u32,
-    /// The 1.1 fixed transform; one of `transform` and `pipeline` is required.
+    /// Images: the 1.1 fixed transform; one of `transform` and `pipeline` is required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<TransformRequest>,
-    /// 1.2: the op pipeline (control.md, "Pipelines"), parsed by `ops::Pipeline::parse`.
+    /// Images, 1.2: the op pipeline (control.md, "Pipelines"), parsed by `ops::Pipeline::parse`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<serde_json::Value>,
-    #[serde(default = "default_layout")]
-    pub layout: String,
+    /// Tokens, 1.2: seq_len, mode and the rest (control.md, "Token streams").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenOptions>,
+    /// Images: `NHWC` (default) or `NCHW`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
     #[serde(default = "yes")]
     pub shuffle: bool,
     #[serde(default)]
@@ -135,12 +184,14 @@ pub struct OpenRequest {
     pub world_size: u32,
     #[serde(default = "default_slots")]
     pub slots: u32,
-    #[serde(default = "default_on_error")]
-    pub on_error: String,
+    /// Images: `raise` (default) or `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fields: Option<Vec<String>>,
-    #[serde(default = "yes")]
-    pub check_crc: bool,
+    /// Images: check each packed record's CRC (default yes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_crc: Option<bool>,
     /// 1.1: let the server's autotuner set threads and depth (absent: yes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autotune: Option<bool>,
@@ -168,6 +219,46 @@ pub struct GpuDecodeRequest {
     /// Room for encoded bytes per sample of a full batch; `None`: `max(3·H·W, 65536)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_sample: Option<u64>,
+}
+
+impl OpenRequest {
+    /// The sample kind asked for (absent: images).
+    pub fn kind(&self) -> SampleKindRequest {
+        self.sample_kind.unwrap_or_default()
+    }
+    /// The image layout (default `NHWC`).
+    pub fn layout(&self) -> &str {
+        self.layout.as_deref().unwrap_or("NHWC")
+    }
+    /// The per-sample error policy (default `raise`).
+    pub fn on_error(&self) -> &str {
+        self.on_error.as_deref().unwrap_or("raise")
+    }
+    /// Whether packed records' CRCs are checked (default yes).
+    pub fn check_crc(&self) -> bool {
+        self.check_crc.unwrap_or(true)
+    }
+    /// The LMDB options (default none).
+    pub fn lmdb(&self) -> LmdbRequest {
+        self.lmdb.clone().unwrap_or_default()
+    }
+    /// The members given that the sample kind does not take, by name (control.md, "Token
+    /// streams": a token `open` has no image members; an image `open` no `tokens`).
+    pub fn foreign_members(&self) -> Vec<&'static str> {
+        let present: Vec<(&'static str, bool)> = match self.kind() {
+            SampleKindRequest::Images => vec![("tokens", self.tokens.is_some())],
+            SampleKindRequest::Tokens => vec![
+                ("transform", self.transform.is_some()),
+                ("pipeline", self.pipeline.is_some()),
+                ("layout", self.layout.is_some()),
+                ("lmdb", self.lmdb.is_some()),
+                ("on_error", self.on_error.is_some()),
+                ("check_crc", self.check_crc.is_some()),
+                ("gpu_decode", self.gpu_decode.is_some()),
+            ],
+        };
+        present.into_iter().filter(|(_, p)| *p).map(|(n, _)| n).collect()
+    }
 }
 
 /// Error codes (control.md, "error").
@@ -260,7 +351,7 @@ mod tests {
         .unwrap();
         let ClientMessage::Open(o) = m else { panic!() };
         assert_eq!(
-            (o.layout.as_str(), o.shuffle, o.drop_last, o.world_size, o.slots),
+            (o.layout(), o.shuffle, o.drop_last, o.world_size, o.slots),
             ("NHWC", true, true, 1, 4)
         );
         assert_eq!(

@@ -1,5 +1,5 @@
-//! The text packer: JSONL and plain-text files in, a token dataset (`proto/tokens.md`) out,
-//! tokenised in parallel with the Hugging Face `tokenizers` crate.
+//! The text packer: JSONL, Parquet and plain-text files in, a token dataset (`proto/tokens.md`)
+//! out, tokenised in parallel with the Hugging Face `tokenizers` crate.
 //!
 //! ```text
 //!  reader (lines, in order) ──batches──► N workers: parse, check, tokenise ──results──► writer
@@ -40,6 +40,9 @@ pub enum TextInput {
     Jsonl,
     /// Each file is one document (a directory: every `*.txt` under it, sorted bytewise).
     Text,
+    /// Parquet files (`*.parquet`): one document per row, from a string column (`--text-field`),
+    /// or a prompt/completion pair of columns.
+    Parquet,
 }
 
 /// Which token ends each document.
@@ -137,12 +140,15 @@ impl TextPackSummary {
     }
 }
 
-/// One input line (or file) waiting to be tokenised.
+/// One input line (or file, or Parquet row) waiting to be tokenised.
 struct Doc {
     file: usize,
-    /// 1-based line number (1 for a plain-text file).
+    /// 1-based line number (1 for a plain-text file; the row for Parquet).
     line: u64,
     bytes: Vec<u8>,
+    /// Parquet: the document's columns (the text, or the prompt and the completion), `None` where
+    /// the value is null.
+    columns: Vec<Option<Vec<u8>>>,
 }
 
 /// A worker's verdict on one document.
@@ -214,18 +220,19 @@ fn list_inputs(src: &Path, input: TextInput) -> Result<(Vec<PathBuf>, TextInput)
         path: src.to_owned(),
         source: e,
     })?;
+    let is_parquet = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"));
     if meta.is_file() {
         let kind = match input {
             TextInput::Auto if is_jsonl(src) => TextInput::Jsonl,
+            TextInput::Auto if is_parquet(src) => TextInput::Parquet,
             TextInput::Auto => TextInput::Text,
             k => k,
         };
         return Ok((vec![src.to_owned()], kind));
     }
-    let kind = if input == TextInput::Jsonl {
-        TextInput::Jsonl
-    } else {
-        TextInput::Text
+    let kind = match input {
+        TextInput::Jsonl | TextInput::Parquet => input,
+        _ => TextInput::Text,
     };
     let mut files = Vec::new();
     let mut stack = vec![src.to_owned()];
@@ -248,6 +255,7 @@ fn list_inputs(src: &Path, input: TextInput) -> Result<(Vec<PathBuf>, TextInput)
                 stack.push(p);
             } else if match kind {
                 TextInput::Jsonl => is_jsonl(&p),
+                TextInput::Parquet => is_parquet(&p),
                 _ => p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt")),
             } {
                 files.push(p);
@@ -341,6 +349,7 @@ pub fn pack_text(
     Ok(TextPackSummary {
         input: match kind {
             TextInput::Jsonl => "jsonl",
+            TextInput::Parquet => "parquet",
             _ => "text",
         },
         documents,
@@ -370,7 +379,19 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn key(&self, doc: &Doc) -> String {
-        format!("{}:{}", self.files[doc.file].display(), doc.line)
+        match self.kind {
+            TextInput::Parquet => format!("{}:row {}", self.files[doc.file].display(), doc.line),
+            _ => format!("{}:{}", self.files[doc.file].display(), doc.line),
+        }
+    }
+
+    /// The columns a Parquet document is read from: the text column, or the prompt and
+    /// completion columns.
+    fn parquet_columns(&self) -> Vec<(&str, &'static str)> {
+        match (&self.opts.prompt_field, &self.opts.completion_field) {
+            (Some(p), Some(c)) => vec![(p.as_str(), "--prompt-field"), (c.as_str(), "--completion-field")],
+            _ => vec![(self.opts.text_field.as_str(), "--text-field")],
+        }
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
@@ -389,6 +410,18 @@ impl Ctx<'_> {
     }
 
     fn process_inner(&self, doc: &Doc) -> Result<Option<DocOut>, String> {
+        if self.kind == TextInput::Parquet {
+            let mut texts = Vec::with_capacity(doc.columns.len());
+            for ((name, flag), value) in self.parquet_columns().into_iter().zip(&doc.columns) {
+                let Some(bytes) = value else {
+                    return Err(format!("column `{name}` is null ({flag} names the text column)"));
+                };
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|e| format!("column `{name}`: invalid UTF-8 at byte {}", e.valid_up_to()))?;
+                texts.push((name, text));
+            }
+            return self.document(&texts).map(Some);
+        }
         let text = match std::str::from_utf8(&doc.bytes) {
             Ok(t) => t,
             Err(e) => {
@@ -462,6 +495,49 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// The tokens of a document given as its text column, or its prompt and completion columns
+    /// (Parquet), with the same checks as a JSONL line's fields.
+    fn document(&self, texts: &[(&str, &str)]) -> Result<DocOut, String> {
+        let (mut tokens, prompt_len) = match texts {
+            [(_, prompt), (c, completion)] => {
+                if completion.is_empty() {
+                    return Err(format!("empty document: column `{c}` is \"\""));
+                }
+                let mut t = self.encode(prompt)?;
+                let n = t.len() as u32;
+                let ct = self.encode(completion)?;
+                if ct.is_empty() {
+                    return Err(format!("empty document: column `{c}` has no tokens"));
+                }
+                t.extend(ct);
+                (t, n)
+            }
+            [(f, text)] => {
+                if text.is_empty() {
+                    return Err(format!("empty document: column `{f}` is \"\""));
+                }
+                (self.encode(text)?, 0)
+            }
+            _ => unreachable!("one or two columns"),
+        };
+        if tokens.is_empty() {
+            return Err("empty document: the text has no tokens".into());
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t >= self.vocab) {
+            return Err(format!(
+                "token id {id} does not fit: the tokenizer's vocabulary has {} ids (token width {} bytes)",
+                self.vocab,
+                width_for_vocab(self.vocab)
+            ));
+        }
+        if let Some(e) = self.eos_id {
+            tokens.push(e);
+        }
+        Ok(DocOut::Ready { tokens, prompt_len })
+    }
+}
+
 fn json_kind(v: &serde_json::Value) -> &'static str {
     match v {
         serde_json::Value::Null => "null",
@@ -496,6 +572,13 @@ fn read_inputs(ctx: &Ctx<'_>, send: &mut dyn FnMut(Batch) -> bool) -> Result<u64
         }
         let file = fs::File::open(path).map_err(io)?;
         match ctx.kind {
+            TextInput::Parquet => {
+                let (read, stop) = read_parquet(ctx, fi, path, file, &mut batch, &mut batch_bytes, send)?;
+                total += read;
+                if stop {
+                    return Ok(total);
+                }
+            }
             TextInput::Jsonl => {
                 let mut r = BufReader::with_capacity(1 << 20, file);
                 let mut line = 0u64;
@@ -518,6 +601,7 @@ fn read_inputs(ctx: &Ctx<'_>, send: &mut dyn FnMut(Batch) -> bool) -> Result<u64
                         file: fi,
                         line,
                         bytes: buf,
+                        columns: Vec::new(),
                     });
                     if batch.len() >= BATCH_DOCS || batch_bytes >= BATCH_BYTES {
                         batch_bytes = 0;
@@ -544,6 +628,7 @@ fn read_inputs(ctx: &Ctx<'_>, send: &mut dyn FnMut(Batch) -> bool) -> Result<u64
                     file: fi,
                     line,
                     bytes: buf,
+                    columns: Vec::new(),
                 });
                 if batch.len() >= BATCH_DOCS || batch_bytes >= BATCH_BYTES {
                     batch_bytes = 0;
@@ -560,6 +645,98 @@ fn read_inputs(ctx: &Ctx<'_>, send: &mut dyn FnMut(Batch) -> bool) -> Result<u64
         send(Batch { docs: batch });
     }
     Ok(total)
+}
+
+/// Reads one Parquet file's rows in order into `batch`, sending full batches; returns the bytes
+/// of text read and whether the writer asked to stop. The text column(s) must be strings
+/// (`BYTE_ARRAY`, annotated UTF-8 or not); a missing column or another type fails the pack,
+/// naming the file, the column and the columns there are.
+fn read_parquet(
+    ctx: &Ctx<'_>,
+    fi: usize,
+    path: &Path,
+    file: fs::File,
+    batch: &mut Vec<Doc>,
+    batch_bytes: &mut usize,
+    send: &mut dyn FnMut(Batch) -> bool,
+) -> Result<(u64, bool), PackError> {
+    use parquet::basic::Type as Physical;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let bad = |reason: String| PackError::BadSample {
+        key: path.display().to_string(),
+        reason,
+    };
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(format!("not a readable Parquet file: {e}")))?;
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    let root = schema.root_schema();
+    let wanted = ctx.parquet_columns();
+    for (name, flag) in &wanted {
+        let Some(f) = root.get_fields().iter().find(|f| f.name() == *name) else {
+            let have: Vec<&str> = root.get_fields().iter().map(|f| f.name()).collect();
+            return Err(bad(format!(
+                "no column `{name}` (the document is read from {flag} {name}); its columns: {}",
+                have.join(", ")
+            )));
+        };
+        if !f.is_primitive() || f.get_physical_type() != Physical::BYTE_ARRAY {
+            return Err(bad(format!(
+                "column `{name}` is {}, not a string ({flag} names the text column)",
+                if f.is_primitive() {
+                    format!("{:?}", f.get_physical_type())
+                } else {
+                    "a group".to_owned()
+                }
+            )));
+        }
+    }
+    // Rows are projected on the text column(s); the projection keeps the file's column order.
+    let mut projected = root.get_fields().to_vec();
+    projected.retain(|f| wanted.iter().any(|(n, _)| f.name() == *n));
+    let projection = parquet::schema::types::Type::group_type_builder(root.name())
+        .with_fields(projected)
+        .build()
+        .map_err(|e| bad(format!("projecting the text columns: {e}")))?;
+    let rows = reader
+        .get_row_iter(Some(projection))
+        .map_err(|e| bad(format!("reading rows: {e}")))?;
+    let mut total = 0u64;
+    for (r, row) in rows.enumerate() {
+        let line = r as u64 + 1;
+        let row = row.map_err(|e| PackError::BadSample {
+            key: format!("{}:row {line}", path.display()),
+            reason: format!("cannot be read: {e}"),
+        })?;
+        let mut columns = vec![None; wanted.len()];
+        for (name, value) in row.get_column_iter() {
+            let Some(k) = wanted.iter().position(|(n, _)| n == name) else {
+                continue;
+            };
+            columns[k] = match value {
+                Field::Str(s) => Some(s.as_bytes().to_vec()),
+                Field::Bytes(b) => Some(b.data().to_vec()),
+                _ => None,
+            };
+        }
+        let n: usize = columns.iter().flatten().map(Vec::len).sum();
+        total += n as u64;
+        *batch_bytes += n;
+        batch.push(Doc {
+            file: fi,
+            line,
+            bytes: Vec::new(),
+            columns,
+        });
+        if batch.len() >= BATCH_DOCS || *batch_bytes >= BATCH_BYTES {
+            *batch_bytes = 0;
+            if !send(Batch {
+                docs: std::mem::take(batch),
+            }) {
+                return Ok((total, true));
+            }
+        }
+    }
+    Ok((total, false))
 }
 
 /// Runs the reader, the workers and the writer; returns documents, tokens, blank lines, input
@@ -690,8 +867,8 @@ fn write_tokens(
         "format": "ringfeed-tokens",
         "version": format!("{}.{}", crate::shard::MAJOR, crate::tokens::TOKENS_MINOR),
         "writer": concat!("ringfeed ", env!("CARGO_PKG_VERSION")),
-        "source_kind": match ctx.kind { TextInput::Jsonl => "jsonl", _ => "text" },
-        "text_field": if ctx.opts.prompt_field.is_none() && ctx.kind == TextInput::Jsonl {
+        "source_kind": match ctx.kind { TextInput::Jsonl => "jsonl", TextInput::Parquet => "parquet", _ => "text" },
+        "text_field": if ctx.opts.prompt_field.is_none() && matches!(ctx.kind, TextInput::Jsonl | TextInput::Parquet) {
             serde_json::Value::from(ctx.opts.text_field.clone())
         } else {
             serde_json::Value::Null

@@ -21,6 +21,7 @@ use crate::shard::{MAJOR, ShardError, align_up, check_struct, crc, le};
 
 pub mod external;
 pub mod inspect;
+pub mod mix;
 pub mod serve;
 pub mod verify;
 pub mod windows;

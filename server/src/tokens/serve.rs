@@ -1,7 +1,9 @@
 //! Token windows as the server's second sample kind (`proto/control.md`, "Token streams").
 //!
-//! The seam with the image path is small: a token stream is a [`StreamState`] like any other
-//! (same sampler over window indices, same ring, same run loop, `ready`/`release`/`end`), whose
+//! The seam with the image path is small: a token stream is opened by the same `open` and
+//! `stream::open_stream` as an image stream ([`prepare`] is its kind's part) and is a
+//! [`StreamState`] like any other (same sampler over window indices, same ring, same run loop,
+//! `ready`/`release`/`end`), whose
 //! [`StreamCtx::kind`] is [`SampleKind::Tokens`]; the pool's job then calls [`fill`] instead of
 //! decoding an image. Nothing here runs for an image stream.
 //!
@@ -9,114 +11,93 @@
 //! [`StreamCtx::kind`]: crate::pool::StreamCtx
 
 use std::cell::RefCell;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 
-use serde::{Deserialize, Serialize};
-
+use super::mix::Mix;
 use super::windows::{Mode, Window, WindowSpec, Windows};
 use super::{FlatDtype, TokenSource};
-use crate::control::{ErrorCode, ServerMessage};
-use crate::pool::{BatchTask, SampleKind, StreamCtx};
-use crate::ring::{DType, FieldDesc, FieldSpec, RingLayout, Segment};
-use crate::sampler::SamplerConfig;
+use crate::control::{ErrorCode, OpenRequest};
+use crate::pool::{BatchTask, SampleKind};
+use crate::ring::{DType, FieldDesc, FieldSpec, Segment};
 use crate::source::{Sample, SampleReader, Source, SourceError};
-use crate::stream::Shared;
-
-fn yes() -> bool {
-    true
-}
-fn default_world() -> u32 {
-    1
-}
-fn default_slots() -> u32 {
-    4
-}
-fn default_mode() -> String {
-    "concat".into()
-}
-
-/// The `tokens` member of a token stream's `open`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenOptions {
-    pub seq_len: u32,
-    #[serde(default = "default_mode")]
-    pub mode: String,
-    /// Entries of `cu_seqlens` minus one (default: `seq_len`, which always fits).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_docs: Option<u32>,
-    /// Padding id in `pack` mode (default: the dataset's EOS, else 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pad_id: Option<u32>,
-    /// A flat token file's dtype: `uint16` or `uint32`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dtype: Option<String>,
-}
-
-/// An `open` with `"sample_kind": "tokens"` (control.md, "Token streams").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenOpenRequest {
-    pub dataset: String,
-    pub batch_size: u32,
-    pub tokens: TokenOptions,
-    #[serde(default = "yes")]
-    pub shuffle: bool,
-    #[serde(default)]
-    pub seed: u64,
-    #[serde(default = "yes")]
-    pub drop_last: bool,
-    #[serde(default)]
-    pub rank: u32,
-    #[serde(default = "default_world")]
-    pub world_size: u32,
-    #[serde(default = "default_slots")]
-    pub slots: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fields: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autotune: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub threads: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefetch: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub local_world_size: Option<u32>,
-}
+use crate::stream::{KindParts, OpenError, Prepared, Shared};
 
 /// The optional fields a token stream delivers on request, besides `input_ids` and `labels`.
-pub const TOKEN_FIELDS: [&str; 4] = ["position_ids", "document_ids", "cu_seqlens", "index"];
+pub const TOKEN_FIELDS: [&str; 5] = ["position_ids", "document_ids", "cu_seqlens", "index", "dataset_index"];
+
+/// A token stream's windows, counted as the stream's samples: one dataset's, or several mixed.
+#[derive(Debug)]
+pub struct TokenWindows {
+    /// Each dataset's path (as the client named it) and windows: `open.dataset` first, then
+    /// `tokens.mix` in order.
+    pub parts: Vec<(PathBuf, Windows)>,
+    /// The mix of `parts` (1.3; `None`: one dataset, whose windows are the samples).
+    pub mix: Option<Mix>,
+    /// A mix shuffles inside each dataset (the sampler keeps the mix's order).
+    pub shuffle: bool,
+    pub seed: u64,
+}
+
+impl TokenWindows {
+    /// Sample `k` of `epoch` (a window of the one dataset, or a slot of the mix): its dataset and
+    /// window.
+    pub fn locate(&self, k: u64, epoch: u64) -> (usize, u64) {
+        match &self.mix {
+            None => (0, k),
+            Some(m) => m.window(k, self.seed, epoch, self.shuffle),
+        }
+    }
+}
 
 /// A token stream's windows and where each field lives in a slot.
 #[derive(Debug)]
 pub struct TokenKind {
-    pub windows: Windows,
-    pub path: PathBuf,
+    pub windows: Arc<TokenWindows>,
     pub input_ids: FieldDesc,
     pub labels: FieldDesc,
     pub position_ids: Option<FieldDesc>,
     pub document_ids: Option<FieldDesc>,
     pub cu_seqlens: Option<FieldDesc>,
     pub index: Option<FieldDesc>,
+    pub dataset_index: Option<FieldDesc>,
 }
 
 /// The stream's `source`: the windows, counted as samples. Windows are written by [`fill`], so
 /// reading one as an encoded sample is an error.
-impl Source for TokenKind {
+impl Source for TokenWindows {
     fn len(&self) -> u64 {
-        self.windows.len()
+        match &self.mix {
+            None => self.parts[0].1.len(),
+            Some(m) => m.len(),
+        }
     }
     fn class_names(&self) -> Vec<Vec<u8>> {
         Vec::new()
     }
     fn describe(&self) -> String {
-        format!(
-            "{} ({} tokens, {} windows of {})",
-            self.path.display(),
-            self.windows.source.kind(),
-            self.windows.len(),
-            self.windows.spec.seq_len
-        )
+        let one = |(path, w): &(PathBuf, Windows)| {
+            format!(
+                "{} ({} tokens, {} windows of {})",
+                path.display(),
+                w.source.kind(),
+                w.len(),
+                w.spec.seq_len
+            )
+        };
+        match &self.mix {
+            None => one(&self.parts[0]),
+            Some(m) => {
+                let total: u64 = m.weights.iter().sum();
+                let parts: Vec<String> = self
+                    .parts
+                    .iter()
+                    .zip(&m.weights)
+                    .map(|(p, &q)| format!("{} x{:.3}", one(p), q as f64 / total as f64))
+                    .collect();
+                format!("a mix of {} windows: {}", m.len(), parts.join(", "))
+            }
+        }
     }
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
         Ok(Box::new(NoSamples))
@@ -141,10 +122,10 @@ thread_local! {
 
 /// Writes the window of sample `pos` of `task` into its slot.
 pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
-    let w = task.indices[pos as usize];
+    let (d, w) = kind.windows.locate(task.indices[pos as usize], task.epoch);
     WINDOW.with(|cell| {
         let (win, bytes) = &mut *cell.borrow_mut();
-        kind.windows.fill(w, win);
+        kind.windows.parts[d].1.fill(w, win);
         let put = |field: &FieldDesc, bytes: &[u8]| {
             debug_assert_eq!(bytes.len() as u64, field.sample_bytes);
             let at = field.offset + u64::from(pos) * field.sample_bytes;
@@ -174,33 +155,23 @@ pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
         if let Some(f) = &kind.index {
             put(f, &(w as i64).to_le_bytes());
         }
+        if let Some(f) = &kind.dataset_index {
+            put(f, &(d as i32).to_le_bytes());
+        }
     });
 }
 
-type OpenError = (ErrorCode, String);
-
-/// What [`open_token_stream`] hands back to the stream: the context, its sampler and the `ring`
-/// message.
-pub(crate) type Opened = (Arc<StreamCtx>, SamplerConfig, ServerMessage);
-
-/// Validates a token `open`, opens the token data and its windows, and creates the ring.
-pub(crate) async fn open_token_stream(
-    open: &TokenOpenRequest,
-    shared: &Arc<Shared>,
-    done: tokio::sync::mpsc::UnboundedSender<Arc<BatchTask>>,
-    pid: u32,
-) -> Result<Opened, OpenError> {
+/// The token kind of an `open` (control.md, "Token streams"): checks `tokens` and `fields`, opens
+/// the token data and its windows, and names the ring's fields. The stream's set-up is
+/// `stream::open_stream`'s, as for images.
+pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<Prepared, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
-    if !(1..=65536).contains(&open.batch_size) {
-        return Err(bad(format!("open.batch_size {} is outside 1..=65536", open.batch_size)));
-    }
-    if !(1..=64).contains(&open.slots) {
-        return Err(bad(format!("open.slots {} is outside 1..=64", open.slots)));
-    }
-    if let Some(p) = open.prefetch.filter(|p| !(1..=open.slots).contains(p)) {
-        return Err(bad(format!("open.prefetch {p} is outside 1..=slots ({})", open.slots)));
-    }
-    let t = &open.tokens;
+    let Some(t) = open.tokens.clone() else {
+        return Err(bad(
+            "open.tokens is required for a token stream (\"sample_kind\": \"tokens\"): at least {\"seq_len\": N}"
+                .into(),
+        ));
+    };
     if !(1..=1 << 20).contains(&t.seq_len) {
         return Err(bad(format!("open.tokens.seq_len {} is outside 1..=1048576", t.seq_len)));
     }
@@ -232,53 +203,58 @@ pub(crate) async fn open_token_stream(
             )));
         }
     }
-    let path = PathBuf::from(&open.dataset);
-    if !path.is_absolute() {
-        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
+    if t.weight.is_some() && t.mix.is_none() {
+        return Err(bad(
+            "open.tokens.weight is the weight of open.dataset in a mix; give tokens.mix too, or leave weight out"
+                .into(),
+        ));
     }
-    let dataset_err = |m: String| (ErrorCode::Dataset, m);
-    let canonical =
-        std::fs::canonicalize(&path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
-    if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| canonical.starts_with(r)) {
-        return Err(dataset_err(format!(
-            "dataset {} is outside the server's --data-root directories; ask the server's operator to add its directory",
-            path.display()
-        )));
+    // The datasets: open.dataset, then the mix's, each with its weight (1.3, control.md "Mixing").
+    let mut named = vec![(open.dataset.clone(), t.weight.unwrap_or(1.0))];
+    for (i, m) in t.mix.iter().flatten().enumerate() {
+        if !Path::new(&m.dataset).is_absolute() {
+            return Err(bad(format!(
+                "open.tokens.mix[{i}].dataset {:?} must be an absolute path",
+                m.dataset
+            )));
+        }
+        named.push((m.dataset.clone(), m.weight));
     }
-    let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
-    let shown = path.clone();
-    let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {
-        crate::fault::install().map_err(|e| (ErrorCode::Internal, e.to_string()))?;
-        let src = TokenSource::open(&canonical, flat).map_err(|e| (ErrorCode::Dataset, e.to_string()))?;
-        let spec = WindowSpec {
-            seq_len,
-            mode,
-            max_docs,
-            pad_id: pad.or(src.eos_id()).unwrap_or(0),
-        };
-        Windows::new(Arc::new(src), spec).map_err(|e| (ErrorCode::BadRequest, format!("{}: {e}", shown.display())))
-    })
-    .await
-    .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
-    if windows.is_empty() {
-        return Err(bad(format!(
-            "{}: {} tokens make no window of seq_len {seq_len} (a window reads seq_len + 1 tokens); lower tokens.seq_len",
-            path.display(),
-            windows.source.token_count()
-        )));
-    }
-    let sampler = SamplerConfig {
-        dataset_len: windows.len(),
-        batch_size: u64::from(open.batch_size),
-        shuffle: open.shuffle,
-        seed: open.seed,
-        drop_last: open.drop_last,
-        rank: u64::from(open.rank),
-        world_size: u64::from(open.world_size),
+    let weights = if t.mix.is_some() {
+        Some(super::mix::quantise(&named).map_err(|e| bad(e.to_string()))?)
+    } else {
+        None
     };
-    let (per_rank, batches) = sampler
-        .validate()
-        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let mut parts = Vec::with_capacity(named.len());
+    for (dataset, _) in &named {
+        let path = PathBuf::from(dataset);
+        let canonical = crate::stream::admit(shared, &path)?;
+        let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
+        let shown = path.clone();
+        let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {
+            crate::fault::install().map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+            let src = TokenSource::open(&canonical, flat).map_err(|e| (ErrorCode::Dataset, e.to_string()))?;
+            let spec = WindowSpec {
+                seq_len,
+                mode,
+                max_docs,
+                pad_id: pad.or(src.eos_id()).unwrap_or(0),
+            };
+            Windows::new(Arc::new(src), spec).map_err(|e| (ErrorCode::BadRequest, format!("{}: {e}", shown.display())))
+        })
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
+        if windows.is_empty() {
+            return Err(bad(format!(
+                "{}: {} tokens make no window of seq_len {seq_len} (a window reads seq_len + 1 tokens); lower tokens.seq_len",
+                path.display(),
+                windows.source.token_count()
+            )));
+        }
+        parts.push((path, windows));
+    }
+    let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
+    let mix = weights.map(|q| Mix::new(parts.iter().map(|(_, w)| w.len()).collect(), q));
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {
@@ -315,73 +291,57 @@ pub(crate) async fn open_token_stream(
             shape: vec![],
         });
     }
-    let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
-    if ring.header.segment_len > shared.max_ring_bytes {
-        return Err(bad(format!(
-            "the ring would take {:.2} GiB ({} slots of {} windows of {seq_len} tokens), more than the server's limit of {:.2} GiB; lower slots or batch_size, or start the server with a larger --max-ring-bytes",
-            ring.header.segment_len as f64 / (1u64 << 30) as f64,
-            open.slots,
-            open.batch_size,
-            shared.max_ring_bytes as f64 / (1u64 << 30) as f64
-        )));
+    if want("dataset_index") {
+        specs.push(FieldSpec {
+            name: "dataset_index".into(),
+            dtype: DType::I32,
+            shape: vec![],
+        });
     }
-    let segment = tokio::task::spawn_blocking(move || Segment::create(ring, "ringfeed-ring"))
-        .await
-        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-        .map_err(|e| bad(e.to_string()))?;
-    let field = |n: &str| segment.layout().field(n).cloned();
-    let kind = Arc::new(TokenKind {
-        input_ids: field("input_ids").expect("always present"),
-        labels: field("labels").expect("always present"),
-        position_ids: field("position_ids"),
-        document_ids: field("document_ids"),
-        cu_seqlens: field("cu_seqlens"),
-        index: field("index"),
-        windows,
-        path: path.clone(),
-    });
-    // Reading windows costs little: one thread unless the client asks for more.
-    let pool = shared.pool.threads() as u32;
-    let threads = open.threads.unwrap_or(1).min(pool).max(1);
-    let depth = open.prefetch.unwrap_or((open.slots - 1).max(1));
-    let stats = Arc::new(crate::stats::StreamStats::new(
-        shared.registry.next_id(),
-        pid,
-        kind.describe(),
-        open.batch_size,
-        open.slots,
-        open.autotune != Some(false),
-        open.threads,
-        open.local_world_size,
-        threads,
-        depth,
-    ));
-    let ctx = Arc::new(StreamCtx {
-        // The image path's members are not used by a token stream (`kind` decides): no views,
-        // and `label` holds the labels field so that slot compaction (which never runs for
-        // windows: they do not fail) stays total.
-        views: Vec::new(),
-        label: kind.labels.clone(),
-        index: None,
-        crop: None,
-        gpu: None,
-        source: Arc::clone(&kind) as Arc<dyn Source>,
-        segment: Arc::new(segment),
-        pipeline: crate::ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
-        layout: crate::ops::Layout::Nhwc,
+    let own_order = mix.is_some();
+    let windows = Arc::new(TokenWindows {
+        parts,
+        mix,
+        shuffle: open.shuffle,
         seed: open.seed,
-        current_run: AtomicU32::new(0),
-        done,
-        stats,
-        kind: SampleKind::Tokens(Arc::clone(&kind)),
     });
-    let ring_msg = ServerMessage::Ring {
-        segment_len: ctx.segment.len(),
-        dataset_len: kind.windows.len(),
-        samples_per_rank: per_rank,
-        batches_per_epoch: batches,
-        classes: Vec::new(),
-        stream: Some(ctx.stats.id),
-    };
-    Ok((ctx, sampler, ring_msg))
+    let source = Arc::clone(&windows) as Arc<dyn Source>;
+    Ok(Prepared {
+        source,
+        specs,
+        // Windows do not fail one by one: a token file that cannot be read fails the open.
+        skip_errors: false,
+        // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
+        own_order,
+        gpu: None,
+        // Reading windows costs little: one thread unless the client or the tuner asks for more.
+        start_threads: Some(1),
+        per_sample: format!("windows of {seq_len} tokens"),
+        finish: Box::new(move |segment: &Segment| {
+            let field = |n: &str| segment.layout().field(n).cloned();
+            let kind = Arc::new(TokenKind {
+                input_ids: field("input_ids").expect("always present"),
+                labels: field("labels").expect("always present"),
+                position_ids: field("position_ids"),
+                document_ids: field("document_ids"),
+                cu_seqlens: field("cu_seqlens"),
+                index: field("index"),
+                dataset_index: field("dataset_index"),
+                windows,
+            });
+            KindParts {
+                // The image members are not used by a token stream (`kind` decides): no views,
+                // and `label` holds the labels field so that slot compaction (which never runs
+                // for windows: they do not fail) stays total.
+                views: Vec::new(),
+                label: kind.labels.clone(),
+                index: None,
+                crop: None,
+                gpu: None,
+                pipeline: crate::ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
+                layout: crate::ops::Layout::Nhwc,
+                kind: SampleKind::Tokens(kind),
+            }
+        }),
+    })
 }

@@ -219,6 +219,24 @@ impl Client {
         self.runs += 1;
         self.send(&json!({"type": "start", "epoch": epoch, "first_batch": first_batch}));
     }
+
+    /// 1.3: [`Client::epoch`] of the rest of an epoch from global `position`.
+    pub fn epoch_from(&mut self, epoch: u64, position: u64) -> (Vec<Batch>, Value) {
+        self.runs += 1;
+        self.send(&json!({"type": "start", "epoch": epoch, "first_batch": 0, "position": position}));
+        let mut batches = Vec::new();
+        loop {
+            let m = self.recv().expect("the server closed the connection mid-epoch");
+            match m["type"].as_str().unwrap() {
+                "ready" => {
+                    let (slot, seq) = (m["slot"].as_u64().unwrap() as u32, m["seq"].as_u64().unwrap());
+                    batches.push(self.read_slot(slot, seq));
+                    self.send(&json!({"type": "release", "slot": slot, "seq": seq}));
+                }
+                _ => return (batches, m),
+            }
+        }
+    }
 }
 
 /// A packed dataset of `n` small JPEGs in 3 classes; returns its directory.
@@ -329,6 +347,70 @@ fn resume_delivers_exactly_the_rest_of_the_epoch() {
         d.epoch(4, 0)
     };
     assert!(again == full);
+}
+
+#[test]
+fn a_start_at_a_global_position_restripes_the_rest_of_the_epoch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 40, &[]);
+    let server = Server::start(tmp.path(), 2);
+    let first = |world: u64, rank: u64, batch: u64| {
+        let mut c = server.client();
+        c.open(open_msg(
+            &ds,
+            json!({"world_size": world, "rank": rank, "batch_size": batch, "drop_last": true}),
+        ));
+        c
+    };
+    // Two ranks take one batch of 8: positions 0..16 of the order. Then three ranks of 4 take
+    // the rest from position 16: 24 samples, 2 batches each.
+    let mut seen: Vec<i64> = Vec::new();
+    for rank in 0..2 {
+        let (b, _) = first(2, rank, 8).epoch(1, 0);
+        seen.extend(b[0].iter().map(|s| s.0));
+    }
+    for rank in 0..3 {
+        let (b, end) = first(3, rank, 4).epoch_from(1, 16);
+        assert_eq!(end["type"], "end", "{end}");
+        assert_eq!(end["batches"], 2);
+        seen.extend(b.iter().flatten().map(|s| s.0));
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, (0..40).collect::<Vec<i64>>(), "every sample of the epoch once");
+    // A position past the epoch is refused, naming the member.
+    let mut c = first(1, 0, 4);
+    c.send(&json!({"type": "start", "epoch": 0, "position": 41}));
+    let r = c.recv().unwrap();
+    assert_eq!(r["code"], "bad_request");
+    assert!(r["message"].as_str().unwrap().contains("start.position 41"), "{r}");
+}
+
+#[test]
+fn one_open_refuses_the_other_kinds_members() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path(), 9, &[]);
+    let server = Server::start(tmp.path(), 1);
+    let mut c = server.client();
+    let r = c.open(open_msg(&ds, json!({"tokens": {"seq_len": 8}})));
+    assert_eq!(r["code"], "bad_request");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("open.tokens is not a member of an image stream"),
+        "{r}"
+    );
+    let mut c = server.client();
+    let r = c.open(json!({"sample_kind": "tokens", "dataset": ds.to_str().unwrap(), "batch_size": 1}));
+    assert_eq!(r["code"], "bad_request");
+    assert!(
+        r["message"].as_str().unwrap().contains("open.tokens is required"),
+        "{r}"
+    );
+    let mut c = server.client();
+    let r = c.open(json!({"sample_kind": "audio", "dataset": ds.to_str().unwrap(), "batch_size": 1}));
+    assert_eq!(r["code"], "bad_request");
+    assert!(r["message"].as_str().unwrap().contains("audio"), "{r}");
 }
 
 #[test]

@@ -157,6 +157,26 @@ fn messages() -> Vec<(&'static str, Value)> {
                     "gpu_share": 0.625, "gpu_samples": 190000, "gpu_decode_us": 21.5}]}),
         ),
         ("start", json!({"type": "start", "epoch": 3, "first_batch": 120})),
+        ("hello, 1.3", json!({"type": "hello", "protocol": [1, 3]})),
+        (
+            "open, 1.2 token stream",
+            json!({"type": "open", "sample_kind": "tokens", "dataset": "/data/fineweb.tok", "batch_size": 16,
+                "tokens": {"seq_len": 2048, "mode": "concat", "max_docs": 64},
+                "shuffle": true, "seed": 0, "drop_last": true, "rank": 1, "world_size": 8, "slots": 4,
+                "fields": ["position_ids", "cu_seqlens"], "autotune": true}),
+        ),
+        (
+            "open, 1.3 token mix",
+            json!({"type": "open", "sample_kind": "tokens", "dataset": "/data/web.tok", "batch_size": 8,
+                "tokens": {"seq_len": 1024, "mode": "concat", "max_docs": 1024, "weight": 0.7,
+                    "mix": [{"dataset": "/data/code.tok", "weight": 0.2}, {"dataset": "/data/math.tok", "weight": 0.1}]},
+                "shuffle": true, "seed": 5, "drop_last": true, "rank": 0, "world_size": 2, "slots": 4,
+                "fields": [], "autotune": true}),
+        ),
+        (
+            "start, 1.3 at a global position",
+            json!({"type": "start", "epoch": 1, "first_batch": 2, "position": 4096}),
+        ),
         ("release", json!({"type": "release", "slot": 2, "seq": 9})),
         (
             "stats",

@@ -1,0 +1,352 @@
+//! One bucket of an S3-compatible store, as blocking calls with deadlines and bounded retries.
+//!
+//! `object_store`'s own retry loop is switched off (`max_retries: 0`) and this module retries
+//! instead, so that every retry is counted ([`super::Counters::retries`]) and the error that ends
+//! the attempts names the object and the settings (`--fetch-retries`, `--fetch-timeout`). Each
+//! attempt, its whole body included, runs under `tokio::time::timeout`, so a stalled store never
+//! holds a reader beyond `timeout × (retries + 1)` plus the backoffs.
+//!
+//! What is retried: timeouts, connection errors and resets, 5xx, 429 and 503 throttling, a body
+//! that ends early. A download resumes where a broken body stopped (a ranged GET from the bytes
+//! already written) as long as the object's ETag is the one the first attempt saw. What is not:
+//! 404 (the object is gone), 401/403 (credentials), an ETag that changed (the object was
+//! rewritten), a body longer than the index says.
+//!
+//! The client runs on this module's own two-thread tokio runtime, so callers are plain threads
+//! (decode workers, fetch jobs, the CLI); calling in from a tokio worker thread would panic, so
+//! the control plane reaches it through `spawn_blocking`.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+
+use super::{Counters, RemoteConfig, RemoteError};
+
+/// Largest object [`Store::put_file`] sends in one request; larger ones go in 16 MiB parts.
+const SINGLE_PUT: u64 = 64 << 20;
+
+/// One bucket's client.
+#[derive(Debug)]
+pub struct Store {
+    bucket: String,
+    s3: Arc<AmazonS3>,
+    runtime: tokio::runtime::Runtime,
+    timeout: Duration,
+    retries: u32,
+    backoff: Duration,
+    counters: Arc<Counters>,
+}
+
+/// How one attempt failed: worth another, or final.
+enum Attempt {
+    Retry(String),
+    Fatal(RemoteError),
+}
+
+impl Store {
+    /// A client for `bucket` configured from the environment (`AmazonS3Builder::from_env`: the
+    /// `AWS_*` variables), with `AWS_ALLOW_HTTP` implied by an `http://` endpoint.
+    pub fn from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
+        let cfg_err = |why: String| RemoteError::Config {
+            bucket: bucket.to_owned(),
+            why,
+        };
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let endpoint = std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+            .unwrap_or_default();
+        let mut options = ClientOptions::new()
+            .with_timeout(config.timeout)
+            .with_connect_timeout(Duration::from_secs(5).min(config.timeout));
+        if endpoint.starts_with("http://") {
+            options = options.with_allow_http(true);
+        }
+        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+            builder = builder.with_region("us-east-1");
+        }
+        builder = builder.with_client_options(options).with_retry(RetryConfig {
+            max_retries: 0,
+            retry_timeout: config.timeout,
+            ..RetryConfig::default()
+        });
+        let s3 = builder.build().map_err(|e| cfg_err(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ringfeed-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| cfg_err(format!("starting its runtime: {e}")))?;
+        Ok(Store {
+            bucket: bucket.to_owned(),
+            s3: Arc::new(s3),
+            runtime,
+            timeout: config.timeout,
+            retries: config.retries,
+            backoff: config.backoff,
+            counters,
+        })
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("{}{}/{key}", super::SCHEME, self.bucket)
+    }
+
+    /// Classifies an `object_store` error.
+    fn classify(&self, key: &str, e: object_store::Error) -> Attempt {
+        match e {
+            object_store::Error::NotFound { .. } => Attempt::Fatal(RemoteError::Gone { url: self.url(key) }),
+            object_store::Error::PermissionDenied { source, .. }
+            | object_store::Error::Unauthenticated { source, .. } => Attempt::Fatal(RemoteError::Denied {
+                url: self.url(key),
+                why: source.to_string(),
+            }),
+            other => Attempt::Retry(one_line(&other)),
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the retries are spent; every
+    /// attempt under the deadline.
+    fn with_retries<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T, RemoteError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Attempt>>,
+    {
+        let attempts = self.retries + 1;
+        let mut last = String::new();
+        for n in 0..attempts {
+            if n > 0 {
+                Counters::bump(&self.counters.retries);
+                std::thread::sleep(backoff(self.backoff, n));
+            }
+            let got = self.runtime.block_on(async {
+                match tokio::time::timeout(self.timeout, attempt(n)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Attempt::Retry(format!(
+                        "no answer within --fetch-timeout {:.0} s",
+                        self.timeout.as_secs_f64()
+                    ))),
+                }
+            });
+            match got {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Fatal(e)) => {
+                    Counters::bump(&self.counters.errors);
+                    return Err(e);
+                }
+                Err(Attempt::Retry(why)) => {
+                    tracing::debug!("{}: attempt {} failed: {why}", self.url(key), n + 1);
+                    last = why;
+                }
+            }
+        }
+        Counters::bump(&self.counters.errors);
+        Err(RemoteError::Exhausted {
+            url: self.url(key),
+            attempts,
+            last,
+        })
+    }
+
+    /// The whole object `key` in memory, and its ETag.
+    pub fn get_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        let path = ObjectPath::from(key);
+        let got = self.with_retries(key, |_| async {
+            let r = self.s3.get(&path).await.map_err(|e| self.classify(key, e))?;
+            let etag = r.meta.e_tag.clone();
+            let mut stream = r.into_stream();
+            let mut out = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                out.extend_from_slice(&chunk);
+            }
+            Ok((out, etag))
+        })?;
+        Counters::bump(&self.counters.fetches);
+        Ok(got)
+    }
+
+    /// Downloads `key` into the new file `dest`, which must end up exactly `len` bytes long.
+    /// `etag`: the ETag the object had when this server first saw it (the download fails with
+    /// [`RemoteError::Changed`] if it differs now); returns the ETag it has. A body that breaks
+    /// off is resumed from where it stopped; the file is synced before this returns.
+    pub fn download(
+        &self,
+        key: &str,
+        dest: &Path,
+        len: u64,
+        etag: Option<&str>,
+    ) -> Result<Option<String>, RemoteError> {
+        let io = |e: std::io::Error| RemoteError::Io {
+            path: dest.to_owned(),
+            source: e,
+        };
+        let mut file = std::fs::File::create(dest).map_err(io)?;
+        let path = ObjectPath::from(key);
+        let written = std::cell::Cell::new(0u64);
+        let seen: std::cell::RefCell<Option<String>> = std::cell::RefCell::new(etag.map(str::to_owned));
+        let file_ref = std::cell::RefCell::new(&mut file);
+        let got = self.with_retries(key, |_| {
+            let path = &path;
+            let written = &written;
+            let seen = &seen;
+            let file_ref = &file_ref;
+            async move {
+                let at = written.get();
+                let options = GetOptions {
+                    range: (at > 0).then_some(GetRange::Offset(at)),
+                    ..GetOptions::default()
+                };
+                let r = self.s3.get_opts(path, options).await.map_err(|e| self.classify(key, e))?;
+                let now = r.meta.e_tag.clone();
+                if let (Some(was), Some(now)) = (seen.borrow().as_deref(), now.as_deref())
+                    && was != now
+                {
+                    return Err(Attempt::Fatal(RemoteError::Changed {
+                        url: self.url(key),
+                        was: was.to_owned(),
+                        now: now.to_owned(),
+                    }));
+                }
+                if seen.borrow().is_none() {
+                    *seen.borrow_mut() = now;
+                }
+                if r.meta.size != len {
+                    return Err(Attempt::Fatal(RemoteError::Other {
+                        url: self.url(key),
+                        why: format!(
+                            "the object has {} bytes, the dataset's index says {len}: the dataset was rewritten or damaged; repack and upload it again",
+                            r.meta.size
+                        ),
+                    }));
+                }
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                    self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    if written.get() + chunk.len() as u64 > len {
+                        return Err(Attempt::Retry(format!(
+                            "the body runs past the {len} bytes the object has"
+                        )));
+                    }
+                    file_ref
+                        .borrow_mut()
+                        .write_all(&chunk)
+                        .map_err(|e| Attempt::Fatal(io(e)))?;
+                    written.set(written.get() + chunk.len() as u64);
+                }
+                if written.get() < len {
+                    return Err(Attempt::Retry(format!(
+                        "the body ended after {} of {len} bytes",
+                        written.get()
+                    )));
+                }
+                Ok(())
+            }
+        });
+        got?;
+        file.sync_all().map_err(io)?;
+        Counters::bump(&self.counters.fetches);
+        Ok(seen.into_inner())
+    }
+
+    /// Uploads the local file `src` as `key` (in parts when it is large).
+    pub fn put_file(&self, key: &str, src: &Path) -> Result<(), RemoteError> {
+        let io = |e: std::io::Error| RemoteError::Io {
+            path: src.to_owned(),
+            source: e,
+        };
+        let len = std::fs::metadata(src).map_err(io)?.len();
+        let path = ObjectPath::from(key);
+        self.with_retries(key, |_| async {
+            if len <= SINGLE_PUT {
+                let bytes = std::fs::read(src).map_err(|e| Attempt::Fatal(io(e)))?;
+                self.s3
+                    .put(&path, bytes.into())
+                    .await
+                    .map_err(|e| self.classify(key, e))?;
+                return Ok(());
+            }
+            let upload = self.s3.put_multipart(&path).await.map_err(|e| self.classify(key, e))?;
+            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+            let mut f = std::fs::File::open(src).map_err(|e| Attempt::Fatal(io(e)))?;
+            let mut buf = vec![0u8; 8 << 20];
+            loop {
+                let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| Attempt::Fatal(io(e)))?;
+                if n == 0 {
+                    break;
+                }
+                w.wait_for_capacity(4).await.map_err(|e| self.classify(key, e))?;
+                w.write(&buf[..n]);
+            }
+            w.finish().await.map_err(|e| self.classify(key, e))?;
+            Ok(())
+        })
+    }
+
+    /// The keys under `prefix/` (for tools and tests).
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, RemoteError> {
+        let p = ObjectPath::from(prefix);
+        self.with_retries(prefix, |_| async {
+            let mut out = Vec::new();
+            let mut s = self.s3.list(Some(&p));
+            while let Some(m) = s.next().await {
+                let m = m.map_err(|e| self.classify(prefix, e))?;
+                out.push((m.location.to_string(), m.size));
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// The wait before attempt `n` (1, 2, ...): `first × 2^(n-1)`, at most 8 s, with up to 50 %
+/// jitter from the clock (so ranks that failed together do not retry together).
+fn backoff(first: Duration, n: u32) -> Duration {
+    let base = first
+        .saturating_mul(1u32 << (n - 1).min(16))
+        .min(Duration::from_secs(8));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    base + base.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// An error and its causes on one line.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        cause = c.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let f = Duration::from_millis(100);
+        assert!(backoff(f, 1) >= f && backoff(f, 1) < f * 2);
+        assert!(backoff(f, 3) >= f * 4);
+        assert!(backoff(f, 30) <= Duration::from_secs(12));
+    }
+}

@@ -50,7 +50,7 @@ from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
 from ._observe import snapshot
-from ._protocol import PROTOCOL, Connection, check_server_message, stats_message
+from ._protocol import PROTOCOL, Connection, check_server_message, remote_stats, stats_message
 from ._ring import Segment
 from ._sidecar import connect, default_socket_path
 from ._transforms import Views, as_views
@@ -891,7 +891,7 @@ class Loader:
         except RingfeedError:
             return None
         view = next((s for s in snap["streams"] if s["stream"] == self.stream_id), None)
-        remote = snap.get("server", {}).get("remote")
+        remote = remote_stats(snap)
         if view is not None and remote is not None:
             # 1.3: the server's remote fetching (every remote dataset's), beside the stream's own.
             view = {**view, "remote": remote}

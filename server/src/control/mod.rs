@@ -13,4 +13,4 @@ pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
 pub use message::{ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest};
 
 /// Protocol version spoken by this server, `(major, minor)`.
-pub const PROTOCOL: (u16, u16) = (1, 2);
+pub const PROTOCOL: (u16, u16) = (1, 3);

@@ -123,7 +123,7 @@ pub enum SourceError {
     #[error(transparent)]
     Lmdb(#[from] lmdb::LmdbError),
     /// A remote dataset's shard could not be fetched (`crate::remote`).
-    #[error("{dataset}: {why}")]
+    #[error("{why}")]
     Remote { dataset: String, why: String },
     /// A file of an image folder or manifest served in place could not be read.
     #[error("cannot read {}: {source}", path.display())]

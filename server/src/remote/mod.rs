@@ -306,6 +306,12 @@ impl Hub {
         Ok(s)
     }
 
+    /// Uses `store` for its bucket from now on (instead of one made from the environment).
+    pub fn add_store(&self, store: Store) {
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        stores.insert(store.bucket().to_owned(), Arc::new(store));
+    }
+
     /// What remote fetching has done, when anything remote was opened.
     pub fn snapshot(&self) -> Option<RemoteSnapshot> {
         let opened = self.cache.lock().unwrap_or_else(|p| p.into_inner()).is_some()

@@ -54,21 +54,37 @@ impl Store {
     /// A client for `bucket` configured from the environment (`AmazonS3Builder::from_env`: the
     /// `AWS_*` variables), with `AWS_ALLOW_HTTP` implied by an `http://` endpoint.
     pub fn from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+            .unwrap_or_default();
+        Self::from_builder(AmazonS3Builder::from_env(), bucket, &endpoint, config, counters)
+    }
+
+    /// A client for `bucket` from `builder` (what [`Store::from_env`] makes from the
+    /// environment; tests give the endpoint and keys of their own server instead). `endpoint`:
+    /// the builder's endpoint, if any (an `http://` one allows plain HTTP).
+    pub fn from_builder(
+        builder: AmazonS3Builder,
+        bucket: &str,
+        endpoint: &str,
+        config: &RemoteConfig,
+        counters: Arc<Counters>,
+    ) -> Result<Self, RemoteError> {
         let cfg_err = |why: String| RemoteError::Config {
             bucket: bucket.to_owned(),
             why,
         };
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        let endpoint = std::env::var("AWS_ENDPOINT_URL")
-            .or_else(|_| std::env::var("AWS_ENDPOINT"))
-            .unwrap_or_default();
+        let mut builder = builder.with_bucket_name(bucket);
         let mut options = ClientOptions::new()
             .with_timeout(config.timeout)
             .with_connect_timeout(Duration::from_secs(5).min(config.timeout));
         if endpoint.starts_with("http://") {
             options = options.with_allow_http(true);
         }
-        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        if builder
+            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Region)
+            .is_none_or(|r| r.is_empty())
+        {
             builder = builder.with_region("us-east-1");
         }
         builder = builder.with_client_options(options).with_retry(RetryConfig {

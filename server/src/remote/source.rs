@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use super::cache::{Check, Fetch, Object};
 use super::{Cache, Hub, RemoteError, RemoteUrl, Store};
+use crate::shard::reader::Shard;
 use crate::shard::{Dataset, INDEX_FILE, ShardError, crc};
 use crate::source::{Sample, SampleReader, Source, SourceError};
 
@@ -57,11 +58,14 @@ impl Fetch for StoreFetch {
     }
 }
 
+/// A shard's mapping and the cache generation of the file it maps.
+type Mapping = Arc<Mutex<Option<(u64, Arc<Shard>)>>>;
+
 /// One shard of the dataset.
 struct Slot {
     object: Object,
     /// Its mapping and the cache generation it maps; dropped when the cache evicts the file.
-    map: Arc<Mutex<Option<(u64, Arc<crate::shard::reader::Shard>)>>>,
+    map: Mapping,
 }
 
 /// A remote packed dataset.
@@ -123,7 +127,7 @@ impl RemoteSource {
             let entry = index.shard_entry(n);
             let key = format!("{}/{}", url.bucket, url.key(&name));
             cache.check_fits(&key, entry.file_len)?;
-            let map: Arc<Mutex<Option<(u64, Arc<crate::shard::reader::Shard>)>>> = Arc::default();
+            let map: Mapping = Arc::default();
             let on_evict = {
                 let map = Arc::clone(&map);
                 Arc::new(move || *map.lock().unwrap_or_else(|p| p.into_inner()) = None) as Arc<dyn Fn() + Send + Sync>
@@ -170,7 +174,7 @@ impl RemoteSource {
     }
 
     /// The mapping of shard `n`, with a pin that keeps its file in place.
-    fn open_shard(&self, n: u32) -> Result<(super::cache::Pin, Arc<crate::shard::reader::Shard>), SourceError> {
+    fn open_shard(&self, n: u32) -> Result<(super::cache::Pin, Arc<Shard>), SourceError> {
         let slot = &self.slots[n as usize];
         let pin = self
             .cache
@@ -204,7 +208,7 @@ fn shard_check(index: &Dataset, n: u32) -> Arc<Check> {
     let number = n;
     Arc::new(move |path: &Path| {
         let mapped = crate::shard::reader::Mapped::open(path).map_err(|e| e.to_string())?;
-        let shard = crate::shard::reader::Shard::open(mapped, number, &entry).map_err(|e| e.to_string())?;
+        let shard = Shard::open(mapped, number, &entry).map_err(|e| e.to_string())?;
         let body = shard.file.len() - crate::shard::SHARD_FOOTER_LEN as u64;
         let computed = crc(shard.file.slice(0, body, "body").map_err(|e| e.to_string())?);
         if let Some(at) = shard.file.fault() {
@@ -325,7 +329,7 @@ impl Source for RemoteSource {
 /// is what the borrowed [`Sample`] needs.
 struct RemoteReader<'a> {
     source: &'a RemoteSource,
-    held: Option<(super::cache::Pin, Arc<crate::shard::reader::Shard>)>,
+    held: Option<(super::cache::Pin, Arc<Shard>)>,
 }
 
 impl SampleReader for RemoteReader<'_> {

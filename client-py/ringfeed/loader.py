@@ -152,7 +152,10 @@ class Loader:
             folder (``DIR/class_name/image.jpg``, torchvision's ``ImageFolder`` classes and order)
             or a ``.csv``/``.jsonl`` manifest (as ``ringfeed pack`` reads them); the last two are
             listed by the server at open and read in place (see the README, "Serving files in
-            place", for what packing adds). Made absolute here; the server opens it.
+            place", for what packing adds). Made absolute here; the server opens it. Or the URL
+            ``s3://bucket/prefix`` of a packed dataset on S3-compatible storage (protocol 1.3),
+            sent unchanged: the server fetches it with its own credentials into its shard cache
+            (docs/remote.md).
         batch_size: samples per batch, ``1 ..= 65536``.
         transform: the per-image pipeline, with torchvision's names and semantics: an op,
             ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),

@@ -81,12 +81,12 @@ class S3Server:
             cmd = [exe, "-H", "127.0.0.1", "-p", str(self.port)]
         else:
             raise ValueError(kind)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proc)
         if kind == "moto":
             # moto checks no signatures by default: an unsigned PUT makes the bucket.
-            req = urllib.request.Request(f"{self.url}/{BUCKET}", method="PUT")  # noqa: S310
-            urllib.request.urlopen(req, timeout=10).close()  # noqa: S310
+            req = urllib.request.Request(f"{self.url}/{BUCKET}", method="PUT")
+            urllib.request.urlopen(req, timeout=10).close()
 
     @property
     def url(self) -> str:
@@ -236,13 +236,12 @@ class FaultProxy:
                     reason = {404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}.get(
                         code, "Service Unavailable"
                     )
-                    xml = f"<?xml version='1.0'?><Error><Code>{reason.replace(' ', '')}</Code><Message>staged</Message></Error>"
-                    payload = xml.encode()
-                    conn.sendall(
-                        f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {len(payload)}\r\n"
-                        f"Connection: close\r\n\r\n".encode()
-                        + payload
-                    )
+                    code_name = reason.replace(" ", "")
+                    xml = f"<Error><Code>{code_name}</Code><Message>staged</Message></Error>"
+                    payload = f"<?xml version='1.0'?>{xml}".encode()
+                    head_out = f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\n"
+                    head_out += f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                    conn.sendall(head_out.encode() + payload)
                     return
                 up = http.client.HTTPConnection("127.0.0.1", self.upstream, timeout=30)
                 up.putrequest(method, path, skip_host=True, skip_accept_encoding=True)

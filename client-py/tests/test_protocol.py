@@ -530,7 +530,7 @@ def test_the_remote_snapshot_vector_has_every_counter() -> None:
 
 @needs_vectors
 def test_a_remote_dataset_url_is_sent_unchanged() -> None:
-    """An `s3://` dataset reaches `open.dataset` exactly as given (the vector's), where a local path is made absolute."""
+    """An `s3://` dataset reaches `open.dataset` as given (the vector's); a local path is made absolute."""
     from ringfeed.loader import _dataset_path
 
     cases = {c["name"]: c for c in load("frames.json")}

@@ -9,6 +9,7 @@ The servers skip these tests when they are not installed, except in CI (``CI=tru
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -53,7 +54,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pack(src: Path, out: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         [ringfeed_bin(), "pack", str(src), out, "--progress", "none", "--shard-size", SHARD],
         capture_output=True,
         text=True,
@@ -104,9 +105,9 @@ class Sidecar:
         if "--fetch-retries" not in args:
             cmd += ["--fetch-retries", "3"]
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, **env})  # noqa: S603
+            self.proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, **env})
         deadline = time.monotonic() + 30
-        while not os.path.exists(self.socket):
+        while not Path(self.socket).exists():
             assert self.proc.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
@@ -145,16 +146,16 @@ def batches(ld: ringfeed.Loader, epoch: int | None = 0) -> list[tuple[torch.Tens
 
 
 def same(a: list[Any], b: list[Any]) -> bool:
-    return len(a) == len(b) and all(all(torch.equal(x, y) for x, y in zip(p, q, strict=True)) for p, q in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        all(torch.equal(x, y) for x, y in zip(p, q, strict=True)) for p, q in zip(a, b, strict=True)
+    )
 
 
 def dir_bytes(d: Path) -> int:
     total = 0
     for p in d.iterdir():
-        try:
+        with contextlib.suppress(FileNotFoundError):
             total += p.stat().st_size
-        except FileNotFoundError:
-            pass
     return total
 
 
@@ -168,10 +169,10 @@ def test_the_upload_is_the_local_dataset_byte_for_byte(fs_store: S3Server, local
     for f in local.iterdir():
         assert fs_store.object_path(f"sets/ds/{f.name}").read_bytes() == f.read_bytes(), f.name
     env = {**os.environ, **fs_store.env()}
-    r = subprocess.run([ringfeed_bin(), "verify", URL, "--progress", "none"], capture_output=True, text=True, env=env)  # noqa: S603
+    r = subprocess.run([ringfeed_bin(), "verify", URL, "--progress", "none"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert f"ok: {N} samples in {shard_count(local)} shards" in r.stdout
-    r = subprocess.run([ringfeed_bin(), "inspect", URL, "--json"], capture_output=True, text=True, env=env)  # noqa: S603
+    r = subprocess.run([ringfeed_bin(), "inspect", URL, "--json"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert f'"samples": {N}' in r.stdout
     again = pack(local.parent / "src", URL, fs_store.env())
@@ -269,7 +270,8 @@ def test_a_restart_reuses_a_valid_cache_and_rejects_a_tampered_file(
         remote = ld.stats()["server"]["remote"]
     with sc.loader(local, seed=2) as ld:
         want = batches(ld)
-    assert same(first, want) and same(again, want)
+    assert same(first, want)
+    assert same(again, want)
     assert (remote["reused"], remote["rejected"]) == (n - 1, 1), remote
     # The index, and the one shard downloaded again.
     assert remote["fetches"] == 2, remote
@@ -344,7 +346,8 @@ def test_a_lasting_fault_is_an_error_naming_the_object_and_the_setting(
     finally:
         proxy.close()
     assert e.value.code == "sample"
-    assert "shard-000001.rfs" in str(e.value) and named in str(e.value), str(e.value)
+    assert "shard-000001.rfs" in str(e.value), str(e.value)
+    assert named in str(e.value), str(e.value)
     assert took < 60
     assert remote["errors"] >= 1
 
@@ -366,4 +369,5 @@ def test_an_object_changed_under_a_running_job_is_an_error(
                 batches(ld, 1)
     finally:
         proxy.close()
-    assert "s3://" in str(e.value) and ".rfs" in str(e.value)
+    assert "s3://" in str(e.value)
+    assert ".rfs" in str(e.value)

@@ -53,11 +53,28 @@ enum Attempt {
 impl Store {
     /// A client for `bucket` configured from the environment (`AmazonS3Builder::from_env`: the
     /// `AWS_*` variables), with `AWS_ALLOW_HTTP` implied by an `http://` endpoint.
+    ///
+    /// What the environment leaves unset (keys, region, endpoint) is read from the AWS CLI's
+    /// files, for the profile `$AWS_PROFILE` (else `default`): `$AWS_SHARED_CREDENTIALS_FILE`
+    /// (else `~/.aws/credentials`) and `$AWS_CONFIG_FILE` (else `~/.aws/config`).
     pub fn from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
-        let endpoint = std::env::var("AWS_ENDPOINT_URL")
-            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let file = |var: &str, name: &str| {
+            std::env::var_os(var)
+                .map(std::path::PathBuf::from)
+                .or_else(|| home.as_ref().map(|h| h.join(".aws").join(name)))
+        };
+        let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_owned());
+        let files = AwsFiles::read(
+            file("AWS_SHARED_CREDENTIALS_FILE", "credentials").as_deref(),
+            file("AWS_CONFIG_FILE", "config").as_deref(),
+            &profile,
+        );
+        let builder = files.apply(AmazonS3Builder::from_env());
+        let endpoint = builder
+            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
             .unwrap_or_default();
-        Self::from_builder(AmazonS3Builder::from_env(), bucket, &endpoint, config, counters)
+        Self::from_builder(builder, bucket, &endpoint, config, counters)
     }
 
     /// A client for `bucket` from `builder` (what [`Store::from_env`] makes from the
@@ -327,6 +344,76 @@ impl Store {
     }
 }
 
+/// What the AWS CLI's files say for one profile.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct AwsFiles {
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+    session_token: Option<String>,
+    region: Option<String>,
+    endpoint_url: Option<String>,
+}
+
+impl AwsFiles {
+    /// Reads `profile` from the credentials file (section `[profile]`) and the config file
+    /// (`[profile NAME]`, or `[default]`); a missing file or key is simply absent.
+    fn read(credentials: Option<&Path>, config: Option<&Path>, profile: &str) -> Self {
+        let section = |path: Option<&Path>, names: &[String]| -> Vec<(String, String)> {
+            let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+                return Vec::new();
+            };
+            let mut inside = false;
+            let mut out = Vec::new();
+            for line in text.lines() {
+                let line = line.trim();
+                if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
+                    continue;
+                }
+                if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    inside = names.iter().any(|n| n == name.trim());
+                } else if inside && let Some((k, v)) = line.split_once('=') {
+                    out.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                }
+            }
+            out
+        };
+        let creds = section(credentials, &[profile.to_owned()]);
+        let conf_names = if profile == "default" {
+            vec!["default".to_owned()]
+        } else {
+            vec![format!("profile {profile}")]
+        };
+        let conf = section(config, &conf_names);
+        let get = |kv: &[(String, String)], k: &str| kv.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        AwsFiles {
+            access_key_id: get(&creds, "aws_access_key_id").or_else(|| get(&conf, "aws_access_key_id")),
+            secret_access_key: get(&creds, "aws_secret_access_key").or_else(|| get(&conf, "aws_secret_access_key")),
+            session_token: get(&creds, "aws_session_token").or_else(|| get(&conf, "aws_session_token")),
+            region: get(&conf, "region"),
+            endpoint_url: get(&conf, "endpoint_url"),
+        }
+    }
+
+    /// Sets on `builder` what it does not have yet (the environment wins).
+    fn apply(self, mut builder: AmazonS3Builder) -> AmazonS3Builder {
+        use object_store::aws::AmazonS3ConfigKey as K;
+        for (key, value) in [
+            (K::AccessKeyId, self.access_key_id),
+            (K::SecretAccessKey, self.secret_access_key),
+            (K::Token, self.session_token),
+            (K::Region, self.region),
+            (K::Endpoint, self.endpoint_url),
+        ] {
+            if let Some(v) = value
+                && builder.get_config_value(&key).is_none_or(|x| x.is_empty())
+            {
+                builder = builder.with_config(key, v);
+            }
+        }
+        builder
+    }
+}
+
 /// The wait before attempt `n` (1, 2, ...): `first × 2^(n-1)`, at most 8 s, with up to 50 %
 /// jitter from the clock (so ranks that failed together do not retry together).
 fn backoff(first: Duration, n: u32) -> Duration {
@@ -357,6 +444,42 @@ fn one_line(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aws_files_give_what_the_environment_does_not() {
+        let d = tempfile::tempdir().unwrap();
+        let creds = d.path().join("credentials");
+        let conf = d.path().join("config");
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = DEF\naws_secret_access_key=defsecret\n[work]\naws_access_key_id = WORK\naws_secret_access_key = worksecret\naws_session_token = tok\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &conf,
+            "# comment\n[default]\nregion = eu-west-1\n[profile work]\nregion = us-west-2\nendpoint_url = http://127.0.0.1:9000\n",
+        )
+        .unwrap();
+        let work = AwsFiles::read(Some(&creds), Some(&conf), "work");
+        assert_eq!(work.access_key_id.as_deref(), Some("WORK"));
+        assert_eq!(work.session_token.as_deref(), Some("tok"));
+        assert_eq!(work.region.as_deref(), Some("us-west-2"));
+        assert_eq!(work.endpoint_url.as_deref(), Some("http://127.0.0.1:9000"));
+        let def = AwsFiles::read(Some(&creds), Some(&conf), "default");
+        assert_eq!(
+            (def.secret_access_key.as_deref(), def.region.as_deref()),
+            (Some("defsecret"), Some("eu-west-1"))
+        );
+        assert_eq!(
+            AwsFiles::read(None, Some(&d.path().join("nope")), "x"),
+            AwsFiles::default()
+        );
+        // The environment (here: the builder) wins over the files.
+        use object_store::aws::AmazonS3ConfigKey as K;
+        let b = work.apply(AmazonS3Builder::new().with_region("ap-south-1"));
+        assert_eq!(b.get_config_value(&K::Region).as_deref(), Some("ap-south-1"));
+        assert_eq!(b.get_config_value(&K::AccessKeyId).as_deref(), Some("WORK"));
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

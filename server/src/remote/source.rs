@@ -307,7 +307,10 @@ impl Source for RemoteSource {
                 continue;
             }
             seen.push(n);
-            if !self.cache.prefetch(&self.slots[n as usize].object) || seen.len() > self.prefetch_shards {
+            if !self.cache.prefetch(&self.slots[n as usize].object)
+                || seen.len() > self.prefetch_shards
+                || seen.len() == self.slots.len()
+            {
                 break;
             }
         }

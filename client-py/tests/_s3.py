@@ -30,8 +30,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 KEY, SECRET = "ringfeedtest", "ringfeedtestsecret"
 BUCKET = "rf-test"
 
@@ -46,6 +44,8 @@ def need(program: str) -> str:
     """The path of `program`, or a skip (a failure in CI)."""
     path = shutil.which(program)
     if path is None:
+        import pytest  # here: the benchmarks use this module without pytest
+
         msg = f"{program} is not installed (scripts/bootstrap installs it)"
         if os.environ.get("CI") == "true":
             pytest.fail(msg)

@@ -46,6 +46,7 @@ from ._shard import _MAX_DEPTH, _depth, _reject_constant
 __all__ = [
     "MAX_FRAME_LEN",
     "PROTOCOL",
+    "REMOTE_COUNTERS",
     "Connection",
     "check_server_message",
     "decode_frame",
@@ -94,6 +95,45 @@ _OPTIONAL: dict[str, dict[str, str]] = {
     "error": {"sample": "uint", "key": "str"},
     "ring": {"stream": "uint"},
 }
+
+#: 1.3: the integer members of a snapshot's ``server.remote`` (control.md, ``snapshot``); it also
+#: has ``wait_s``, a number.
+REMOTE_COUNTERS = (
+    "fetches",
+    "bytes",
+    "retries",
+    "errors",
+    "hits",
+    "misses",
+    "prefetches",
+    "evictions",
+    "reused",
+    "rejected",
+    "cache_bytes",
+    "cache_limit",
+)
+
+
+def remote_stats(snapshot: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``snapshot``'s ``server.remote`` (1.3: what fetching remote datasets has done), checked;
+    ``None`` when absent (an older server, or no remote dataset opened yet).
+
+    Raises:
+        ProtocolError: a member missing or mistyped.
+    """
+    remote = snapshot.get("server", {}).get("remote")
+    if remote is None:
+        return None
+    _check_member("snapshot", "server.remote", remote, "object")
+    for member in REMOTE_COUNTERS:
+        if member not in remote:
+            raise ProtocolError(f"`snapshot` member `server.remote` has no member `{member}`")
+        _check_member("snapshot", f"server.remote.{member}", remote[member], "uint")
+    wait = remote.get("wait_s")
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+        raise ProtocolError(f"`snapshot` member `server.remote.wait_s` should be a number, got {json.dumps(wait)}")
+    return remote
+
 
 # How many descriptors one recvmsg can take; a ring brings one, more than this is refused.
 _MAX_FDS = 8

@@ -50,7 +50,7 @@ from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
 from ._observe import snapshot
-from ._protocol import PROTOCOL, Connection, check_server_message, stats_message
+from ._protocol import PROTOCOL, Connection, check_server_message, remote_stats, stats_message
 from ._ring import Segment
 from ._sidecar import connect, default_socket_path
 from ._transforms import Views, as_views
@@ -71,6 +71,8 @@ FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
 MAX_BATCH_SIZE = 65536
 MAX_SLOTS = 64
 MAX_SEED = (1 << 53) - 1
+# Datasets on object storage (protocol 1.3): sent to the server unchanged.
+REMOTE_SCHEME = "s3://"
 #: The slot header's epoch is a u32.
 MAX_EPOCH = (1 << 32) - 1
 #: A ``stats`` message is sent every this many batches (control.md, "stats").
@@ -127,6 +129,14 @@ class _Stream:
                 segment.close()
 
 
+def _dataset_path(path: str | os.PathLike[str]) -> str:
+    """What ``open.dataset`` carries: a local path made absolute, or a remote URL unchanged."""
+    p = os.fspath(path)
+    if isinstance(p, str) and p.startswith(REMOTE_SCHEME):
+        return p
+    return os.path.abspath(p)  # noqa: PTH100
+
+
 class Loader:
     """Batches of a dataset, decoded and transformed by a ringfeed server, as tensors.
 
@@ -148,7 +158,10 @@ class Loader:
             folder (``DIR/class_name/image.jpg``, torchvision's ``ImageFolder`` classes and order)
             or a ``.csv``/``.jsonl`` manifest (as ``ringfeed pack`` reads them); the last two are
             listed by the server at open and read in place (see the README, "Serving files in
-            place", for what packing adds). Made absolute here; the server opens it.
+            place", for what packing adds). Made absolute here; the server opens it. Or the URL
+            ``s3://bucket/prefix`` of a packed dataset on S3-compatible storage (protocol 1.3),
+            sent unchanged: the server fetches it with its own credentials into its shard cache
+            (docs/remote.md).
         batch_size: samples per batch, ``1 ..= 65536``.
         transform: the per-image pipeline, with torchvision's names and semantics: an op,
             ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),
@@ -299,7 +312,9 @@ class Loader:
         self._res = _Stream()
         self._finalizer = weakref.finalize(self, self._res.close)
         # Absolute, as the server needs, without resolving symlinks (what the user named is sent).
-        self.path = os.path.abspath(os.fspath(path))  # noqa: PTH100
+        # A remote dataset (``s3://bucket/prefix``, protocol 1.3) goes to the server as it is: the
+        # server fetches it, with its own credentials (docs/remote.md).
+        self.path = _dataset_path(path)
         self.batch_size = _int_in("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         self.transform = transform
         self.views, self._legacy = _check_transform(transform)
@@ -1066,7 +1081,12 @@ class Loader:
             snap = snapshot(self.socket_path, timeout=5.0)
         except RingfeedError:
             return None
-        return next((s for s in snap["streams"] if s["stream"] == self.stream_id), None)
+        view = next((s for s in snap["streams"] if s["stream"] == self.stream_id), None)
+        remote = remote_stats(snap)
+        if view is not None and remote is not None:
+            # 1.3: the server's remote fetching (every remote dataset's), beside the stream's own.
+            view = {**view, "remote": remote}
+        return view
 
     # -- losing the server (``reconnect``) ------------------------------------------------------------
 

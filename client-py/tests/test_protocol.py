@@ -28,11 +28,13 @@ from ringfeed import ProtocolError, ServerDiedError, ServerError, _protocol
 from ringfeed._protocol import (
     MAX_FRAME_LEN,
     PROTOCOL,
+    REMOTE_COUNTERS,
     Connection,
     check_server_message,
     decode_frame,
     decode_payload,
     encode,
+    remote_stats,
     stats_message,
 )
 
@@ -509,3 +511,29 @@ def test_stats_message_keeps_gpu_wait_within_the_wait() -> None:
     """`gpu_wait_ns` is part of `wait_ns` (control.md, `stats`): clamped to 0..=wait_ns."""
     assert stats_message(1, 10, 5, 25)["gpu_wait_ns"] == 10
     assert stats_message(1, 10, 5, -3)["gpu_wait_ns"] == 0
+
+
+@needs_vectors
+def test_the_remote_snapshot_vector_has_every_counter() -> None:
+    """A 1.3 snapshot's `server.remote` (the vector) carries exactly REMOTE_COUNTERS and `wait_s`, typed as
+    control.md says; a snapshot without it reads as None, one missing a counter is refused."""
+    cases = {c["name"]: c for c in load("frames.json")}
+    snap = cases["snapshot, 1.3 remote"]["message"]
+    remote = remote_stats(snap)
+    assert remote is not None
+    assert set(remote) == {*REMOTE_COUNTERS, "wait_s"}
+    assert remote_stats(cases["snapshot"]["message"]) is None
+    damaged = {**snap, "server": {**snap["server"], "remote": {k: v for k, v in remote.items() if k != "retries"}}}
+    with pytest.raises(ProtocolError, match="retries"):
+        remote_stats(damaged)
+
+
+@needs_vectors
+def test_a_remote_dataset_url_is_sent_unchanged() -> None:
+    """An `s3://` dataset reaches `open.dataset` as given (the vector's); a local path is made absolute."""
+    from ringfeed.loader import _dataset_path
+
+    cases = {c["name"]: c for c in load("frames.json")}
+    url = cases["open, 1.3 remote dataset"]["message"]["dataset"]
+    assert _dataset_path(url) == url
+    assert _dataset_path("rel/ds") == os.path.abspath("rel/ds")  # noqa: PTH100

@@ -13,6 +13,8 @@
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
 //! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
 //!   LMDB read in place ([`source::lmdb`]).
+//! - [`remote`]: packed datasets on S3-compatible storage, through a bounded local cache of
+//!   checked shards, fetched ahead of the order.
 //! - [`tokens`]: the token dataset format v1 (`proto/tokens.md`): writer, reader, verifier, and
 //!   Megatron / flat token files read in place.
 //! - [`fault`]: SIGBUS on a mapped file that changed on disk becomes an error naming the file.
@@ -41,6 +43,7 @@ pub mod ops;
 pub mod pack;
 pub mod pool;
 pub mod progress;
+pub mod remote;
 pub mod resample;
 pub mod ring;
 pub mod sampler;

@@ -146,6 +146,58 @@ struct ServeArgs {
     /// the listing is every SECS seconds.
     #[arg(long, value_name = "SECS", default_value_t = 1.0)]
     open_progress: f64,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// Remote datasets (`s3://bucket/prefix`, docs/remote.md): the shard cache and fetching.
+#[derive(clap::Args, Debug)]
+struct RemoteArgs {
+    /// Directory of the shard cache [default: $XDG_CACHE_HOME/ringfeed/shards, else
+    /// ~/.cache/ringfeed/shards].
+    #[arg(long, value_name = "DIR", env = "RINGFEED_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Most bytes the shard cache may hold, e.g. 100GiB [default: half the space free in its
+    /// directory, at most 64 GiB].
+    #[arg(long, value_name = "SIZE", env = "RINGFEED_CACHE_BYTES", value_parser = parse_size)]
+    cache_bytes: Option<u64>,
+    /// Downloads running at once, over every stream.
+    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    fetch_concurrency: u32,
+    /// Shards each stream downloads ahead of its reads, in the order it will read them (0: none).
+    #[arg(long, value_name = "N", env = "RINGFEED_PREFETCH_SHARDS", default_value_t = 4)]
+    prefetch_shards: usize,
+    /// Deadline of one request to the object store, its whole body included, in seconds.
+    #[arg(long, value_name = "SECS", env = "RINGFEED_FETCH_TIMEOUT", default_value_t = 120.0)]
+    fetch_timeout: f64,
+    /// Attempts after the first for a failed request (timeouts, 5xx, 429/503, resets, short or
+    /// corrupted bodies).
+    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_RETRIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=100))]
+    fetch_retries: u32,
+}
+
+impl RemoteArgs {
+    fn config(&self) -> Result<ringfeed::remote::RemoteConfig> {
+        if !(0.1..=86400.0).contains(&self.fetch_timeout) {
+            bail!(
+                "--fetch-timeout {} must be between 0.1 and 86400 seconds",
+                self.fetch_timeout
+            );
+        }
+        let mut c = ringfeed::remote::RemoteConfig::defaults();
+        if let Some(d) = &self.cache_dir {
+            c.cache_bytes = ringfeed::remote::default_cache_bytes(d);
+            c.cache_dir = d.clone();
+        }
+        if let Some(b) = self.cache_bytes {
+            c.cache_bytes = b;
+        }
+        c.concurrency = self.fetch_concurrency as usize;
+        c.prefetch_shards = self.prefetch_shards;
+        c.timeout = std::time::Duration::from_secs_f64(self.fetch_timeout);
+        c.retries = self.fetch_retries;
+        Ok(c)
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -177,7 +229,8 @@ impl LmdbArgs {
 struct PackArgs {
     /// Image folder (SRC/class/*.jpg), manifest (.csv/.jsonl) or LMDB.
     src: PathBuf,
-    /// Output dataset directory (must not exist unless --force).
+    /// Output dataset directory (must not exist unless --force), or an `s3://bucket/prefix`
+    /// (packed in a temporary directory, then uploaded: shards first, the index last).
     out: PathBuf,
     /// What SRC is.
     #[arg(long, value_enum, default_value_t = InputKind::Auto)]
@@ -231,6 +284,63 @@ struct PackArgs {
     lmdb: LmdbArgs,
     #[command(flatten)]
     text: TextArgs,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// The `s3://` URL `p` names, if it names one.
+fn remote_url(p: &Path) -> Result<Option<ringfeed::remote::RemoteUrl>> {
+    match p.to_str().and_then(ringfeed::remote::RemoteUrl::parse) {
+        None => Ok(None),
+        Some(u) => Ok(Some(u?)),
+    }
+}
+
+/// A temporary directory for a remote dataset's local copy, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> Result<Self> {
+        let p = std::env::temp_dir().join(format!(".ringfeed-{what}-{}", std::process::id()));
+        if p.exists() {
+            std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
+        }
+        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `pack SRC s3://...`: packs into a temporary directory, then uploads it (index last).
+fn run_pack_remote(mut a: PackArgs, url: ringfeed::remote::RemoteUrl) -> Result<ExitCode> {
+    let config = a.remote.config()?;
+    let store = ringfeed::remote::tools::store_for(&url, &config)?;
+    if !a.force && ringfeed::remote::tools::exists(&store, &url)? {
+        bail!(
+            "{url} already holds a dataset (its {}); pass --force to replace it",
+            ringfeed::shard::INDEX_FILE
+        );
+    }
+    let tmp = TempDir::new("pack")?;
+    let local = tmp.0.join("dataset");
+    a.out = local.clone();
+    a.force = false;
+    let code = if a.text.tokenizer.is_some() {
+        run_pack_text(a)?
+    } else {
+        run_pack_local(a)?
+    };
+    if code != ExitCode::SUCCESS {
+        return Ok(code);
+    }
+    let (files, bytes) = ringfeed::remote::tools::upload(&store, &local, &url)?;
+    println!("uploaded {files} files, {:.1} MB, to {url}", bytes as f64 / 1e6);
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Text packing: with `--tokenizer`, SRC is text (JSONL, Parquet or plain text) and OUT a token
@@ -264,7 +374,8 @@ struct TextArgs {
 
 #[derive(clap::Args, Debug)]
 struct VerifyArgs {
-    /// Packed dataset directory.
+    /// Packed dataset directory, or an `s3://bucket/prefix` (downloaded to a temporary
+    /// directory first).
     dataset: PathBuf,
     /// Also decode every sample.
     #[arg(long)]
@@ -281,11 +392,14 @@ struct VerifyArgs {
     /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype.
     #[arg(long, value_enum, value_name = "DTYPE")]
     dtype: Option<FlatDtype>,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(clap::Args, Debug)]
 struct InspectArgs {
-    /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin.
+    /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin; or an
+    /// `s3://bucket/prefix` packed dataset (downloaded to a temporary directory first).
     dataset: PathBuf,
     /// Describe this sample (for token data: this document).
     #[arg(long, value_name = "I", default_value_t = 0)]
@@ -301,6 +415,8 @@ struct InspectArgs {
     json: bool,
     #[command(flatten)]
     lmdb: LmdbArgs,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 /// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1000), or
@@ -345,6 +461,13 @@ fn cancel_on_signals() -> Result<Arc<AtomicBool>> {
 }
 
 fn run_pack(a: PackArgs) -> Result<ExitCode> {
+    if let Some(url) = remote_url(&a.out)? {
+        return run_pack_remote(a, url);
+    }
+    run_pack_local(a)
+}
+
+fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
     if a.text.tokenizer.is_some() {
         return run_pack_text(a);
     }
@@ -507,7 +630,17 @@ fn run_verify_tokens(a: &VerifyArgs) -> Result<ExitCode> {
     }
 }
 
-fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
+fn run_verify(mut a: VerifyArgs) -> Result<ExitCode> {
+    let _tmp = match remote_url(&a.dataset)? {
+        Some(url) => {
+            let tmp = TempDir::new("verify")?;
+            let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
+            a.dataset = ringfeed::remote::tools::download(&store, &url, &tmp.0.join("dataset"))?;
+            eprintln!("downloaded {url} to {}", a.dataset.display());
+            Some(tmp)
+        }
+        None => None,
+    };
     if is_token_data(&a.dataset, a.dtype) {
         return run_verify_tokens(&a);
     }
@@ -579,7 +712,16 @@ fn is_lmdb(path: &Path) -> bool {
     path.join("data.mdb").is_file() || path.extension().is_some_and(|e| e == "mdb" || e == "lmdb")
 }
 
-fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
+fn run_inspect(mut a: InspectArgs) -> Result<ExitCode> {
+    let _tmp = match remote_url(&a.dataset)? {
+        Some(url) => {
+            let tmp = TempDir::new("inspect")?;
+            let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
+            a.dataset = ringfeed::remote::tools::download(&store, &url, &tmp.0.join("dataset"))?;
+            Some(tmp)
+        }
+        None => None,
+    };
     if is_token_data(&a.dataset, a.dtype) {
         let src = TokenSource::open(&a.dataset, a.dtype)?;
         let tok = match &a.tokenizer {
@@ -653,6 +795,7 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         cpu_budget: a.cpu_budget,
         metrics: a.metrics,
         pin_threads: a.pin_threads,
+        remote: a.remote.config()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

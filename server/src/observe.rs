@@ -115,6 +115,25 @@ pub fn render(s: &Snapshot) -> String {
         "{} pid {} up {:.0}s | cores {} budget {} pool {} | threads allotted {} busy {:.1}",
         sv.version, sv.pid, sv.uptime_s, sv.cores, sv.cpu_budget, sv.threads, sv.active_threads, sv.busy
     );
+    if let Some(r) = &sv.remote {
+        let _ = writeln!(
+            out,
+            "remote: {} fetches {:.1} MB | retries {} errors {} | hits {} misses {} prefetches {} | cache {:.1}/{:.1} MB, {} evicted, {} reused, {} rejected | waited {:.1} s",
+            r.fetches,
+            r.bytes as f64 / 1e6,
+            r.retries,
+            r.errors,
+            r.hits,
+            r.misses,
+            r.prefetches,
+            r.cache_bytes as f64 / 1e6,
+            r.cache_limit as f64 / 1e6,
+            r.evictions,
+            r.reused,
+            r.rejected,
+            r.wait_s
+        );
+    }
     if s.streams.is_empty() {
         out.push_str("no streams\n");
         return out;
@@ -244,6 +263,78 @@ pub fn prometheus(s: &Snapshot) -> String {
         "Threads' worth of decode work over the last interval.",
         vec![(String::new(), sv.busy)],
     );
+    if let Some(r) = &sv.remote {
+        for (name, kind, help, v) in [
+            (
+                "ringfeed_remote_fetches_total",
+                "counter",
+                "Objects downloaded completely from object storage.",
+                r.fetches as f64,
+            ),
+            (
+                "ringfeed_remote_bytes_total",
+                "counter",
+                "Bytes received from object storage.",
+                r.bytes as f64,
+            ),
+            (
+                "ringfeed_remote_retries_total",
+                "counter",
+                "Remote requests or downloads repeated after a failure.",
+                r.retries as f64,
+            ),
+            (
+                "ringfeed_remote_errors_total",
+                "counter",
+                "Remote objects that failed for good.",
+                r.errors as f64,
+            ),
+            (
+                "ringfeed_remote_hits_total",
+                "counter",
+                "Shard reads that found their shard in the cache.",
+                r.hits as f64,
+            ),
+            (
+                "ringfeed_remote_misses_total",
+                "counter",
+                "Shard reads that waited for a download.",
+                r.misses as f64,
+            ),
+            (
+                "ringfeed_remote_evictions_total",
+                "counter",
+                "Cached shards removed to make room.",
+                r.evictions as f64,
+            ),
+            (
+                "ringfeed_remote_rejected_total",
+                "counter",
+                "Cached or downloaded shards that failed their check.",
+                r.rejected as f64,
+            ),
+            (
+                "ringfeed_remote_wait_seconds_total",
+                "counter",
+                "Time readers waited for downloads.",
+                r.wait_s,
+            ),
+            (
+                "ringfeed_remote_cache_bytes",
+                "gauge",
+                "Bytes in the shard cache.",
+                r.cache_bytes as f64,
+            ),
+            (
+                "ringfeed_remote_cache_limit_bytes",
+                "gauge",
+                "The shard cache's bound.",
+                r.cache_limit as f64,
+            ),
+        ] {
+            metric(name, kind, help, vec![(String::new(), v)]);
+        }
+    }
     let ids: Vec<String> = s
         .streams
         .iter()
@@ -457,6 +548,7 @@ mod tests {
                 threads: 16,
                 active_threads: 6,
                 busy: 5.5,
+                remote: None,
             },
             streams: vec![StreamSnapshot {
                 stream: 2,

@@ -41,6 +41,8 @@ pub struct ServeConfig {
     /// How often a client waiting for a long open (an image folder being listed) hears of its
     /// progress (`opening`, control.md 1.2).
     pub open_progress: Duration,
+    /// Remote datasets: the shard cache and fetching (`crate::remote`).
+    pub remote: crate::remote::RemoteConfig,
 }
 
 /// How long connections get to end after SIGTERM/SIGINT.
@@ -121,6 +123,7 @@ pub async fn run(
     );
     shared.cpu_budget = config.cpu_budget;
     shared.open_progress = config.open_progress;
+    shared.remote = Arc::new(crate::remote::Hub::new(config.remote.clone()));
     let shared = Arc::new(shared);
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
     let metrics = match config.metrics {

@@ -516,6 +516,9 @@ pub struct ServerSnapshot {
     pub threads: u32,
     pub active_threads: u32,
     pub busy: f64,
+    /// 1.3: what remote fetching has done (absent until a remote dataset was opened).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<crate::remote::RemoteSnapshot>,
 }
 
 /// A whole `snapshot` message's body.

@@ -67,6 +67,8 @@ pub struct Shared {
     pub openings: Arc<crate::opening::Openings>,
     /// How often a client waiting for a listing gets an `opening` message.
     pub open_progress: std::time::Duration,
+    /// Remote datasets: the settings, the shard cache and the stores (`crate::remote`).
+    pub remote: Arc<crate::remote::Hub>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -94,6 +96,7 @@ impl Shared {
             idle: tokio::sync::Notify::new(),
             openings: Default::default(),
             open_progress: crate::opening::PROGRESS_EVERY,
+            remote: Arc::new(crate::remote::Hub::new(crate::remote::RemoteConfig::defaults())),
         }
     }
 
@@ -135,6 +138,7 @@ impl Shared {
                 threads: self.pool.threads() as u32,
                 active_threads: active.min(self.pool.threads() as u32),
                 busy: (busy * 100.0).round() / 100.0,
+                remote: self.remote.snapshot(),
             },
             streams,
         }
@@ -380,6 +384,9 @@ struct StreamState {
     gens: u32,
     run: Option<Run>,
     skip_errors: bool,
+    /// What each batch in flight keeps at hand (`Source::lease`: a remote dataset's shards), by
+    /// (run generation, batch); dropped when the batch comes back.
+    leases: BTreeMap<(u32, u64), Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Why an `open` is refused: the error code and the message.
@@ -460,7 +467,9 @@ async fn open_stream(
         )));
     }
     let path = PathBuf::from(&open.dataset);
-    if !path.is_absolute() {
+    // 1.3: an `s3://` URL names a remote packed dataset (images only); anything else is a path.
+    let remote = crate::remote::RemoteUrl::parse(&open.dataset).is_some();
+    if !remote && !path.is_absolute() {
         return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
     }
     let prepared = match kind {
@@ -594,7 +603,10 @@ async fn prepare_images(
             )));
         }
     }
-    let source = open_source(shared, path, open, progress).await?;
+    let source = match crate::remote::RemoteUrl::parse(&open.dataset) {
+        Some(url) => open_remote(shared, url, open).await?,
+        None => open_source(shared, path, open, progress).await?,
+    };
     if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
         return Err((
             ErrorCode::Dataset,
@@ -749,6 +761,7 @@ impl StreamState {
             gens: 0,
             run: None,
             skip_errors,
+            leases: BTreeMap::new(),
         }
     }
 }
@@ -889,6 +902,44 @@ async fn open_source(
             .map_err(dataset_err)?
         }
     };
+    shared.cache_source(key, &opened);
+    Ok(opened)
+}
+
+/// Opens (or reuses) the remote packed dataset at `url` (1.3, `crate::remote`): its index is
+/// fetched on a blocking thread; its shards come through the server's cache.
+async fn open_remote(
+    shared: &Arc<Shared>,
+    url: Result<crate::remote::RemoteUrl, crate::remote::RemoteError>,
+    open: &OpenRequest,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    let url = url.map_err(|e| dataset_err(e.to_string()))?;
+    if !shared.data_roots.is_empty() {
+        return Err(dataset_err(format!(
+            "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
+        )));
+    }
+    let key = format!("{url}|{}|remote", open.check_crc());
+    if let Some(s) = shared
+        .sources
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .and_then(|w| w.upgrade())
+    {
+        return Ok(s);
+    }
+    let hub = Arc::clone(&shared.remote);
+    let check_crc = open.check_crc();
+    let opened = tokio::task::spawn_blocking(move || {
+        crate::remote::RemoteSource::open(&hub, &url, check_crc)
+            .map(|s| Arc::new(s) as Arc<dyn Source>)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+    .map_err(dataset_err)?;
     shared.cache_source(key, &opened);
     Ok(opened)
 }
@@ -1070,6 +1121,20 @@ impl StreamState {
     fn fill(&mut self, shared: &Arc<Shared>) {
         self.fill_slots(shared);
         self.publish();
+        self.read_ahead();
+    }
+
+    /// Tells the source what the run reads next, from the next batch to submit on (a remote
+    /// source fetches ahead of it).
+    fn read_ahead(&self) {
+        let ahead = self.ctx.source.read_ahead();
+        let Some(run) = self.run.as_ref().filter(|_| ahead > 0) else {
+            return;
+        };
+        let mut upcoming = (run.next_submit..run.total)
+            .flat_map(|b| run.plan.batch(b).iter().copied())
+            .take(ahead);
+        self.ctx.source.will_read(&mut upcoming);
     }
 
     fn fill_slots(&mut self, shared: &Arc<Shared>) {
@@ -1085,6 +1150,9 @@ impl StreamState {
             };
             self.slots[slot] = Slot::Filling;
             let indices = run.plan.batch(run.next_submit).to_vec();
+            if let Some(lease) = self.ctx.source.lease(&indices) {
+                self.leases.insert((run.generation, run.next_submit), lease);
+            }
             let task = Arc::new(BatchTask {
                 stream: Arc::clone(&self.ctx),
                 run: run.generation,
@@ -1103,6 +1171,7 @@ impl StreamState {
     }
 
     async fn on_finished(&mut self, task: Arc<BatchTask>, shared: &Arc<Shared>, write: &mut OwnedWriteHalf) -> Reply {
+        self.leases.remove(&(task.run, task.batch));
         let Some(run) = self.run.as_mut().filter(|r| r.generation == task.run) else {
             // A batch of a cancelled run: its slot is free again.
             self.slots[task.slot as usize] = Slot::Free;

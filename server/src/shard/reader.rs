@@ -311,6 +311,12 @@ impl Dataset {
     }
 
     fn open_with(dir: &Path, load: &mut dyn FnMut(&Path) -> Result<Mapped, ShardError>) -> Result<Self, ShardError> {
+        let ds = Self::open_index(dir, load)?;
+        Self::open_shards(ds, &mut |n, name, entry| Shard::open(load(&dir.join(name))?, n, entry))
+    }
+
+    /// Maps and checks the index's fixed structures (footer, header, section bounds); no shard.
+    fn open_index(dir: &Path, load: &mut dyn FnMut(&Path) -> Result<Mapped, ShardError>) -> Result<Self, ShardError> {
         let path = dir.join(INDEX_FILE);
         let index = match load(&path) {
             Ok(m) => m,
@@ -337,43 +343,87 @@ impl Dataset {
         )?;
         let header = IndexHeader::decode(&path, index.slice(0, INDEX_HEADER_LEN as u64, "header")?, footer_at)?;
 
-        let mut ds = Dataset {
+        let ds = Dataset {
             dir: dir.to_owned(),
             index,
             header,
             footer,
             shards: Vec::with_capacity(header.shard_count as usize),
         };
-        for n in 0..header.shard_count {
+        Ok(ds)
+    }
+
+    /// Checks every shard name and every class name of an index whose fixed structures are
+    /// checked, and opens each shard with `open` (its number, file name and index entry).
+    fn open_shards(
+        mut ds: Dataset,
+        open: &mut dyn FnMut(u32, &str, &ShardEntry) -> Result<Shard, ShardError>,
+    ) -> Result<Self, ShardError> {
+        for n in 0..ds.header.shard_count {
             let entry = ds.shard_entry(n);
-            let name = ds.heap(
-                entry.name_offset,
-                u64::from(entry.name_len),
-                ds.shard_entry_offset(n),
-                "shard name",
-            )?;
-            if !valid_shard_name(name) {
-                return Err(ShardError::corrupt(
-                    &path,
-                    ds.shard_entry_offset(n),
-                    format!("shard {n} has an invalid file name \"{}\"", name.escape_ascii()),
-                ));
-            }
-            let shard_path = dir.join(std::str::from_utf8(name).map_err(|_| {
-                ShardError::corrupt(
-                    &path,
-                    ds.shard_entry_offset(n),
-                    format!("shard {n} has a non-UTF-8 file name"),
-                )
-            })?);
-            let shard = Shard::open(load(&shard_path)?, n, &entry)?;
+            let name = ds.shard_name(n)?.to_owned();
+            let shard = open(n, &name, &entry)?;
             ds.shards.push(shard);
         }
         // O(classes): after this, `class_name` cannot fail for an existing class.
-        for c in 0..header.class_count {
+        for c in 0..ds.header.class_count {
             ds.class_name(c)?;
         }
         Ok(ds)
+    }
+
+    /// An index held in memory whose shards are opened later, one by one, by the caller
+    /// (`crate::remote`: shards fetched into a local cache). `name` is what errors call it.
+    /// Checks everything [`Dataset::open`] checks of the index itself, shard and class names
+    /// included; [`Dataset::sample`] is not available on it (it has no shards), use
+    /// `crate::remote`'s reader, which opens each shard with [`Dataset::open_shard_at`].
+    pub fn index_only(name: &Path, bytes: Vec<u8>) -> Result<Self, ShardError> {
+        let mut bytes = Some(bytes);
+        let ds = Self::open_index(name, &mut |p: &Path| match bytes.take() {
+            Some(b) => Ok(Mapped {
+                path: p.to_owned(),
+                map: Backing::Owned(b),
+            }),
+            None => Err(ShardError::io(p, std::io::ErrorKind::NotFound.into())),
+        })?;
+        for n in 0..ds.header.shard_count {
+            ds.shard_name(n)?;
+        }
+        for c in 0..ds.header.class_count {
+            ds.class_name(c)?;
+        }
+        Ok(ds)
+    }
+
+    /// Shard `n` of this index from the file at `path`, checked as [`Dataset::open`] checks it
+    /// (length, header, footer, and that it belongs to this index).
+    pub(crate) fn open_shard_at(&self, n: u32, path: &Path) -> Result<Shard, ShardError> {
+        Shard::open(Mapped::open(path)?, n, &self.shard_entry(n))
+    }
+
+    /// The file name of shard `n`, checked (UTF-8, no `/`, not `.` or `..`).
+    pub fn shard_name(&self, n: u32) -> Result<&str, ShardError> {
+        let entry = self.shard_entry(n);
+        let name = self.heap(
+            entry.name_offset,
+            u64::from(entry.name_len),
+            self.shard_entry_offset(n),
+            "shard name",
+        )?;
+        if !valid_shard_name(name) {
+            return Err(ShardError::corrupt(
+                self.index_path(),
+                self.shard_entry_offset(n),
+                format!("shard {n} has an invalid file name \"{}\"", name.escape_ascii()),
+            ));
+        }
+        std::str::from_utf8(name).map_err(|_| {
+            ShardError::corrupt(
+                self.index_path(),
+                self.shard_entry_offset(n),
+                format!("shard {n} has a non-UTF-8 file name"),
+            )
+        })
     }
 
     /// The dataset directory.
@@ -445,15 +495,8 @@ impl Dataset {
                 len: self.len(),
             });
         }
+        let (e, key, meta) = self.sample_entry(i)?;
         let at = self.sample_entry_offset(i);
-        let e = SampleEntry::decode(&self.index.map[at as usize..at as usize + SAMPLE_ENTRY_LEN]);
-        let kv = self.heap(
-            e.heap_offset,
-            u64::from(e.key_len) + u64::from(e.meta_len),
-            at + 8,
-            "sample key",
-        )?;
-        let (key, meta) = kv.split_at(e.key_len as usize);
         let shard = self.shards.get(e.shard as usize).ok_or_else(|| {
             ShardError::corrupt(
                 self.index_path(),
@@ -489,6 +532,21 @@ impl Dataset {
             offset: r.offset,
             crc: r.crc,
         })
+    }
+
+    /// Sample `i`'s entry, key and metadata, bounds-checked against the heap (not against the
+    /// shard table: [`Dataset::sample`] does that). `i < len()` is the caller's to check.
+    pub(crate) fn sample_entry(&self, i: u64) -> Result<(SampleEntry, &[u8], &[u8]), ShardError> {
+        let at = self.sample_entry_offset(i);
+        let e = SampleEntry::decode(&self.index.map[at as usize..at as usize + SAMPLE_ENTRY_LEN]);
+        let kv = self.heap(
+            e.heap_offset,
+            u64::from(e.key_len) + u64::from(e.meta_len),
+            at + 8,
+            "sample key",
+        )?;
+        let (key, meta) = kv.split_at(e.key_len as usize);
+        Ok((e, key, meta))
     }
 
     /// Sample `i` with its record CRC checked.

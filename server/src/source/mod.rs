@@ -84,6 +84,24 @@ pub trait Source: Send + Sync + fmt::Debug {
         f(reader.get(index)?);
         Ok(())
     }
+
+    /// How many of the samples a stream will read next this source wants to be told about
+    /// ([`Source::will_read`]); 0 (local sources): none.
+    fn read_ahead(&self) -> usize {
+        0
+    }
+
+    /// The samples a stream will read next, in order (at most [`Source::read_ahead`]): a remote
+    /// source fetches what they need ahead of the reads. Called from the control plane: it
+    /// must not block.
+    fn will_read(&self, _upcoming: &mut dyn Iterator<Item = u64>) {}
+
+    /// A batch of these samples has been submitted: a guard that keeps what they need at hand
+    /// until it is dropped (when the batch is done), for sources that can lose it in between (a
+    /// remote source's cache). Must not block; `None` when there is nothing to keep.
+    fn lease(&self, _indices: &[u64]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        None
+    }
 }
 
 /// Per-thread access to a [`Source`].
@@ -104,6 +122,9 @@ pub enum SourceError {
     /// An LMDB problem (open, transaction, missing key, undecodable value, ...).
     #[error(transparent)]
     Lmdb(#[from] lmdb::LmdbError),
+    /// A remote dataset's shard could not be fetched (`crate::remote`).
+    #[error("{why}")]
+    Remote { dataset: String, why: String },
     /// A file of an image folder or manifest served in place could not be read.
     #[error("cannot read {}: {source}", path.display())]
     File {

@@ -9,6 +9,7 @@ mod in_place;
 mod lmdb;
 mod ops;
 mod pack;
+mod remote;
 mod serve;
 mod shard;
 mod storage;

@@ -156,6 +156,25 @@ fn messages() -> Vec<(&'static str, Value)> {
                     "limit": "fed: the training loop waits for data 0.4% of its time (and 3.0% behind its own GPU work); its 6 decode threads are 97% busy",
                     "gpu_share": 0.625, "gpu_samples": 190000, "gpu_decode_us": 21.5}]}),
         ),
+        (
+            "open, 1.3 remote dataset",
+            json!({"type": "open", "dataset": "s3://training-data/imagenet/train.rf", "lmdb": {}, "batch_size": 256,
+                "pipeline": {"views": [{"name": "image", "count": 1, "ops": [
+                    {"op": "random_resized_crop", "size": [224, 224], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0], "interpolation": "bilinear", "antialias": true},
+                    {"op": "horizontal_flip", "p": 0.5}]}]},
+                "layout": "NCHW", "shuffle": true, "seed": 0, "drop_last": true, "rank": 3, "world_size": 8, "slots": 4,
+                "on_error": "raise", "check_crc": true}),
+        ),
+        (
+            "snapshot, 1.3 remote",
+            json!({"type": "snapshot",
+                "server": {"version": "ringfeed 0.1.0", "pid": 4100, "uptime_s": 95.5, "cores": 16, "cpu_budget": 14,
+                    "threads": 16, "active_threads": 14, "busy": 13.2,
+                    "remote": {"fetches": 41, "bytes": 10871635968u64, "retries": 3, "errors": 0, "hits": 1180442, "misses": 37,
+                        "prefetches": 39, "evictions": 9, "reused": 2, "rejected": 1, "wait_s": 4.125,
+                        "cache_bytes": 8589934592u64, "cache_limit": 10737418240u64}},
+                "streams": []}),
+        ),
         ("start", json!({"type": "start", "epoch": 3, "first_batch": 120})),
         ("hello, 1.3", json!({"type": "hello", "protocol": [1, 3]})),
         (

@@ -1,0 +1,373 @@
+"""Remote packed datasets (``s3://``, protocol 1.3, docs/remote.md) against real S3 servers.
+
+Every test runs the real ``ringfeed`` binary against ``s3s-fs`` (objects as files) and, where it
+says so, ``moto_server`` as a second implementation. ``ringfeed pack SRC s3://...`` uploads the
+dataset; the same source packed locally (deterministic, byte-identical) is the reference the
+remote batches must equal. Faults come from ``_s3.FaultProxy`` between the sidecar and the store.
+The servers skip these tests when they are not installed, except in CI (``CI=true``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _s3 import BUCKET, Fault, FaultProxy, S3Server, s3_server
+from _support import ringfeed_bin
+from PIL import Image
+
+import ringfeed
+from ringfeed import ServerError
+
+N = 48
+SHARD = "16KiB"
+
+
+def jpeg(w: int, h: int, seed: int) -> bytes:
+    img = Image.new("RGB", (w, h), ((seed * 37) % 256, (seed * 91) % 256, (seed * 53) % 256))
+    for x in range(0, w, 5):
+        img.putpixel((x, (x * seed) % h), (255 - x % 256, seed % 256, 7))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """N small JPEGs in 4 classes."""
+    root = tmp_path_factory.mktemp("remote") / "src"
+    for i in range(N):
+        p = root / f"c{i % 4}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(jpeg(40 + i % 11, 32 + i % 9, i))
+    return root
+
+
+def pack(src: Path, out: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [ringfeed_bin(), "pack", str(src), out, "--progress", "none", "--shard-size", SHARD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def local(source: Path) -> Path:
+    """The local copy: the reference."""
+    out = source.parent / "ds"
+    r = pack(source, str(out))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="module", params=["s3s-fs", "moto"])
+def store(request: pytest.FixtureRequest, source: Path, local: Path) -> Iterator[S3Server]:
+    """A real S3 server holding the dataset at s3://BUCKET/sets/ds, uploaded by `ringfeed pack`."""
+    with s3_server(request.param) as server:
+        r = pack(source, f"s3://{BUCKET}/sets/ds", server.env())
+        assert r.returncode == 0, r.stderr
+        assert "uploaded" in r.stdout
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fs_store(source: Path, local: Path) -> Iterator[S3Server]:
+    """s3s-fs alone (its objects are files, so a test can change one under the server)."""
+    with s3_server("s3s-fs") as server:
+        r = pack(source, f"s3://{BUCKET}/sets/ds", server.env())
+        assert r.returncode == 0, r.stderr
+        yield server
+
+
+URL = f"s3://{BUCKET}/sets/ds"
+
+
+class Sidecar:
+    """`ringfeed serve` with a cache directory and the store's environment."""
+
+    def __init__(self, sockdir: Path, env: dict[str, str], cache: Path, cache_bytes: int, *args: str) -> None:
+        self.socket = str(sockdir / f"s{time.monotonic_ns()}.sock")
+        self.log = sockdir / f"log{time.monotonic_ns()}"
+        cmd = [ringfeed_bin(), "serve", "--socket", self.socket, "--threads", "2", "--cache-dir", str(cache)]
+        cmd += ["--cache-bytes", str(cache_bytes), "--fetch-timeout", "5", *args]
+        if "--fetch-retries" not in args:
+            cmd += ["--fetch-retries", "3"]
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, **env})
+        deadline = time.monotonic() + 30
+        while not Path(self.socket).exists():
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+
+    def loader(self, path: str | Path, **kw: Any) -> ringfeed.Loader:
+        kw.setdefault("transform", ringfeed.RandomResizedCrop(16) + ringfeed.Flip())
+        kw.setdefault("fields", ["index"])
+        kw.setdefault("timeout", 60.0)
+        return ringfeed.Loader(path, kw.pop("batch_size", 4), socket=self.socket, **kw)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=20)
+
+
+@pytest.fixture
+def sidecars(sockdir: Path) -> Iterator[list[Sidecar]]:
+    made: list[Sidecar] = []
+    yield made
+    for s in made:
+        if s.proc.poll() is None:
+            s.close()
+
+
+def start(made: list[Sidecar], sockdir: Path, env: dict[str, str], cache: Path, cache_bytes: int, *a: str) -> Sidecar:
+    s = Sidecar(sockdir, env, cache, cache_bytes, *a)
+    made.append(s)
+    return s
+
+
+def batches(ld: ringfeed.Loader, epoch: int | None = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """One iteration (of `epoch`; None: where the loader stands), every batch copied."""
+    if epoch is not None:
+        ld.set_epoch(epoch)
+    return [(b["index"].clone(), b["image"].clone(), b["label"].clone()) for b in ld]
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        all(torch.equal(x, y) for x, y in zip(p, q, strict=True)) for p, q in zip(a, b, strict=True)
+    )
+
+
+def dir_bytes(d: Path) -> int:
+    total = 0
+    for p in d.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_size
+    return total
+
+
+def shard_count(local: Path) -> int:
+    return len(list(local.glob("*.rfs")))
+
+
+def test_the_upload_is_the_local_dataset_byte_for_byte(fs_store: S3Server, local: Path) -> None:
+    """`ringfeed pack SRC s3://...` uploads exactly the files a local pack writes, and `verify` and `inspect` read
+    the remote copy."""
+    for f in local.iterdir():
+        assert fs_store.object_path(f"sets/ds/{f.name}").read_bytes() == f.read_bytes(), f.name
+    env = {**os.environ, **fs_store.env()}
+    r = subprocess.run([ringfeed_bin(), "verify", URL, "--progress", "none"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"ok: {N} samples in {shard_count(local)} shards" in r.stdout
+    r = subprocess.run([ringfeed_bin(), "inspect", URL, "--json"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f'"samples": {N}' in r.stdout
+    again = pack(local.parent / "src", URL, fs_store.env())
+    assert again.returncode != 0
+    assert "--force" in again.stderr
+
+
+def test_batches_from_s3_equal_the_local_copy(
+    store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """For several seeds, ranks and resume points, the batches of the S3 copy equal those of the local copy: same
+    indices, pixels and labels, in the same order."""
+    sc = start(sidecars, sockdir, store.env(), tmp_path / "cache", 1 << 30)
+    for seed, rank, world, resume in [(0, 0, 1, 0), (7, 1, 2, 0), (3, 0, 2, 2), (11, 2, 3, 1)]:
+        got, want = [], []
+        for path, out in ((URL, got), (local, want)):
+            with sc.loader(path, seed=seed, rank=rank, world_size=world) as ld:
+                if resume:
+                    ld.load_state_dict({**ld.state_dict(), "batches_delivered": resume, "epoch": 1})
+                    out.extend(batches(ld, None))
+                else:
+                    out.extend(batches(ld, 0) + batches(ld, 1))
+        assert got, (seed, rank)
+        assert same(got, want), (seed, rank, world, resume)
+
+
+def test_the_cache_bound_holds_during_an_epoch(
+    fs_store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """With a cache bound of two and a half shards, the cache directory (measured every few ms during two epochs)
+    never holds more, the server reports the same, and every sample is still served exactly once per epoch."""
+    shard = max(p.stat().st_size for p in local.glob("*.rfs"))
+    bound = shard * 5 // 2
+    cache = tmp_path / "cache"
+    sc = start(sidecars, sockdir, fs_store.env(), cache, bound)
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if cache.exists():
+                peak[0] = max(peak[0], dir_bytes(cache))
+            time.sleep(0.002)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        with sc.loader(URL, seed=5, drop_last=False) as ld:
+            for e in range(2):
+                seen = sorted(i for b in batches(ld, e) for i in b[0].tolist())
+                assert seen == list(range(N))
+            remote = ld.stats()["server"]["remote"]
+    finally:
+        stop.set()
+        t.join()
+    assert 0 < peak[0] <= bound, (peak[0], bound)
+    assert remote["cache_limit"] == bound
+    assert remote["cache_bytes"] <= bound
+    assert remote["evictions"] > 0
+
+
+def test_a_cache_smaller_than_a_shard_is_refused_at_open(
+    fs_store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """A cache bound below the largest shard refuses the open with a `dataset` error naming the shard and
+    --cache-bytes, instead of a deadlock later (MosaicML Streaming #417)."""
+    shard = max(p.stat().st_size for p in local.glob("*.rfs"))
+    sc = start(sidecars, sockdir, fs_store.env(), tmp_path / "cache", shard - 1)
+    with pytest.raises(ServerError, match="--cache-bytes") as e:
+        sc.loader(URL)
+    assert e.value.code == "dataset"
+    assert ".rfs" in str(e.value)
+
+
+def test_a_restart_reuses_a_valid_cache_and_rejects_a_tampered_file(
+    fs_store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """After a restart the cached shards are checked, not trusted: the valid ones are used without a download, a
+    tampered one is rejected and downloaded again, and the batches are those of the local copy."""
+    cache = tmp_path / "cache"
+    n = shard_count(local)
+    sc = start(sidecars, sockdir, fs_store.env(), cache, 1 << 30)
+    with sc.loader(URL, seed=2) as ld:
+        first = batches(ld)
+    sc.close()
+    files = sorted(p for p in cache.iterdir() if p.name.endswith(".rfs"))
+    assert len(files) == n
+    victim = files[1]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    victim.write_bytes(bytes(data))
+    sc = start(sidecars, sockdir, fs_store.env(), cache, 1 << 30, "--prefetch-shards", "0")
+    with sc.loader(URL, seed=2) as ld:
+        again = batches(ld)
+        remote = ld.stats()["server"]["remote"]
+    with sc.loader(local, seed=2) as ld:
+        want = batches(ld)
+    assert same(first, want)
+    assert same(again, want)
+    assert (remote["reused"], remote["rejected"]) == (n - 1, 1), remote
+    # The index, and the one shard downloaded again.
+    assert remote["fetches"] == 2, remote
+    assert victim.read_bytes() == (local / victim.name.split("%2F")[-1]).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("fault", "counted"),
+    [
+        (Fault("delay", 7.0), "retries"),
+        (Fault("reset"), "retries"),
+        (Fault("status", 500), "retries"),
+        (Fault("status", 503), "retries"),
+        (Fault("status", 429), "retries"),
+        (Fault("truncate", 0.5), "retries"),
+        (Fault("corrupt"), "rejected"),
+    ],
+    ids=["delay", "reset", "500", "503", "429", "truncated", "corrupted"],
+)
+def test_a_transient_fault_is_retried_and_counted(
+    fs_store: S3Server,
+    local: Path,
+    sockdir: Path,
+    tmp_path: Path,
+    sidecars: list[Sidecar],
+    fault: Fault,
+    counted: str,
+) -> None:
+    """A fault on a shard's download (a stall past --fetch-timeout, a reset, 500/503/429, a body cut short, a flipped
+    byte) ends in a retry, counted in the stream's stats; the epoch is the local copy's: nothing served twice, nothing
+    lost, nothing from a partial or bad download."""
+    proxy = FaultProxy(fs_store.port)
+    try:
+        proxy.stage(fault, Fault(fault.kind, fault.arg, "shard-000002"))
+        sc = start(sidecars, sockdir, fs_store.env(proxy.url), tmp_path / "cache", 1 << 30)
+        with sc.loader(URL, seed=4) as ld:
+            got = batches(ld)
+            remote = ld.stats()["server"]["remote"]
+        with sc.loader(local, seed=4) as ld:
+            want = batches(ld)
+    finally:
+        proxy.close()
+    assert [k for k, _ in proxy.stats.applied] == [fault.kind, fault.kind]
+    assert same(got, want)
+    assert remote[counted] >= 2, remote
+    assert remote["errors"] == 0, remote
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        (Fault("status", 503), "--fetch-retries"),
+        (Fault("gone"), "does not exist"),
+    ],
+    ids=["throttled-for-good", "gone"],
+)
+def test_a_lasting_fault_is_an_error_naming_the_object_and_the_setting(
+    fs_store: S3Server, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar], fault: Fault, named: str
+) -> None:
+    """A shard that stays throttled past the retries, or has disappeared, fails the run with a `sample` error naming
+    the object (and, for throttling, the setting to change), within bounded time; never a hang."""
+    proxy = FaultProxy(fs_store.port)
+    proxy.always = Fault(fault.kind, fault.arg, "shard-000001")
+    try:
+        sc = start(sidecars, sockdir, fs_store.env(proxy.url), tmp_path / "cache", 1 << 30, "--fetch-retries", "2")
+        started = time.monotonic()
+        with sc.loader(URL, seed=1) as ld, pytest.raises(ServerError) as e:
+            batches(ld)
+        took = time.monotonic() - started
+        with sc.loader(URL) as ld:
+            remote = ld.stats()["server"]["remote"]
+    finally:
+        proxy.close()
+    assert e.value.code == "sample"
+    assert "shard-000001.rfs" in str(e.value), str(e.value)
+    assert named in str(e.value), str(e.value)
+    assert took < 60
+    assert remote["errors"] >= 1
+
+
+def test_an_object_changed_under_a_running_job_is_an_error(
+    fs_store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """A shard downloaded again (after its eviction) whose ETag is no longer the one the server first saw fails the run
+    with an error saying the object changed under the job, naming it; the batches before it were the local copy's."""
+    shard = max(p.stat().st_size for p in local.glob("*.rfs"))
+    proxy = FaultProxy(fs_store.port)
+    try:
+        sc = start(sidecars, sockdir, fs_store.env(proxy.url), tmp_path / "cache", shard * 2, "--prefetch-shards", "0")
+        with sc.loader(URL, seed=9) as ld:
+            batches(ld)
+            # From now on every shard download reports another ETag: the object was rewritten.
+            proxy.always = Fault("etag")
+            with pytest.raises(ServerError, match="changed while this server used it") as e:
+                batches(ld, 1)
+    finally:
+        proxy.close()
+    assert "s3://" in str(e.value)
+    assert ".rfs" in str(e.value)

@@ -1,0 +1,491 @@
+//! One bucket of an S3-compatible store, as blocking calls with deadlines and bounded retries.
+//!
+//! `object_store`'s own retry loop is switched off (`max_retries: 0`) and this module retries
+//! instead, so that every retry is counted ([`super::Counters::retries`]) and the error that ends
+//! the attempts names the object and the settings (`--fetch-retries`, `--fetch-timeout`). Each
+//! attempt, its whole body included, runs under `tokio::time::timeout`, so a stalled store never
+//! holds a reader beyond `timeout × (retries + 1)` plus the backoffs.
+//!
+//! What is retried: timeouts, connection errors and resets, 5xx, 429 and 503 throttling, a body
+//! that ends early. A download resumes where a broken body stopped (a ranged GET from the bytes
+//! already written) as long as the object's ETag is the one the first attempt saw. What is not:
+//! 404 (the object is gone), 401/403 (credentials), an ETag that changed (the object was
+//! rewritten), a body longer than the index says.
+//!
+//! The client runs on this module's own two-thread tokio runtime, so callers are plain threads
+//! (decode workers, fetch jobs, the CLI); calling in from a tokio worker thread would panic, so
+//! the control plane reaches it through `spawn_blocking`.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
+
+use super::{Counters, RemoteConfig, RemoteError};
+
+/// Largest object [`Store::put_file`] sends in one request; larger ones go in 16 MiB parts.
+const SINGLE_PUT: u64 = 64 << 20;
+
+/// One bucket's client.
+#[derive(Debug)]
+pub struct Store {
+    bucket: String,
+    s3: Arc<AmazonS3>,
+    runtime: tokio::runtime::Runtime,
+    timeout: Duration,
+    retries: u32,
+    backoff: Duration,
+    counters: Arc<Counters>,
+}
+
+/// How one attempt failed: worth another, or final.
+enum Attempt {
+    Retry(String),
+    Fatal(RemoteError),
+}
+
+impl Store {
+    /// A client for `bucket` configured from the environment (`AmazonS3Builder::from_env`: the
+    /// `AWS_*` variables), with `AWS_ALLOW_HTTP` implied by an `http://` endpoint.
+    ///
+    /// What the environment leaves unset (keys, region, endpoint) is read from the AWS CLI's
+    /// files, for the profile `$AWS_PROFILE` (else `default`): `$AWS_SHARED_CREDENTIALS_FILE`
+    /// (else `~/.aws/credentials`) and `$AWS_CONFIG_FILE` (else `~/.aws/config`).
+    pub fn from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let file = |var: &str, name: &str| {
+            std::env::var_os(var)
+                .map(std::path::PathBuf::from)
+                .or_else(|| home.as_ref().map(|h| h.join(".aws").join(name)))
+        };
+        let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".to_owned());
+        let files = AwsFiles::read(
+            file("AWS_SHARED_CREDENTIALS_FILE", "credentials").as_deref(),
+            file("AWS_CONFIG_FILE", "config").as_deref(),
+            &profile,
+        );
+        let builder = files.apply(AmazonS3Builder::from_env());
+        let endpoint = builder
+            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Endpoint)
+            .unwrap_or_default();
+        Self::from_builder(builder, bucket, &endpoint, config, counters)
+    }
+
+    /// A client for `bucket` from `builder` (what [`Store::from_env`] makes from the
+    /// environment; tests give the endpoint and keys of their own server instead). `endpoint`:
+    /// the builder's endpoint, if any (an `http://` one allows plain HTTP).
+    pub fn from_builder(
+        builder: AmazonS3Builder,
+        bucket: &str,
+        endpoint: &str,
+        config: &RemoteConfig,
+        counters: Arc<Counters>,
+    ) -> Result<Self, RemoteError> {
+        let cfg_err = |why: String| RemoteError::Config {
+            bucket: bucket.to_owned(),
+            why,
+        };
+        let mut builder = builder.with_bucket_name(bucket);
+        let mut options = ClientOptions::new()
+            .with_timeout(config.timeout)
+            .with_connect_timeout(Duration::from_secs(5).min(config.timeout));
+        if endpoint.starts_with("http://") {
+            options = options.with_allow_http(true);
+        }
+        if builder
+            .get_config_value(&object_store::aws::AmazonS3ConfigKey::Region)
+            .is_none_or(|r| r.is_empty())
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        builder = builder.with_client_options(options).with_retry(RetryConfig {
+            max_retries: 0,
+            retry_timeout: config.timeout,
+            ..RetryConfig::default()
+        });
+        let s3 = builder.build().map_err(|e| cfg_err(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("ringfeed-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| cfg_err(format!("starting its runtime: {e}")))?;
+        Ok(Store {
+            bucket: bucket.to_owned(),
+            s3: Arc::new(s3),
+            runtime,
+            timeout: config.timeout,
+            retries: config.retries,
+            backoff: config.backoff,
+            counters,
+        })
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    fn url(&self, key: &str) -> String {
+        format!("{}{}/{key}", super::SCHEME, self.bucket)
+    }
+
+    /// Classifies an `object_store` error.
+    fn classify(&self, key: &str, e: object_store::Error) -> Attempt {
+        match e {
+            object_store::Error::NotFound { .. } => Attempt::Fatal(RemoteError::Gone { url: self.url(key) }),
+            object_store::Error::PermissionDenied { source, .. }
+            | object_store::Error::Unauthenticated { source, .. } => Attempt::Fatal(RemoteError::Denied {
+                url: self.url(key),
+                why: source.to_string(),
+            }),
+            other => Attempt::Retry(one_line(&other)),
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the retries are spent; every
+    /// attempt under the deadline.
+    fn with_retries<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T, RemoteError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Attempt>>,
+    {
+        let attempts = self.retries + 1;
+        let mut last = String::new();
+        for n in 0..attempts {
+            if n > 0 {
+                Counters::bump(&self.counters.retries);
+                std::thread::sleep(backoff(self.backoff, n));
+            }
+            let got = self.runtime.block_on(async {
+                match tokio::time::timeout(self.timeout, attempt(n)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Attempt::Retry(format!(
+                        "no answer within --fetch-timeout {:.0} s",
+                        self.timeout.as_secs_f64()
+                    ))),
+                }
+            });
+            match got {
+                Ok(v) => return Ok(v),
+                Err(Attempt::Fatal(e)) => {
+                    Counters::bump(&self.counters.errors);
+                    return Err(e);
+                }
+                Err(Attempt::Retry(why)) => {
+                    tracing::debug!("{}: attempt {} failed: {why}", self.url(key), n + 1);
+                    last = why;
+                }
+            }
+        }
+        Counters::bump(&self.counters.errors);
+        Err(RemoteError::Exhausted {
+            url: self.url(key),
+            attempts,
+            last,
+        })
+    }
+
+    /// The whole object `key` in memory, and its ETag.
+    pub fn get_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        let path = ObjectPath::from(key);
+        let got = self.with_retries(key, |_| async {
+            let r = self.s3.get(&path).await.map_err(|e| self.classify(key, e))?;
+            let etag = r.meta.e_tag.clone();
+            let mut stream = r.into_stream();
+            let mut out = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                out.extend_from_slice(&chunk);
+            }
+            Ok((out, etag))
+        })?;
+        Counters::bump(&self.counters.fetches);
+        Ok(got)
+    }
+
+    /// Downloads `key` into the new file `dest`, which must end up exactly `len` bytes long.
+    /// `etag`: the ETag the object had when this server first saw it (the download fails with
+    /// [`RemoteError::Changed`] if it differs now); returns the ETag it has. A body that breaks
+    /// off is resumed from where it stopped; the file is synced before this returns.
+    pub fn download(
+        &self,
+        key: &str,
+        dest: &Path,
+        len: u64,
+        etag: Option<&str>,
+    ) -> Result<Option<String>, RemoteError> {
+        let io = |e: std::io::Error| RemoteError::Io {
+            path: dest.to_owned(),
+            source: e,
+        };
+        let mut file = std::fs::File::create(dest).map_err(io)?;
+        let path = ObjectPath::from(key);
+        let written = std::cell::Cell::new(0u64);
+        let seen: std::cell::RefCell<Option<String>> = std::cell::RefCell::new(etag.map(str::to_owned));
+        let file_ref = std::cell::RefCell::new(&mut file);
+        let got = self.with_retries(key, |_| {
+            let path = &path;
+            let written = &written;
+            let seen = &seen;
+            let file_ref = &file_ref;
+            async move {
+                let at = written.get();
+                let options = GetOptions {
+                    range: (at > 0).then_some(GetRange::Offset(at)),
+                    ..GetOptions::default()
+                };
+                let r = self.s3.get_opts(path, options).await.map_err(|e| self.classify(key, e))?;
+                let now = r.meta.e_tag.clone();
+                if let (Some(was), Some(now)) = (seen.borrow().as_deref(), now.as_deref())
+                    && was != now
+                {
+                    return Err(Attempt::Fatal(RemoteError::Changed {
+                        url: self.url(key),
+                        was: was.to_owned(),
+                        now: now.to_owned(),
+                    }));
+                }
+                if seen.borrow().is_none() {
+                    *seen.borrow_mut() = now;
+                }
+                if r.meta.size != len {
+                    return Err(Attempt::Fatal(RemoteError::Other {
+                        url: self.url(key),
+                        why: format!(
+                            "the object has {} bytes, the dataset's index says {len}: the dataset was rewritten or damaged; repack and upload it again",
+                            r.meta.size
+                        ),
+                    }));
+                }
+                let mut stream = r.into_stream();
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                    self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    if written.get() + chunk.len() as u64 > len {
+                        return Err(Attempt::Retry(format!(
+                            "the body runs past the {len} bytes the object has"
+                        )));
+                    }
+                    file_ref
+                        .borrow_mut()
+                        .write_all(&chunk)
+                        .map_err(|e| Attempt::Fatal(io(e)))?;
+                    written.set(written.get() + chunk.len() as u64);
+                }
+                if written.get() < len {
+                    return Err(Attempt::Retry(format!(
+                        "the body ended after {} of {len} bytes",
+                        written.get()
+                    )));
+                }
+                Ok(())
+            }
+        });
+        got?;
+        file.sync_all().map_err(io)?;
+        Counters::bump(&self.counters.fetches);
+        Ok(seen.into_inner())
+    }
+
+    /// Uploads the local file `src` as `key` (in parts when it is large).
+    pub fn put_file(&self, key: &str, src: &Path) -> Result<(), RemoteError> {
+        let io = |e: std::io::Error| RemoteError::Io {
+            path: src.to_owned(),
+            source: e,
+        };
+        let len = std::fs::metadata(src).map_err(io)?.len();
+        let path = ObjectPath::from(key);
+        self.with_retries(key, |_| async {
+            if len <= SINGLE_PUT {
+                let bytes = std::fs::read(src).map_err(|e| Attempt::Fatal(io(e)))?;
+                self.s3
+                    .put(&path, bytes.into())
+                    .await
+                    .map_err(|e| self.classify(key, e))?;
+                return Ok(());
+            }
+            let upload = self.s3.put_multipart(&path).await.map_err(|e| self.classify(key, e))?;
+            let mut w = object_store::WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+            let mut f = std::fs::File::open(src).map_err(|e| Attempt::Fatal(io(e)))?;
+            let mut buf = vec![0u8; 8 << 20];
+            loop {
+                let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| Attempt::Fatal(io(e)))?;
+                if n == 0 {
+                    break;
+                }
+                w.wait_for_capacity(4).await.map_err(|e| self.classify(key, e))?;
+                w.write(&buf[..n]);
+            }
+            w.finish().await.map_err(|e| self.classify(key, e))?;
+            Ok(())
+        })
+    }
+
+    /// The keys under `prefix/` (for tools and tests).
+    pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, RemoteError> {
+        let p = ObjectPath::from(prefix);
+        self.with_retries(prefix, |_| async {
+            let mut out = Vec::new();
+            let mut s = self.s3.list(Some(&p));
+            while let Some(m) = s.next().await {
+                let m = m.map_err(|e| self.classify(prefix, e))?;
+                out.push((m.location.to_string(), m.size));
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// What the AWS CLI's files say for one profile.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct AwsFiles {
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+    session_token: Option<String>,
+    region: Option<String>,
+    endpoint_url: Option<String>,
+}
+
+impl AwsFiles {
+    /// Reads `profile` from the credentials file (section `[profile]`) and the config file
+    /// (`[profile NAME]`, or `[default]`); a missing file or key is simply absent.
+    fn read(credentials: Option<&Path>, config: Option<&Path>, profile: &str) -> Self {
+        let section = |path: Option<&Path>, names: &[String]| -> Vec<(String, String)> {
+            let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+                return Vec::new();
+            };
+            let mut inside = false;
+            let mut out = Vec::new();
+            for line in text.lines() {
+                let line = line.trim();
+                if line.starts_with('#') || line.starts_with(';') || line.is_empty() {
+                    continue;
+                }
+                if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    inside = names.iter().any(|n| n == name.trim());
+                } else if inside && let Some((k, v)) = line.split_once('=') {
+                    out.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                }
+            }
+            out
+        };
+        let creds = section(credentials, &[profile.to_owned()]);
+        let conf_names = if profile == "default" {
+            vec!["default".to_owned()]
+        } else {
+            vec![format!("profile {profile}")]
+        };
+        let conf = section(config, &conf_names);
+        let get = |kv: &[(String, String)], k: &str| kv.iter().rev().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        AwsFiles {
+            access_key_id: get(&creds, "aws_access_key_id").or_else(|| get(&conf, "aws_access_key_id")),
+            secret_access_key: get(&creds, "aws_secret_access_key").or_else(|| get(&conf, "aws_secret_access_key")),
+            session_token: get(&creds, "aws_session_token").or_else(|| get(&conf, "aws_session_token")),
+            region: get(&conf, "region"),
+            endpoint_url: get(&conf, "endpoint_url"),
+        }
+    }
+
+    /// Sets on `builder` what it does not have yet (the environment wins).
+    fn apply(self, mut builder: AmazonS3Builder) -> AmazonS3Builder {
+        use object_store::aws::AmazonS3ConfigKey as K;
+        for (key, value) in [
+            (K::AccessKeyId, self.access_key_id),
+            (K::SecretAccessKey, self.secret_access_key),
+            (K::Token, self.session_token),
+            (K::Region, self.region),
+            (K::Endpoint, self.endpoint_url),
+        ] {
+            if let Some(v) = value
+                && builder.get_config_value(&key).is_none_or(|x| x.is_empty())
+            {
+                builder = builder.with_config(key, v);
+            }
+        }
+        builder
+    }
+}
+
+/// The wait before attempt `n` (1, 2, ...): `first × 2^(n-1)`, at most 8 s, with up to 50 %
+/// jitter from the clock (so ranks that failed together do not retry together).
+fn backoff(first: Duration, n: u32) -> Duration {
+    let base = first
+        .saturating_mul(1u32 << (n - 1).min(16))
+        .min(Duration::from_secs(8));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    base + base.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// An error and its causes on one line.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        cause = c.source();
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aws_files_give_what_the_environment_does_not() {
+        let d = tempfile::tempdir().unwrap();
+        let creds = d.path().join("credentials");
+        let conf = d.path().join("config");
+        std::fs::write(
+            &creds,
+            "[default]\naws_access_key_id = DEF\naws_secret_access_key=defsecret\n[work]\naws_access_key_id = WORK\naws_secret_access_key = worksecret\naws_session_token = tok\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &conf,
+            "# comment\n[default]\nregion = eu-west-1\n[profile work]\nregion = us-west-2\nendpoint_url = http://127.0.0.1:9000\n",
+        )
+        .unwrap();
+        let work = AwsFiles::read(Some(&creds), Some(&conf), "work");
+        assert_eq!(work.access_key_id.as_deref(), Some("WORK"));
+        assert_eq!(work.session_token.as_deref(), Some("tok"));
+        assert_eq!(work.region.as_deref(), Some("us-west-2"));
+        assert_eq!(work.endpoint_url.as_deref(), Some("http://127.0.0.1:9000"));
+        let def = AwsFiles::read(Some(&creds), Some(&conf), "default");
+        assert_eq!(
+            (def.secret_access_key.as_deref(), def.region.as_deref()),
+            (Some("defsecret"), Some("eu-west-1"))
+        );
+        assert_eq!(
+            AwsFiles::read(None, Some(&d.path().join("nope")), "x"),
+            AwsFiles::default()
+        );
+        // The environment (here: the builder) wins over the files.
+        use object_store::aws::AmazonS3ConfigKey as K;
+        let b = work.apply(AmazonS3Builder::new().with_region("ap-south-1"));
+        assert_eq!(b.get_config_value(&K::Region).as_deref(), Some("ap-south-1"));
+        assert_eq!(b.get_config_value(&K::AccessKeyId).as_deref(), Some("WORK"));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let f = Duration::from_millis(100);
+        assert!(backoff(f, 1) >= f && backoff(f, 1) < f * 2);
+        assert!(backoff(f, 3) >= f * 4);
+        assert!(backoff(f, 30) <= Duration::from_secs(12));
+    }
+}

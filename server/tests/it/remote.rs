@@ -1,0 +1,306 @@
+//! Remote packed datasets (`ringfeed::remote`) against real S3 servers on 127.0.0.1: `s3s-fs`
+//! and `moto_server`, started here. A dataset written by the library is uploaded with
+//! `remote::tools::upload`; its samples read through the cache must be the local copy's, the
+//! cache must hold its bound, and a restarted cache must check what it finds.
+//!
+//! The servers are installed by `scripts/bootstrap`; without them these tests print why and pass,
+//! except in CI (`CI=true`), where a missing server fails them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use ringfeed::remote::{Counters, Hub, RemoteConfig, RemoteSource, RemoteUrl, Store};
+use ringfeed::shard::WriterOptions;
+use ringfeed::source::{PackedSource, Source};
+
+use crate::support::{Rng, Spec, write_dataset};
+
+const KEY: &str = "ringfeedtest";
+const SECRET: &str = "ringfeedtestsecret";
+const BUCKET: &str = "rf-it";
+
+/// A running S3 server process.
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The program's path, or `None` (and a note) when it is missing outside CI.
+fn need(program: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{program} is not installed; scripts/bootstrap installs it"
+        );
+        eprintln!("skipped: {program} is not installed (scripts/bootstrap installs it)");
+    }
+    found
+}
+
+fn wait_port(port: u16, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(child.try_wait().unwrap().is_none(), "the S3 server exited");
+        assert!(Instant::now() < deadline, "the S3 server did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `s3s-fs` or `moto_server`, with the bucket made.
+fn start(kind: &str) -> Option<Server> {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut cmd = match kind {
+        "s3s-fs" => {
+            let exe = need("s3s-fs")?;
+            std::fs::create_dir(dir.path().join(BUCKET)).unwrap();
+            let mut c = Command::new(exe);
+            c.args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--access-key",
+                KEY,
+                "--secret-key",
+                SECRET,
+            ])
+            .arg(dir.path());
+            c
+        }
+        _ => {
+            let exe = need("moto_server")?;
+            let mut c = Command::new(exe);
+            c.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            c
+        }
+    };
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    wait_port(port, &mut child);
+    let server = Server { child, port, _dir: dir };
+    if kind == "moto" {
+        // moto checks no signatures by default: a bare PUT makes the bucket.
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "PUT /{BUCKET} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    Some(server)
+}
+
+fn config(cache: &Path, bytes: u64) -> RemoteConfig {
+    RemoteConfig {
+        cache_dir: cache.to_owned(),
+        cache_bytes: bytes,
+        concurrency: 3,
+        prefetch_shards: 2,
+        timeout: Duration::from_secs(10),
+        retries: 2,
+        backoff: Duration::from_millis(50),
+    }
+}
+
+fn store(server: &Server, config: &RemoteConfig) -> Store {
+    store_counting(server, config, Arc::new(Counters::default()))
+}
+
+fn store_counting(server: &Server, config: &RemoteConfig, counters: Arc<Counters>) -> Store {
+    let endpoint = format!("http://127.0.0.1:{}", server.port);
+    let builder = AmazonS3Builder::new()
+        .with_endpoint(&endpoint)
+        .with_access_key_id(KEY)
+        .with_secret_access_key(SECRET);
+    Store::from_builder(builder, BUCKET, &endpoint, config, counters).unwrap()
+}
+
+/// A hub whose store for the bucket is the test server's, counting in the hub's counters.
+fn hub(server: &Server, config: RemoteConfig) -> Hub {
+    let h = Hub::new(config.clone());
+    h.add_store(store_counting(server, &config, Arc::clone(&h.counters)));
+    h
+}
+
+/// 60 samples of 200..1200 random bytes over about ten shards, written and uploaded.
+fn dataset(server: &Server, root: &Path) -> (PathBuf, RemoteUrl) {
+    let mut rng = Rng(11);
+    let samples: Vec<Spec> = (0..60u64)
+        .map(|i| {
+            let len = 200 + (rng.next() % 1000) as usize;
+            Spec {
+                key: format!("c{}/{i:03}.jpg", i % 4).into_bytes(),
+                label: (i % 4) as i64,
+                meta: Vec::new(),
+                data: rng.bytes(len),
+            }
+        })
+        .collect();
+    let classes: Vec<Vec<u8>> = (0..4).map(|c| format!("c{c}").into_bytes()).collect();
+    let local = root.join("ds");
+    write_dataset(
+        &local,
+        &samples,
+        &classes,
+        WriterOptions {
+            target_shard_bytes: 4096,
+            record_align: 64,
+        },
+    );
+    let url = RemoteUrl::parse(&format!("s3://{BUCKET}/sets/ds")).unwrap().unwrap();
+    let s = store(server, &config(&root.join("unused"), 1 << 30));
+    let (files, _) = ringfeed::remote::tools::upload(&s, &local, &url).unwrap();
+    assert_eq!(files, std::fs::read_dir(&local).unwrap().count());
+    (local, url)
+}
+
+fn largest_shard(local: &Path) -> u64 {
+    std::fs::read_dir(local)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rfs"))
+        .map(|p| p.metadata().unwrap().len())
+        .max()
+        .unwrap()
+}
+
+fn dir_bytes(d: &Path) -> u64 {
+    std::fs::read_dir(d)
+        .map(|r| r.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+/// Every sample, in `order`, as (key, label, data).
+fn read_all(src: &dyn Source, order: &[u64], each: &mut dyn FnMut()) -> Vec<(Vec<u8>, i64, Vec<u8>)> {
+    order
+        .iter()
+        .map(|&i| {
+            let mut got = None;
+            src.with_sample(i, &mut |s| got = Some((s.key.to_vec(), s.label, s.data.to_vec())))
+                .unwrap();
+            each();
+            got.unwrap()
+        })
+        .collect()
+}
+
+fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+    let mut rng = Rng(seed);
+    let mut v: Vec<u64> = (0..n).collect();
+    for i in (1..v.len()).rev() {
+        v.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+#[test]
+fn remote_samples_are_the_local_copys_on_both_servers() {
+    for kind in ["s3s-fs", "moto"] {
+        let Some(server) = start(kind) else { continue };
+        let root = tempfile::tempdir().unwrap();
+        let (local, url) = dataset(&server, root.path());
+        let h = hub(&server, config(&root.path().join("cache"), 1 << 30));
+        let remote = RemoteSource::open(&h, &url, true).unwrap();
+        let packed = PackedSource::open(&local, true).unwrap();
+        assert_eq!(remote.len(), packed.len());
+        assert_eq!(remote.class_names(), packed.class_names());
+        let order = shuffled(packed.len(), 3);
+        assert_eq!(
+            read_all(&remote, &order, &mut || ()),
+            read_all(&packed, &order, &mut || ()),
+            "{kind}"
+        );
+        // Per-thread readers see the same.
+        let mut r = remote.reader().unwrap();
+        let s = r.get(17).unwrap();
+        assert_eq!(s.data, packed.dataset().sample(17).unwrap().data);
+        let c = h.counters.snapshot();
+        assert!(c.fetches >= 2 && c.errors == 0, "{kind}: {c:?}");
+    }
+}
+
+#[test]
+fn the_cache_holds_its_bound_while_every_sample_is_read() {
+    let Some(server) = start("s3s-fs") else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (local, url) = dataset(&server, root.path());
+    let cache = root.path().join("cache");
+    let bound = largest_shard(&local) * 5 / 2;
+    let h = hub(&server, config(&cache, bound));
+    let remote = RemoteSource::open(&h, &url, true).unwrap();
+    let packed = PackedSource::open(&local, true).unwrap();
+    let order = shuffled(packed.len(), 9);
+    let mut peak = 0;
+    let got = read_all(&remote, &order, &mut || peak = peak.max(dir_bytes(&cache)));
+    assert_eq!(got, read_all(&packed, &order, &mut || ()));
+    assert!(peak > 0 && peak <= bound, "{peak} > {bound}");
+    let c = h.counters.snapshot();
+    assert!(c.evictions > 0 && c.cache_bytes <= bound, "{c:?}");
+
+    // A bound below the largest shard is refused at open, naming the setting.
+    let small = Hub::new(config(&root.path().join("small"), largest_shard(&local) - 1));
+    small.add_store(store(&server, &small.config));
+    let err = RemoteSource::open(&small, &url, true).unwrap_err().to_string();
+    assert!(err.contains("--cache-bytes") && err.contains(".rfs"), "{err}");
+}
+
+#[test]
+fn a_restarted_cache_reuses_good_files_and_replaces_a_tampered_one() {
+    let Some(server) = start("s3s-fs") else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (local, url) = dataset(&server, root.path());
+    let cache = root.path().join("cache");
+    let packed = PackedSource::open(&local, true).unwrap();
+    let order: Vec<u64> = (0..packed.len()).collect();
+    let want = read_all(&packed, &order, &mut || ());
+    let mut cfg = config(&cache, 1 << 30);
+    cfg.prefetch_shards = 0;
+    {
+        let h = hub(&server, cfg.clone());
+        let remote = RemoteSource::open(&h, &url, true).unwrap();
+        assert_eq!(read_all(&remote, &order, &mut || ()), want);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let n = files.len() as u64;
+    assert_eq!(n, u64::from(packed.dataset().shard_count()));
+    let mut bytes = std::fs::read(&files[2]).unwrap();
+    bytes[100] ^= 0x80;
+    std::fs::write(&files[2], &bytes).unwrap();
+
+    let h = hub(&server, cfg);
+    let remote = RemoteSource::open(&h, &url, false).unwrap();
+    assert_eq!(read_all(&remote, &order, &mut || ()), want);
+    let c = h.counters.snapshot();
+    assert_eq!((c.reused, c.rejected), (n - 1, 1), "{c:?}");
+    // The index, and the tampered shard again.
+    assert_eq!(c.fetches, 2, "{c:?}");
+}

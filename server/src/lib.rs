@@ -21,6 +21,7 @@
 //!   by region and written straight into the caller's output buffer.
 //! - [`resample`]: the antialiased bilinear resampler behind [`ops`] and re-encoding, which
 //!   allocates nothing once warm.
+//! - [`order`]: the epoch's permutation: global, or shuffled blocks of shards for slow storage.
 //! - [`sampler`]: the order of samples: per-epoch permutation, rank partition, batches.
 //! - [`ring`]: the shared-memory ring (`proto/ring.md`): layout, dtype codes, the memfd segment.
 //! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
@@ -43,6 +44,7 @@ pub mod pool;
 pub mod progress;
 pub mod resample;
 pub mod ring;
+pub mod order;
 pub mod sampler;
 pub mod serve;
 pub mod shard;

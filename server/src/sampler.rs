@@ -104,6 +104,14 @@ impl SamplerConfig {
         if self.shuffle {
             shuffle(&mut order, self.seed, epoch);
         }
+        self.plan_from(order)
+    }
+
+    /// This rank's indices from an epoch's permutation `order` of `0..dataset_len` (another
+    /// order than the global shuffle: `crate::order`), split over the ranks as [`Self::plan`]
+    /// splits its own.
+    pub fn plan_from(&self, mut order: Vec<u64>) -> EpochPlan {
+        debug_assert_eq!(order.len() as u64, self.dataset_len);
         let per_rank = self.samples_per_rank();
         let total = per_rank * self.world_size;
         // Pad by repeating the start of the order (as often as needed), or cut the tail.

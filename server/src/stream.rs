@@ -403,6 +403,8 @@ struct StreamState {
     gens: u32,
     run: Option<Run>,
     skip_errors: bool,
+    /// 1.3: the `shard_blocks` order; `None`: the global order (`sampler.plan`).
+    order: Option<Arc<crate::order::ShardBlocks>>,
 }
 
 /// Validates an `open`, opens the dataset and creates the ring.
@@ -479,6 +481,7 @@ async fn open_stream(
     let (per_rank, batches) = sampler
         .validate()
         .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let order = crate::order::for_open(open, source.as_ref()).map_err(bad)?;
 
     let mut specs = Vec::new();
     for v in &pipeline.views {
@@ -601,8 +604,11 @@ async fn open_stream(
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect(),
         stream: Some(ctx.stats.id),
+        order: Some(if order.is_some() { "shard_blocks" } else { "global" }.to_owned()),
     };
-    Ok((StreamState::new(ctx, sampler, open.slots, skip_errors), ring_msg))
+    let mut state = StreamState::new(ctx, sampler, open.slots, skip_errors);
+    state.order = order;
+    Ok((state, ring_msg))
 }
 
 impl StreamState {
@@ -617,6 +623,15 @@ impl StreamState {
             gens: 0,
             run: None,
             skip_errors,
+            order: None,
+        }
+    }
+
+    /// This rank's plan of `epoch`, in the stream's order (`crate::order`).
+    fn plan(&self, epoch: u64) -> EpochPlan {
+        match &self.order {
+            Some(o) if self.sampler.shuffle => self.sampler.plan_from(o.permutation(self.sampler.seed, epoch)),
+            _ => self.sampler.plan(epoch),
         }
     }
 }
@@ -666,6 +681,10 @@ async fn open_source(
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    if !path.exists() && crate::source::wds::pattern::is_pattern(&open.dataset) {
+        // 1.3: a brace/glob pattern of WebDataset tars names no single path.
+        return open_webdataset(shared, open, progress).await;
+    }
     let canonical = std::fs::canonicalize(path).map_err(|e| dataset_err(format!("dataset {}: {e}", path.display())))?;
     if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| canonical.starts_with(r)) {
         return Err(dataset_err(format!(
@@ -686,6 +705,7 @@ async fn open_source(
         }
         // Listed files: no CRC, no LMDB options.
         ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+        ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
     };
     if let Some(s) = shared
         .sources
@@ -708,29 +728,9 @@ async fn open_source(
             let waiter = shared.openings.join(&key, canonical, input, move |s| {
                 publisher.cache_source(cache_key, s);
             });
-            let opening = Arc::clone(&waiter.opening);
-            let result = opening.result();
-            tokio::pin!(result);
-            let mut progress = progress;
-            let every = shared.open_progress;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            let opened = loop {
-                tokio::select! {
-                    r = &mut result => break r,
-                    _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
-                        let msg = ServerMessage::Opening {
-                            dataset: open.dataset.clone(),
-                            listed: opening.listed(),
-                            elapsed_ms: opening.elapsed().as_millis() as u64,
-                        };
-                        // The client has gone: stop waiting (the last waiter cancels the listing).
-                        send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
-                    },
-                }
-            };
-            drop(waiter);
-            return opened.map_err(dataset_err);
+            return wait_for_listing(shared, waiter, open, progress).await;
         }
+        ServedKind::WebDataset => unreachable!("opened above"),
         ServedKind::Packed | ServedKind::Lmdb => {
             let lmdb = &open.lmdb;
             let lmdb_opts = LmdbOptions {
@@ -765,6 +765,102 @@ async fn open_source(
     };
     shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+/// Waits for a listing the stream joined, sending `opening` to `progress` (a 1.2 client) every
+/// `shared.open_progress` meanwhile.
+async fn wait_for_listing(
+    shared: &Arc<Shared>,
+    waiter: crate::opening::Waiter<'_>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let opening = Arc::clone(&waiter.opening);
+    let result = opening.result();
+    tokio::pin!(result);
+    let mut progress = progress;
+    let every = shared.open_progress;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let opened = loop {
+        tokio::select! {
+            r = &mut result => break r,
+            _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                let msg = ServerMessage::Opening {
+                    dataset: open.dataset.clone(),
+                    listed: opening.listed(),
+                    elapsed_ms: opening.elapsed().as_millis() as u64,
+                };
+                // The client has gone: stop waiting (the last waiter cancels the listing).
+                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
+            },
+        }
+    };
+    drop(waiter);
+    opened.map_err(|m| (ErrorCode::Dataset, m))
+}
+
+/// 1.3: opens (or reuses) the WebDataset tars `open.dataset` names (a directory, a `.tar`, a
+/// pattern), each inside `--data-root`; indexing them runs like a folder's listing, with
+/// `opening` progress (members indexed).
+async fn open_webdataset(
+    shared: &Arc<Shared>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    use crate::source::wds::{WdsOptions, WdsSource, pattern};
+    let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
+        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m))?;
+    let mut canonical = Vec::with_capacity(tars.len());
+    for t in &tars {
+        let c = std::fs::canonicalize(t).map_err(|e| (ErrorCode::Dataset, format!("dataset {}: {e}", t.display())))?;
+        if !shared.data_roots.is_empty() && !shared.data_roots.iter().any(|r| c.starts_with(r)) {
+            return Err((
+                ErrorCode::Dataset,
+                format!(
+                    "dataset {} is outside the server's --data-root directories; ask the server's operator to add its directory",
+                    t.display()
+                ),
+            ));
+        }
+        canonical.push(c);
+    }
+    let mut key = format!("webdataset|{opts:?}");
+    for c in &canonical {
+        key.push('|');
+        key.push_str(&c.to_string_lossy());
+    }
+    if let Some(s) = shared
+        .sources
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .and_then(|w| w.upgrade())
+    {
+        return Ok(s);
+    }
+    let name = open.dataset.clone();
+    let threads = shared.cores.clamp(1, 16) as usize;
+    let index = move |cancel: &std::sync::atomic::AtomicBool, listed: &std::sync::atomic::AtomicU64, started: std::time::Instant| {
+        WdsSource::open(&name, &canonical, &opts, threads, cancel, listed)
+            .map(|s| {
+                tracing::info!(
+                    "indexed {} in {:.1} s: {} tars ({} from index files, {} scanned), {} samples",
+                    name,
+                    started.elapsed().as_secs_f64(),
+                    s.tar_count(),
+                    s.indexes_read,
+                    s.scanned,
+                    s.len()
+                );
+                Arc::new(s) as Arc<dyn Source>
+            })
+            .map_err(|e| e.to_string())
+    };
+    let publisher = Arc::clone(shared);
+    let cache_key = key.clone();
+    let waiter = shared.openings.join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
+    wait_for_listing(shared, waiter, open, progress).await
 }
 
 impl Shared {
@@ -825,7 +921,7 @@ impl StreamState {
                     )
                     .await;
                 }
-                let plan = self.sampler.plan(epoch);
+                let plan = self.plan(epoch);
                 let total = plan.batches();
                 if first_batch > total {
                     return fail(
@@ -1095,7 +1191,7 @@ impl StreamState {
         self.run = None;
         send(write, &msg).await?;
         if next <= u64::from(u32::MAX) {
-            let plan = self.sampler.plan(next);
+            let plan = self.plan(next);
             self.begin_run(self.runs + 1, next, plan, 0, false);
             self.fill(shared);
         }

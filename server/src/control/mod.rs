@@ -10,7 +10,9 @@ pub mod message;
 pub mod socket;
 
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
-pub use message::{ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest};
+pub use message::{
+    ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest, WdsRequest,
+};
 
 /// Protocol version spoken by this server, `(major, minor)`.
-pub const PROTOCOL: (u16, u16) = (1, 2);
+pub const PROTOCOL: (u16, u16) = (1, 3);

@@ -381,6 +381,7 @@ pub(crate) async fn open_token_stream(
         batches_per_epoch: batches,
         classes: Vec::new(),
         stream: Some(ctx.stats.id),
+        order: None,
     };
     Ok((ctx, sampler, ring_msg))
 }

@@ -8,6 +8,7 @@ mod codec;
 mod in_place;
 mod lmdb;
 mod ops;
+mod order;
 mod pack;
 mod serve;
 mod shard;

@@ -17,4 +17,5 @@ mod support;
 mod token_vectors;
 mod tokens;
 mod vectors;
+mod webdataset;
 mod wire_vectors;

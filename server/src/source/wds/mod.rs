@@ -466,30 +466,42 @@ fn writable(dir: &Path) -> bool {
     rustix::fs::access(dir, rustix::fs::Access::WRITE_OK).is_ok()
 }
 
-/// Writes (or refreshes) the index file of each tar in `paths` (`ringfeed index`); returns, per
-/// tar, its members and whether its index file was already valid. `listed` counts members.
-pub fn write_indexes(paths: &[PathBuf], listed: &AtomicU64) -> Result<Vec<(PathBuf, usize, bool)>, WdsError> {
-    paths
-        .iter()
-        .map(|p| {
-            let (tar, end, fresh) = index_tar(p, false, listed)?;
-            if !fresh {
-                let stamp = index::Stamp::of(p).map_err(|source| WdsError::Io {
-                    path: p.clone(),
-                    source,
-                })?;
-                let scan = tar::Scan {
-                    members: tar.members.clone(),
-                    end,
-                };
-                index::write(p, &index::encode(&scan, stamp)).map_err(|source| WdsError::Io {
-                    path: index::path_for(p),
-                    source,
-                })?;
-            }
-            Ok((p.clone(), tar.members.len(), fresh))
-        })
-        .collect()
+/// What `ringfeed index` did with one tar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexReport {
+    pub tar: PathBuf,
+    /// Regular members listed.
+    pub members: usize,
+    /// The index file was already valid (nothing written).
+    pub fresh: bool,
+    /// What the scan found wrong with the tar (it is indexed up to there).
+    pub problem: Option<String>,
+}
+
+/// Writes (or refreshes) the index file of the tar at `path` (`ringfeed index`), counting its
+/// members in `listed`.
+pub fn write_index(path: &Path, listed: &AtomicU64) -> Result<IndexReport, WdsError> {
+    let (tar, end, fresh) = index_tar(path, false, listed)?;
+    if !fresh {
+        let stamp = index::Stamp::of(path).map_err(|source| WdsError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let scan = tar::Scan {
+            members: tar.members.clone(),
+            end: end.clone(),
+        };
+        index::write(path, &index::encode(&scan, stamp)).map_err(|source| WdsError::Io {
+            path: index::path_for(path),
+            source,
+        })?;
+    }
+    Ok(IndexReport {
+        tar: path.to_owned(),
+        members: tar.members.len(),
+        fresh,
+        problem: end.problem(tar.members.len()),
+    })
 }
 
 impl Source for WdsSource {

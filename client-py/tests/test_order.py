@@ -65,8 +65,10 @@ def indices(path: Path, sock: str, **kw: object) -> tuple[str, list[int]]:
         return loader.order, [i for b in loader for i in b["index"].tolist()]
 
 
-def test_the_server_serves_the_shard_blocks_order_of_the_packed_shards(packed: tuple[Path, list[int]], sock: str) -> None:
-    """order="shard_blocks" over a packed dataset is the reference order over its shard files, and two ranks see every sample once."""
+def test_the_server_serves_the_shard_blocks_order_of_the_packed_shards(
+    packed: tuple[Path, list[int]], sock: str
+) -> None:
+    """order="shard_blocks" over packed shards is the reference order over the shard files; each sample once."""
     path, sizes = packed
     perm = shard_blocks(sizes, 2, 5, 2)
     seen: list[int] = []
@@ -109,9 +111,11 @@ def test_a_resumed_shard_blocks_epoch_delivers_exactly_the_rest(packed: tuple[Pa
         again.load_state_dict(state)
         again.set_epoch(1)
         assert torch.equal(torch.cat([b["index"].clone() for b in again]), torch.cat(rest))
-    with ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), **{**kw, "order": "global"}) as other:
-        with pytest.raises(ValueError, match="order"):
-            other.load_state_dict(state)
+    with (
+        ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), **{**kw, "order": "global"}) as other,
+        pytest.raises(ValueError, match="order"),
+    ):
+        other.load_state_dict(state)
     assert len(head) == 5
 
 

@@ -103,7 +103,7 @@ def test_tars_serve_the_image_folders_labels_and_pixels(data: dict[str, Path], s
 
 
 def test_the_webdataset_packages_tars_and_its_own_reading_agree(data: dict[str, Path], sock: str) -> None:
-    """Tars from webdataset.TarWriter serve the folder's batches, and the labels webdataset itself reads, in its order."""
+    """Tars from webdataset.TarWriter serve the folder's batches, and the labels webdataset reads in its order."""
     got = epoch(data["writer"], sock, shuffle=False)
     same(got, epoch(data["folder"], sock, shuffle=False))
     urls = [str(p) for p in sorted(data["writer"].glob("*.tar"))]
@@ -199,15 +199,15 @@ def malformed(tmp_path: Path, kind: str) -> Path:
         ("bad_cls", "is not an integer"),
     ],
 )
-def test_a_bad_sample_follows_on_error_naming_tar_and_key(
-    tmp_path: Path, sock: str, kind: str, message: str
-) -> None:
-    """A key without an image or label, or with a non-integer cls, fails naming tar and key (raise) or is skipped and counted."""
+def test_a_bad_sample_follows_on_error_naming_tar_and_key(tmp_path: Path, sock: str, kind: str, message: str) -> None:
+    """A key without an image or label, or with a non-integer cls, fails naming tar and key, or is skipped."""
     d = malformed(tmp_path, kind)
     with pytest.raises(ServerError) as e:
         epoch(d, sock, shuffle=False)
     assert e.value.code == "sample"
-    assert message in str(e.value) and "s1.tar" in str(e.value) and "k12" in str(e.value)
+    assert message in str(e.value)
+    assert "s1.tar" in str(e.value)
+    assert "k12" in str(e.value)
     with ringfeed.Loader(
         d, 4, ringfeed.Resize((8, 8)), socket=sock, spawn=True, shuffle=False, on_error="skip", drop_last=False
     ) as loader:
@@ -217,15 +217,14 @@ def test_a_bad_sample_follows_on_error_naming_tar_and_key(
 
 
 @pytest.mark.parametrize(("kind", "message"), [("truncated", "cut short"), ("not_tar", "not a tar file")])
-def test_a_bad_tar_refuses_the_open_or_serves_what_it_can(
-    tmp_path: Path, sock: str, kind: str, message: str
-) -> None:
-    """A truncated or non-tar file refuses the open under raise, naming it; under skip the readable samples are served."""
+def test_a_bad_tar_refuses_the_open_or_serves_what_it_can(tmp_path: Path, sock: str, kind: str, message: str) -> None:
+    """A truncated or non-tar file refuses the open under raise, naming it; under skip what can be read is served."""
     d = malformed(tmp_path, kind)
     with pytest.raises(ServerError) as e:
         epoch(d, sock)
     assert e.value.code == "dataset"
-    assert message in str(e.value) and "s1.tar" in str(e.value)
+    assert message in str(e.value)
+    assert "s1.tar" in str(e.value)
     with ringfeed.Loader(
         d, 1, ringfeed.Resize((8, 8)), socket=sock, spawn=True, shuffle=False, on_error="skip", drop_last=False
     ) as loader:

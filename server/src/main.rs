@@ -701,7 +701,11 @@ fn run_index(a: IndexArgs) -> Result<ExitCode> {
         }
     }
     eprintln!("ringfeed: {written} index files written, {fresh} already valid, {damaged} damaged tars");
-    Ok(if damaged > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if damaged > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn run_ops(a: OpsArgs) -> Result<ExitCode> {

@@ -103,28 +103,28 @@ impl Openings {
         kind: InputKind,
         publish: impl FnOnce(&Arc<dyn Source>) + Send + 'static,
     ) -> Waiter<'_> {
-        let list = move |cancel: &AtomicBool, listed: &AtomicU64, started: Instant| {
-            match FilesSource::open(&path, kind, cancel, listed) {
-                Ok(s) => {
-                    tracing::info!(
-                        "listed {} in {:.1} s: {} samples, {} classes{}",
-                        path.display(),
-                        started.elapsed().as_secs_f64(),
-                        s.len(),
-                        s.class_names().len(),
-                        match s.ignored() {
-                            0 => String::new(),
-                            n => format!(", {n} files ignored for their extension"),
-                        }
-                    );
-                    Ok(Arc::new(s) as Arc<dyn Source>)
-                }
-                Err(InputError::Interrupted) => Err(format!(
-                    "listing {} was cancelled: every stream that asked for it has gone",
-                    path.display()
-                )),
-                Err(e) => Err(e.to_string()),
+        let list = move |cancel: &AtomicBool, listed: &AtomicU64, started: Instant| match FilesSource::open(
+            &path, kind, cancel, listed,
+        ) {
+            Ok(s) => {
+                tracing::info!(
+                    "listed {} in {:.1} s: {} samples, {} classes{}",
+                    path.display(),
+                    started.elapsed().as_secs_f64(),
+                    s.len(),
+                    s.class_names().len(),
+                    match s.ignored() {
+                        0 => String::new(),
+                        n => format!(", {n} files ignored for their extension"),
+                    }
+                );
+                Ok(Arc::new(s) as Arc<dyn Source>)
             }
+            Err(InputError::Interrupted) => Err(format!(
+                "listing {} was cancelled: every stream that asked for it has gone",
+                path.display()
+            )),
+            Err(e) => Err(e.to_string()),
         };
         self.join_with(key, list, publish)
     }

@@ -92,9 +92,7 @@ impl ShardBlocks {
     /// shorter), for sources without shard files.
     pub fn ranges(len: u64, shard: u64, block: u64) -> Self {
         let shard = shard.max(1);
-        let sizes: Vec<u64> = (0..len.div_ceil(shard))
-            .map(|s| shard.min(len - s * shard))
-            .collect();
+        let sizes: Vec<u64> = (0..len.div_ceil(shard)).map(|s| shard.min(len - s * shard)).collect();
         ShardBlocks::new(&sizes, block)
     }
 
@@ -223,7 +221,10 @@ mod tests {
             }
         }
         let o = ShardBlocks::ranges(2500, 1000, 2);
-        assert_eq!((o.shards(), o.len(), o.shard_of(999), o.shard_of(1000)), (3, 2500, 0, 1));
+        assert_eq!(
+            (o.shards(), o.len(), o.shard_of(999), o.shard_of(1000)),
+            (3, 2500, 0, 1)
+        );
         assert_ne!(o.permutation(0, 0), o.permutation(0, 1));
         assert_ne!(o.permutation(0, 0), o.permutation(1, 0));
     }
@@ -320,13 +321,27 @@ mod tests {
         );
         // A batch spans 256 positions, inside one block of 2000 samples or across two: at most
         // 8 shards. A full shuffle reads ~40 of the 64 shards per batch.
-        assert!(sb.shards_max <= 8, "shard blocks read {} shards in a batch", sb.shards_max);
+        assert!(
+            sb.shards_max <= 8,
+            "shard blocks read {} shards in a batch",
+            sb.shards_max
+        );
         assert!(g.shards_mean > 35.0, "full shuffle: {} shards per batch", g.shards_mean);
         // Same-label pairs at the full shuffle's rate (0.1 ± sampling noise) and no lag-1
         // correlation: the order inside a block is a uniform shuffle.
-        assert!((sb.same_label - g.same_label).abs() < 0.006, "{} vs {}", sb.same_label, g.same_label);
+        assert!(
+            (sb.same_label - g.same_label).abs() < 0.006,
+            "{} vs {}",
+            sb.same_label,
+            g.same_label
+        );
         assert!((g.same_label - 0.1).abs() < 0.006, "{}", g.same_label);
-        assert!(sb.lag1.abs() < 0.03 && g.lag1.abs() < 0.03, "lag-1 {} / {}", sb.lag1, g.lag1);
+        assert!(
+            sb.lag1.abs() < 0.03 && g.lag1.abs() < 0.03,
+            "lag-1 {} / {}",
+            sb.lag1,
+            g.lag1
+        );
 
         // Labels sorted by shard (a pack of an ImageFolder: 6.4 shards per class): a batch sees
         // only the classes of its few shards, so same-label pairs are several times as likely.
@@ -339,7 +354,12 @@ mod tests {
             g.shards_mean, g.same_label, g.lag1, sb.shards_mean, sb.shards_max, sb.same_label, sb.lag1
         );
         assert!((g.same_label - 0.1).abs() < 0.006, "{}", g.same_label);
-        assert!(sb.same_label > 2.0 * g.same_label, "{} vs {}", sb.same_label, g.same_label);
+        assert!(
+            sb.same_label > 2.0 * g.same_label,
+            "{} vs {}",
+            sb.same_label,
+            g.same_label
+        );
         assert!(sb.same_label < 0.6, "{}", sb.same_label);
         // Measured against the dataset's mean label, neighbours in a batch are then strongly
         // correlated (both come from the batch's few classes); a full shuffle shows none.

@@ -841,7 +841,9 @@ async fn open_webdataset(
     }
     let name = open.dataset.clone();
     let threads = shared.cores.clamp(1, 16) as usize;
-    let index = move |cancel: &std::sync::atomic::AtomicBool, listed: &std::sync::atomic::AtomicU64, started: std::time::Instant| {
+    let index = move |cancel: &std::sync::atomic::AtomicBool,
+                      listed: &std::sync::atomic::AtomicU64,
+                      started: std::time::Instant| {
         WdsSource::open(&name, &canonical, &opts, threads, cancel, listed)
             .map(|s| {
                 tracing::info!(
@@ -859,7 +861,9 @@ async fn open_webdataset(
     };
     let publisher = Arc::clone(shared);
     let cache_key = key.clone();
-    let waiter = shared.openings.join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
+    let waiter = shared
+        .openings
+        .join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
     wait_for_listing(shared, waiter, open, progress).await
 }
 

@@ -10,9 +10,7 @@ pub mod message;
 pub mod socket;
 
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
-pub use message::{
-    ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest, WdsRequest,
-};
+pub use message::{ClientMessage, ErrorCode, LmdbRequest, OpenRequest, ServerMessage, TransformRequest, WdsRequest};
 
 /// Protocol version spoken by this server, `(major, minor)`.
 pub const PROTOCOL: (u16, u16) = (1, 3);

@@ -18,8 +18,28 @@ fn cases() -> Vec<Case> {
     let ranges = |len: u64, n: u64| -> Vec<u64> { (0..len.div_ceil(n)).map(|s| n.min(len - s * n)).collect() };
     vec![
         ("global, ten samples", "global", vec![10], 16, 0, 0, 1, 0, true),
-        ("global, four ranks, padded", "global", vec![1000], 16, 7, 3, 4, 1, false),
-        ("shard blocks of 2 over 8 equal shards", "shard_blocks", vec![100; 8], 2, 0, 0, 1, 0, true),
+        (
+            "global, four ranks, padded",
+            "global",
+            vec![1000],
+            16,
+            7,
+            3,
+            4,
+            1,
+            false,
+        ),
+        (
+            "shard blocks of 2 over 8 equal shards",
+            "shard_blocks",
+            vec![100; 8],
+            2,
+            0,
+            0,
+            1,
+            0,
+            true,
+        ),
         (
             "shard blocks, uneven and empty shards, three ranks, padded",
             "shard_blocks",
@@ -42,8 +62,28 @@ fn cases() -> Vec<Case> {
             7,
             true,
         ),
-        ("blocks of one shard", "shard_blocks", vec![5, 5, 5], 1, 1, 1, 1, 0, true),
-        ("one block larger than the dataset", "shard_blocks", vec![10, 20], 16, 3, 2, 2, 0, true),
+        (
+            "blocks of one shard",
+            "shard_blocks",
+            vec![5, 5, 5],
+            1,
+            1,
+            1,
+            1,
+            0,
+            true,
+        ),
+        (
+            "one block larger than the dataset",
+            "shard_blocks",
+            vec![10, 20],
+            16,
+            3,
+            2,
+            2,
+            0,
+            true,
+        ),
     ]
 }
 
@@ -61,9 +101,11 @@ fn plan(case: &Case) -> Vec<u64> {
     };
     match *order {
         "global" => sampler.plan(*epoch).indices,
-        _ => sampler
-            .plan_from(ShardBlocks::new(sizes, *block).permutation(*seed, *epoch))
-            .indices,
+        _ => {
+            sampler
+                .plan_from(ShardBlocks::new(sizes, *block).permutation(*seed, *epoch))
+                .indices
+        }
     }
 }
 

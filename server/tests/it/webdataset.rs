@@ -88,19 +88,33 @@ fn tars_serve_what_the_image_folder_serves_and_are_one_shard_each() {
     let server = Server::start(tmp.path(), 2);
     let (_, want) = epochs(&server, folder.to_str().unwrap(), json!({}));
     let (ring, got) = epochs(&server, tars.to_str().unwrap(), json!({}));
-    assert_eq!((&ring["dataset_len"], &ring["classes"], &ring["order"]), (&json!(18), &json!([]), &json!("global")));
+    assert_eq!(
+        (&ring["dataset_len"], &ring["classes"], &ring["order"]),
+        (&json!(18), &json!([]), &json!("global"))
+    );
     assert_eq!(got, want, "same indices, labels and pixels as the folder in place");
     let pattern = format!("{}/s-{{0..2}}.tar", tars.display());
     assert_eq!(epochs(&server, &pattern, json!({})).1, want);
-    assert!(tars.join("s-1.tar.rfidx").is_file(), "the first open writes index files");
+    assert!(
+        tars.join("s-1.tar.rfidx").is_file(),
+        "the first open writes index files"
+    );
 
     // shard_blocks with blocks of one tar: each batch of 6 comes from one tar, in shuffled order.
-    let (ring, got) = epochs(&server, tars.to_str().unwrap(), json!({"order": "shard_blocks", "order_block": 1, "batch_size": 6}));
+    let (ring, got) = epochs(
+        &server,
+        tars.to_str().unwrap(),
+        json!({"order": "shard_blocks", "order_block": 1, "batch_size": 6}),
+    );
     assert_eq!(ring["order"], "shard_blocks");
     for epoch in &got {
         let mut tars_seen: Vec<i64> = epoch.iter().map(|b| b[0].0 / 6).collect();
         for b in epoch {
-            assert!(b.iter().all(|s| s.0 / 6 == b[0].0 / 6), "a batch from one tar: {:?}", b.iter().map(|s| s.0).collect::<Vec<_>>());
+            assert!(
+                b.iter().all(|s| s.0 / 6 == b[0].0 / 6),
+                "a batch from one tar: {:?}",
+                b.iter().map(|s| s.0).collect::<Vec<_>>()
+            );
         }
         tars_seen.sort_unstable();
         assert_eq!(tars_seen, [0, 1, 2]);
@@ -118,7 +132,12 @@ fn ringfeed_index_writes_index_files_and_names_damaged_tars() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("18 members, index written").count(), 3, "{text}");
     let again = run(&[&format!("{}/s-*.tar", tars.display())]);
-    assert_eq!(String::from_utf8_lossy(&again.stdout).matches("index valid, kept").count(), 3);
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout)
+            .matches("index valid, kept")
+            .count(),
+        3
+    );
     // Cut the last tar inside its third member.
     let t = tars.join("s-2.tar");
     let bytes = std::fs::read(&t).unwrap();
@@ -136,7 +155,12 @@ fn damaged_tars_and_bad_samples_follow_on_error() {
     let server = Server::start(root, 1);
     let d = root.join("bad");
     std::fs::create_dir_all(&d).unwrap();
-    let good = |k: &str, label: &str| vec![(format!("{k}.jpg"), jpeg(24, 20, 1)), (format!("{k}.cls"), label.as_bytes().to_vec())];
+    let good = |k: &str, label: &str| {
+        vec![
+            (format!("{k}.jpg"), jpeg(24, 20, 1)),
+            (format!("{k}.cls"), label.as_bytes().to_vec()),
+        ]
+    };
     let mut members = good("a", "0");
     members.push(("b.cls".into(), b"1".to_vec())); // no image
     members.extend(good("c", "x7")); // not an integer
@@ -145,13 +169,19 @@ fn damaged_tars_and_bad_samples_follow_on_error() {
     std::fs::write(d.join("u.tar"), b"not a tar file, just text\n".repeat(40)).unwrap();
     let open = |on_error: &str| {
         let mut c = server.client();
-        let r = c.open(open_msg(&d, json!({"on_error": on_error, "batch_size": 1, "shuffle": false})));
+        let r = c.open(open_msg(
+            &d,
+            json!({"on_error": on_error, "batch_size": 1, "shuffle": false}),
+        ));
         (c, r)
     };
     let (_, r) = open("raise");
     assert_eq!(r["code"], "dataset", "{r}");
     let m = r["message"].as_str().unwrap();
-    assert!(m.contains("u.tar") && m.contains("not a tar file") && m.contains("on_error=\"skip\""), "{m}");
+    assert!(
+        m.contains("u.tar") && m.contains("not a tar file") && m.contains("on_error=\"skip\""),
+        "{m}"
+    );
 
     let (mut c, r) = open("skip");
     assert_eq!(r["dataset_len"], 4, "{r}");
@@ -167,5 +197,8 @@ fn damaged_tars_and_bad_samples_follow_on_error() {
     let (_, err) = c.epoch(0, 0);
     assert_eq!((&err["code"], &err["sample"]), (&json!("sample"), &json!(1)), "{err}");
     let m = err["message"].as_str().unwrap();
-    assert!(m.contains("t.tar: sample \"b\": no image member (looked for jpg, jpeg, png, webp; it has cls)"), "{m}");
+    assert!(
+        m.contains("t.tar: sample \"b\": no image member (looked for jpg, jpeg, png, webp; it has cls)"),
+        "{m}"
+    );
 }

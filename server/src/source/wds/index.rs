@@ -95,7 +95,12 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
     let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
     if u16_at(8) != VERSION.0 {
-        return Err(format!("it is version {}.{}, this server reads {}.x", u16_at(8), u16_at(10), VERSION.0));
+        return Err(format!(
+            "it is version {}.{}, this server reads {}.x",
+            u16_at(8),
+            u16_at(10),
+            VERSION.0
+        ));
     }
     let made = Stamp {
         len: u64_at(16),
@@ -111,7 +116,10 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
     let (kind, has_member, detail_len, at) = (body[40], body[41], u32_at(44) as usize, u64_at(48));
     let mut pos = 56;
     let take = |pos: &mut usize, n: usize| -> Result<std::ops::Range<usize>, String> {
-        let end = pos.checked_add(n).filter(|&e| e <= body.len()).ok_or("it is cut short")?;
+        let end = pos
+            .checked_add(n)
+            .filter(|&e| e <= body.len())
+            .ok_or("it is cut short")?;
         let r = *pos..end;
         *pos = end;
         Ok(r)
@@ -164,7 +172,10 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
 /// Writes `bytes` as the index of `tar`, atomically. Errors are the caller's to report.
 pub fn write(tar: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dest = path_for(tar);
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dest.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
     let result = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &dest));
     if result.is_err() {

@@ -100,7 +100,9 @@ impl WdsOptions {
     }
 
     fn json_label(&self) -> bool {
-        self.label.as_deref().is_some_and(|l| l == b"json" || l.ends_with(b".json"))
+        self.label
+            .as_deref()
+            .is_some_and(|l| l == b"json" || l.ends_with(b".json"))
     }
 }
 
@@ -117,6 +119,9 @@ impl Tar {
         self.map.as_ref().map_or(&[], |m| &m.map)
     }
 }
+
+/// A tar with its member table, how its scan ended, and whether its index file was used.
+type Indexed = (Tar, tar::End, bool);
 
 /// One sample: a run of members of one tar.
 #[derive(Debug, Clone, Copy)]
@@ -173,7 +178,7 @@ impl WdsSource {
             source,
         })?;
         let next = AtomicUsize::new(0);
-        let slots: Vec<std::sync::Mutex<Option<Result<(Tar, tar::End, bool), WdsError>>>> =
+        let slots: Vec<std::sync::Mutex<Option<Result<Indexed, WdsError>>>> =
             paths.iter().map(|_| std::sync::Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..threads.clamp(1, paths.len().max(1)) {
@@ -279,11 +284,14 @@ impl WdsSource {
     }
 
     fn entry(&self, index: u64) -> Result<(&Entry, &Tar), SourceError> {
-        let e = self.entries.get(index as usize).ok_or_else(|| SourceError::OutOfRange {
-            index,
-            len: self.len(),
-            source_desc: self.describe(),
-        })?;
+        let e = self
+            .entries
+            .get(index as usize)
+            .ok_or_else(|| SourceError::OutOfRange {
+                index,
+                len: self.len(),
+                source_desc: self.describe(),
+            })?;
         Ok((e, &self.tars[e.tar as usize]))
     }
 
@@ -327,7 +335,12 @@ impl WdsSource {
                 None,
                 format!(
                     "no image member (looked for {}; it has {}); set webdataset={{\"image\": ...}} to the extension it uses",
-                    self.opts.image.iter().map(|x| String::from_utf8_lossy(x)).collect::<Vec<_>>().join(", "),
+                    self.opts
+                        .image
+                        .iter()
+                        .map(|x| String::from_utf8_lossy(x))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     have.join(", ")
                 ),
             ));
@@ -346,8 +359,11 @@ impl WdsSource {
             }
             (Some(_), Some(l)) => {
                 let m = &tar.members[l as usize];
-                parse_label(bytes(m)?, self.opts.json_label().then_some(self.opts.label_key.as_str()))
-                    .map_err(|reason| fail(Some(m), reason))?
+                parse_label(
+                    bytes(m)?,
+                    self.opts.json_label().then_some(self.opts.label_key.as_str()),
+                )
+                .map_err(|reason| fail(Some(m), reason))?
             }
         };
         Ok(Sample {
@@ -402,7 +418,9 @@ fn parse_label(bytes: &[u8], json_key: Option<&str>) -> Result<i64, String> {
         }
     };
     if value < 0 {
-        return Err(format!("the label {value} is negative; labels are class indices from 0"));
+        return Err(format!(
+            "the label {value} is negative; labels are class indices from 0"
+        ));
     }
     Ok(value)
 }
@@ -410,7 +428,7 @@ fn parse_label(bytes: &[u8], json_key: Option<&str>) -> Result<i64, String> {
 /// Maps the tar at `path` and finds its members: from its index file if that is valid, else by
 /// a scan (then writing the index file when allowed and possible). Returns the tar, how its
 /// scan ended, and whether the index file was used.
-fn index_tar(path: &Path, write: bool, listed: &AtomicU64) -> Result<(Tar, tar::End, bool), WdsError> {
+fn index_tar(path: &Path, write: bool, listed: &AtomicU64) -> Result<Indexed, WdsError> {
     let io = |source| WdsError::Io {
         path: path.to_owned(),
         source,
@@ -445,14 +463,16 @@ fn index_tar(path: &Path, write: bool, listed: &AtomicU64) -> Result<(Tar, tar::
         listed.fetch_add(n - reported, Ordering::Relaxed);
         reported = n;
     });
-    if write && writable(path.parent().unwrap_or(Path::new("."))) {
-        if let Err(e) = index::write(path, &index::encode(&scan, stamp)) {
-            tracing::info!(
-                "could not write {}: {e}; the next open scans the tar again",
-                index_path.display()
-            );
-        }
+    if write
+        && writable(path.parent().unwrap_or(Path::new(".")))
+        && let Err(e) = index::write(path, &index::encode(&scan, stamp))
+    {
+        tracing::info!(
+            "could not write {}: {e}; the next open scans the tar again",
+            index_path.display()
+        );
     }
+
     let tar = Tar {
         path: path.to_owned(),
         map,

@@ -196,12 +196,18 @@ mod tests {
         }
         let d = tmp.path().display();
         let names = |v: Vec<PathBuf>| -> Vec<String> {
-            v.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect()
+            v.iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
         };
         assert_eq!(names(tars(&d.to_string()).unwrap()), ["a.tar", "b.tar"]);
         assert_eq!(names(tars(&format!("{d}/*.tar")).unwrap()), ["a.tar", "b.tar"]);
         assert_eq!(names(tars(&format!("{d}/{{b,a}}.tar")).unwrap()), ["b.tar", "a.tar"]);
-        assert!(tars(&format!("{d}/{{a,z}}.tar")).unwrap_err().contains("z.tar does not exist"));
+        assert!(
+            tars(&format!("{d}/{{a,z}}.tar"))
+                .unwrap_err()
+                .contains("z.tar does not exist")
+        );
         assert!(tars(&format!("{d}/q*.tar")).unwrap_err().contains("matches no file"));
     }
 }

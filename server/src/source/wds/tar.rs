@@ -104,7 +104,12 @@ pub fn scan(data: &[u8], progress: &mut dyn FnMut(u64)) -> Scan {
             Some(s) => s,
             None => match number(&h[124..136]) {
                 Ok(s) => s,
-                Err(reason) => break End::BadHeader { at, reason: format!("size field: {reason}") },
+                Err(reason) => {
+                    break End::BadHeader {
+                        at,
+                        reason: format!("size field: {reason}"),
+                    };
+                }
             },
         };
         let data_at = at + BLOCK;
@@ -246,7 +251,10 @@ fn pax(mut body: &[u8]) -> Result<(Option<Vec<u8>>, Option<u64>), String> {
             return Err("a pax record whose length does not match".into());
         }
         let record = &body[sp + 1..n - 1];
-        let eq = record.iter().position(|&b| b == b'=').ok_or("a pax record without '='")?;
+        let eq = record
+            .iter()
+            .position(|&b| b == b'=')
+            .ok_or("a pax record without '='")?;
         let (key, value) = (&record[..eq], &record[eq + 1..]);
         match key {
             b"path" => path = Some(value.to_vec()),
@@ -295,7 +303,6 @@ pub(crate) mod tests_support {
         h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
         h
     }
-
 }
 
 #[cfg(test)]
@@ -344,7 +351,10 @@ mod tests {
         // The `L` record names the member after it ("short", whose own name is cut to 100
         // bytes by writers); the pax record overrides "ignored-name".
         assert_eq!(names, [&b"a.jpg"[..], &long_name, "p/\u{e9}t\u{e9}.cls".as_bytes()]);
-        assert_eq!((s.members[1].size, &a[s.members[1].offset as usize..][..3]), (3, &b"123"[..]));
+        assert_eq!(
+            (s.members[1].size, &a[s.members[1].offset as usize..][..3]),
+            (3, &b"123"[..])
+        );
         assert_eq!(&a[s.members[0].offset as usize..][..4], b"JPEG");
         assert_eq!((s.members[2].size, a[s.members[2].offset as usize]), (1, b'7'));
     }
@@ -354,11 +364,20 @@ mod tests {
         let a = archive(&[(b"k.jpg", &[1u8; 1000], b'0'), (b"k.cls", b"3", b'0')]);
         // Cut inside the second member's header, then inside the first member's data.
         let s = scan(&a[..1536 + 100], &mut |_| {});
-        assert_eq!((s.members.len(), &s.end), (1, &End::Truncated { at: 1636, member: None }));
+        assert_eq!(
+            (s.members.len(), &s.end),
+            (1, &End::Truncated { at: 1636, member: None })
+        );
         let s = scan(&a[..700], &mut |_| {});
         assert_eq!(
             (s.members.len(), &s.end),
-            (1, &End::Truncated { at: 700, member: Some(b"k.jpg".to_vec()) })
+            (
+                1,
+                &End::Truncated {
+                    at: 700,
+                    member: Some(b"k.jpg".to_vec())
+                }
+            )
         );
         assert!(s.end.problem(1).unwrap().contains("inside member \"k.jpg\""));
         // Not a tar at all; a corrupted second header.

@@ -157,9 +157,12 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
     if pos != body.len() {
         return Err("it has bytes after its last member".into());
     }
-    // Spot checks against the tar itself: the headers of the first and last members.
+    // Spot checks against the tar itself: the headers of the first and last members (a tar
+    // that changed length since it was stamped has no header there either).
     for m in [members.first(), members.last()].into_iter().flatten() {
-        let h = &tar[(m.offset - BLOCK) as usize..m.offset as usize];
+        let Some(h) = tar.get((m.offset - BLOCK) as usize..m.offset as usize) else {
+            return Err(format!("the tar has no member header at byte {}", m.offset - BLOCK));
+        };
         let ok = super::tar::scan(h, &mut |_| {});
         let plain = matches!(h[156], b'0' | 0 | b'7');
         if !matches!(ok.end, End::Complete | End::Truncated { .. }) || !plain {

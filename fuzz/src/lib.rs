@@ -159,7 +159,18 @@ pub fn tar_scan(data: &[u8]) {
     }
     let stamp = index::Stamp { len, mtime_ns: 7 };
     let bytes = index::encode(&scan, stamp);
-    assert_eq!(index::decode(&bytes, stamp, data).as_ref(), Ok(&scan), "an index round-trips");
+    assert_eq!(
+        index::decode(&bytes, stamp, data).as_ref(),
+        Ok(&scan),
+        "an index round-trips"
+    );
     let _ = index::decode(data, stamp, data);
-    let _ = index::decode(data, index::Stamp { len: 1 << 40, mtime_ns: 0 }, &data[..data.len() / 2]);
+    let _ = index::decode(
+        data,
+        index::Stamp {
+            len: 1 << 40,
+            mtime_ns: 0,
+        },
+        &data[..data.len() / 2],
+    );
 }

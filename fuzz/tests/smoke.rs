@@ -203,7 +203,10 @@ fn tar_seeds() -> Vec<Vec<u8>> {
     let mut seeds = vec![plain.clone(), dialects.clone(), plain[..1800].to_vec()];
     for t in [plain, dialects] {
         let scan = ringfeed::source::wds::tar::scan(&t, &mut |_| {});
-        let stamp = ringfeed::source::wds::index::Stamp { len: t.len() as u64, mtime_ns: 7 };
+        let stamp = ringfeed::source::wds::index::Stamp {
+            len: t.len() as u64,
+            mtime_ns: 7,
+        };
         seeds.push(ringfeed::source::wds::index::encode(&scan, stamp));
     }
     seeds

@@ -11,8 +11,9 @@
 //! - [`progress`]: progress bars and plain progress lines for long commands.
 //! - [`inspect`]: human summaries of a packed dataset or an LMDB.
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
-//! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
-//!   LMDB read in place ([`source::lmdb`]).
+//! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]), an
+//!   LMDB, image folders and manifests, or WebDataset tars ([`source::wds`]), the last three
+//!   read in place.
 //! - [`tokens`]: the token dataset format v1 (`proto/tokens.md`): writer, reader, verifier, and
 //!   Megatron / flat token files read in place.
 //! - [`fault`]: SIGBUS on a mapped file that changed on disk becomes an error naming the file.

@@ -604,7 +604,13 @@ fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let inspection = if is_lmdb(&a.dataset) {
+    let text = a.dataset.to_string_lossy();
+    let tars = ringfeed::source::files::ServedKind::detect(&a.dataset)
+        .is_ok_and(|k| k == ringfeed::source::files::ServedKind::WebDataset)
+        || (!a.dataset.exists() && ringfeed::source::wds::pattern::is_pattern(&text));
+    let inspection = if tars {
+        ringfeed::inspect::inspect_webdataset(&text, Some(a.sample))?
+    } else if is_lmdb(&a.dataset) {
         ringfeed::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
     } else {
         ringfeed::inspect::inspect_packed(&a.dataset, Some(a.sample))?

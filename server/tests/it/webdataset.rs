@@ -138,6 +138,20 @@ fn ringfeed_index_writes_index_files_and_names_damaged_tars() {
             .count(),
         3
     );
+    let inspect = Command::new(bin())
+        .args(["inspect", tars.to_str().unwrap(), "--sample", "16"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(inspect.status.success(), "{}", String::from_utf8_lossy(&inspect.stderr));
+    assert!(
+        text.contains("webdataset dataset") && text.contains("samples:  18"),
+        "{text}"
+    );
+    assert!(
+        text.contains("key:   c2/04") && text.contains("label: 2") && text.contains("image: png"),
+        "{text}"
+    );
     // Cut the last tar inside its third member.
     let t = tars.join("s-2.tar");
     let bytes = std::fs::read(&t).unwrap();

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import webdataset
+from _fleet import Server
 from _order import rank_split, shard_blocks
 from PIL import Image
 
@@ -144,28 +145,34 @@ def copy_tars(src: Path, dst: Path) -> Path:
     return dst
 
 
+def fresh(path: Path, **kw: object) -> list[tuple[torch.Tensor, ...]]:
+    """`epoch` on a server of its own, so the tars are opened anew (a server reuses an open source)."""
+    with Server(threads=1) as server:
+        return epoch(path, str(server.sock), spawn=False, **kw)
+
+
 def test_index_files_are_written_reused_and_rebuilt_when_they_do_not_match(
-    data: dict[str, Path], sock: str, tmp_path: Path
+    data: dict[str, Path], tmp_path: Path
 ) -> None:
     """The first open writes TAR.rfidx; a later open uses it; a tampered or stale one is rebuilt, same batches."""
     tars = copy_tars(data["tars"], tmp_path / "t")
-    want = epoch(data["folder"], sock)
-    same(epoch(tars, sock), want)
+    want = fresh(data["folder"])
+    same(fresh(tars), want)
     index = tars / "shard-000001.tar.rfidx"
     assert sorted(p.name for p in tars.glob("*.rfidx")) == [f"shard-00000{s}.tar.rfidx" for s in range(3)]
     written = index.read_bytes()
     os.utime(index, ns=(1, 1))
-    same(epoch(tars, sock), want)
+    same(fresh(tars), want)
     assert index.stat().st_mtime_ns == 1, "a valid index is read, not rewritten"
     index.write_bytes(written[:40] + bytes(len(written) - 40))  # tampered
-    same(epoch(tars, sock), want)
+    same(fresh(tars), want)
     assert index.read_bytes() == written, "a tampered index is rebuilt"
     tar = tars / "shard-000001.tar"
     os.utime(tar, ns=(2_000_000_000, 2_000_000_000))  # the tar changed since: the index is stale
-    same(epoch(tars, sock), want)
+    same(fresh(tars), want)
     assert index.read_bytes() != written
     no_write = copy_tars(data["tars"], tmp_path / "n")
-    same(epoch(no_write, sock, webdataset={"write_index": False}), want)
+    same(fresh(no_write, webdataset={"write_index": False}), want)
     assert not list(no_write.glob("*.rfidx"))
 
 

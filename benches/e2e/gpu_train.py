@@ -9,7 +9,11 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
 - dataloader-pil: torch DataLoader over torchvision ImageFolder with PIL RandomResizedCrop(224) +
   flip, `--workers` workers, pin_memory, uint8 tensors normalised on the GPU;
 - ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
-  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run.
+  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run;
+  ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
+  with the share pinned at S;
+- dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
+  `--threads-cap` (else `--workers`) CPU threads.
 Each run skips 20 warm-up steps, then times `--steps` steps, and reports two shares of the total:
 - GPU idle: the sum over steps of the gap, on the GPU's own clock (CUDA events), between the end of
   one step's last kernel and the start of the next step's first: time the GPU had nothing queued,
@@ -57,7 +61,19 @@ def make_model(name: str) -> nn.Module:
 
 
 #: The snapshot members of the stream the timeline keeps.
-WATCHED = ("threads", "depth", "busy", "wait", "gpu_wait", "samples_per_s", "stage_us", "limit", "tune")
+WATCHED = (
+    "threads",
+    "depth",
+    "busy",
+    "wait",
+    "gpu_wait",
+    "samples_per_s",
+    "stage_us",
+    "limit",
+    "tune",
+    "gpu_share",
+    "gpu_decode_us",
+)
 
 
 class Watch:
@@ -139,7 +155,9 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
         timeline = watch.stop()
         if client0 is not None:
             c1 = LOADERS[0].stats(server=False)
-            d = {k: c1[k] - client0[k] for k in ("wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches")}
+            keys = ["wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches"]
+            keys += [k for k in ("gpu_samples", "gpu_fallbacks") if k in c1]
+            d = {k: c1[k] - client0[k] for k in keys}
             whole = max(d["wait_s"] + d["compute_s"], 1e-9)
             out["loader_stats"] = d | {
                 "data_wait_share": d["data_wait_s"] / whole,
@@ -203,7 +221,40 @@ def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
 LOADERS: list = []
 
 
-def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc", threads: int | None = None):
+def dali_batches(images: Path, threads: int):
+    """NVIDIA DALI's standard ResNet-50 training pipeline (mixed decode with the hardware decoder)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=str(images), random_shuffle=True, name="reader")
+        img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
+        img = fn.crop_mirror_normalize(
+            img,
+            dtype=types.FLOAT16,
+            output_layout="CHW",
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mirror=fn.random.coin_flip(),
+        )
+        return img, labels.gpu()
+
+    p = pipe()
+    p.build()
+    it = DALIGenericIterator(
+        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    while True:
+        for out in it:
+            x = out[0]["x"].to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+            yield x, out[0]["y"].squeeze(-1).long()
+
+
+def ringfeed_batches(
+    packed: Path, sock: str, recipe: str = "rrc", threads: int | None = None, gpu_decode: object = False
+):
     import ringfeed
 
     norm = ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -222,6 +273,7 @@ def ringfeed_batches(packed: Path, sock: str, recipe: str = "rrc", threads: int 
         layout="NHWC",
         slots=6,
         threads=threads,
+        gpu_decode=gpu_decode,
     )
     LOADERS[:] = [ld]
     epoch = 0
@@ -264,12 +316,23 @@ def main() -> None:
             for loader in a.loaders.split(","):
                 torch.manual_seed(0)
                 model = make_model(name)
+                share = float(loader.removeprefix("ringfeed-share-")) if loader.startswith("ringfeed-share-") else None
                 batches = {
+                    f"ringfeed-share-{share}": lambda: ringfeed_batches(
+                        a.packed,
+                        sock,
+                        a.recipe,
+                        a.threads_cap,
+                        share,  # noqa: B023 - called at once
+                    ),
                     "ceiling": lambda: ceiling_batches(),
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
                     "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap),
+                    "ringfeed-hybrid": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, "auto"),
+                    "dali": lambda: dali_batches(a.images, a.threads_cap or a.workers),
                 }[loader]()
-                r = train(model, batches, a.steps, Watch(sock) if loader == "ringfeed" else None)
+                watch = Watch(sock) if loader.startswith("ringfeed") else None
+                r = train(model, batches, a.steps, watch)
                 LOADERS.clear()
                 r.update(
                     {
@@ -329,22 +392,26 @@ def main() -> None:
             "## ringfeed: what the loader and the server measured (timed steps)",
             "",
             "| model | next(): waiting for data | next(): behind the GPU | server: threads | busy | wait (tuner) "
-            "| GPU wait | samples/s |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| GPU wait | samples/s | GPU share | GPU-decoded |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         pct = lambda v: "-" if v is None else f"{v * 100:.1f} %"  # noqa: E731
         for r in signals:
             ld, sv = r.get("loader_stats", {}), r.get("server_last", {})
             lines.append(
-                f"| {r['model']} | {pct(ld.get('data_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
+                f"| {r['model']} {r['loader']} | {pct(ld.get('data_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
                 f"| {sv.get('threads', '-')} | {pct(sv.get('busy'))} | {pct(sv.get('wait'))} "
                 f"| {pct(sv.get('gpu_wait'))} "
-                f"| {sv.get('samples_per_s', '-')} |"
+                f"| {sv.get('samples_per_s', '-')} | {pct(sv.get('gpu_share'))} "
+                f"| {ld.get('gpu_samples', '-')} |"
             )
         lines.append("")
         for r in signals:
             sv = r.get("server_last", {})
-            lines += [f"- {r['model']}: limit: {sv.get('limit', '-')}", f"  last change: {sv.get('tune', '-')}"]
+            lines += [
+                f"- {r['model']} {r['loader']}: limit: {sv.get('limit', '-')}",
+                f"  last change: {sv.get('tune', '-')}",
+            ]
         lines.append("")
         lines.append("The server's timeline (every 0.5 s) is in gpu.json, `server_timeline`.")
     (a.out / "gpu.md").write_text("\n".join(lines) + "\n")

@@ -116,18 +116,24 @@ class CudaCopier:
                 stacklevel=3,
             )
 
-    def copy(self, views: dict[str, Any], slot: int, post: Any = None) -> dict[str, Any]:
+    def copy(self, views: dict[str, Any], slot: int, post: Any = None, finish: Any = None) -> dict[str, Any]:
         """Starts copying ``views`` (slices of slot ``slot``) to the GPU; returns the GPU tensors.
 
-        ``post`` (the batch ops: normalisation, erasing, MixUp/CutMix) runs on the side stream
-        after the copy, on the GPU tensors. The host returns at once. The slot joins ``pending``
-        and is handed back by ``completed`` once the copy has finished.
+        ``finish`` (hybrid decode: the GPU samples' decode and geometry, which read the slot's
+        encoded bytes) runs on the side stream after the copy and before the event that releases
+        the slot; ``post`` (the batch ops: normalisation, erasing, MixUp/CutMix) after it, on the
+        GPU tensors. The host returns at once. The slot joins ``pending`` and is handed back by
+        ``completed`` once everything that reads it has finished.
         """
         import torch
 
         consumer = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self.stream):
             out = {name: v.to(self.device, non_blocking=True) for name, v in views.items()}
+            if finish is not None:
+                out = finish(out, self.stream)
+            # SYNC POINT: the slot is released once this event has completed: every read of the
+            # slot (the copies, and the GPU decoder's reads of its encoded bytes) is queued before it.
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
             copied.record(self.stream)
             if post is not None:

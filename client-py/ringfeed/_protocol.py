@@ -101,17 +101,28 @@ _FD = array.array("i")
 
 
 def stats_message(
-    steps: int, wait_ns: int, compute_ns: int, gpu_wait_ns: int | None = None, *, minor: int = PROTOCOL[1]
+    steps: int,
+    wait_ns: int,
+    compute_ns: int,
+    gpu_wait_ns: int | None = None,
+    *,
+    minor: int = PROTOCOL[1],
+    gpu_decode: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """A ``stats`` message (control.md, ``stats``) for a session of protocol minor ``minor``.
 
     ``wait_ns`` is the whole time spent inside the requests for a batch; ``gpu_wait_ns`` (1.2, CUDA
     mode only: ``None`` leaves it out) the part of it spent behind the client's own GPU, so the
     wait for data is the difference. It is clamped to ``0 ..= wait_ns`` and sent only to 1.2 peers.
+    ``gpu_decode`` (1.3, hybrid decode) is ``(samples, host ns, fallbacks)`` of the samples the
+    client finished on its GPU, sent only to 1.3 peers.
     """
     msg: dict[str, Any] = {"type": "stats", "steps": steps, "wait_ns": wait_ns, "compute_ns": compute_ns}
     if gpu_wait_ns is not None and minor >= 2:
         msg["gpu_wait_ns"] = min(max(gpu_wait_ns, 0), wait_ns)
+    if gpu_decode is not None and minor >= 3:
+        samples, ns, fallbacks = gpu_decode
+        msg["gpu_samples"], msg["gpu_decode_ns"], msg["gpu_fallbacks"] = samples, ns, min(fallbacks, samples)
     return msg
 
 

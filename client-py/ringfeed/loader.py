@@ -100,6 +100,7 @@ class _Stream:
         self.conn: Connection | None = None
         self.segment: Segment | None = None
         self.cuda: Any = None
+        self.finisher: Any = None
         self.held: dict[int, int] = {}
 
     def release(self, slot: int) -> None:
@@ -112,7 +113,11 @@ class _Stream:
         cuda, self.cuda = self.cuda, None
         conn, self.conn = self.conn, None
         segment, self.segment = self.segment, None
+        finisher, self.finisher = self.finisher, None
         try:
+            if finisher is not None:
+                # Its thread may still read a slot's encoded bytes: it stops before the unmap.
+                finisher.close()
             if cuda is not None:
                 # Nothing may read the ring once it is unpinned and unmapped.
                 cuda.close()
@@ -228,6 +233,17 @@ class Loader:
             "label": "cls", "label_key": "label", "write_index": True}``; ``label`` is the
             label's extension (``"json"``: the integer member ``label_key`` of a JSON member;
             ``""``: no labels).
+        gpu_decode: hybrid decode (docs/hybrid-decode.md): the server hands a share of each batch
+            to this process as JPEG bytes, which it decodes on its GPU (the hardware JPEG decoder
+            through nvImageCodec, else ``torchvision.io.decode_jpeg``) and finishes there (crop,
+            antialiased resize, flip) beside the CPU-decoded samples. ``"auto"`` (the default):
+            on a CUDA device, when a decoder is installed and the pipeline is crops, flips and one
+            resize (plus ``Normalize``/``RandomErasing``), with the share set by the autotuner;
+            otherwise off, saying why once (``gpu_decode_reason``). A number in ``0 ..= 1`` pins
+            the share (and raises ``ValueError`` where it cannot work); ``False`` turns it off.
+        gpu_decode_bytes: room for encoded bytes per sample of a batch in each ring slot
+            (default: ``max(3·H·W, 65536)`` for the view's size; raise it for large photos, whose files
+            would not fit: those are then decoded by the server).
 
     Losing the server:
         When the server's connection closes under the loader (the server was killed, crashed or
@@ -298,6 +314,9 @@ class Loader:
         order_block: int | None = None,
         order_shard: int | None = None,
         webdataset: Mapping[str, Any] | None = None,
+        gpu_decode: bool | float | str = "auto",
+        gpu_decode_bytes: int | None = None,
+        _gpu_backend: str | None = None,
     ) -> None:
         # Everything that can be checked without the server is, first.
         self._res = _Stream()
@@ -368,6 +387,20 @@ class Loader:
             self._post = post if post.active else None
         #: The server's sidecar log, when this loader started the server.
         self.server_log: str | None = None
+        #: Hybrid decode: the pinned share (a float), ``None`` for the tuner's, or off (``False``).
+        self._gpu_share, self._gpu_backend, self.gpu_decode_reason = _gpu_plan(
+            gpu_decode, _gpu_backend, self.device, self.views, self.autotune
+        )
+        if gpu_decode_bytes is not None:
+            gpu_decode_bytes = _int_in("gpu_decode_bytes", gpu_decode_bytes, 4096, 64 << 20)
+        self._gpu_bytes = gpu_decode_bytes
+        self._finisher: Any = None
+        # Hybrid decode's look-ahead: the next batch, taken from the server while this one is
+        # handed out, whose GPU decode already runs in the finisher's thread: (slot, header,
+        # pending decode); and messages read while looking ahead, not yet acted on.
+        self._ahead: collections.deque[tuple[int, Any, Any]] = collections.deque()
+        self._held_msgs: collections.deque[dict[str, Any]] = collections.deque()
+        self._held_error: BaseException | None = None
 
         # Stream state (see `state_dict`).
         self._epoch = 0
@@ -434,6 +467,18 @@ class Loader:
             from ._device import CudaCopier
 
             self._res.cuda = CudaCopier(segment, self.device)
+        if self._gpu_on():
+            from ._hybrid import Finisher
+
+            for name in ("gpu_job", "gpu_bytes"):
+                if name not in segment.fields:
+                    raise ProtocolError(f"the ring has no field {name!r}, which hybrid decode needs")
+            assert self.views is not None
+            assert self._gpu_backend is not None
+            (view,) = self.views.views.values()
+            device = self.device if self._cuda else _cpu()
+            self._finisher = Finisher(device, self._gpu_backend, self.layout, view.size, segment.slot_count)
+            self._res.finisher = self._finisher
 
     def _on_opening(self, msg: dict[str, Any]) -> None:
         """Reports a long open's progress: on the ``ringfeed`` logger, and to ``on_opening``."""
@@ -501,6 +546,16 @@ class Loader:
             local = _env_int("LOCAL_WORLD_SIZE")
             if local is not None and 1 <= local <= 4096:
                 msg["local_world_size"] = local
+        if self._gpu_share is not False and self.server_protocol < (1, 3):
+            major, minor = self.server_protocol
+            self._gpu_share = False
+            self.gpu_decode_reason = f"the server speaks protocol {major}.{minor}; hybrid decode needs 1.3"
+            log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
+        if self._gpu_on():
+            gpu: dict[str, Any] = {"share": self._gpu_share}
+            if self._gpu_bytes is not None:
+                gpu["bytes_per_sample"] = self._gpu_bytes
+            msg["gpu_decode"] = gpu
         msg.update(self._order_members())
         return msg
 
@@ -522,6 +577,10 @@ class Loader:
                 f"(upgrade the server, or set RINGFEED_BIN to a newer binary)"
             )
         return members
+
+    def _gpu_on(self) -> bool:
+        """Whether this stream asks for hybrid decode."""
+        return self._gpu_share is not False
 
     def _pipeline_member(self) -> dict[str, Any]:
         """``pipeline`` for a 1.2 server; ``transform`` for a 1.1 one, when the pipeline is one of its three."""
@@ -681,6 +740,13 @@ class Loader:
         self._gpu_s = 0.0
         self._release_due()
         while True:
+            if self._ahead:
+                slot, header, pending = self._ahead.popleft()
+                batch = self._make_batch(slot, header, pending)
+                self._look_ahead()
+                self._reconnects_in_row = 0
+                self._count_step(t0)
+                return batch
             msg = self._next_message()
             kind = msg["type"]
             if kind == "ready":
@@ -688,6 +754,7 @@ class Loader:
                 if got is None:
                     continue
                 batch = self._make_batch(*got)
+                self._look_ahead()
                 self._reconnects_in_row = 0
                 self._count_step(t0)
                 return batch
@@ -714,6 +781,11 @@ class Loader:
         and nothing is readable, wait for the oldest copy (a DMA, not the training step) and
         release its slot, instead of blocking on the socket.
         """
+        if self._held_error is not None:
+            e, self._held_error = self._held_error, None
+            raise e
+        if self._held_msgs:
+            return self._held_msgs.popleft()
         cuda = self._res.cuda
         while cuda is not None and cuda.pending:
             got = self._recv(poll=True)
@@ -721,6 +793,48 @@ class Loader:
                 return got[0]
             self._res.release(self._behind_gpu(cuda.wait_oldest))
         return self._recv()[0]
+
+    def _look_ahead(self) -> None:
+        """Hybrid decode: takes the next batch if the server has it ready, and starts its GPU decode
+        in the finisher's thread, so that it runs while the training step runs (the hardware
+        decoder's call blocks its thread for the whole decode). Never waits for the server."""
+        if self._finisher is None or not self._finisher.background or self._held_error:
+            return
+        segment = self._res.segment
+        assert segment is not None
+        # Two ahead at most (decoding one while the other is finished), leaving the server slots.
+        most = max(0, min(2, segment.slot_count - 2))
+        try:
+            while len(self._ahead) < most:
+                got = self._recv(poll=True)
+                if got is None:
+                    return
+                msg = got[0]
+                if msg["type"] != "ready":
+                    self._held_msgs.append(msg)
+                    return
+                taken = self._on_ready(msg)
+                if taken is None:
+                    continue  # a stale run's batch (released), or one whose every sample was skipped
+                slot, header = taken
+                jobs, arena = self._gpu_inputs(slot, header)
+                self._ahead.append((slot, header, self._finisher.submit(jobs, arena, self._copy_stream())))
+        except RingfeedError as e:
+            # Raised where the loop would have met it: at the next batch, after this one.
+            self._held_error = e
+
+    def _copy_stream(self) -> Any:
+        return None if self._res.cuda is None else self._res.cuda.stream
+
+    def _drop_ahead(self) -> None:
+        """Releases the batches taken ahead (once their decodes have stopped reading their slots)."""
+        while self._ahead:
+            slot, _, pending = self._ahead.popleft()
+            with contextlib.suppress(Exception):
+                pending.result()
+            if slot in self._res.held:
+                with contextlib.suppress(RingfeedError, OSError):
+                    self._res.release(slot)
 
     def _behind_gpu(self, fn: Any, *args: Any) -> Any:
         """Runs ``fn`` (a CUDA call that may block behind the GPU's queued work), counting its time
@@ -771,7 +885,7 @@ class Loader:
             return None
         return slot, header
 
-    def _make_batch(self, slot: int, header: Any) -> Any:
+    def _make_batch(self, slot: int, header: Any, pending: Any = None) -> Any:
         res = self._res
         assert res.segment is not None
         n = header.count
@@ -783,9 +897,31 @@ class Loader:
             except ValueError:
                 res.release(slot)
                 raise
+        finish = self._gpu_finish(slot, header, pending) if self._finisher is not None else None
+        if finish is not None and res.cuda is None:
+            # CPU mode (the tests' host backend): the GPU samples are finished into the held slot
+            # itself (ring.md rule 7), then the batch goes on as any other.
+            try:
+                views = finish(dict(views))
+            except _SampleDecodeError:
+                res.release(slot)
+                raise
+            self._stats["skipped"] += finish.skipped
         if res.cuda is not None:
             hook = None if post is None else (lambda o: post(o, header.epoch, header.batch))
-            out = self._behind_gpu(res.cuda.copy, views, slot, hook)
+            try:
+                extra = () if finish is None else (finish,)
+                out = self._behind_gpu(res.cuda.copy, views, slot, hook, *extra)
+                if finish is not None and self._finisher is not None:
+                    # Finishing the GPU samples is making the batch (the wait for data), not
+                    # back-pressure from the GPU: the tuner must not read it as the model's step.
+                    self._gpu_s = max(self._gpu_s - self._finisher.last_call_ns / 1e9, 0.0)
+            except _SampleDecodeError:
+                res.cuda.stream.synchronize()
+                res.release(slot)
+                raise
+            if finish is not None:
+                self._stats["skipped"] += finish.skipped
         elif post is not None:
             # The batch ops make new tensors; copy whatever they left as a view of the ring, and
             # hand the slot back now.
@@ -802,6 +938,25 @@ class Loader:
         if self.views is None or (list(self.views.views) == ["image"] and set(out) == {"image", "label"}):
             return out["image"], out["label"]
         return out
+
+    def _gpu_inputs(self, slot: int, header: Any) -> tuple[Any, Any]:
+        """The slot's ``gpu_job`` records and ``gpu_bytes`` arena, as numpy views of the ring."""
+        res = self._res
+        assert res.segment is not None
+        jobs = res.segment.view(slot, "gpu_job")[: header.count]
+        arena = res.segment.view(slot, "gpu_bytes")
+        jobs_np = jobs.numpy() if hasattr(jobs, "numpy") else jobs
+        arena_np = arena.numpy() if hasattr(arena, "numpy") else arena
+        return jobs_np, arena_np.reshape(-1)
+
+    def _gpu_finish(self, slot: int, header: Any, pending: Any = None) -> _Finish:
+        """What finishes this batch's GPU samples, run where its tensors are (ring.md, ``gpu_job``)."""
+        res = self._res
+        assert res.segment is not None
+        assert self._finisher is not None
+        jobs, arena = self._gpu_inputs(slot, header)
+        index = res.segment.view(slot, "index")[: header.count] if "index" in res.segment.fields else None
+        return _Finish(self, jobs, arena, header, index, pending)
 
     def _release_due(self) -> None:
         """Releases what may be released before waiting for the next batch."""
@@ -841,6 +996,7 @@ class Loader:
         stale and released unread.
         """
         self._iteration += 1
+        self._drop_ahead()
         self._release_yielded()
 
     def _guard(self, fn: Any, *args: Any) -> Any:
@@ -894,7 +1050,12 @@ class Loader:
             conn = self._res.conn
             assert conn is not None
             msg = stats_message(
-                p[0], p[1], p[2], p[3] if self._res.cuda is not None else None, minor=self.server_protocol[1]
+                p[0],
+                p[1],
+                p[2],
+                p[3] if self._res.cuda is not None else None,
+                minor=self.server_protocol[1],
+                gpu_decode=self._finisher.take_counts() if self._finisher is not None else None,
             )
             # The batch is already counted as delivered: a server that died since is reported by
             # the next receive (or recovered from), not here, where the batch would be lost.
@@ -958,6 +1119,10 @@ class Loader:
         handshake) for up to ``reconnect_timeout`` seconds; any other failure is final. The new
         connection numbers its runs and ``seq`` from the start.
         """
+        # The taken-ahead batches belonged to the lost stream (its ring is gone with it).
+        self._ahead.clear()
+        self._held_msgs.clear()
+        self._held_error = None
         self._reconnects_in_row += 1
         log.warning(
             "lost the ringfeed server at %s (%s); reconnecting (%d of %d in a row), then resuming epoch %d at batch %d",
@@ -1073,15 +1238,18 @@ class Loader:
         queued behind the model's work; 0 on the CPU), ``data_wait_s`` (the rest: waiting for the
         server's data), ``compute_s`` (time between batches), ``skipped`` (samples left out under
         ``on_error="skip"``), and the shares of ``wait_s + compute_s``: ``wait_share``,
-        ``data_wait_share``, ``gpu_wait_share``.
+        ``data_wait_share``, ``gpu_wait_share``. With hybrid decode also ``gpu_samples`` (samples
+        this process finished on its GPU), ``gpu_decode_s`` (its host time on them) and
+        ``gpu_fallbacks`` (those the GPU decoder refused, decoded on the host instead).
 
         With ``server`` (and a 1.1 server), ``"server"`` holds what the server measures for this
         stream, as ``ringfeed top`` shows it: ``threads``, ``depth``, ``slots``, ``samples_per_s``,
         ``wait`` (1.2: for data, net of the GPU wait), ``step_ms``, ``stage_us``
         (read/decode/transform/write per sample), ``tune`` (the autotuner's last decision); from a
         1.2 server also ``gpu_wait``, ``busy`` (the share of the stream's allotted decode threads'
-        time spent on its samples) and ``limit`` (what limits the loop now). ``None`` when the
-        server cannot say.
+        time spent on its samples) and ``limit`` (what limits the loop now); from a 1.3 server with
+        hybrid decode ``gpu_share`` (the share offered to the GPU now) and ``gpu_samples`` (handed
+        over, including batches prepared ahead). ``None`` when the server cannot say.
         """
         out: dict[str, Any] = dict(self._stats)
         out["data_wait_s"] = max(out["wait_s"] - out["gpu_wait_s"], 0.0)
@@ -1089,6 +1257,9 @@ class Loader:
         out["wait_share"] = out["wait_s"] / total if total > 0 else 0.0
         out["data_wait_share"] = out["data_wait_s"] / total if total > 0 else 0.0
         out["gpu_wait_share"] = out["gpu_wait_s"] / total if total > 0 else 0.0
+        if self._finisher is not None:
+            samples, ns, fallbacks = self._finisher.totals
+            out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
         if server:
             out["server"] = self._server_view()
         return out
@@ -1171,6 +1342,116 @@ def _legacy_ops(legacy: dict[str, Any] | None) -> Any:
     assert legacy is not None
     size = legacy.get("size", [1, 1])
     return CenterCrop(tuple(size) if isinstance(size, list) and len(size) == 2 else 1)
+
+
+class _SampleDecodeError(ServerError):
+    """Samples of a batch that neither the GPU nor the host could decode, under ``on_error="raise"``."""
+
+
+class _Finish:
+    """Finishes one batch's GPU samples (hybrid decode) into its image tensor, then applies ``on_error``."""
+
+    def __init__(self, loader: Loader, jobs: Any, arena: Any, header: Any, index: Any, pending: Any = None) -> None:
+        self.loader, self.jobs, self.arena, self.header, self.index = loader, jobs, arena, header, index
+        self.pending = pending
+        self.skipped = 0
+
+    def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
+        from ._hybrid import DecodeError
+
+        lo = self.loader
+        assert lo.views is not None
+        (name,) = lo.views.views
+        try:
+            lo._finisher(self.jobs, self.arena, out[name], stream, self.pending)
+            return out
+        except DecodeError as e:
+            failed = e.failed
+        where = f"batch {self.header.batch} of epoch {self.header.epoch} of {lo.path}"
+        named = [
+            f"sample #{int(self.index[p])}" if self.index is not None else f"position {p} of {where}" for p, _ in failed
+        ]
+        if lo.on_error == "raise":
+            detail = "; ".join(f"{n}: {r}" for n, (_, r) in zip(named, failed, strict=True))
+            raise _SampleDecodeError(
+                "sample",
+                f"{len(failed)} sample(s) of {where} do not decode (hybrid decode): {detail}; "
+                f"pass on_error='skip' to leave such samples out",
+                sample=int(self.index[failed[0][0]]) if self.index is not None else None,
+                fatal=False,
+            )
+        import torch
+
+        keep = [p for p in range(next(iter(out.values())).shape[0]) if p not in {p for p, _ in failed}]
+        self.skipped = len(failed)
+        rows = torch.as_tensor(keep, dtype=torch.long)
+        return {k: v.index_select(0, rows.to(v.device)) for k, v in out.items()}
+
+
+def _cpu() -> Any:
+    import torch
+
+    return torch.device("cpu")
+
+
+#: The per-image ops hybrid decode finishes on the GPU (control.md, "Hybrid decode"); the batch
+#: ops run on the client anyway.
+_GEOMETRIC = frozenset(
+    {"random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip"}
+)
+_BATCH_OPS = frozenset({"normalize", "random_erasing"})
+
+
+def _gpu_plan(
+    gpu_decode: Any, backend: str | None, device: Any, views: Views | None, autotune: bool
+) -> tuple[float | bool | None, str | None, str | None]:
+    """``(share, backend, why off)`` for ``Loader(gpu_decode=...)``: share a float (pinned), ``None``
+    (the tuner's), or ``False`` (off, with the reason)."""
+    if gpu_decode is False:
+        return False, None, "gpu_decode=False"
+    if gpu_decode == "auto" or gpu_decode is True:
+        pinned: float | None = None
+    elif isinstance(gpu_decode, (int, float)) and not isinstance(gpu_decode, bool) and 0.0 <= gpu_decode <= 1.0:
+        pinned = float(gpu_decode)
+    else:
+        raise ValueError(f"gpu_decode must be 'auto', True, False or a share in 0..1, got {gpu_decode!r}")
+    why = _gpu_pipeline_problem(views)
+    if backend is None:
+        from ._hybrid import backend_for
+
+        backend, reason = backend_for(device)
+        if backend is None:
+            why = why or reason
+    if why is not None:
+        if pinned is not None or gpu_decode is True:
+            raise ValueError(f"gpu_decode={gpu_decode!r} cannot work: {why}")
+        on_gpu = getattr(device, "type", "cpu") == "cuda"
+        (log.warning if on_gpu else log.info)("ringfeed: GPU decode is off: %s", why)
+        return False, None, why
+    if pinned is None and not autotune:
+        # Without the autotuner nobody would set the share: "auto" then means off.
+        return False, None, "autotune=False and gpu_decode='auto' (pin a share, e.g. gpu_decode=0.5)"
+    return pinned, backend, None
+
+
+def _gpu_pipeline_problem(views: Views | None) -> str | None:
+    """Why hybrid decode cannot finish this pipeline on the GPU, or ``None``."""
+    if views is None:
+        return "the 1.1 transform dict form is decoded on the CPU"
+    if len(views.views) != 1:
+        return f"the pipeline has {len(views.views)} views; GPU decode finishes one"
+    (view,) = views.views.values()
+    if view.count != 1:
+        return f"the view makes {view.count} images per sample; GPU decode finishes one"
+    ops = [op["op"] for op in views.to_json()["views"][0]["ops"] if op["op"] not in _BATCH_OPS]
+    for op in ops:
+        if op not in _GEOMETRIC:
+            return (
+                f"{op} is not geometric (GPU decode finishes crops, flips and one resize; the other ops run on the CPU)"
+            )
+    if sum(op in ("resize", "random_resized_crop") for op in ops) > 1:
+        return "the pipeline resizes twice; GPU decode finishes one resize"
+    return None
 
 
 def _check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str, ...]:

@@ -166,6 +166,16 @@ pub fn render(s: &Snapshot) -> String {
             t.skipped,
             t.dataset
         );
+        if let Some(share) = t.gpu_share {
+            let _ = writeln!(
+                out,
+                "{:>6} gpu decode: share {:.0}%, {} samples handed to the client's GPU, {} us of its host time each",
+                "",
+                share * 100.0,
+                t.gpu_samples.unwrap_or(0),
+                opt(t.gpu_decode_us, 1.0, 1)
+            );
+        }
         if !t.limit.is_empty() {
             let _ = writeln!(out, "{:>6} limit: {}", "", t.limit);
         }
@@ -288,6 +298,24 @@ pub fn prometheus(s: &Snapshot) -> String {
         "gauge",
         "Share of the training loop's time spent waiting behind its own GPU inside next(), not for data (client-measured).",
         per(&|t| t.gpu_wait),
+    );
+    metric(
+        "ringfeed_stream_gpu_decode_share",
+        "gauge",
+        "Share of each batch offered to the client's GPU decoder (hybrid decode).",
+        per(&|t| t.gpu_share),
+    );
+    metric(
+        "ringfeed_stream_gpu_decoded_samples_total",
+        "counter",
+        "Samples handed to the client's GPU decoder since the stream opened.",
+        per(&|t| t.gpu_samples.map(|n| n as f64)),
+    );
+    metric(
+        "ringfeed_stream_gpu_decode_seconds_per_sample",
+        "gauge",
+        "The client's host time per GPU-decoded sample over the last interval.",
+        per(&|t| t.gpu_decode_us.map(|u| u / 1e6)),
     );
     metric(
         "ringfeed_stream_busy_ratio",
@@ -462,6 +490,9 @@ mod tests {
                 },
                 tune: "pinned".into(),
                 limit: "fed, the GPU is the limit: ...".into(),
+                gpu_share: Some(0.25),
+                gpu_samples: Some(640),
+                gpu_decode_us: Some(91.0),
             }],
         }
     }
@@ -472,6 +503,7 @@ mod tests {
         assert!(t.contains("budget 15"), "{t}");
         assert!(t.contains("6*"), "pinned threads are marked: {t}");
         assert!(t.contains("1/2/0/1"), "{t}");
+        assert!(t.contains("gpu decode: share 25%, 640 samples"), "{t}");
         assert!(t.contains("tune: pinned"), "{t}");
         assert!(t.contains("limit: fed, the GPU is the limit"), "{t}");
         assert!(t.contains(" 25.0 "), "the wait behind the GPU, apart: {t}");
@@ -489,6 +521,7 @@ mod tests {
         assert!(p.contains("ringfeed_stream_step_seconds{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.05"));
         assert!(p.contains("state=\"filling\"} 2"), "{p}");
         assert!(p.contains("ringfeed_stream_gpu_wait_ratio{stream=\"2\""), "{p}");
+        assert!(p.contains("ringfeed_stream_gpu_decode_share{stream=\"2\""), "{p}");
         assert!(
             p.contains("ringfeed_stream_busy_ratio{stream=\"2\",pid=\"42\",dataset=\"/d/\\\"x\\\"\"} 0.97"),
             "{p}"

@@ -21,7 +21,7 @@
 //!   counts down, so every batch comes back exactly once.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -44,6 +44,8 @@ pub struct StreamCtx {
     pub label: FieldDesc,
     pub index: Option<FieldDesc>,
     pub crop: Option<FieldDesc>,
+    /// 1.3, hybrid decode: the `gpu_job` records and the `gpu_bytes` arena (ring.md).
+    pub gpu: Option<GpuFields>,
     /// The run whose jobs should do their work; jobs of any other run are skipped.
     pub current_run: AtomicU32,
     /// Where finished batches go.
@@ -77,6 +79,14 @@ impl std::fmt::Debug for StreamCtx {
 pub struct ViewFields {
     pub image: FieldDesc,
     pub erase: Option<FieldDesc>,
+}
+
+/// The ring fields of hybrid decode (ring.md, `gpu_job` and `gpu_bytes`).
+#[derive(Debug, Clone)]
+pub struct GpuFields {
+    pub job: FieldDesc,
+    /// Not per sample: the payload of a whole batch is one arena of encoded bytes.
+    pub bytes: FieldDesc,
 }
 
 /// The outputs of sample `pos` of a FILLING slot, for [`Processor::run`].
@@ -147,6 +157,25 @@ pub struct BatchTask {
     /// Jobs not yet finished.
     pub remaining: AtomicUsize,
     pub failures: Mutex<Vec<SampleFailure>>,
+    /// The share of this batch offered to the client's GPU (read once, when it was started).
+    pub gpu_share: f64,
+    /// Bytes of the `gpu_bytes` arena taken by this batch's GPU samples so far.
+    pub arena_used: AtomicU64,
+}
+
+impl BatchTask {
+    /// Takes `len` bytes of the batch's `gpu_bytes` arena; their offset, or `None` when they
+    /// do not fit (the sample is then decoded on the CPU).
+    fn reserve(&self, gpu: &GpuFields, len: u64) -> Option<u64> {
+        let cap = gpu.bytes.sample_bytes * u64::from(self.stream.segment.layout().header.batch_size);
+        // Relaxed: the counter only divides the arena into disjoint ranges; the bytes written
+        // into them are published with the batch's completion count (`run`), like every field.
+        self.arena_used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used + len <= cap).then_some(used + len)
+            })
+            .ok()
+    }
 }
 
 /// One sample of one batch.
@@ -470,19 +499,41 @@ fn write_sample(
     let rng = SampleRng::new(ctx.seed, task.epoch, index);
     let t0 = Instant::now();
     let mut sink = SlotSink { task, pos: job.pos };
-    let crop = processor
-        .run(
-            sample.data,
-            &ctx.pipeline,
-            rng,
-            ctx.layout,
-            &mut sink,
-            &mut Trace::off(),
-        )
-        .map_err(|e| (key(), e.to_string()))?;
+    let on_gpu = match &ctx.gpu {
+        Some(g) if crate::ops::gpu::offered(job.pos, task.gpu_share) => {
+            to_gpu(processor, task, job.pos, g, sample.data, rng.clone(), &mut sink)
+                .map_err(|e| (key(), e.to_string()))?
+        }
+        _ => None,
+    };
+    let crop = match on_gpu {
+        Some(crop) => crop,
+        None => {
+            let crop = processor
+                .run(
+                    sample.data,
+                    &ctx.pipeline,
+                    rng,
+                    ctx.layout,
+                    &mut sink,
+                    &mut Trace::off(),
+                )
+                .map_err(|e| (key(), e.to_string()))?;
+            if let Some(g) = &ctx.gpu {
+                // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
+                // an all-zero record says the server decoded it (ring.md).
+                unsafe { put(task, &g.job, job.pos, &[0u8; crate::ops::gpu::RECORD_LEN * 4]) };
+            }
+            crop
+        }
+    };
     let t1 = Instant::now();
     let total = (t1 - t0).as_nanos() as u64;
-    let decode = processor.last_decode_ns().min(total);
+    let decode = if on_gpu.is_some() {
+        0
+    } else {
+        processor.last_decode_ns().min(total)
+    };
     times[Stage::Decode as usize] = decode;
     times[Stage::Transform as usize] = total - decode;
     // SAFETY: for each `put`, this job owns sample `pos` of the FILLING slot, as above.
@@ -508,6 +559,42 @@ fn write_sample(
     }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())
+}
+
+/// Hands sample `pos` to the client's GPU when it can go there: plans it, copies its bytes into
+/// the batch's arena and writes its `gpu_job` record. Returns its `crop`, or `None` when the CPU
+/// must decode it (not a plain JPEG, geometry the GPU does not finish, no room in the arena).
+fn to_gpu(
+    processor: &mut Processor,
+    task: &BatchTask,
+    pos: u32,
+    gpu: &GpuFields,
+    data: &[u8],
+    rng: SampleRng,
+    sink: &mut SlotSink<'_>,
+) -> Result<Option<crate::ops::Crop>, crate::ops::OpError> {
+    let ctx = &task.stream;
+    let Some((plan, crop)) = processor.plan_gpu(data, &ctx.pipeline, rng, sink, &mut Trace::off())? else {
+        return Ok(None);
+    };
+    let len = data.len() as u64;
+    let Some(offset) = task.reserve(gpu, len) else {
+        return Ok(None);
+    };
+    let dst = ctx.segment.slot_ptr(task.slot, gpu.bytes.offset + offset, len);
+    // SAFETY: `dst` is valid for `len` bytes inside the slot's arena (slot_ptr checks the range;
+    // `reserve` keeps `offset + len` within the field's payload), and this job is the only
+    // writer of `[offset, offset + len)`: `reserve` hands every range out once per batch.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    let record = plan.record(offset as u32, len as u32);
+    let mut b = [0u8; crate::ops::gpu::RECORD_LEN * 4];
+    for (k, v) in record.iter().enumerate() {
+        b[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants).
+    unsafe { put(task, &gpu.job, pos, &b) };
+    ctx.stats.gpu_handed.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(crop))
 }
 
 #[cfg(test)]

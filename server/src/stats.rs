@@ -91,8 +91,31 @@ pub struct StreamStats {
     /// Whether the client has ever reported `gpu_wait_ns` (a 1.2 client in CUDA mode).
     pub reports_gpu_wait: AtomicBool,
 
+    /// 1.3, hybrid decode: whether the stream has `gpu_decode`, and whether the tuner sets its
+    /// share (control.md, "Hybrid decode"). Fixed at open.
+    pub gpu: Option<GpuMode>,
+    /// The share of each batch offered to the client's GPU, in millionths (the tuner writes it,
+    /// the stream's task reads it when it starts a batch).
+    pub gpu_share: AtomicU32,
+    /// Samples the decode threads handed to the client's GPU.
+    pub gpu_handed: AtomicU64,
+    /// Written by the client's `stats` (1.3): samples it finished on its GPU, its host time on
+    /// them, and those its GPU decoder refused.
+    pub gpu_samples: AtomicU64,
+    pub gpu_decode_ns: AtomicU64,
+    pub gpu_fallbacks: AtomicU64,
+
     /// The last interval's rates and the tuner's last decision, for observers.
     pub view: Mutex<IntervalView>,
+}
+
+/// How a stream with `gpu_decode` sets its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuMode {
+    /// The client pinned it.
+    Pinned,
+    /// The autotuner sets it.
+    Auto,
 }
 
 /// Rates over the tuner's last interval.
@@ -111,6 +134,8 @@ pub struct IntervalView {
     pub tune: String,
     /// The tuner's reading of the last interval: what limits the loop.
     pub limit: String,
+    /// The client's host time per GPU-finished sample over the interval, in µs (1.3).
+    pub gpu_decode_us: Option<f64>,
 }
 
 /// The thread-time a stream's jobs occupy pool threads: the integral over time of the number of
@@ -210,6 +235,12 @@ impl StreamStats {
             compute_ns: AtomicU64::new(0),
             gpu_wait_ns: AtomicU64::new(0),
             reports_gpu_wait: AtomicBool::new(false),
+            gpu: None,
+            gpu_share: AtomicU32::new(0),
+            gpu_handed: AtomicU64::new(0),
+            gpu_samples: AtomicU64::new(0),
+            gpu_decode_ns: AtomicU64::new(0),
+            gpu_fallbacks: AtomicU64::new(0),
             view: Mutex::new(IntervalView::default()),
         }
     }
@@ -233,6 +264,27 @@ impl StreamStats {
             self.reports_gpu_wait.store(true, Ordering::Relaxed);
         }
         self.reported.store(true, Ordering::Relaxed);
+    }
+
+    /// Adds a client's 1.3 `stats` members about the samples it finished on its GPU.
+    pub fn add_client_gpu_stats(&self, samples: u64, decode_ns: u64, fallbacks: u64) {
+        self.gpu_samples.fetch_add(samples, Ordering::Relaxed);
+        self.gpu_decode_ns.fetch_add(decode_ns, Ordering::Relaxed);
+        self.gpu_fallbacks.fetch_add(fallbacks.min(samples), Ordering::Relaxed);
+    }
+
+    /// The share of each batch offered to the client's GPU now (0 without `gpu_decode`).
+    pub fn share(&self) -> f64 {
+        if self.gpu.is_none() {
+            return 0.0;
+        }
+        f64::from(self.gpu_share.load(Ordering::Relaxed)) / 1e6
+    }
+
+    /// Sets the share offered to the client's GPU, clamped to `0..=1`.
+    pub fn set_share(&self, share: f64) {
+        let v = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.gpu_share.store(v, Ordering::Relaxed);
     }
 
     /// The client sent `start` at `now`; only the first one is kept.
@@ -273,6 +325,8 @@ impl StreamStats {
             wait_ns: self.wait_ns.load(Ordering::Relaxed),
             compute_ns: self.compute_ns.load(Ordering::Relaxed),
             gpu_wait_ns: self.gpu_wait_ns.load(Ordering::Relaxed),
+            gpu_samples: self.gpu_samples.load(Ordering::Relaxed),
+            gpu_decode_ns: self.gpu_decode_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -315,6 +369,9 @@ impl StreamStats {
             },
             tune: view.tune,
             limit: view.limit,
+            gpu_share: self.gpu.map(|_| (self.share() * 1000.0).round() / 1000.0),
+            gpu_samples: self.gpu.map(|_| self.gpu_handed.load(Ordering::Relaxed)),
+            gpu_decode_us: view.gpu_decode_us.map(round),
         }
     }
 }
@@ -333,6 +390,9 @@ pub struct Counters {
     pub compute_ns: u64,
     /// Of `wait_ns`, the time behind the loop's own GPU work (1.2; 0 from older clients).
     pub gpu_wait_ns: u64,
+    /// Samples the client finished on its GPU, and its host time on them (1.3).
+    pub gpu_samples: u64,
+    pub gpu_decode_ns: u64,
 }
 
 impl Counters {
@@ -347,6 +407,8 @@ impl Counters {
             wait_ns: self.wait_ns.saturating_sub(earlier.wait_ns),
             compute_ns: self.compute_ns.saturating_sub(earlier.compute_ns),
             gpu_wait_ns: self.gpu_wait_ns.saturating_sub(earlier.gpu_wait_ns),
+            gpu_samples: self.gpu_samples.saturating_sub(earlier.gpu_samples),
+            gpu_decode_ns: self.gpu_decode_ns.saturating_sub(earlier.gpu_decode_ns),
         }
     }
 }
@@ -432,6 +494,15 @@ pub struct StreamSnapshot {
     /// 1.2: what limits the loop over the last interval, in words.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub limit: String,
+    /// 1.3: the share offered to the client's GPU (absent without `gpu_decode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_share: Option<f64>,
+    /// 1.3: samples handed to the client's GPU since `open` (absent without `gpu_decode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_samples: Option<u64>,
+    /// 1.3: the client's host µs per GPU-finished sample over the last interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_decode_us: Option<f64>,
 }
 
 /// The server part of a `snapshot` (control.md).

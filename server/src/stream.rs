@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -529,6 +529,42 @@ async fn open_stream(
             shape: vec![5],
         });
     }
+    let gpu = match &open.gpu_decode {
+        None => None,
+        Some(g) => {
+            crate::ops::gpu::finishable(&pipeline)
+                .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
+            if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
+                return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
+            }
+            let (h, w) = pipeline.views[0].size;
+            let per = g
+                .bytes_per_sample
+                .unwrap_or((3 * u64::from(h) * u64::from(w)).max(65536));
+            if !(4096..=64 << 20).contains(&per) {
+                return Err(bad(format!(
+                    "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
+                )));
+            }
+            if per * u64::from(open.batch_size) > i32::MAX as u64 {
+                return Err(bad(format!(
+                    "open.gpu_decode: {} bytes of encoded samples per batch ({per} per sample) do not fit the ring's 31-bit offsets; lower bytes_per_sample or batch_size",
+                    per * u64::from(open.batch_size)
+                )));
+            }
+            specs.push(FieldSpec {
+                name: "gpu_job".into(),
+                dtype: DType::I32,
+                shape: vec![crate::ops::gpu::RECORD_LEN as u32],
+            });
+            specs.push(FieldSpec {
+                name: "gpu_bytes".into(),
+                dtype: DType::U8,
+                shape: vec![per as u32],
+            });
+            Some(g.clone())
+        }
+    };
     let ring = RingLayout::new(&specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
     if ring.header.segment_len > shared.max_ring_bytes {
         return Err(bad(format!(
@@ -558,7 +594,7 @@ async fn open_stream(
             open.prefetch.unwrap_or(open.slots),
         )
     };
-    let stats = Arc::new(crate::stats::StreamStats::new(
+    let mut stats = crate::stats::StreamStats::new(
         shared.registry.next_id(),
         pid,
         source.describe(),
@@ -569,7 +605,17 @@ async fn open_stream(
         open.local_world_size,
         threads,
         depth,
-    ));
+    );
+    if let Some(g) = &gpu {
+        let auto = g.share.is_none() && open.autotune != Some(false);
+        stats.gpu = Some(if auto {
+            crate::stats::GpuMode::Auto
+        } else {
+            crate::stats::GpuMode::Pinned
+        });
+        stats.set_share(g.share.unwrap_or(0.0));
+    }
+    let stats = Arc::new(stats);
     let views = pipeline
         .views
         .iter()
@@ -583,6 +629,9 @@ async fn open_stream(
         label: field("label").expect("the label field is always present"),
         index: field("index"),
         crop: field("crop"),
+        gpu: field("gpu_job")
+            .zip(field("gpu_bytes"))
+            .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
         source: Arc::clone(&source),
         segment: Arc::new(segment),
         pipeline,
@@ -981,8 +1030,15 @@ impl StreamState {
                 wait_ns,
                 compute_ns,
                 gpu_wait_ns,
+                gpu_samples,
+                gpu_decode_ns,
+                gpu_fallbacks,
             } => {
                 self.ctx.stats.add_client_stats(steps, wait_ns, compute_ns, gpu_wait_ns);
+                if let Some(n) = gpu_samples {
+                    let stats = &self.ctx.stats;
+                    stats.add_client_gpu_stats(n, gpu_decode_ns.unwrap_or(0), gpu_fallbacks.unwrap_or(0));
+                }
                 Ok(())
             }
             ClientMessage::Snapshot {} => {
@@ -1043,6 +1099,8 @@ impl StreamState {
                 batch: run.next_submit,
                 slot: slot as u32,
                 remaining: AtomicUsize::new(indices.len()),
+                gpu_share: self.ctx.stats.share(),
+                arena_used: AtomicU64::new(0),
                 indices,
                 failures: Mutex::new(Vec::new()),
             });
@@ -1204,7 +1262,8 @@ impl StreamState {
 }
 
 /// Moves the samples that succeeded to the front of every field, in batch order; returns how many
-/// there are. A no-op when nothing failed.
+/// there are. A no-op when nothing failed. The `gpu_bytes` arena is not a per-sample field and
+/// stays where it is: the moved `gpu_job` records still point into it (ring.md).
 fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFailure]) -> u32 {
     let n = task.indices.len() as u32;
     if failures.is_empty() {
@@ -1216,9 +1275,14 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
         .iter()
         .flat_map(|v| std::iter::once(&v.image).chain(v.erase.as_ref()))
         .chain(
-            [Some(&ctx.label), ctx.index.as_ref(), ctx.crop.as_ref()]
-                .into_iter()
-                .flatten(),
+            [
+                Some(&ctx.label),
+                ctx.index.as_ref(),
+                ctx.crop.as_ref(),
+                ctx.gpu.as_ref().map(|g| &g.job),
+            ]
+            .into_iter()
+            .flatten(),
         )
         .collect();
     let mut to = 0u32;

@@ -56,10 +56,12 @@
 //!   rest of the CPU budget; when their wants exceed it, in proportion to their wants, and the
 //!   threads left over by rounding go to the streams that wait most.
 //!
-//! A third knob (issue 11: the share of each batch the client decodes on its GPU) fits beside
-//! threads and depth as one more rule on the same [`Limit`]: raise the share on [`Limit::Cpu`]
-//! (the loop waits for data with every thread of its cap saturated), lower it when the step time
-//! `C` grows (GPU decode competes with the model), and carry it in [`Decision`] like `depth`.
+//! - **GPU share (hybrid decode, 1.3).** For a stream whose client finishes part of each batch on
+//!   its GPU with the share left to the tuner, [`gpu_share`] raises the share by
+//!   [`Config::gpu_step`] on [`Limit::Cpu`] (the loop waits for data with every thread of its cap
+//!   saturated) and lowers it, with a ceiling for the regime, when the loop's step time `C` has
+//!   grown by more than [`Config::gpu_slowdown`] since before the first raise (GPU decode competes
+//!   with the model). It is carried in [`Decision::gpu_share`] like `depth`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -97,6 +99,14 @@ pub struct Config {
     pub probe_after: u32,
     /// Intervals a probe is watched before it is accepted.
     pub probe_intervals: u32,
+    /// How much the GPU share moves per change (hybrid decode).
+    pub gpu_step: f64,
+    /// A step time this much longer than before the share was first raised reads as GPU decode
+    /// slowing the model: the share comes down one step, and stays below that for the regime.
+    pub gpu_slowdown: f64,
+    /// Intervals after a change of the share before the next (its effect takes an interval to
+    /// show in the wait and the step).
+    pub gpu_hold: u32,
 }
 
 impl Default for Config {
@@ -115,6 +125,9 @@ impl Default for Config {
             band: 0.3,
             probe_after: 6,
             probe_intervals: 4,
+            gpu_step: 0.125,
+            gpu_slowdown: 0.05,
+            gpu_hold: 2,
         }
     }
 }
@@ -166,6 +179,8 @@ pub struct Observation {
     /// How much of the interval the stream had work (it begins at the client's first `start`);
     /// None: all of it.
     pub active: Option<Duration>,
+    /// Hybrid decode (1.3): how the share is set and its value now; None without `gpu_decode`.
+    pub gpu: Option<(crate::stats::GpuMode, f64)>,
 }
 
 /// A stream's new settings.
@@ -187,6 +202,8 @@ pub struct Decision {
     pub step_ms: Option<f64>,
     /// What limits the loop over the interval, in words (control.md, `snapshot`'s `limit`).
     pub limit: String,
+    /// The share of each batch to offer the client's GPU from now on, when the tuner sets it.
+    pub gpu_share: Option<f64>,
 }
 
 /// One interval's measurements of a stream, as the rules read them.
@@ -317,6 +334,14 @@ struct StreamState {
     floor_step: Option<f64>,
     /// Whether an interval with steps has been seen (the first one holds the run's first batch).
     stepped: bool,
+    /// Hybrid decode: the loop's step time before the share was first raised.
+    gpu_step: Option<f64>,
+    /// The share found to slow the model: never raised to it again in this regime.
+    gpu_ceiling: Option<f64>,
+    /// The share before the last raise: where a raise that slowed the model goes back to.
+    gpu_from: Option<f64>,
+    /// Intervals to wait before the share may change again.
+    gpu_hold: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -368,6 +393,7 @@ impl Tuner {
             signals: Signals,
             reason: Option<String>,
             limit: String,
+            kind: Limit,
         }
         let mut wants = Vec::with_capacity(obs.len());
         for o in obs {
@@ -435,6 +461,7 @@ impl Tuner {
                         "{} (pinned by the client)",
                         limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
                     ),
+                    kind: limit,
                 });
                 continue;
             }
@@ -568,6 +595,7 @@ impl Tuner {
             } else if limit == Limit::Unmeasured && o.reported && d.steps == 0 {
                 limit = Limit::NoStep;
             }
+            let kind = limit;
             let limit = limit.describe(&signals, st.wait.or(signals.wait).unwrap_or(0.0), cap);
             wants.push(Want {
                 want,
@@ -575,6 +603,7 @@ impl Tuner {
                 signals,
                 reason,
                 limit,
+                kind,
             });
         }
 
@@ -610,13 +639,26 @@ impl Tuner {
                 }
             }
         }
+        let shares: Vec<Option<(f64, String)>> = obs
+            .iter()
+            .zip(&wants)
+            .map(|(o, w)| {
+                let st = self.streams.get_mut(&o.id).expect("every observed stream has a state");
+                gpu_share(&cfg, st, o, w.kind, &w.signals)
+            })
+            .collect();
         obs.iter()
             .zip(wants)
-            .map(|(o, w)| Decision {
+            .zip(shares)
+            .map(|((o, w), share)| Decision {
                 id: o.id,
                 threads: w.want,
                 depth: w.depth,
-                reason: w.reason,
+                gpu_share: share.as_ref().map(|(s, _)| *s),
+                reason: match (w.reason, share) {
+                    (Some(r), Some((_, g))) => Some(format!("{r}; {g}")),
+                    (r, g) => r.or(g.map(|(_, g)| g)),
+                },
                 wait: w.signals.wait,
                 gpu_wait: w.signals.gpu_wait,
                 busy: Some(w.signals.busy),
@@ -625,6 +667,76 @@ impl Tuner {
             })
             .collect()
     }
+}
+
+/// The third knob (control.md, "Hybrid decode"): the share of each batch offered to the client's
+/// GPU, for a stream whose share the tuner sets. Raised while the CPU is the limit (the loop waits
+/// for data with every thread of its cap saturated), to the share the cost model leaves to the GPU
+/// and at least one step; lowered back to where that raise started (else one step), with a ceiling
+/// for the regime, when the loop's own step has grown by more than [`Config::gpu_slowdown`] since
+/// before the first raise (GPU decode competes with the model). Returns the new share and why.
+fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, s: &Signals) -> Option<(f64, String)> {
+    let Some((crate::stats::GpuMode::Auto, share)) = o.gpu else {
+        return None;
+    };
+    let step = st.step_ns?;
+    if st.gpu_hold > 0 {
+        st.gpu_hold -= 1;
+        return None;
+    }
+    // A share back at zero forgets what it learned: the next raise measures the step afresh.
+    if share <= 0.0 && limit != Limit::Cpu {
+        st.gpu_step = None;
+    }
+    if let Some(before) = st.gpu_step
+        && share > 0.0
+        && step > before * (1.0 + cfg.gpu_slowdown)
+    {
+        // Straight back to where the last raise started (a slow model costs every step), else a
+        // step down.
+        let next = st
+            .gpu_from
+            .take()
+            .filter(|&f| f < share)
+            .unwrap_or((share - cfg.gpu_step).max(0.0));
+        st.gpu_ceiling = Some(share);
+        st.gpu_hold = cfg.gpu_hold;
+        return Some((
+            next,
+            format!(
+                "the training step grew from {:.2} ms to {:.2} ms with {:.0}% of each batch decoded on the GPU: GPU share {share:.3} → {next:.3}",
+                before / 1e6,
+                step / 1e6,
+                share * 100.0
+            ),
+        ));
+    }
+    if limit == Limit::Cpu {
+        let top = st.gpu_ceiling.map_or(1.0, |c| (c - cfg.gpu_step).max(0.0));
+        // The model, as for threads: the CPU-decoded samples cost `c / (1 - share)` each (GPU
+        // samples cost the pool almost nothing), so `threads` keep up with the loop's `B / C`
+        // when at most `threads · C / (B · c_cpu)` of each batch is theirs. Jump there (rounded
+        // up to a step, with the threads' headroom), at least one step.
+        let c_cpu = st.cost_ns.map(|c| c / (1.0 - share).max(0.05));
+        let model = c_cpu.map_or(0.0, |c| {
+            let theirs = f64::from(o.threads.max(1)) * step / (f64::from(o.batch_size.max(1)) * c * cfg.headroom);
+            ((1.0 - theirs) / cfg.gpu_step).ceil() * cfg.gpu_step
+        });
+        let next = (share + cfg.gpu_step).max(model).min(top);
+        if next > share + 1e-9 {
+            st.gpu_step.get_or_insert(step);
+            st.gpu_from = Some(share);
+            st.gpu_hold = cfg.gpu_hold;
+            return Some((
+                next,
+                format!(
+                    "the CPU is the limit ({}): GPU share {share:.3} → {next:.3}",
+                    s.reading(st.wait.unwrap_or(0.0))
+                ),
+            ));
+        }
+    }
+    None
 }
 
 /// The interval's reading: whether the loop waits for data (smoothed, against its floor's
@@ -802,6 +914,7 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
                 reported: s.reported.load(Ordering::Relaxed),
                 reports_gpu_wait: s.reports_gpu_wait.load(Ordering::Relaxed),
                 active: Some(s.active_for(now.into_std())),
+                gpu: s.gpu.map(|m| (m, s.share())),
             });
         }
         last = seen;
@@ -810,6 +923,9 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
         for ((s, o), d) in streams.iter().zip(&obs).zip(decisions) {
             active += d.threads;
             s.threads.store(d.threads, Ordering::Relaxed);
+            if let Some(share) = d.gpu_share {
+                s.set_share(share);
+            }
             if d.depth != o.depth {
                 s.depth.store(d.depth, Ordering::Relaxed);
                 s.wake.notify_one();
@@ -822,6 +938,8 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
             view.busy = d.busy;
             view.step_ms = d.step_ms;
             view.limit = d.limit;
+            view.gpu_decode_us =
+                (o.delta.gpu_samples > 0).then(|| o.delta.gpu_decode_ns as f64 / o.delta.gpu_samples as f64 / 1e3);
             tracing::debug!(
                 target: "ringfeed::tune",
                 stream = s.id,
@@ -872,6 +990,11 @@ mod tests {
         swing: f64,
         gpu: Duration,
         stage_share: f64,
+        /// Hybrid decode: the share of each batch the client decodes on its GPU (the pool's
+        /// cost per sample falls by that share), and what each such sample adds to the model's
+        /// step (GPU decode competing with it).
+        share: f64,
+        slow: Duration,
     }
 
     impl Default for Sim {
@@ -887,6 +1010,8 @@ mod tests {
                 swing: 0.0,
                 gpu: Duration::ZERO,
                 stage_share: 1.0,
+                share: 0.0,
+                slow: Duration::ZERO,
             }
         }
     }
@@ -906,8 +1031,10 @@ mod tests {
             // A step lasts its compute and its wait behind the GPU, plus its floor's share of
             // waiting.
             let gpu = self.gpu.as_secs_f64();
-            let step = (self.step.as_secs_f64() + gpu) / (1.0 - floor);
-            let produce = f64::from(threads) / self.cost.as_secs_f64(); // samples/s
+            let own = self.step.as_secs_f64() + self.share * f64::from(self.batch) * self.slow.as_secs_f64();
+            let step = (own + gpu) / (1.0 - floor);
+            let cost = self.cost.as_secs_f64() * (1.0 - self.share).max(0.02);
+            let produce = f64::from(threads) / cost; // samples/s
             let consume = f64::from(self.batch) / step;
             let rate = produce.min(consume);
             let secs = interval.as_secs_f64();
@@ -916,13 +1043,13 @@ mod tests {
             let steps = exact.floor();
             self.carry = exact - steps;
             let busy_secs = rate * secs / f64::from(self.batch) * step;
-            let compute = steps * self.step.as_secs_f64();
-            let wait = (secs - busy_secs).max(0.0) + (steps * (step - self.step.as_secs_f64()));
+            let compute = steps * own;
+            let wait = (secs - busy_secs).max(0.0) + (steps * (step - own));
             let samples = steps * f64::from(self.batch);
             // Stage times arrive with finished samples; the threads' occupancy is what they spent
             // in the interval (stats::Occupancy counts running jobs up to the tick).
-            let timed = samples * self.cost.as_secs_f64() * jitter;
-            let busy = rate * secs * self.cost.as_secs_f64() * jitter;
+            let timed = samples * cost * jitter;
+            let busy = rate * secs * cost * jitter;
             Counters {
                 samples: samples as u64,
                 stage_ns: [0, (timed * self.stage_share * 1e9) as u64, 0, 0],
@@ -932,6 +1059,8 @@ mod tests {
                 wait_ns: (wait * 1e9) as u64,
                 compute_ns: (compute * 1e9) as u64,
                 gpu_wait_ns: (steps * gpu * 1e9) as u64,
+                gpu_samples: (samples * self.share) as u64,
+                gpu_decode_ns: (samples * self.share * 90e3) as u64,
             }
         }
     }
@@ -949,6 +1078,7 @@ mod tests {
             reported: true,
             reports_gpu_wait: delta.gpu_wait_ns > 0,
             active: None,
+            gpu: None,
         }
     }
 
@@ -1110,6 +1240,8 @@ mod tests {
             wait_ns: wait_ms * 1_000_000,
             compute_ns: step_ms * 1_000_000,
             gpu_wait_ns: 0,
+            gpu_samples: 0,
+            gpu_decode_ns: 0,
         };
         // Stream 1 needs 7.7 threads (8.1 with headroom → 9), stream 2 needs 3.84 (4.03 → 5).
         let a = obs(1, 4, 2, busy(50, 0), 256, 4);
@@ -1237,6 +1369,8 @@ mod tests {
                 wait_ns: (compute as f64 * wait / (1.0 - wait)) as u64,
                 compute_ns: compute,
                 gpu_wait_ns: 0,
+                gpu_samples: 0,
+                gpu_decode_ns: 0,
             }
         };
         let learned = |busy: f64, depth: u32, wait: f64| {
@@ -1447,6 +1581,8 @@ mod tests {
             wait_ns: 400_000_000,
             compute_ns: 0,
             gpu_wait_ns: 0,
+            gpu_samples: 0,
+            gpu_decode_ns: 0,
         };
         let mut o = obs(1, 4, 2, c, 64, 4);
         o.active = Some(Duration::from_millis(100));
@@ -1536,6 +1672,8 @@ mod tests {
             wait_ns: (5e8 * wait / (1.0 - wait)) as u64,
             compute_ns: 500_000_000,
             gpu_wait_ns: 0,
+            gpu_samples: 0,
+            gpu_decode_ns: 0,
         };
         // 1280 samples at 0.2 × 4 × 0.5 s: 625 µs each; 5 steps of 100 ms: 1.6 threads needed.
         tuner.tick(TICK, 15, 16, &[obs(1, 4, 2, interval(0.2, 0.3), 256, 4)]);
@@ -1547,5 +1685,87 @@ mod tests {
             ),
             "{d:?}"
         );
+    }
+
+    /// Runs a hybrid-decode stream whose share the tuner sets, under a `budget` of threads;
+    /// returns (threads, share, wait) per tick.
+    fn drive_gpu(sim: &mut Sim, budget: u32, ticks: usize) -> Vec<(u32, f64, f64)> {
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth) = (budget, 3);
+        let mut out = Vec::new();
+        for _ in 0..ticks {
+            let delta = sim.interval(threads, TICK);
+            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
+            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
+            let d = tuner.tick(TICK, budget, 64, &[o]).remove(0);
+            threads = d.threads;
+            depth = d.depth;
+            if let Some(s) = d.gpu_share {
+                sim.share = s;
+            }
+            let total = (delta.wait_ns + delta.compute_ns).max(1) as f64;
+            out.push((threads, sim.share, (delta.wait_ns - delta.gpu_wait_ns) as f64 / total));
+        }
+        out
+    }
+
+    #[test]
+    fn the_gpu_share_rises_while_the_cpu_is_the_limit_until_the_loop_is_fed() {
+        // 6 threads at 1.5 ms a sample feed 4,000 samples/s; the loop takes 12,800 (256 per
+        // 20 ms). GPU decode costs the model nothing here: only a share of at least 0.69 feeds it.
+        let mut sim = Sim {
+            step: Duration::from_millis(20),
+            ..Sim::default()
+        };
+        let run = drive_gpu(&mut sim, 6, 80);
+        let (_, share, wait) = *run.last().unwrap();
+        assert!((0.69..=0.875).contains(&share), "share {share}: {run:?}");
+        assert!(wait < 0.02, "the loop still waits {wait}: {run:?}");
+        // The cost model took it there in few changes, and it settled.
+        let changes = run.windows(2).filter(|w| w[1].1 != w[0].1).count();
+        assert!(changes <= 3, "{changes} changes: {run:?}");
+        assert!(run[60..].windows(2).all(|w| w[1].1 == w[0].1), "{run:?}");
+    }
+
+    #[test]
+    fn the_gpu_share_comes_down_when_gpu_decode_slows_the_model() {
+        // Each GPU sample adds 10 µs to the model's 20 ms step: a share of 0.5 makes the step
+        // 6.4 % longer, more than the 5 % the tuner tolerates; 0.375 makes it 4.8 % longer.
+        let mut sim = Sim {
+            step: Duration::from_millis(20),
+            slow: Duration::from_micros(10),
+            ..Sim::default()
+        };
+        let run = drive_gpu(&mut sim, 6, 80);
+        // The cost model asks for 0.75 at first (the CPU alone feeds a third of the loop); the
+        // slowdown takes it back each time, and the ceiling comes down a step each time, to where
+        // the step grows by less than 5 %.
+        let top = run.iter().map(|r| r.1).fold(0.0, f64::max);
+        assert!(top > 0.5, "the share never rose: {run:?}");
+        let tail = &run[60..];
+        assert!(
+            tail.iter().all(|r| r.1 <= 0.375 + 1e-9 && r.1 >= 0.25 - 1e-9),
+            "{tail:?}"
+        );
+    }
+
+    #[test]
+    fn a_fed_loop_or_a_pinned_share_is_left_alone() {
+        // 6 threads feed a 200 ms step easily: the share never leaves 0.
+        let mut sim = Sim::default();
+        let run = drive_gpu(&mut sim, 6, 40);
+        assert!(run.iter().all(|r| r.1 == 0.0), "{run:?}");
+        // A pinned share is the client's: the tuner sends none.
+        let mut sim = Sim {
+            step: Duration::from_millis(20),
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        for _ in 0..20 {
+            let delta = sim.interval(6, TICK);
+            let mut o = obs(1, 6, 3, delta, sim.batch, sim.slots);
+            o.gpu = Some((crate::stats::GpuMode::Pinned, 0.25));
+            assert_eq!(tuner.tick(TICK, 6, 64, &[o]).remove(0).gpu_share, None);
+        }
     }
 }

@@ -54,6 +54,13 @@ use std::fmt;
 
 pub use sniff::{Format, sniff};
 
+/// Whether `data` is a self-contained, sequential, single-scan, Huffman-coded JPEG (SOF0/SOF1
+/// with every table it uses): what a GPU's hardware decoder takes (control.md, "Hybrid
+/// decode"). A bounded header walk; the entropy-coded data is not read.
+pub fn sequential_huffman(data: &[u8]) -> bool {
+    markers::walk(data).layout.is_some()
+}
+
 /// PIL's `Image.MAX_IMAGE_PIXELS`: `1024 * 1024 * 1024 // 4 // 3`.
 pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
 

@@ -60,6 +60,15 @@ pub enum ClientMessage {
         /// 1.2: of `wait_ns`, the time spent behind the client's own GPU work.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu_wait_ns: Option<u64>,
+        /// 1.3: samples the client finished on its GPU, over those steps.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_samples: Option<u64>,
+        /// 1.3: the client's host time on them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_decode_ns: Option<u64>,
+        /// 1.3: of `gpu_samples`, those its GPU decoder refused (decoded on its CPU).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_fallbacks: Option<u64>,
     },
     /// 1.1: an observer's request for the server's state.
     Snapshot {},
@@ -144,6 +153,9 @@ pub struct OpenRequest {
     /// 1.1: training processes on this node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_world_size: Option<u32>,
+    /// 1.3: hybrid decode (control.md, "Hybrid decode").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_decode: Option<GpuDecodeRequest>,
     /// 1.3: the sample order, `auto` (absent), `global` or `shard_blocks` (`crate::order`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<String>,
@@ -156,6 +168,18 @@ pub struct OpenRequest {
     /// 1.3: WebDataset options (`crate::source::wds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webdataset: Option<WdsRequest>,
+}
+
+/// `open.gpu_decode` (1.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuDecodeRequest {
+    /// The pinned share, `0..=1`; `None`: the autotuner sets it.
+    #[serde(default)]
+    pub share: Option<f64>,
+    /// Room for encoded bytes per sample of a full batch; `None`: `max(3·H·W, 65536)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_sample: Option<u64>,
 }
 
 /// 1.3: the WebDataset options of an `open` (control.md, "WebDataset shards").

@@ -60,6 +60,7 @@ mod affine;
 mod blur;
 mod color;
 mod geometry;
+pub mod gpu;
 mod image;
 mod plan;
 mod policy;
@@ -791,18 +792,7 @@ impl Processor {
         }
         let df = f64::from(denom);
         let (sl, st, sw, sh) = f.sample();
-        let crop = {
-            let round = |v: f64, limit: u32| (round_py(v).max(0.0) as u32).min(limit);
-            let top = round(st, f.pre.top + f.pre.height - 1);
-            let left = round(sl, f.pre.left + f.pre.width - 1);
-            Crop {
-                top,
-                left,
-                height: round(sh, f.pre.top + f.pre.height - top).max(1),
-                width: round(sw, f.pre.left + f.pre.width - left).max(1),
-                flipped: f.flip_x,
-            }
-        };
+        let crop = crop_of(f);
         if dst.width > 0 && dst.height > 0 {
             // `pre` (what the filter may read) relative to the decoded rectangle, at its scale.
             let b = f.pre;
@@ -852,6 +842,22 @@ impl Processor {
             write::flip_rows(target, fw as usize);
         }
         Ok(crop)
+    }
+}
+
+/// The ring's `crop` of a fused prefix: the source box it samples, rounded as Python rounds,
+/// inside `pre`.
+fn crop_of(f: &Fused) -> Crop {
+    let (sl, st, sw, sh) = f.sample();
+    let round = |v: f64, limit: u32| (round_py(v).max(0.0) as u32).min(limit);
+    let top = round(st, f.pre.top + f.pre.height - 1);
+    let left = round(sl, f.pre.left + f.pre.width - 1);
+    Crop {
+        top,
+        left,
+        height: round(sh, f.pre.top + f.pre.height - top).max(1),
+        width: round(sw, f.pre.left + f.pre.width - left).max(1),
+        flipped: f.flip_x,
     }
 }
 

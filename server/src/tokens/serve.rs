@@ -364,6 +364,7 @@ pub(crate) async fn open_token_stream(
         label: kind.labels.clone(),
         index: None,
         crop: None,
+        gpu: None,
         source: Arc::clone(&kind) as Arc<dyn Source>,
         segment: Arc::new(segment),
         pipeline: crate::ops::Transform::Resize { size: (1, 1) }.to_pipeline(),

@@ -115,6 +115,47 @@ fn messages() -> Vec<(&'static str, Value)> {
                     "tune": "the training loop can take 12302 samples/s (a batch of 256 per 20.8 ms of its own step); at 1394 µs of thread time per sample that needs 17.1 decode threads: 12 → 15",
                     "limit": "the CPU is the limit (15 decode threads at most): the training loop waits for data 11.2% of its time (and 2.0% behind its own GPU work); its 15 decode threads are 99% busy"}]}),
         ),
+        ("hello, 1.3", json!({"type": "hello", "protocol": [1, 3]})),
+        (
+            "open, 1.3 hybrid decode, the tuner sets the share",
+            json!({"type": "open", "dataset": "/data/imagenet-train", "lmdb": {}, "batch_size": 256,
+                "pipeline": {"views": [{"name": "image", "count": 1, "ops": [
+                    {"op": "random_resized_crop", "size": [224, 224], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0], "interpolation": "bilinear", "antialias": true},
+                    {"op": "horizontal_flip", "p": 0.5},
+                    {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}]}]},
+                "layout": "NCHW", "shuffle": true, "seed": 0, "drop_last": true, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "raise", "check_crc": true, "threads": 6,
+                "gpu_decode": {"share": null}}),
+        ),
+        (
+            "open, 1.3 hybrid decode, pinned share and arena",
+            json!({"type": "open", "dataset": "/data/val", "lmdb": {}, "batch_size": 100,
+                "pipeline": {"views": [{"name": "image", "count": 1, "ops": [
+                    {"op": "resize", "size": [256], "interpolation": "bilinear", "antialias": true},
+                    {"op": "center_crop", "size": [224, 224]}]}]},
+                "layout": "NHWC", "shuffle": false, "seed": 0, "drop_last": false, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "skip", "check_crc": true,
+                "gpu_decode": {"share": 0.5, "bytes_per_sample": 1048576}}),
+        ),
+        (
+            "stats, 1.3 with gpu decode",
+            json!({"type": "stats", "steps": 12, "wait_ns": 150000000, "compute_ns": 100000000, "gpu_wait_ns": 20000000,
+                "gpu_samples": 1536, "gpu_decode_ns": 138000000, "gpu_fallbacks": 2}),
+        ),
+        (
+            "snapshot, 1.3 gpu share",
+            json!({"type": "snapshot",
+                "server": {"version": "ringfeed 0.1.0", "pid": 4100, "uptime_s": 30.0, "cores": 16, "cpu_budget": 6,
+                    "threads": 6, "active_threads": 6, "busy": 5.9},
+                "streams": [{"stream": 1, "pid": 4242, "dataset": "/data/imagenet-train (312 shards, 1281167 samples)",
+                    "batch_size": 256, "epoch": 0, "run": 1, "slots": {"free": 0, "filling": 3, "ready": 0, "held": 1},
+                    "autotune": true, "threads": 6, "depth": 3, "samples": 320000, "batches": 1250, "skipped": 0,
+                    "samples_per_s": 12100.0, "wait": 0.004, "gpu_wait": 0.03, "step_ms": 20.4, "busy": 0.97,
+                    "stage_us": {"read": 2.0, "decode": 701.5, "transform": 180.2, "write": 0.3},
+                    "tune": "the CPU is the limit (the training loop waits for data 21.0% of its time; its 6 decode threads are 99% busy): GPU share 0.500 → 0.625",
+                    "limit": "fed: the training loop waits for data 0.4% of its time (and 3.0% behind its own GPU work); its 6 decode threads are 97% busy",
+                    "gpu_share": 0.625, "gpu_samples": 190000, "gpu_decode_us": 21.5}]}),
+        ),
         ("start", json!({"type": "start", "epoch": 3, "first_batch": 120})),
         ("release", json!({"type": "release", "slot": 2, "seq": 9})),
         (
@@ -312,4 +353,104 @@ fn protocol_version_is_the_specs() {
         (major.parse().unwrap(), minor.parse().unwrap()),
         "{title}"
     );
+}
+
+/// `proto/vectors/control/hybrid.json` (control.md, "Hybrid decode"; ring.md, `gpu_job`): which
+/// batch positions a share offers, and `gpu_job` records with their members by name, which the
+/// Python client reads with its own column table.
+#[test]
+fn hybrid_vectors() {
+    use ringfeed::codec::Rect;
+    use ringfeed::ops::gpu::{GpuJob, RECORD_LEN, flags, offered};
+
+    let mut cases = Vec::new();
+    for (share, batch) in [
+        (0.0, 8u32),
+        (0.5, 8),
+        (0.25, 10),
+        (1.0 / 3.0, 9),
+        (0.9, 12),
+        (1.0, 5),
+        (0.125, 64),
+    ] {
+        let positions: Vec<u32> = (0..batch).filter(|&p| offered(p, share)).collect();
+        assert_eq!(positions.len() as f64, (f64::from(batch) * share).floor());
+        cases.push(json!({"share": share, "batch": batch, "positions": positions}));
+    }
+    let names = [
+        "offset",
+        "length",
+        "src_width",
+        "src_height",
+        "pre_left",
+        "pre_top",
+        "pre_width",
+        "pre_height",
+        "resize_width",
+        "resize_height",
+        "win_left",
+        "win_top",
+        "valid_left",
+        "valid_top",
+        "valid_width",
+        "valid_height",
+        "flags",
+        "fill",
+    ];
+    assert_eq!(names.len(), RECORD_LEN);
+    let jobs = [
+        // RandomResizedCrop(224) + a drawn horizontal flip on a 500x375 photo.
+        (
+            GpuJob {
+                src: (500, 375),
+                pre: Rect {
+                    left: 37,
+                    top: 12,
+                    width: 301,
+                    height: 280,
+                },
+                resize: (224, 224),
+                win: (0, 0),
+                valid: (0, 0, 224, 224),
+                flags: flags::FLIP_X | (1 << flags::INTERPOLATION_SHIFT) | flags::ANTIALIAS,
+                fill: [0, 0, 0],
+            },
+            (1_048_576, 110_233),
+        ),
+        // CenterCrop(80) of a 60x50 image, padded with a fill, no resize, flipped top to bottom.
+        (
+            GpuJob {
+                src: (60, 50),
+                pre: Rect {
+                    left: 0,
+                    top: 0,
+                    width: 60,
+                    height: 50,
+                },
+                resize: (0, 0),
+                win: (-10, -15),
+                valid: (0, 0, 60, 50),
+                flags: flags::FLIP_Y,
+                fill: [124, 116, 104],
+            },
+            (0, 4_017),
+        ),
+    ];
+    let records: Vec<Value> = jobs
+        .iter()
+        .map(|(job, (offset, len))| {
+            let r = job.record(*offset, *len);
+            let fields: serde_json::Map<String, Value> =
+                names.iter().zip(r).map(|(n, v)| ((*n).to_owned(), json!(v))).collect();
+            json!({"record": r.to_vec(), "fields": fields})
+        })
+        .collect();
+    let doc = json!({
+        "description": "hybrid decode (control.md, \"Hybrid decode\"; ring.md, gpu_job), written by server/tests/it/wire_vectors.rs",
+        "offered": cases,
+        "records": records,
+    });
+    let mut text = serde_json::to_string_pretty(&doc).unwrap();
+    text.push('\n');
+    pinned(&vectors().join("control/hybrid.json"), text.as_bytes());
 }

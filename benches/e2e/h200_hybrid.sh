@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Hybrid decode on the GPU machine (one H200, 16 cores), in the few calls a lease allows:
+#   setup   .carry/{bin,wheels,datasets}: installs nvImageCodec (+ nvJPEG) and DALI's Python
+#           needs into /tmp, makes the corpus (8,000 ImageNet-like photos) and 2,000 photos of
+#           1.5-3 MP, packs both, and runs the hybrid and CUDA tests with the GPU decoders.
+#   piece N .carry/daliN: one piece of the stripped DALI package (research/gpu-machine-peers.md).
+#   feed    unpacks DALI, then benches/e2e/hybrid_feed.py (no model) at 6 and 15 threads.
+#   train   benches/e2e/gpu_train.py: ResNet-18 at 6 and 15 threads, ResNet-50 at 15, fed by
+#           ringfeed (CPU only), ringfeed with hybrid decode, and DALI, against the ceiling.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+step=$1
+out=${OUT:-/tmp/out}
+mkdir -p /tmp/rf
+export RINGFEED_BIN=/tmp/rf/ringfeed PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/dalipkg:/tmp/nv:/tmp/dalideps:$PWD/client-py
+export LD_LIBRARY_PATH=/tmp/dalipkg/nvidia/nvimgcodec:/tmp/dalipkg/nvidia/cu13/lib:/tmp/nv/nvidia/nvimgcodec:/tmp/nv/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
+case $step in
+setup)
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl
+  pip install -q --no-deps --target /tmp/dalideps $(ls .carry/wheels/*.whl | grep -v nvidia_)
+  python3 - <<'PY'
+from nvidia import nvimgcodec
+print("nvimgcodec", getattr(nvimgcodec, "__version__", "?"))
+print((nvimgcodec.Decoder.__init__.__doc__ or "")[:1500])
+print((nvimgcodec.Decoder.decode.__doc__ or "")[:1500])
+PY
+  t0=$(date +%s)
+  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+    python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
+    "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
+    echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py 2>&1 | tail -25 || echo "pytest rc $?"
+  wait
+  cat /tmp/data.log
+  ;;
+piece*)
+  n=${step#piece}
+  mkdir -p /tmp/dali && cp .carry/dali$n/* /tmp/dali/ && ls -la /tmp/dali
+  ;;
+feed)
+  if [ ! -d /tmp/dalipkg/nvidia/dali ]; then
+    cat /tmp/dali/piece0* > /tmp/dali.tar.xz
+    (cd /tmp && md5sum -c dali/dali.md5 2>/dev/null || (cd /tmp && echo "$(cut -d' ' -f1 dali/dali.md5)  dali.tar.xz" | md5sum -c -))
+    mkdir -p /tmp/dalipkg && tar -C /tmp/dalipkg -xJf /tmp/dali.tar.xz
+  fi
+  python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
+  mkdir -p "$out"
+  timeout 420 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
+    --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6,15 --batches 40 --out "$out/feed" 2>&1 | tail -30 || echo "feed rc $?"
+  ;;
+profile)
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  if [ ! -d /tmp/packed ]; then
+    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-2000} >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+  fi
+  timeout 300 python3 benches/e2e/hybrid_profile.py --images /tmp/photos --packed /tmp/packed --threads ${THREADS:-6} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -70
+  ;;
+train2)
+  mkdir -p "$out"
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  timeout 280 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid,ringfeed-share-0.5,ringfeed-share-0.625,ringfeed-share-0.75,dali --workers 15 --threads-cap 6 --steps 500 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-share-0.25,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | tail -24 || echo "r18-15 rc $?"
+  ;;
+train)
+  mkdir -p "$out"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --threads-cap 6 --steps 500 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18,resnet50 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 200 --out "$out/r-15" 2>&1 | tail -30 || echo "r-15 rc $?"
+  ;;
+esac

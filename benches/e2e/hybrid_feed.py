@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Feed rate with hybrid decode, no model: ringfeed CPU-only, ringfeed with a share of each batch
+decoded by the GPU (pinned shares and the autotuner's), and NVIDIA DALI, in the same run.
+
+    python3 benches/e2e/hybrid_feed.py --images DIR --packed DIR [--big-images DIR --big-packed DIR]
+        [--threads 6,15] [--batches 40] [--out DIR]
+    python3 benches/e2e/hybrid_feed.py --make-big SRC DST --count 2000   # 1.5-3 MP photos from SRC
+
+Every loader delivers RandomResizedCrop(224) + flip, normalised, bf16 NCHW on the GPU, batch 256.
+The rate is batches x 256 over the wall time of `--batches` batches after 10 warm-up batches, with
+the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads` decode
+threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the share
+its own); DALI with `num_threads=threads` and its hardware decoder. Writes hybrid_feed.json/.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+BATCH = 256
+WARMUP = 10
+
+
+def _big_one(args: tuple[str, str, float]) -> int:
+    from PIL import Image
+
+    src, dst, scale = args
+    with Image.open(src) as im:
+        im = im.convert("RGB")
+        big = im.resize((int(im.width * scale), int(im.height * scale)), Image.BICUBIC)
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    big.save(dst, "JPEG", quality=90)
+    return Path(dst).stat().st_size
+
+
+def make_big(src: Path, dst: Path, count: int) -> None:
+    """Upscales the first `count` images of `src` (ImageFolder) by 2.6-3.4x: 1.5-3 MP JPEGs."""
+    from multiprocessing import Pool
+
+    files = sorted(p for p in src.rglob("*.jpg"))[:count]
+    jobs = [(str(f), str(dst / f.relative_to(src)), 2.6 + 0.8 * (i % 5) / 4) for i, f in enumerate(files)]
+    with Pool(os.cpu_count()) as pool:
+        sizes = pool.map(_big_one, jobs, chunksize=16)
+    print(f"{len(sizes)} photos, {sum(sizes) / len(sizes) / 1e3:.0f} KB on average")
+
+
+def ringfeed_loader(packed: Path, sock: str, threads: int, share: object, autotune: bool, big: bool):
+    import ringfeed
+
+    t = ringfeed.Compose(
+        [
+            ringfeed.RandomResizedCrop(224),
+            ringfeed.RandomHorizontalFlip(),
+            ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
+    return ringfeed.Loader(
+        packed,
+        BATCH,
+        t,
+        device="cuda",
+        dtype=torch.bfloat16,
+        socket=sock,
+        slots=4,
+        threads=threads,
+        autotune=autotune,
+        gpu_decode=share,
+        gpu_decode_bytes=(1 << 20) if big else None,
+    )
+
+
+def ringfeed_iter(ld):
+    epoch = 0
+    while True:
+        ld.set_epoch(epoch)
+        yield from ld
+        epoch += 1
+
+
+def dali_iter(images: Path, threads: int):
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=BATCH, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=str(images), random_shuffle=True, name="reader")
+        img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
+        img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
+        img = fn.crop_mirror_normalize(
+            img,
+            dtype=types.FLOAT16,
+            output_layout="CHW",
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mirror=fn.random.coin_flip(),
+        )
+        return img, labels.gpu()
+
+    p = pipe()
+    p.build()
+    it = DALIGenericIterator(
+        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    while True:
+        for out in it:
+            yield out[0]["x"].to(torch.bfloat16), out[0]["y"]
+
+
+def rate(batches, n: int) -> float:
+    for _ in range(WARMUP):
+        next(batches)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        _x, _ = next(batches)
+    torch.cuda.synchronize()
+    return n * BATCH / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--make-big", nargs=2, type=Path, metavar=("SRC", "DST"))
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--images", type=Path)
+    ap.add_argument("--packed", type=Path)
+    ap.add_argument("--big-images", type=Path)
+    ap.add_argument("--big-packed", type=Path)
+    ap.add_argument("--threads", default="6,15")
+    ap.add_argument("--shares", default="0.5,0.75,1.0")
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--loaders", default="ringfeed,hybrid,auto,dali")
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+    if a.make_big:
+        make_big(*a.make_big, a.count)
+        return
+    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
+    work = Path(tempfile.mkdtemp(prefix="rfh-", dir="/tmp"))
+    sock = str(work / "ringfeed.sock")
+    server = subprocess.Popen(
+        [binary, "serve", "--socket", sock, "--threads", "15"],
+        stderr=subprocess.DEVNULL,
+    )
+    results = []
+    corpora = [("imagenet-like", a.images, a.packed, False)]
+    if a.big_packed:
+        corpora.append(("1.5-3 MP", a.big_images, a.big_packed, True))
+    loaders = a.loaders.split(",")
+    try:
+        while not Path(sock).exists():
+            time.sleep(0.05)
+        for corpus, images, packed, big in corpora:
+            n = a.batches if not big else max(a.batches // 3, 8)
+            for threads in (int(t) for t in a.threads.split(",")):
+                runs: list[tuple[str, object]] = []
+                if "ringfeed" in loaders:
+                    runs.append(("ringfeed, CPU only", ("rf", False, False)))
+                if "hybrid" in loaders:
+                    runs += [(f"ringfeed, GPU share {s}", ("rf", float(s), False)) for s in a.shares.split(",")]
+                if "auto" in loaders:
+                    runs.append(("ringfeed, autotuned share", ("rf", "auto", True)))
+                if "dali" in loaders:
+                    runs.append(("DALI (hardware decoder)", ("dali", None, None)))
+                for name, (kind, share, auto) in runs:
+                    r: dict[str, object] = {"corpus": corpus, "threads": threads, "loader": name}
+                    try:
+                        if kind == "dali":
+                            r["img_per_s"] = rate(dali_iter(images, threads), n)
+                        else:
+                            with ringfeed_loader(packed, sock, threads, share, auto, big) as ld:
+                                r["img_per_s"] = rate(ringfeed_iter(ld), n)
+                                st = ld.stats()
+                                r["gpu_samples"] = st.get("gpu_samples")
+                                sv = st.get("server") or {}
+                                r["server"] = {k: sv.get(k) for k in ("threads", "gpu_share", "busy", "limit", "tune")}
+                    except Exception as e:  # one loader's failure is a row, not the end of the run
+                        r["error"] = f"{type(e).__name__}: {e}"
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+                    torch.cuda.empty_cache()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "hybrid_feed.json").write_text(json.dumps({"runs": results}, indent=2) + "\n")
+    lines = [
+        "# Feed rate, no model: RandomResizedCrop(224) + flip, normalised bf16 on the GPU, batch 256",
+        "",
+        f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores; {a.batches} timed batches "
+        f"(a third on the large photos) after {WARMUP} warm-up batches.",
+        "",
+        "| corpus | threads | loader | img/s | GPU share (end) |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for r in results:
+        val = f"{r['img_per_s']:.0f}" if "img_per_s" in r else f"failed: {r.get('error', '')[:80]}"
+        share = (r.get("server") or {}).get("gpu_share")
+        lines.append(f"| {r['corpus']} | {r['threads']} | {r['loader']} | {val} | {'-' if share is None else share} |")
+    (a.out / "hybrid_feed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

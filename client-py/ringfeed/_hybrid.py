@@ -1,0 +1,421 @@
+"""Hybrid decode, the client's half (control.md, "Hybrid decode"; ring.md, ``gpu_job``).
+
+The server decodes most of a batch on its CPU threads and hands the rest to this process as
+encoded JPEG bytes plus a ``gpu_job`` record: the crop it drew, the resize, the output window, the
+flips and the fill. :class:`Finisher` decodes those samples in one batched call on the GPU (the
+hardware JPEG decoder through nvImageCodec, else ``torchvision.io.decode_jpeg``), then does the
+geometry for all of them at once as two batched matrix products: each output row (column) is a
+weighted sum of source rows (columns), with the weights of the antialiased filter the CPU path
+uses (PIL's and torchvision's: a triangle for bilinear, Keys' cubic for bicubic, widened by the
+downscale factor), zero outside the crop, mirrored for a flip. Samples outside ``valid`` get the
+fill. The result is written into the batch tensor beside the CPU-decoded samples, before the batch
+ops (normalisation, erasing, MixUp/CutMix).
+
+Everything runs on the copy stream of :class:`ringfeed._device.CudaCopier`; the host only
+submits work. A sample the GPU decoder refuses is decoded by Pillow on the host and finished the
+same way (a fallback, counted); a sample neither can decode is a sample
+failure for the loader's ``on_error``.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+#: int32 values per ``gpu_job`` record (ring.md).
+RECORD_LEN = 18
+#: Bits of ``gpu_job[16]`` (ring.md).
+FLIP_X = 1
+FLIP_Y = 2
+INTERPOLATION_SHIFT = 2
+ANTIALIAS = 16
+#: ``gpu_job`` columns, by name (ring.md).
+COLUMNS = (
+    "offset",
+    "length",
+    "src_width",
+    "src_height",
+    "pre_left",
+    "pre_top",
+    "pre_width",
+    "pre_height",
+    "resize_width",
+    "resize_height",
+    "win_left",
+    "win_top",
+    "valid_left",
+    "valid_top",
+    "valid_width",
+    "valid_height",
+    "flags",
+    "fill",
+)
+assert len(COLUMNS) == RECORD_LEN
+_C = {name: k for k, name in enumerate(COLUMNS)}
+
+
+def offered(pos: int, share: float) -> bool:
+    """Whether batch position ``pos`` is offered to the GPU under ``share`` (control.md, "Which samples")."""
+    s = min(max(share, 0.0), 1.0)
+    return int((pos + 1) * s) > int(pos * s)
+
+
+def backend_for(device: Any) -> tuple[str | None, str]:
+    """The GPU decoder this process can use on ``device``: ``(name, why)``, name ``None`` when none.
+
+    ``nvimgcodec`` (the hardware JPEG decoder, then nvJPEG's CUDA decoder) is preferred; without
+    it ``torchvision`` (``decode_jpeg(device="cuda")``, nvJPEG's CUDA decoder, slower). The host
+    fallback for what a GPU decoder refuses is Pillow.
+    """
+    if getattr(device, "type", "cpu") != "cuda":
+        return None, "the loader's device is the CPU"
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+
+        return "nvimgcodec", "nvImageCodec's hardware JPEG decoder"
+    except ImportError:
+        pass
+    try:
+        import torchvision.io as tio
+
+        if hasattr(tio, "decode_jpeg"):
+            return "torchvision", (
+                "torchvision.io.decode_jpeg on the GPU (nvImageCodec is not installed: "
+                "`pip install nvidia-nvimgcodec-cu13` for the hardware decoder, several times faster)"
+            )
+    except ImportError:
+        pass
+    return None, "neither nvImageCodec (`pip install nvidia-nvimgcodec-cu13`) nor torchvision is installed"
+
+
+def _host_decode(data: np.ndarray) -> Any:
+    """Decodes one JPEG on the host with Pillow (libjpeg), strictly: a truncated file is an error.
+
+    Returns an HWC uint8 tensor.
+    """
+    import torch
+    from PIL import Image, ImageFile
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise ValueError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set, so Pillow would fill a truncated file with grey")
+    with Image.open(io.BytesIO(data.tobytes())) as im:
+        rgb = im.convert("RGB")
+        return torch.from_numpy(np.asarray(rgb).copy())
+
+
+def _kernel(x: Any, interp: Any, antialias: Any) -> Any:
+    """Filter weights at distances ``x`` (in filter units): triangle (bilinear) or Keys' cubic."""
+    import torch
+
+    ax = x.abs()
+    tri = (1.0 - ax).clamp(min=0.0)
+    # Keys' cubic: a = -0.5 with antialias (PIL, torchvision's antialiased path), -0.75 without
+    # (PyTorch's bicubic), as the server's resampler.
+    a = torch.where(antialias, -0.5, -0.75)
+    near = ((a + 2.0) * ax - (a + 3.0)) * ax * ax + 1.0
+    far = ((a * ax - 5.0 * a) * ax + 8.0 * a) * ax - 4.0 * a
+    cubic = torch.where(ax < 1.0, near, torch.where(ax < 2.0, far, torch.zeros_like(ax)))
+    return torch.where(interp == 2, cubic, tri)
+
+
+def axis_weights(
+    out_n: int,
+    span: int,
+    pre0: Any,
+    pre_n: Any,
+    resize_n: Any,
+    win0: Any,
+    valid0: Any,
+    valid_n: Any,
+    interp: Any,
+    antialias: Any,
+    flip: Any,
+) -> tuple[Any, Any]:
+    """Weights ``[k, out_n, span]`` from a crop's pixels to output pixels along one axis, and ``[k, out_n]`` validity.
+
+    Args are per-sample tensors ``[k]`` (ring.md's ``gpu_job`` along this axis); the crop's
+    pixel ``j`` is source pixel ``pre + j``, ``span`` the padded crop length of the batch.
+    """
+    import torch
+
+    dev = pre_n.device
+    f32 = torch.float32
+    b = win0[:, None].to(f32) + torch.arange(out_n, device=dev, dtype=f32)[None, :]
+    valid = (b >= valid0[:, None]) & (b < (valid0 + valid_n)[:, None])
+    j = torch.arange(span, device=dev, dtype=f32)[None, None, :]
+    inside = j < pre_n[:, None, None]
+    resized = resize_n > 0
+    scale = pre_n.to(f32) / resize_n.clamp(min=1).to(f32)
+    # Nearest: the source pixel at floor(b * scale) in float32, as the server and PyTorch pick it.
+    near_src = torch.minimum(torch.floor(b * scale[:, None]), (pre_n - 1)[:, None].to(f32))
+    # No resize: the base is the source, and the crop starts at `pre` (ring.md).
+    plain_src = b - pre0[:, None].to(f32)
+    one_hot_src = torch.where(resized[:, None], near_src, plain_src)
+    one_hot = (j == one_hot_src[..., None]).to(f32)
+    # Linear and cubic: PIL's and torchvision's antialiased weights, normalised over the crop.
+    widen = torch.where(antialias, scale.clamp(min=1.0), torch.ones_like(scale))
+    center = (b + 0.5) * scale[:, None]
+    x = (j + 0.5 - center[..., None]) / widen[:, None, None]
+    filt = _kernel(x, interp[:, None, None], antialias[:, None, None]) * inside
+    filt = filt / filt.sum(-1, keepdim=True).clamp(min=1e-12)
+    use_filter = (resized & (interp != 0))[:, None, None]
+    w = torch.where(use_filter, filt, one_hot * inside) * valid[..., None]
+    w = torch.where(flip[:, None, None], w.flip(1), w)
+    valid = torch.where(flip[:, None], valid.flip(1), valid)
+    return w, valid
+
+
+class DecodeError(Exception):
+    """Samples that neither the GPU nor the host fallback could decode: ``(batch position, reason)``."""
+
+    def __init__(self, failed: list[tuple[int, str]]) -> None:
+        super().__init__("; ".join(f"position {p}: {r}" for p, r in failed))
+        self.failed = failed
+
+
+class Finisher:
+    """Finishes a batch's GPU samples on ``device``.
+
+    Args:
+        device: the torch device the batch is on (``cuda``; ``cpu`` only with ``backend="host"``,
+            the tests' path through everything but the GPU decoder).
+        backend: ``"nvimgcodec"``, ``"torchvision"`` or ``"host"`` (Pillow on the CPU).
+        layout: ``"NHWC"`` or ``"NCHW"``, the batch's.
+        size: the view's ``(height, width)``.
+    """
+
+    def __init__(self, device: Any, backend: str, layout: str, size: tuple[int, int], slots: int = 64) -> None:
+        import collections
+
+        import torch
+
+        self.device = device
+        self.backend = backend
+        self.layout = layout
+        self.size = size
+        # fp16 products with fp32 accumulation on the GPU (0..255 are exact in fp16, the weights
+        # carry 11 bits); fp32 on the CPU.
+        self.dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self._decoder: Any = None
+        if backend == "nvimgcodec":
+            from nvidia import nvimgcodec
+
+            self._nv = nvimgcodec
+            self._decoder = nvimgcodec.Decoder(
+                device_id=device.index or 0,
+                backends=[
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
+                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
+                ],
+            )
+        # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
+        # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
+        # released only then, and at most `slots` batches are in flight).
+        self._keep: collections.deque[list[Any]] = collections.deque(maxlen=slots + 1)
+        #: Whether decodes can run ahead in a thread of their own (:meth:`submit`): nvImageCodec's
+        #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
+        self.background = backend in ("nvimgcodec", "host")
+        self._pool: Any = None
+        #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks.
+        self._counts = [0, 0, 0]
+        #: The same since construction.
+        self.totals = [0, 0, 0]
+        #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
+        #: the wait for data, never as time behind the GPU).
+        self.last_call_ns = 0
+
+    def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
+        """Starts decoding a batch's GPU samples in the finisher's thread; a future for
+        :meth:`__call__`'s ``pending``. ``jobs`` and ``arena`` must stay valid (the slot held)
+        until the future is done."""
+        import concurrent.futures
+
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringfeed-gpu-decode")
+        t0 = time.perf_counter_ns()
+        pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
+        rec = jobs[pos].astype(np.int64)
+        datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
+
+        def run() -> tuple[Any, ...]:
+            if self.backend == "nvimgcodec":
+                kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
+                got = list(self._decoder.decode(datas, **kw))
+            else:
+                got = []
+                for d in datas:
+                    try:
+                        got.append(_host_decode(d))
+                    except (OSError, ValueError):
+                        got.append(None)
+            return pos, rec, datas, got, time.perf_counter_ns() - t0
+
+        return self._pool.submit(run)
+
+    def close(self) -> None:
+        """Waits for decodes in flight and stops the thread. Idempotent."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def take_counts(self) -> tuple[int, int, int]:
+        """``(samples, host ns, fallbacks)`` since the last call (for ``stats``, 1.3)."""
+        c = tuple(self._counts)
+        self._counts = [0, 0, 0]
+        return c  # type: ignore[return-value]
+
+    def _decode(
+        self, datas: list[np.ndarray], stream: Any, decoded: list[Any] | None = None
+    ) -> tuple[list[Any], list[tuple[int, str]], int]:
+        """Decodes ``datas`` (or takes ``decoded``, a :meth:`submit`'s nvImageCodec images): HWC uint8
+        tensors on the device (None where failed), failures, fallbacks."""
+        import torch
+        import torchvision.io as tio
+
+        images: list[Any] = [None] * len(datas)
+        refused: list[int] = []
+        if self.backend == "nvimgcodec":
+            kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
+            got = decoded if decoded is not None else self._decoder.decode(datas, **kw)
+            for i, img in enumerate(got):
+                if img is None:
+                    refused.append(i)
+                else:
+                    images[i] = torch.as_tensor(img, device=self.device)
+        elif self.backend == "torchvision":
+            try:
+                with warnings.catch_warnings():
+                    # torchvision 0.29 deprecates its decoders in favour of torchcodec; they still work.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    tens = [torch.from_numpy(d) for d in datas]
+                    got = tio.decode_jpeg(tens, mode=tio.ImageReadMode.RGB, device=self.device)
+                images = [g.permute(1, 2, 0) for g in got]
+            except RuntimeError:
+                refused = list(range(len(datas)))
+        elif decoded is not None:  # host, decoded ahead
+            images = [None if d is None else d.to(self.device, non_blocking=True) for d in decoded]
+            refused = [i for i, d in enumerate(decoded) if d is None]
+        else:
+            refused = list(range(len(datas)))
+        failed: list[tuple[int, str]] = []
+        fallbacks = 0
+        for i in refused:
+            try:
+                img = _host_decode(datas[i])
+            except (OSError, ValueError) as e:
+                failed.append((i, f"the GPU decoder refused it and Pillow cannot decode it either: {e}"))
+                continue
+            images[i] = img.to(self.device, non_blocking=True)
+            fallbacks += self.backend != "host"
+        return images, failed, fallbacks
+
+    def __call__(
+        self, jobs: np.ndarray, arena: np.ndarray, image: Any, stream: Any = None, pending: Any = None
+    ) -> list[int]:
+        """Finishes the GPU samples of a batch into ``image`` (the batch tensor, on the device).
+
+        ``jobs`` is the slot's ``gpu_job`` field ``[n, 18]`` (host, int32), ``arena`` its
+        ``gpu_bytes`` payload as one flat uint8 array; ``pending``, a :meth:`submit` of the same
+        batch whose decode ran ahead. Returns the batch positions it finished.
+
+        Raises:
+            DecodeError: some samples could not be decoded at all (the others are finished).
+        """
+        import torch
+
+        t0 = time.perf_counter_ns()
+        ahead_ns = 0
+        if pending is not None:
+            pos, rec, datas, decoded, ahead_ns = pending.result()
+        else:
+            pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
+            rec = jobs[pos].astype(np.int64)
+            datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
+            decoded = None
+        if len(pos) == 0:
+            self.last_call_ns = 0
+            return []
+        images, failed, fallbacks = self._decode(datas, stream, decoded)
+        self._keep.append(images)
+        ok = [i for i in range(len(pos)) if images[i] is not None]
+        # A decoded image of another size than the server probed is refused like a failed decode.
+        for i in list(ok):
+            h, w = images[i].shape[0], images[i].shape[1]
+            if (w, h) != (rec[i, _C["src_width"]], rec[i, _C["src_height"]]):
+                failed.append(
+                    (i, f"the GPU decoder made a {w}x{h} image where the header says {rec[i, 2]}x{rec[i, 3]}")
+                )
+                ok.remove(i)
+        # In chunks of about 2^28 padded crop values (0.5 GiB in fp16) at most: large photos.
+        if ok:
+            area = int(rec[ok, _C["pre_height"]].max()) * int(rec[ok, _C["pre_width"]].max()) * 3
+            step = max(1, (1 << 28) // max(area, 1))
+            for c in range(0, len(ok), step):
+                part = ok[c : c + step]
+                where = torch.as_tensor(pos[part], device=self.device)
+                self._finish(rec[part], [images[i] for i in part], image, where)
+        self.last_call_ns = time.perf_counter_ns() - t0
+        for c in (self._counts, self.totals):
+            c[0] += len(ok)
+            c[1] += self.last_call_ns + ahead_ns
+            c[2] += fallbacks
+        if failed:
+            raise DecodeError([(int(pos[i]), r) for i, r in failed])
+        return [int(p) for p in pos]
+
+    def _finish(self, rec: np.ndarray, images: list[Any], image: Any, where: Any) -> None:
+        import torch
+
+        k = len(images)
+        oh, ow = self.size
+        ph, pw = int(rec[:, _C["pre_height"]].max()), int(rec[:, _C["pre_width"]].max())
+        x = torch.zeros((k, ph, pw, 3), dtype=self.dtype, device=self.device)
+        for i, img in enumerate(images):
+            left, top, w, h = (int(v) for v in rec[i, 4:8])
+            x[i, :h, :w] = img[top : top + h, left : left + w]
+        r = torch.as_tensor(rec, device=self.device)
+        flags = r[:, _C["flags"]]
+        interp = (flags >> INTERPOLATION_SHIFT) & 3
+        antialias = (flags & ANTIALIAS) != 0
+        wy, vy = axis_weights(
+            oh,
+            ph,
+            r[:, _C["pre_top"]],
+            r[:, _C["pre_height"]],
+            r[:, _C["resize_height"]],
+            r[:, _C["win_top"]],
+            r[:, _C["valid_top"]],
+            r[:, _C["valid_height"]],
+            interp,
+            antialias,
+            (flags & FLIP_Y) != 0,
+        )
+        wx, vx = axis_weights(
+            ow,
+            pw,
+            r[:, _C["pre_left"]],
+            r[:, _C["pre_width"]],
+            r[:, _C["resize_width"]],
+            r[:, _C["win_left"]],
+            r[:, _C["valid_left"]],
+            r[:, _C["valid_width"]],
+            interp,
+            antialias,
+            (flags & FLIP_X) != 0,
+        )
+        # Rows, then columns: [k, oh, ph] @ [k, ph, pw*3] -> [k, oh, pw, 3] -> [k, oh*3, pw] @ [k, pw, ow].
+        # (Two plain bmm's: a broadcasting matmul would materialise the weights oh times over.)
+        y = torch.bmm(wy.to(self.dtype), x.view(k, ph, pw * 3)).view(k, oh, pw, 3).permute(0, 1, 3, 2)
+        y = y.reshape(k, oh * 3, pw)
+        z = torch.bmm(y, wx.to(self.dtype).transpose(1, 2)).view(k, oh, 3, ow).float()
+        fill = r[:, _C["fill"]]
+        fill = torch.stack([fill & 255, (fill >> 8) & 255, (fill >> 16) & 255], 1).float()  # [k, 3]
+        mask = (vy[:, :, None] & vx[:, None, :])[:, :, None, :]  # [k, oh, 1, ow]
+        z = torch.where(mask, z, fill[:, None, :, None])
+        z = z.round_().clamp_(0, 255).to(torch.uint8)
+        z = z.permute(0, 1, 3, 2) if self.layout == "NHWC" else z.permute(0, 2, 1, 3)
+        image.index_copy_(0, where, z.contiguous())

@@ -1,0 +1,349 @@
+"""Hybrid decode (control.md, "Hybrid decode"): the server hands a share of each batch to the client
+as JPEG bytes plus a ``gpu_job`` record, and the client finishes those samples itself.
+
+These tests run the whole path through a real server with the client's ``host`` backend
+(``torchvision.io.decode_jpeg`` on the CPU in place of the GPU's decoder): the split, the records,
+the arena, the batched geometry and the write into the batch. ``test_cuda.py`` runs the same with
+the GPU decoders on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _support import ringfeed_bin
+from PIL import Image
+from test_pixels import photo
+
+import ringfeed
+from ringfeed import _hybrid
+
+RRC = ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.RandomHorizontalFlip()])
+
+
+def _jpeg(img: Image.Image, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", **kw)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """An image folder served in place: plain JPEGs the GPU path takes, and files it must leave to the CPU."""
+    root = tmp_path_factory.mktemp("hybrid") / "imgs"
+    kinds: dict[str, str] = {}
+
+    def put(cls: str, name: str, data: bytes, kind: str) -> None:
+        p = root / cls / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+        kinds[f"{cls}/{name}"] = kind
+
+    for i in range(24):
+        w, h = 60 + 7 * i, 48 + 5 * (i % 6)
+        sub = [2, 1, 0][i % 3]  # 4:2:0, 4:2:2, 4:4:4
+        put(f"c{i % 3}", f"p{i:02d}.jpg", _jpeg(photo(w, h, i), quality=90, subsampling=sub), "gpu")
+    put("c0", "grey.jpg", _jpeg(photo(70, 50, 99).convert("L"), quality=90), "gpu")
+    put("c1", "progressive.jpg", _jpeg(photo(66, 54, 98), quality=90, progressive=True), "cpu")
+    put("c2", "cmyk.jpg", _jpeg(photo(64, 52, 97).convert("CMYK"), quality=90), "cpu")
+    buf = io.BytesIO()
+    photo(62, 50, 96).save(buf, "PNG")
+    put("c0", "png.png", buf.getvalue(), "cpu")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    put("c1", "rotated.jpg", _jpeg(photo(72, 44, 95), quality=90, exif=exif.tobytes()), "cpu")
+    return root, kinds
+
+
+def _epoch(
+    ds: Path, sock: str, gpu: float | bool, transform: object = RRC, **kw: object
+) -> tuple[list[dict[str, torch.Tensor]], dict[str, object]]:
+    with ringfeed.Loader(
+        ds,
+        6,
+        transform,
+        socket=sock,
+        spawn=True,
+        seed=5,
+        fields=["index", "crop"],
+        gpu_decode=gpu,
+        _gpu_backend="host",
+        timeout=60,
+        **kw,
+    ) as ld:
+        out = [{k: v.clone() for k, v in b.items()} for b in ld]
+        stats = ld.stats()
+    return out, stats
+
+
+def test_offered_positions_match_the_vectors() -> None:
+    """The client's reading of the split rule is the spec's vectors (both languages read them)."""
+    vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
+    for case in vectors["offered"]:
+        got = [p for p in range(case["batch"]) if _hybrid.offered(p, case["share"])]
+        assert got == case["positions"], case
+    for case in vectors["records"]:
+        assert len(case["record"]) == _hybrid.RECORD_LEN
+        assert dict(zip(_hybrid.COLUMNS, case["record"], strict=True)) == case["fields"]
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize(
+    "transform",
+    [
+        RRC,
+        ringfeed.Compose([ringfeed.Resize(40), ringfeed.CenterCrop(32)]),
+        ringfeed.Compose([ringfeed.RandomResizedCrop(24, interpolation="bicubic"), ringfeed.RandomVerticalFlip()]),
+        ringfeed.Compose([ringfeed.CenterCrop(80), ringfeed.RandomHorizontalFlip()]),  # padded, no resize
+        ringfeed.Compose([ringfeed.Resize((30, 36), interpolation="nearest")]),
+    ],
+    ids=["rrc-flip", "resize-centercrop", "rrc-bicubic-vflip", "pad-no-resize", "nearest"],
+)
+def test_hybrid_batches_are_the_cpu_batches(
+    folder: tuple[Path, dict[str, str]], sock: str, transform: object, layout: str
+) -> None:
+    """With every sample offered, a batch has the same samples, labels, crops, order and shape as the
+    CPU path's, its pixels within a few levels (another IDCT, a float resample), and only plain JPEGs
+    went to the client: progressive, CMYK, PNG and EXIF-rotated files were decoded by the server."""
+    root, kinds = folder
+    cpu, _ = _epoch(root, sock, False, transform, layout=layout)
+    gpu, stats = _epoch(root, sock, 1.0, transform, layout=layout)
+    assert len(cpu) == len(gpu) == 29 // 6
+    diffs = []
+    for a, b in zip(cpu, gpu, strict=True):
+        assert set(a) == set(b) == {"image", "label", "index", "crop"}
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        assert a["image"].shape == b["image"].shape
+        assert a["image"].dtype == b["image"].dtype
+        diffs.append((a["image"].float() - b["image"].float()).abs())
+    d = torch.cat([x.flatten() for x in diffs])
+    assert float(d.mean()) < 1.5, float(d.mean())
+    assert float(torch.quantile(d[:100000], 0.999)) <= 12, "a few pixels differ by IDCT rounding, none by much"
+    # Dataset indices follow ImageFolder's order: classes, then files, sorted.
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
+    assert stats["gpu_samples"] == plain, stats
+    assert stats["gpu_fallbacks"] == 0
+    assert stats["server"]["gpu_share"] == 1.0
+    assert stats["server"]["gpu_samples"] >= plain
+
+
+def test_a_share_hands_over_that_part_and_pixels_follow_the_share(
+    folder: tuple[Path, dict[str, str]], sock: str
+) -> None:
+    """A pinned share of 0.5 hands about half the plain JPEGs to the client; samples the server
+    decoded are byte-identical to the CPU path's."""
+    root, _ = folder
+    cpu, _ = _epoch(root, sock, False)
+    half, stats = _epoch(root, sock, 0.5)
+    handed = stats["gpu_samples"]
+    assert 6 <= handed <= 15, handed
+    same = sum(int(torch.equal(a["image"][i], b["image"][i])) for a, b in zip(cpu, half, strict=True) for i in range(6))
+    assert same >= 24 - handed, same
+    for a, b in zip(cpu, half, strict=True):
+        assert torch.equal(a["index"], b["index"])
+
+
+def test_an_arena_too_small_sends_samples_back_to_the_cpu(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """Samples whose bytes do not fit what is left of the batch's arena are decoded by the server:
+    the batch is still complete and correct."""
+    root, _ = folder
+    cpu, _ = _epoch(root, sock, False)
+    small, stats = _epoch(root, sock, 1.0, gpu_decode_bytes=4096)
+    assert 0 < stats["gpu_samples"] < 21
+    for a, b in zip(cpu, small, strict=True):
+        assert torch.equal(a["index"], b["index"])
+        assert float((a["image"].float() - b["image"].float()).abs().mean()) < 1.5
+
+
+def test_normalize_and_erasing_run_after_the_gpu_samples(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The batch ops see the finished GPU samples: normalised batches of both paths agree."""
+    root, _ = folder
+    recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    cpu, _ = _epoch(root, sock, False, recipe)
+    gpu, _ = _epoch(root, sock, 1.0, recipe)
+    for a, b in zip(cpu, gpu, strict=True):
+        assert a["image"].dtype == torch.float32
+        assert a["image"].shape == (6, 3, 32, 32)
+        assert float((a["image"] - b["image"]).abs().mean()) < 1.5 / 255 / 0.25
+
+
+def test_gpu_decode_off_says_why(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """A pipeline the GPU cannot finish, or a CPU device, turns "auto" off with the reason; a pinned share
+    that cannot work is a ValueError naming it; the server refuses such a pipeline too."""
+    root, _ = folder
+    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60) as ld:
+        assert ld.gpu_decode_reason == "the loader's device is the CPU"
+        assert "gpu_samples" not in ld.stats()["server"] or ld.stats()["server"]["gpu_samples"] is None
+    jitter = ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.ColorJitter(0.4)])
+    with ringfeed.Loader(root, 6, jitter, socket=sock, spawn=True, timeout=60, _gpu_backend="host") as ld:
+        assert "color_jitter is not geometric" in (ld.gpu_decode_reason or "")
+    with pytest.raises(ValueError, match="color_jitter is not geometric"):
+        ringfeed.Loader(root, 6, jitter, socket=sock, spawn=True, gpu_decode=0.5, _gpu_backend="host")
+    with pytest.raises(ValueError, match="gpu_decode must be"):
+        ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, gpu_decode=1.5)
+
+
+def _raw_open(sock: str, members: dict[str, object]) -> dict[str, object]:
+    """Says hello and `open` on a raw connection; returns the server's answer to the `open`."""
+    import socket
+
+    from ringfeed._protocol import LENGTH, encode
+
+    def recv(s: socket.socket) -> dict[str, object]:
+        head = s.recv(4, socket.MSG_WAITALL)
+        (n,) = LENGTH.unpack(head)
+        return json.loads(s.recv(n, socket.MSG_WAITALL))
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(sock)
+        s.sendall(encode({"type": "hello", "protocol": list(ringfeed.PROTOCOL)}))
+        assert recv(s)["type"] == "welcome"
+        s.sendall(encode({"type": "open", **members}))
+        return recv(s)
+
+
+def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """`ringfeed serve` answers an `open` with `gpu_decode` for a pipeline with colour ops, or a share
+    out of range, with `bad_request` naming the member and the op."""
+    root, _ = folder
+    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60):  # starts the sidecar
+        pipeline = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}, {"op": "grayscale", "p": 1.0}]}]}
+        base = {"dataset": str(root), "batch_size": 4, "pipeline": pipeline}
+        err = _raw_open(sock, {**base, "gpu_decode": {"share": 0.5}})
+        assert err["type"] == "error", err
+        assert err["code"] == "bad_request", err
+        assert "open.gpu_decode" in str(err["message"]), err
+        assert "grayscale" in str(err["message"]), err
+        rrc = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}]}]}
+        err = _raw_open(sock, {**base, "pipeline": rrc, "gpu_decode": {"share": 2.0}})
+        assert err["code"] == "bad_request", err
+        assert "open.gpu_decode.share 2" in str(err["message"]), err
+
+
+def test_ringfeed_binary_speaks_1_3() -> None:
+    """The server binary and the client agree on protocol 1.3."""
+    out = subprocess.run([ringfeed_bin(), "--version"], capture_output=True, text=True, check=True, timeout=30)
+    assert out.returncode == 0
+    assert ringfeed.PROTOCOL == (1, 3)
+
+
+def test_axis_weights_reproduce_torch_antialiased_resize() -> None:
+    """The batched geometry's weights resize as torch's antialiased bilinear/bicubic interpolate does
+    (torchvision's tensor path) when the crop is the whole image and no flip is drawn."""
+    rng = np.random.default_rng(0)
+    img = torch.from_numpy(rng.integers(0, 256, size=(1, 3, 57, 83), dtype=np.uint8)).float()
+    for interp, mode in ((1, "bilinear"), (2, "bicubic")):
+        for out_h, out_w in ((20, 31), (57, 83), (90, 100)):
+            t = lambda v: torch.tensor([v])  # noqa: E731
+            wy, _ = _hybrid.axis_weights(
+                out_h, 57, t(0), t(57), t(out_h), t(0), t(0), t(out_h), t(interp), t(True), t(False)
+            )
+            wx, _ = _hybrid.axis_weights(
+                out_w, 83, t(0), t(83), t(out_w), t(0), t(0), t(out_w), t(interp), t(True), t(False)
+            )
+            ours = torch.einsum("yh,chw,xw->cyx", wy[0], img[0], wx[0])
+            ref = torch.nn.functional.interpolate(img, size=(out_h, out_w), mode=mode, antialias=True)[0]
+            assert float((ours - ref).abs().max()) < 1e-3, (mode, out_h, out_w)
+
+
+def _gpu_backends() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    out = ["torchvision"]
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+
+        out.insert(0, "nvimgcodec")
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", _gpu_backends())
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_gpu_decoders_finish_batches_like_the_cpu(
+    folder: tuple[Path, dict[str, str]], sock: str, backend: str, layout: str
+) -> None:
+    """On a CUDA device, each GPU decoder's batches (every sample offered) carry the CPU path's
+    samples, labels and crops, pixels within a few levels, normalised on the GPU afterwards; no
+    sample fell back to the host; the slot bytes the decoder read were not released early (the
+    same epoch twice gives the same batches)."""
+    root, kinds = folder
+    recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
+    cpu, _ = _epoch(root, sock, False, recipe, layout=layout)
+    runs = []
+    for _ in range(2):
+        with ringfeed.Loader(
+            root,
+            6,
+            recipe,
+            socket=sock,
+            spawn=True,
+            seed=5,
+            fields=["index", "crop"],
+            layout=layout,
+            device="cuda",
+            gpu_decode=1.0,
+            _gpu_backend=backend,
+            timeout=60,
+        ) as ld:
+            batches = [{k: v.clone() for k, v in b.items()} for b in ld]
+            torch.cuda.synchronize()
+            runs.append((batches, ld.stats()))
+    (gpu, stats), (again, _) = runs
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"].cpu())
+    assert stats["gpu_samples"] == plain
+    assert stats["gpu_fallbacks"] == 0
+    for a, b, c in zip(cpu, gpu, again, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k].cpu()), k
+        assert b["image"].device.type == "cuda"
+        diff = (a["image"] - b["image"].float().cpu()).abs() * 0.25 * 255
+        assert float(diff.mean()) < 2.0, float(diff.mean())
+        assert torch.equal(b["image"], c["image"])
+
+
+def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The loader takes the next batch ahead to start its decode during the step: breaking off an
+    epoch, resuming from state_dict() in a new loader, and abandoning an iteration for a new epoch
+    deliver every batch exactly once, the ones taken ahead included."""
+    root, _ = folder
+
+    def loader(**kw: object) -> ringfeed.Loader:
+        return ringfeed.Loader(
+            root, 3, RRC, socket=sock, spawn=True, seed=2, fields=["index"], slots=4, gpu_decode=1.0,
+            _gpu_backend="host", timeout=60, **kw,
+        )  # fmt: skip
+
+    with loader() as ld:
+        whole = [b["index"].clone() for b in ld]
+    assert len(whole) == 29 // 3
+    with loader() as ld:
+        it = iter(ld)
+        head = [next(it)["index"].clone() for _ in range(4)]
+        ahead = len(ld._ahead)
+        state = ld.state_dict()
+    assert state["batches_delivered"] == 4
+    with loader() as ld:
+        ld.load_state_dict(state)
+        tail = [b["index"].clone() for b in ld]
+        # A new epoch in the middle of an iteration drops what was taken ahead, and goes on.
+        ld.set_epoch(1)
+        it = iter(ld)
+        next(it)
+        ld.set_epoch(2)
+        again = [b["index"].clone() for b in ld]
+    assert [torch.equal(a, b) for a, b in zip(whole, head + tail, strict=True)] == [True] * len(whole)
+    assert len(again) == len(whole)
+    assert ahead <= 2

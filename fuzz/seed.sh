@@ -2,6 +2,7 @@
 # Writes fuzz seeds into fuzz/corpus/<target>/:
 #   shard_reader   the committed shard vectors, joined (proto/vectors/shard/v1-basic)
 #   control_frame  every frame of proto/vectors/control/{frames,bad_frames}.json
+#   tar_scan       small WebDataset tars in the ustar, GNU and pax dialects (Python tarfile)
 #   image_decode   small JPEGs and PNGs (colour, gray, progressive, restart markers, palette,
 #                  EXIF-rotated),
 #                  written with Pillow (python3 -m pip install pillow)
@@ -58,4 +59,21 @@ for w, h in ((1, 1), (17, 9), (64, 48), (200, 150)):
         (out / f"{name}-{w}x{h}.{fmt.lower()}").write_bytes(buf.getvalue())
         n += 1
 print(f"seeded {out} ({n} images)")
+PY
+
+# tar_scan: WebDataset-layout tars written by Python's tarfile (ustar, GNU and pax headers).
+mkdir -p "$here/corpus/tar_scan"
+python3 - "$here/corpus/tar_scan" <<'PY'
+import io, pathlib, sys, tarfile
+out = pathlib.Path(sys.argv[1])
+for fmt, name in ((tarfile.USTAR_FORMAT, "ustar"), (tarfile.GNU_FORMAT, "gnu"), (tarfile.PAX_FORMAT, "pax")):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for k, key in enumerate(["a", "d" * (40 if fmt == tarfile.USTAR_FORMAT else 130)]):
+            for ext, data in (("jpg", b"\xff\xd8" + bytes(600)), ("cls", str(k).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    (out / name).write_bytes(buf.getvalue())
+print(f"seeded {out} (3 tars)")
 PY

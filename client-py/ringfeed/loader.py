@@ -75,6 +75,12 @@ MAX_SEED = (1 << 53) - 1
 REMOTE_SCHEME = "s3://"
 #: The slot header's epoch is a u32.
 MAX_EPOCH = (1 << 32) - 1
+#: Sample orders (control.md, "Order and randomness", 1.3) and the bounds of their members.
+ORDERS = ("auto", "global", "shard_blocks")
+MAX_ORDER_BLOCK = 1 << 20
+MAX_ORDER_SHARD = 1 << 32
+#: ``open.webdataset`` members (control.md, "WebDataset shards", 1.3).
+WEBDATASET_OPTIONS = {"image": str, "label": str, "label_key": str, "write_index": bool}
 #: A ``stats`` message is sent every this many batches (control.md, "stats").
 STATS_EVERY = 16
 #: ... or after this many seconds, whichever comes first (control.md, `stats`).
@@ -225,8 +231,22 @@ class Loader:
             at ``socket`` again (or for the restarted sidecar), connecting and re-opening.
         on_opening: called as ``on_opening(files_listed, seconds)`` about every second while the
             server lists an image folder or manifest for this loader (a large tree takes a while;
-            the progress is also logged at INFO on the ``ringfeed`` logger). Each report resets
-            ``timeout``, so a long listing never times out.
+            the progress is also logged at INFO on the ``ringfeed`` logger), or indexes WebDataset
+            tars (then the count is of tar members). Each report resets ``timeout``, so a long
+            listing never times out.
+        order: the epoch's permutation (protocol 1.3; docs/order.md): ``"global"`` (one shuffle
+            of the whole dataset), ``"shard_blocks"`` (shuffle the shards, then the samples
+            within blocks of ``order_block`` shards: each batch reads few shards, at some cost in
+            randomness), or ``"auto"`` (the default: ``shard_blocks`` for remote sources,
+            ``global`` for local ones, so local batches are those of 1.2). ``loader.order`` says
+            which one the server used.
+        order_block: shards per shuffle block of ``"shard_blocks"`` (default 16).
+        order_shard: samples per stand-in shard of ``"shard_blocks"`` for datasets without shard
+            files (LMDBs, folders, manifests; default 1024).
+        webdataset: options for WebDataset tars (docs/webdataset.md): ``{"image": "jpg;png",
+            "label": "cls", "label_key": "label", "write_index": True}``; ``label`` is the
+            label's extension (``"json"``: the integer member ``label_key`` of a JSON member;
+            ``""``: no labels).
         gpu_decode: hybrid decode (docs/hybrid-decode.md): the server hands a share of each batch
             to this process as JPEG bytes, which it decodes on its GPU (the hardware JPEG decoder
             through nvImageCodec, else ``torchvision.io.decode_jpeg``) and finishes there (crop,
@@ -304,6 +324,10 @@ class Loader:
         reconnect: int = 0,
         reconnect_timeout: float = 30.0,
         on_opening: Callable[[int, float], None] | None = None,
+        order: str = "auto",
+        order_block: int | None = None,
+        order_shard: int | None = None,
+        webdataset: Mapping[str, Any] | None = None,
         gpu_decode: bool | float | str = "auto",
         gpu_decode_bytes: int | None = None,
         _gpu_backend: str | None = None,
@@ -348,6 +372,14 @@ class Loader:
         if on_opening is not None and not callable(on_opening):
             raise ValueError(f"on_opening must be a callable (files_listed, seconds), got {on_opening!r}")
         self.on_opening = on_opening
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        self.order_requested = order
+        self.order_block = None if order_block is None else _int_in("order_block", order_block, 1, MAX_ORDER_BLOCK)
+        self.order_shard = None if order_shard is None else _int_in("order_shard", order_shard, 1, MAX_ORDER_SHARD)
+        self.webdataset = _check_webdataset(webdataset)
+        #: The order the server uses (``"global"`` or ``"shard_blocks"``), from its ``ring``.
+        self.order = "global"
         self.device = resolve_device(device)
         self._cuda = self.device != "cpu" and self.device.type == "cuda"
         if normalize is not None:
@@ -450,6 +482,7 @@ class Loader:
         self.samples_per_rank: int = ring["samples_per_rank"]
         self.batches_per_epoch: int = ring["batches_per_epoch"]
         self.stream_id = ring.get("stream")
+        self.order = ring.get("order", "global")
         if self._cuda:
             from ._device import CudaCopier
 
@@ -551,7 +584,27 @@ class Loader:
             if self._gpu_bytes is not None:
                 gpu["bytes_per_sample"] = self._gpu_bytes
             msg["gpu_decode"] = gpu
+        msg.update(self._order_members())
         return msg
+
+    def _order_members(self) -> dict[str, Any]:
+        """The 1.3 members (order, WebDataset options), sent only when set: a 1.2 server would ignore them."""
+        members: dict[str, Any] = {}
+        if self.order_requested != "auto":
+            members["order"] = self.order_requested
+        if self.order_block is not None:
+            members["order_block"] = self.order_block
+        if self.order_shard is not None:
+            members["order_shard"] = self.order_shard
+        if self.webdataset is not None:
+            members["webdataset"] = self.webdataset
+        if members and self.server_protocol < (1, 3):
+            raise RingfeedError(
+                f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; "
+                f"{', '.join(sorted(members))} need a ringfeed server with protocol 1.3 "
+                f"(upgrade the server, or set RINGFEED_BIN to a newer binary)"
+            )
+        return members
 
     def _gpu_on(self) -> bool:
         """Whether this stream asks for hybrid decode."""
@@ -1215,6 +1268,8 @@ class Loader:
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "order": self.order,
+            "order_block": self.order_block,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1229,17 +1284,18 @@ class Loader:
         ``world_size * batch_size`` needs a 1.3 server.
 
         Raises:
-            ValueError: the state was saved with a different seed, shuffle or drop_last (another
-                order), or (version 1) another batch size or world size, or is malformed.
+            ValueError: the state was saved with a different seed, shuffle, drop_last or order
+                (another order of the samples), or (version 1) another batch size or world size,
+                or is malformed.
             RingfeedError: the resume needs a 1.3 server and this one is older.
         """
         version = state.get("version", 1)
         if version not in (1, STATE_VERSION):
             raise ValueError(f"state_dict version {version!r} is not {STATE_VERSION} (or 1)")
         fixed = (
-            ("seed", "batch_size", "world_size", "shuffle", "drop_last")
+            ("seed", "batch_size", "world_size", "shuffle", "drop_last", "order", "order_block")
             if version == 1
-            else ("seed", "shuffle", "drop_last")
+            else ("seed", "shuffle", "drop_last", "order", "order_block")
         )
         for key in fixed:
             if key in state and state[key] != getattr(self, key):
@@ -1543,6 +1599,19 @@ def _check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[st
             raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
         out.append(name)
     return tuple(out)
+
+
+def _check_webdataset(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if options is None:
+        return None
+    out = dict(options)
+    for key, value in out.items():
+        kind = WEBDATASET_OPTIONS.get(key)
+        if kind is None:
+            raise ValueError(f"webdataset: unknown option {key!r} (known: {', '.join(WEBDATASET_OPTIONS)})")
+        if not isinstance(value, kind):
+            raise ValueError(f"webdataset[{key!r}] must be a {kind.__name__}, got {value!r}")
+    return out
 
 
 def _env_int(name: str) -> int | None:

@@ -275,6 +275,8 @@ def test_state_dict_round_trip_resumes_mid_epoch(serve: Callable[..., FakeServer
         "batch_size": 2,
         "shuffle": True,
         "drop_last": True,
+        "order": "global",
+        "order_block": None,
     }
     with make(server, 2, shuffle=True, seed=3) as again:
         again.load_state_dict(state)

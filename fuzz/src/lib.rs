@@ -7,6 +7,7 @@ use ringfeed::control::ClientMessage;
 use ringfeed::control::frame::{check_length, decode_frame};
 use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
 use ringfeed::shard::{Dataset, VerifyOptions, verify_dataset};
+use ringfeed::source::wds::{index, tar};
 
 /// Separates the files inside one `shard_reader` input.
 pub const SEPARATOR: &[u8] = b"\n--ringfeed-fuzz-file--\n";
@@ -144,4 +145,32 @@ pub fn image_decode(data: &[u8]) {
             }
         }
     });
+}
+
+/// The WebDataset tar scanner and index files (`server/src/source/wds`): a scan of any bytes
+/// returns members inside the input (but a cut last one), its index file decodes back to the same
+/// scan, and the input read as an index file is refused or accepted without a panic.
+pub fn tar_scan(data: &[u8]) {
+    let scan = tar::scan(data, &mut |_| {});
+    let len = data.len() as u64;
+    for (i, m) in scan.members.iter().enumerate() {
+        let cut = i + 1 == scan.members.len() && matches!(scan.end, tar::End::Truncated { member: Some(_), .. });
+        assert!(cut || m.offset + m.size <= len, "member {i} past the end");
+    }
+    let stamp = index::Stamp { len, mtime_ns: 7 };
+    let bytes = index::encode(&scan, stamp);
+    assert_eq!(
+        index::decode(&bytes, stamp, data).as_ref(),
+        Ok(&scan),
+        "an index round-trips"
+    );
+    let _ = index::decode(data, stamp, data);
+    let _ = index::decode(
+        data,
+        index::Stamp {
+            len: 1 << 40,
+            mtime_ns: 0,
+        },
+        &data[..data.len() / 2],
+    );
 }

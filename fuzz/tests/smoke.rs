@@ -167,3 +167,52 @@ fn image_decode_respects_the_limit() {
 fn shard_reader() {
     run("shard_reader", ringfeed_fuzz::shard_reader, &shard_seeds(), 300);
 }
+
+/// Tars as WebDataset writers make them: ustar members, a GNU long name, a pax path, a
+/// directory; and the index file of each (`tar_scan` reads an input as both).
+fn tar_seeds() -> Vec<Vec<u8>> {
+    fn header(name: &[u8], size: usize, kind: u8) -> Vec<u8> {
+        let mut h = vec![0u8; 512];
+        h[..name.len()].copy_from_slice(name);
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+        h[156] = kind;
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[148..156].fill(b' ');
+        let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        h
+    }
+    let member = |out: &mut Vec<u8>, name: &[u8], data: &[u8], kind: u8| {
+        out.extend(header(name, data.len(), kind));
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    };
+    let mut plain = Vec::new();
+    for k in 0..3 {
+        member(&mut plain, format!("k{k}.jpg").as_bytes(), &[0xFF; 700], b'0');
+        member(&mut plain, format!("k{k}.cls").as_bytes(), b"2", b'0');
+    }
+    plain.extend([0u8; 1024]);
+    let mut dialects = Vec::new();
+    member(&mut dialects, b"d/", b"", b'5');
+    member(&mut dialects, b"././@LongLink", &b"x/".repeat(90), b'L');
+    member(&mut dialects, b"short", b"abc", b'0');
+    member(&mut dialects, b"PaxHeaders/p", b"20 path=p/long.json\n", b'x');
+    member(&mut dialects, b"ignored", b"{}", b'0');
+    dialects.extend([0u8; 1024]);
+    let mut seeds = vec![plain.clone(), dialects.clone(), plain[..1800].to_vec()];
+    for t in [plain, dialects] {
+        let scan = ringfeed::source::wds::tar::scan(&t, &mut |_| {});
+        let stamp = ringfeed::source::wds::index::Stamp {
+            len: t.len() as u64,
+            mtime_ns: 7,
+        };
+        seeds.push(ringfeed::source::wds::index::encode(&scan, stamp));
+    }
+    seeds
+}
+
+#[test]
+fn tar_scan() {
+    run("tar_scan", ringfeed_fuzz::tar_scan, &tar_seeds(), 400);
+}

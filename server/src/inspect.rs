@@ -88,6 +88,8 @@ pub enum InspectError {
     Lmdb(#[from] crate::source::lmdb::LmdbError),
     #[error("sample {index} is out of range: the dataset has {len} samples")]
     NoSuchSample { index: u64, len: u64 },
+    #[error("{0}")]
+    WebDataset(String),
 }
 
 fn lossy(b: &[u8]) -> String {
@@ -204,6 +206,46 @@ fn inspect_mapped(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspe
 /// Inspects an LMDB read in place.
 pub fn inspect_lmdb(path: &Path, opts: &LmdbOptions, sample: Option<u64>) -> Result<Inspection, InspectError> {
     let src = LmdbSource::open(path, opts)?;
+    let kind = format!("lmdb ({:?} layout)", src.layout()).to_lowercase();
+    inspect_source(&src, kind, path.display().to_string(), None, sample)
+}
+
+/// Inspects WebDataset tars (a directory, a `.tar`, a pattern: control.md, "WebDataset shards")
+/// with the default options, describing sample `sample` (if any). A damaged tar or sample is an
+/// error naming it.
+pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    use crate::source::wds::{WdsOptions, WdsSource, pattern};
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    let tars = pattern::tars(dataset).map_err(InspectError::WebDataset)?;
+    let opts = WdsOptions {
+        write_index: false,
+        ..WdsOptions::default()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let src = WdsSource::open(
+        dataset,
+        &tars,
+        &opts,
+        threads,
+        &AtomicBool::new(false),
+        &AtomicU64::new(0),
+    )
+    .map_err(SourceError::from)?;
+    if let Some(p) = src.listing_problems().first() {
+        return Err(InspectError::WebDataset(format!("{}: {}", lossy(&p.key), p.reason)));
+    }
+    let tar_count = src.tar_count() as u32;
+    inspect_source(&src, "webdataset".into(), dataset.to_owned(), Some(tar_count), sample)
+}
+
+/// Counts, sizes and formats of any source, read sample by sample.
+fn inspect_source(
+    src: &dyn Source,
+    kind: String,
+    path: String,
+    shards: Option<u32>,
+    sample: Option<u64>,
+) -> Result<Inspection, InspectError> {
     let n = src.len();
     let names = src.class_names();
     let mut per_class = vec![0u64; names.len()];
@@ -234,10 +276,10 @@ pub fn inspect_lmdb(path: &Path, opts: &LmdbOptions, sample: Option<u64>) -> Res
         }
     };
     Ok(Inspection {
-        kind: format!("lmdb ({:?} layout)", src.layout()).to_lowercase(),
-        path: path.display().to_string(),
+        kind,
+        path,
         samples: n,
-        shards: None,
+        shards,
         files_bytes: None,
         classes,
         sizes: SizeStats::from(sizes),

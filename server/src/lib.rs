@@ -11,8 +11,9 @@
 //! - [`progress`]: progress bars and plain progress lines for long commands.
 //! - [`inspect`]: human summaries of a packed dataset or an LMDB.
 //! - [`shard`]: the packed shard format v1 (`proto/shard.md`): layout, writer, reader, verifier.
-//! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]) or an
-//!   LMDB read in place ([`source::lmdb`]).
+//! - [`source`]: random access to encoded samples: packed shards ([`source::PackedSource`]), an
+//!   LMDB, image folders and manifests, or WebDataset tars ([`source::wds`]), the last three
+//!   read in place.
 //! - [`remote`]: packed datasets on S3-compatible storage, through a bounded local cache of
 //!   checked shards, fetched ahead of the order.
 //! - [`tokens`]: the token dataset format v1 (`proto/tokens.md`): writer, reader, verifier, and
@@ -23,6 +24,7 @@
 //!   by region and written straight into the caller's output buffer.
 //! - [`resample`]: the antialiased bilinear resampler behind [`ops`] and re-encoding, which
 //!   allocates nothing once warm.
+//! - [`order`]: the epoch's permutation: global, or shuffled blocks of shards for slow storage.
 //! - [`sampler`]: the order of samples: per-epoch permutation, rank partition, batches.
 //! - [`ring`]: the shared-memory ring (`proto/ring.md`): layout, dtype codes, the memfd segment.
 //! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
@@ -40,6 +42,7 @@ pub mod inspect;
 pub mod observe;
 pub mod opening;
 pub mod ops;
+pub mod order;
 pub mod pack;
 pub mod pool;
 pub mod progress;

@@ -39,6 +39,10 @@ enum Command {
     Verify(VerifyArgs),
     /// Print counts, classes, size statistics and one sample's metadata.
     Inspect(InspectArgs),
+    /// Write the index file (TAR.rfidx) beside each WebDataset tar, so that serving it opens
+    /// without scanning the tar; a valid index is left as it is. Exits non-zero when a tar is
+    /// damaged (it is indexed up to the damage).
+    Index(IndexArgs),
     /// Run the sidecar: serve decoded batches to training processes over a Unix socket.
     Serve(ServeArgs),
     /// Show every stream of a running server: throughput, the training loop's wait, threads,
@@ -397,6 +401,14 @@ struct VerifyArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct IndexArgs {
+    /// WebDataset tars: directories of `*.tar` files, `.tar` files, or patterns
+    /// (`shards-{000..099}.tar`, `shards-*.tar`).
+    #[arg(required = true)]
+    datasets: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
 struct InspectArgs {
     /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin; or an
     /// `s3://bucket/prefix` packed dataset (downloaded to a temporary directory first).
@@ -736,7 +748,13 @@ fn run_inspect(mut a: InspectArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let inspection = if is_lmdb(&a.dataset) {
+    let text = a.dataset.to_string_lossy();
+    let tars = ringfeed::source::files::ServedKind::detect(&a.dataset)
+        .is_ok_and(|k| k == ringfeed::source::files::ServedKind::WebDataset)
+        || (!a.dataset.exists() && ringfeed::source::wds::pattern::is_pattern(&text));
+    let inspection = if tars {
+        ringfeed::inspect::inspect_webdataset(&text, Some(a.sample))?
+    } else if is_lmdb(&a.dataset) {
         ringfeed::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
     } else {
         ringfeed::inspect::inspect_packed(&a.dataset, Some(a.sample))?
@@ -810,6 +828,35 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_index(a: IndexArgs) -> Result<ExitCode> {
+    use ringfeed::source::wds;
+    let mut damaged = 0;
+    let (mut written, mut fresh) = (0, 0);
+    for d in &a.datasets {
+        let tars = wds::pattern::tars(d).map_err(anyhow::Error::msg)?;
+        for t in &tars {
+            let r = wds::write_index(t, &std::sync::atomic::AtomicU64::new(0))?;
+            let what = if r.fresh { "index valid, kept" } else { "index written" };
+            println!("{}: {} members, {what}", t.display(), r.members);
+            if let Some(p) = &r.problem {
+                eprintln!("ringfeed: {}: {p}", t.display());
+                damaged += 1;
+            }
+            if r.fresh {
+                fresh += 1;
+            } else {
+                written += 1;
+            }
+        }
+    }
+    eprintln!("ringfeed: {written} index files written, {fresh} already valid, {damaged} damaged tars");
+    Ok(if damaged > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn run_ops(a: OpsArgs) -> Result<ExitCode> {
@@ -929,6 +976,7 @@ fn main() -> ExitCode {
         Command::Pack(a) => run_pack(a),
         Command::Verify(a) => run_verify(a),
         Command::Inspect(a) => run_inspect(a),
+        Command::Index(a) => run_index(a),
         Command::Serve(a) => run_serve(a),
         Command::Top(a) => run_top(a),
         Command::Ops(a) => run_ops(a),

@@ -103,6 +103,41 @@ impl Openings {
         kind: InputKind,
         publish: impl FnOnce(&Arc<dyn Source>) + Send + 'static,
     ) -> Waiter<'_> {
+        let list = move |cancel: &AtomicBool, listed: &AtomicU64, started: Instant| match FilesSource::open(
+            &path, kind, cancel, listed,
+        ) {
+            Ok(s) => {
+                tracing::info!(
+                    "listed {} in {:.1} s: {} samples, {} classes{}",
+                    path.display(),
+                    started.elapsed().as_secs_f64(),
+                    s.len(),
+                    s.class_names().len(),
+                    match s.ignored() {
+                        0 => String::new(),
+                        n => format!(", {n} files ignored for their extension"),
+                    }
+                );
+                Ok(Arc::new(s) as Arc<dyn Source>)
+            }
+            Err(InputError::Interrupted) => Err(format!(
+                "listing {} was cancelled: every stream that asked for it has gone",
+                path.display()
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+        self.join_with(key, list, publish)
+    }
+
+    /// [`Openings::join`] for any source: `open(cancel, listed, started)` runs on the blocking
+    /// thread, adds what it has listed to `listed` and stops early once `cancel` is set (1.3:
+    /// WebDataset tars being indexed).
+    pub fn join_with(
+        self: &Arc<Self>,
+        key: &str,
+        open: impl FnOnce(&AtomicBool, &AtomicU64, Instant) -> Result<Arc<dyn Source>, String> + Send + 'static,
+        publish: impl FnOnce(&Arc<dyn Source>) + Send + 'static,
+    ) -> Waiter<'_> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(o) = map.get(key) {
             *o.waiters.lock().unwrap_or_else(|p| p.into_inner()) += 1;
@@ -124,29 +159,10 @@ impl Openings {
         drop(map);
         let (o, openings, k) = (Arc::clone(&opening), Arc::clone(self), key.to_owned());
         tokio::task::spawn_blocking(move || {
-            let result = match FilesSource::open(&path, kind, &o.cancel, &o.listed) {
-                Ok(s) => {
-                    tracing::info!(
-                        "listed {} in {:.1} s: {} samples, {} classes{}",
-                        path.display(),
-                        o.started.elapsed().as_secs_f64(),
-                        s.len(),
-                        s.class_names().len(),
-                        match s.ignored() {
-                            0 => String::new(),
-                            n => format!(", {n} files ignored for their extension"),
-                        }
-                    );
-                    let s: Arc<dyn Source> = Arc::new(s);
-                    publish(&s);
-                    Ok(s)
-                }
-                Err(InputError::Interrupted) => Err(format!(
-                    "listing {} was cancelled: every stream that asked for it has gone",
-                    path.display()
-                )),
-                Err(e) => Err(e.to_string()),
-            };
+            let result = open(&o.cancel, &o.listed, o.started);
+            if let Ok(s) = &result {
+                publish(s);
+            }
             let _ = o.result.set(result);
             o.done.send_replace(true);
             let mut map = openings.map.lock().unwrap_or_else(|p| p.into_inner());

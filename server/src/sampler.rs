@@ -125,6 +125,15 @@ impl SamplerConfig {
         if self.shuffle {
             shuffle(&mut order, self.seed, epoch);
         }
+        self.plan_order(order, position)
+    }
+
+    /// This rank's indices for the rest of an epoch from global `position`, from the epoch's
+    /// permutation `order` of `0..dataset_len` (the global shuffle, or another order:
+    /// `crate::order`), cut and striped over the ranks as [`Self::plan_from`] describes.
+    pub fn plan_order(&self, order: Vec<u64>, position: u64) -> EpochPlan {
+        debug_assert_eq!(order.len() as u64, self.dataset_len);
+        let len = self.dataset_len;
         let total = (self.samples_per_rank_from(position) * self.world_size) as usize;
         let from = position.min(len) as usize;
         let mut rest: Vec<u64> = order[from..].to_vec();

@@ -387,6 +387,8 @@ struct StreamState {
     /// What each batch in flight keeps at hand (`Source::lease`: a remote dataset's shards), by
     /// (run generation, batch); dropped when the batch comes back.
     leases: BTreeMap<(u32, u64), Box<dyn std::any::Any + Send + Sync>>,
+    /// 1.3: the `shard_blocks` order; `None`: the global order (`sampler.plan`).
+    order: Option<Arc<crate::order::ShardBlocks>>,
 }
 
 /// Why an `open` is refused: the error code and the message.
@@ -407,6 +409,10 @@ pub(crate) struct Prepared {
     pub own_order: bool,
     /// 1.3: hybrid decode (images only).
     pub gpu: Option<crate::control::message::GpuDecodeRequest>,
+    /// 1.3: the shard-aware order (`crate::order`); `None`: the global order.
+    pub order: Option<Arc<crate::order::ShardBlocks>>,
+    /// Whether the `ring` answer names the order (images; a token stream keeps its own).
+    pub reports_order: bool,
     /// Threads to start with when the `open` names none (`None`: the budget, or the pool
     /// without autotune).
     pub start_threads: Option<u32>,
@@ -569,11 +575,18 @@ async fn open_stream(
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect(),
         stream: Some(ctx.stats.id),
+        order: prepared.reports_order.then(|| {
+            if prepared.order.is_some() {
+                "shard_blocks"
+            } else {
+                "global"
+            }
+            .to_owned()
+        }),
     };
-    Ok((
-        StreamState::new(ctx, sampler, open.slots, prepared.skip_errors),
-        ring_msg,
-    ))
+    let mut state = StreamState::new(ctx, sampler, open.slots, prepared.skip_errors);
+    state.order = prepared.order;
+    Ok((state, ring_msg))
 }
 
 /// The image kind: the pipeline, the layout, the dataset (`open_source`) and the image fields.
@@ -618,6 +631,8 @@ async fn prepare_images(
             ),
         ));
     }
+    // 1.3: the shard-aware order, when asked for (or chosen automatically for this source).
+    let order = crate::order::for_open(open, source.as_ref()).map_err(bad)?;
     let mut specs = Vec::new();
     for v in &pipeline.views {
         let (h, w) = v.size;
@@ -707,6 +722,8 @@ async fn prepare_images(
         skip_errors,
         own_order: false,
         gpu,
+        order,
+        reports_order: true,
         start_threads: None,
         per_sample,
         finish: Box::new(move |segment: &Segment| {
@@ -762,6 +779,18 @@ impl StreamState {
             run: None,
             skip_errors,
             leases: BTreeMap::new(),
+            order: None,
+        }
+    }
+
+    /// This rank's plan of the rest of `epoch` from global `position`, in the stream's order
+    /// (`crate::order`; the global shuffle without one).
+    fn plan(&self, epoch: u64, position: u64) -> EpochPlan {
+        match &self.order {
+            Some(o) if self.sampler.shuffle => self
+                .sampler
+                .plan_order(o.permutation(self.sampler.seed, epoch), position),
+            _ => self.sampler.plan_from(epoch, position),
         }
     }
 }
@@ -811,6 +840,10 @@ async fn open_source(
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    if !path.exists() && crate::source::wds::pattern::is_pattern(&open.dataset) {
+        // 1.3: a brace/glob pattern of WebDataset tars names no single path.
+        return open_webdataset(shared, open, progress).await;
+    }
     let canonical = admit(shared, path)?;
     let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
     let key = match kind {
@@ -825,6 +858,7 @@ async fn open_source(
         }
         // Listed files: no CRC, no LMDB options.
         ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+        ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
     };
     if let Some(s) = shared
         .sources
@@ -847,29 +881,9 @@ async fn open_source(
             let waiter = shared.openings.join(&key, canonical, input, move |s| {
                 publisher.cache_source(cache_key, s);
             });
-            let opening = Arc::clone(&waiter.opening);
-            let result = opening.result();
-            tokio::pin!(result);
-            let mut progress = progress;
-            let every = shared.open_progress;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            let opened = loop {
-                tokio::select! {
-                    r = &mut result => break r,
-                    _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
-                        let msg = ServerMessage::Opening {
-                            dataset: open.dataset.clone(),
-                            listed: opening.listed(),
-                            elapsed_ms: opening.elapsed().as_millis() as u64,
-                        };
-                        // The client has gone: stop waiting (the last waiter cancels the listing).
-                        send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
-                    },
-                }
-            };
-            drop(waiter);
-            return opened.map_err(dataset_err);
+            return wait_for_listing(shared, waiter, open, progress).await;
         }
+        ServedKind::WebDataset => unreachable!("opened above"),
         ServedKind::Packed | ServedKind::Lmdb => {
             let lmdb = &open.lmdb();
             let lmdb_opts = LmdbOptions {
@@ -942,6 +956,96 @@ async fn open_remote(
     .map_err(dataset_err)?;
     shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+/// Waits for a listing the stream joined, sending `opening` to `progress` (a 1.2 client) every
+/// `shared.open_progress` meanwhile.
+async fn wait_for_listing(
+    shared: &Arc<Shared>,
+    waiter: crate::opening::Waiter<'_>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let opening = Arc::clone(&waiter.opening);
+    let result = opening.result();
+    tokio::pin!(result);
+    let mut progress = progress;
+    let every = shared.open_progress;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let opened = loop {
+        tokio::select! {
+            r = &mut result => break r,
+            _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                let msg = ServerMessage::Opening {
+                    dataset: open.dataset.clone(),
+                    listed: opening.listed(),
+                    elapsed_ms: opening.elapsed().as_millis() as u64,
+                };
+                // The client has gone: stop waiting (the last waiter cancels the listing).
+                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
+            },
+        }
+    };
+    drop(waiter);
+    opened.map_err(|m| (ErrorCode::Dataset, m))
+}
+
+/// 1.3: opens (or reuses) the WebDataset tars `open.dataset` names (a directory, a `.tar`, a
+/// pattern), each inside `--data-root`; indexing them runs like a folder's listing, with
+/// `opening` progress (members indexed).
+async fn open_webdataset(
+    shared: &Arc<Shared>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    use crate::source::wds::{WdsOptions, WdsSource, pattern};
+    let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
+        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m))?;
+    let mut canonical = Vec::with_capacity(tars.len());
+    for t in &tars {
+        canonical.push(admit(shared, t)?);
+    }
+    let mut key = format!("webdataset|{opts:?}");
+    for c in &canonical {
+        key.push('|');
+        key.push_str(&c.to_string_lossy());
+    }
+    if let Some(s) = shared
+        .sources
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+        .and_then(|w| w.upgrade())
+    {
+        return Ok(s);
+    }
+    let name = open.dataset.clone();
+    let threads = shared.cores.clamp(1, 16) as usize;
+    let index = move |cancel: &std::sync::atomic::AtomicBool,
+                      listed: &std::sync::atomic::AtomicU64,
+                      started: std::time::Instant| {
+        WdsSource::open(&name, &canonical, &opts, threads, cancel, listed)
+            .map(|s| {
+                tracing::info!(
+                    "indexed {} in {:.1} s: {} tars ({} from index files, {} scanned), {} samples",
+                    name,
+                    started.elapsed().as_secs_f64(),
+                    s.tar_count(),
+                    s.indexes_read,
+                    s.scanned,
+                    s.len()
+                );
+                Arc::new(s) as Arc<dyn Source>
+            })
+            .map_err(|e| e.to_string())
+    };
+    let publisher = Arc::clone(shared);
+    let cache_key = key.clone();
+    let waiter = shared
+        .openings
+        .join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
+    wait_for_listing(shared, waiter, open, progress).await
 }
 
 impl Shared {
@@ -1018,7 +1122,7 @@ impl StreamState {
                     )
                     .await;
                 }
-                let plan = self.sampler.plan_from(epoch, position);
+                let plan = self.plan(epoch, position);
                 let total = plan.batches();
                 if first_batch > total {
                     return fail(
@@ -1315,7 +1419,7 @@ impl StreamState {
         self.run = None;
         send(write, &msg).await?;
         if next <= u64::from(u32::MAX) {
-            let plan = self.sampler.plan(next);
+            let plan = self.plan(next, 0);
             self.begin_run(self.runs + 1, next, plan, 0, false);
             self.fill(shared);
         }

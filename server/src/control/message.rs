@@ -207,6 +207,18 @@ pub struct OpenRequest {
     /// 1.3: hybrid decode (control.md, "Hybrid decode").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_decode: Option<GpuDecodeRequest>,
+    /// 1.3: the sample order, `auto` (absent), `global` or `shard_blocks` (`crate::order`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
+    /// 1.3: shards per shuffle block of the `shard_blocks` order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_block: Option<u64>,
+    /// 1.3: samples per stand-in shard, for sources without shard files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_shard: Option<u64>,
+    /// 1.3: WebDataset options (`crate::source::wds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webdataset: Option<WdsRequest>,
 }
 
 /// `open.gpu_decode` (1.3).
@@ -255,10 +267,31 @@ impl OpenRequest {
                 ("on_error", self.on_error.is_some()),
                 ("check_crc", self.check_crc.is_some()),
                 ("gpu_decode", self.gpu_decode.is_some()),
+                ("order", self.order.is_some()),
+                ("order_block", self.order_block.is_some()),
+                ("order_shard", self.order_shard.is_some()),
+                ("webdataset", self.webdataset.is_some()),
             ],
         };
         present.into_iter().filter(|(_, p)| *p).map(|(n, _)| n).collect()
     }
+}
+
+/// 1.3: the WebDataset options of an `open` (control.md, "WebDataset shards").
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WdsRequest {
+    /// Image extensions, `;`-separated, the first present wins (default `jpg;jpeg;png;webp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The label's extension (default `cls`); `""` for no labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The member of a JSON label (required when `label` is a `json` extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_key: Option<String>,
+    /// Whether the server may write index files next to the tars (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_index: Option<bool>,
 }
 
 /// Error codes (control.md, "error").
@@ -292,6 +325,9 @@ pub enum ServerMessage {
         classes: Vec<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stream: Option<u64>,
+        /// 1.3: the order the stream uses (`global` or `shard_blocks`: what `auto` became).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        order: Option<String>,
     },
     Ready {
         run: u32,

@@ -12,7 +12,7 @@ pub mod socket;
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
 pub use message::{
     ClientMessage, ErrorCode, LmdbRequest, MixEntry, OpenRequest, SampleKindRequest, ServerMessage, TokenOptions,
-    TransformRequest,
+    TransformRequest, WdsRequest,
 };
 
 /// Protocol version spoken by this server, `(major, minor)`.

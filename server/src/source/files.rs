@@ -237,6 +237,8 @@ pub enum ServedKind {
     Folder,
     /// A `.csv`, `.jsonl` or `.ndjson` file.
     Manifest,
+    /// 1.3: a directory holding `*.tar` files, or one `.tar` file: WebDataset shards.
+    WebDataset,
 }
 
 impl ServedKind {
@@ -249,9 +251,12 @@ impl ServedKind {
             }
             return match InputKind::Auto.detect(path) {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
+                _ if crate::source::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => {
+                    Ok(ServedKind::WebDataset)
+                }
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
                 _ => Err(format!(
-                    "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
+                    "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
                     path.display(),
                     crate::shard::INDEX_FILE
                 )),
@@ -263,8 +268,9 @@ impl ServedKind {
                 let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
                 match ext.as_deref() {
                     Some("csv" | "jsonl" | "ndjson") => Ok(ServedKind::Manifest),
+                    Some("tar") => Ok(ServedKind::WebDataset),
                     _ => Err(format!(
-                        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
+                        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
                         path.display()
                     )),
                 }
@@ -279,6 +285,7 @@ impl ServedKind {
             ServedKind::Lmdb => InputKind::Lmdb.name(),
             ServedKind::Folder => InputKind::Folder.name(),
             ServedKind::Manifest => InputKind::Manifest.name(),
+            ServedKind::WebDataset => "webdataset",
         }
     }
 }

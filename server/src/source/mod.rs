@@ -1,6 +1,6 @@
 //! Sources: random access to encoded samples, wherever they live: packed shards
-//! ([`PackedSource`]), LMDBs ([`lmdb`]), and image folders and manifests ([`files`]), the last
-//! two read in place.
+//! ([`PackedSource`]), LMDBs ([`lmdb`]), image folders and manifests ([`files`]), and WebDataset
+//! tars ([`wds`]), the last three read in place.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
 //! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read
@@ -20,6 +20,7 @@ use std::fmt;
 pub mod files;
 pub mod lmdb;
 pub mod packed;
+pub mod wds;
 
 pub use files::FilesSource;
 pub use packed::PackedSource;
@@ -77,6 +78,19 @@ pub trait Source: Send + Sync + fmt::Debug {
         &[]
     }
 
+    /// The sizes of the source's shard files, in index order (shard `s` holds the next
+    /// `sizes[s]` indices), for the `shard_blocks` order (`crate::order`); `None` for sources
+    /// without shard files, whose order cuts the indices into ranges instead.
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// Whether touching a new shard is expensive (a remote source), so that `open.order =
+    /// auto` picks the `shard_blocks` order. Local sources keep the global order.
+    fn prefers_shard_order(&self) -> bool {
+        false
+    }
+
     /// Calls `f` with sample `index`. The default makes a reader for the call; sources whose
     /// samples need no per-thread state override it to avoid that allocation on the hot path.
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
@@ -125,6 +139,9 @@ pub enum SourceError {
     /// A remote dataset's shard could not be fetched (`crate::remote`).
     #[error("{why}")]
     Remote { dataset: String, why: String },
+    /// A WebDataset sample cannot be served (no image, no label, a cut member, ...).
+    #[error(transparent)]
+    Wds(#[from] wds::WdsError),
     /// A file of an image folder or manifest served in place could not be read.
     #[error("cannot read {}: {source}", path.display())]
     File {

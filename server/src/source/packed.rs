@@ -63,6 +63,24 @@ impl Source for PackedSource {
         Ok(Box::new(PackedReader { source: self }))
     }
 
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        // Runs of consecutive samples stored in one shard file. `pack` writes samples in shard
+        // order, so these are the shard files; a dataset that interleaves them still gets a
+        // correct (if less local) order.
+        let ds = &self.dataset;
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut current = None;
+        for i in 0..ds.len() {
+            let shard = ds.sample(i).ok().map(|s| s.shard);
+            match sizes.last_mut() {
+                Some(n) if shard == current => *n += 1,
+                _ => sizes.push(1),
+            }
+            current = shard;
+        }
+        Some(sizes)
+    }
+
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
         let s = self.lookup(index)?;
         f(Sample {

@@ -314,6 +314,8 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
         own_order,
         gpu: None,
+        order: None,
+        reports_order: false,
         // Reading windows costs little: one thread unless the client or the tuner asks for more.
         start_threads: Some(1),
         per_sample: format!("windows of {seq_len} tokens"),

@@ -237,6 +237,20 @@ fn messages() -> Vec<(&'static str, Value)> {
             "error, version",
             json!({"type": "error", "code": "version", "message": "client speaks protocol 2.0, this server 1.0", "fatal": true}),
         ),
+        ("hello, 1.3", json!({"type": "hello", "protocol": [1, 3]})),
+        (
+            "open, 1.3 shard-blocks order over WebDataset tars",
+            json!({"type": "open", "dataset": "/data/laion/shards-{000000..000099}.tar", "lmdb": {}, "batch_size": 256,
+                "transform": {"kind": "resize", "size": [224, 224]},
+                "layout": "NHWC", "shuffle": true, "seed": 1, "drop_last": true, "rank": 3, "world_size": 8, "slots": 4,
+                "on_error": "skip", "check_crc": true, "order": "shard_blocks", "order_block": 8, "order_shard": 4096,
+                "webdataset": {"image": "webp;jpg", "label": "json", "label_key": "class_id", "write_index": false}}),
+        ),
+        (
+            "ring, 1.3 with its order",
+            json!({"type": "ring", "segment_len": 4096, "dataset_len": 10, "samples_per_rank": 10,
+                "batches_per_epoch": 2, "classes": [], "stream": 2, "order": "shard_blocks"}),
+        ),
     ]
 }
 

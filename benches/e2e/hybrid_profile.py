@@ -79,7 +79,7 @@ def stages(images: Path) -> None:
         rec[i] = [0, 1, w, h, 0, 0, w, h, 224, 224, 0, 0, 0, 0, 224, 224, (1 << 2) | 16, 0]
     fin = _hybrid.Finisher(torch.device("cuda"), "nvimgcodec", "NCHW", (224, 224))
     image = torch.empty((256, 3, 224, 224), dtype=torch.uint8, device="cuda")
-    where = torch.arange(256, device="cuda")
+    where = np.arange(256)
     timed("Finisher._finish (copy, weights, products, write)", lambda: fin._finish(rec, ts, image, where))
     import threading
 

@@ -325,8 +325,6 @@ class Finisher:
         Raises:
             DecodeError: some samples could not be decoded at all (the others are finished).
         """
-        import torch
-
         t0 = time.perf_counter_ns()
         ahead_ns = 0
         if pending is not None:
@@ -356,8 +354,7 @@ class Finisher:
             step = max(1, (1 << 28) // max(area, 1))
             for c in range(0, len(ok), step):
                 part = ok[c : c + step]
-                where = torch.as_tensor(pos[part], device=self.device)
-                self._finish(rec[part], [images[i] for i in part], image, where)
+                self._finish(rec[part], [images[i] for i in part], image, pos[part])
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
             c[0] += len(ok)
@@ -367,7 +364,20 @@ class Finisher:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])
         return [int(p) for p in pos]
 
-    def _finish(self, rec: np.ndarray, images: list[Any], image: Any, where: Any) -> None:
+    def _upload(self, a: np.ndarray) -> Any:
+        """``a`` on the device without waiting: from pinned memory, asynchronously on the current
+        (copy) stream. A pageable copy would block the host until the stream's queued work (this
+        batch's copy and decode) had finished."""
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        if self.device.type != "cuda":
+            return t
+        # The caching host allocator keeps the pinned block until the copy has run.
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _finish(self, rec: np.ndarray, images: list[Any], image: Any, pos: np.ndarray) -> None:
+        """The geometry of ``images`` (their ``rec`` records) into rows ``pos`` of ``image``."""
         import torch
 
         k = len(images)
@@ -377,7 +387,9 @@ class Finisher:
         for i, img in enumerate(images):
             left, top, w, h = (int(v) for v in rec[i, 4:8])
             x[i, :h, :w] = img[top : top + h, left : left + w]
-        r = torch.as_tensor(rec, device=self.device)
+        # One upload for the records and the rows they go to.
+        both = self._upload(np.concatenate([rec, np.asarray(pos, dtype=np.int64)[:, None]], axis=1))
+        r, where = both[:, :RECORD_LEN], both[:, RECORD_LEN]
         flags = r[:, _C["flags"]]
         interp = (flags >> INTERPOLATION_SHIFT) & 3
         antialias = (flags & ANTIALIAS) != 0

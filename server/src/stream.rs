@@ -860,13 +860,7 @@ async fn open_source(
         ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
         ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
     };
-    if let Some(s) = shared
-        .sources
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        .and_then(|w| w.upgrade())
-    {
+    if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
     }
     let opened = match kind {
@@ -935,13 +929,7 @@ async fn open_remote(
         )));
     }
     let key = format!("{url}|{}|remote", open.check_crc());
-    if let Some(s) = shared
-        .sources
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        .and_then(|w| w.upgrade())
-    {
+    if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
     }
     let hub = Arc::clone(&shared.remote);
@@ -1011,13 +999,7 @@ async fn open_webdataset(
         key.push('|');
         key.push_str(&c.to_string_lossy());
     }
-    if let Some(s) = shared
-        .sources
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        .and_then(|w| w.upgrade())
-    {
+    if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
     }
     let name = open.dataset.clone();
@@ -1049,6 +1031,12 @@ async fn open_webdataset(
 }
 
 impl Shared {
+    /// The open source a stream holds under `key`, if any (see [`Shared::cache_source`]).
+    fn cached_source(&self, key: &str) -> Option<Arc<dyn Source>> {
+        let sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());
+        sources.get(key).and_then(|w| w.upgrade())
+    }
+
     /// Remembers an open source, so later streams over the same dataset share it.
     fn cache_source(&self, key: String, source: &Arc<dyn Source>) {
         let mut sources = self.sources.lock().unwrap_or_else(|p| p.into_inner());

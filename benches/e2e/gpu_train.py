@@ -28,6 +28,9 @@ the loop's wait split into the wait for data and the time behind its own GPU (`L
 and, every 0.5 s, the server's view of the stream (`ringfeed.snapshot`): decode threads and their
 busy share, depth, the wait the autotuner acts on, and its reading (`limit`) and last change
 (`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(threads=N)`), e.g. 6.
+Each run also reports CPU milliseconds per image and CPU cores busy: user + system time of the
+bench's whole process tree over the timed steps (benches/e2e/_cpu.py), so the loop's own thread,
+DataLoader workers, DALI's threads and the sidecar alike.
 Writes gpu.json and gpu.md into --out.
 """
 
@@ -44,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+import _cpu
 import torch
 import torchvision
 from torch import nn
@@ -123,6 +127,7 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
         if step == WARMUP:
             torch.cuda.synchronize()
             start, wait = time.perf_counter(), 0.0
+            cpu0 = _cpu.tree_cpu_seconds()
             client0 = LOADERS[0].stats(server=False) if watch is not None and LOADERS else None
             if watch is not None:
                 watch.start()
@@ -144,9 +149,13 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
             last_end.record()
     torch.cuda.synchronize()
     total = time.perf_counter() - start
+    cpu = _cpu.tree_cpu_seconds() - cpu0
     idle = sum(a.elapsed_time(b) for a, b in gaps) / 1000
     out = {
         "img_per_s": steps * BATCH / total,
+        # This process's threads, its DataLoader workers and the sidecar it started (_cpu.py).
+        "cpu_ms_per_img": cpu / (steps * BATCH) * 1e3,
+        "cpu_cores": cpu / total,
         "gpu_idle_share": idle / total,
         "wait_share": wait / total,
         "seconds": total,
@@ -344,8 +353,9 @@ def main() -> None:
         f"{meta['gpu']}, {meta['cpus']} CPU cores, torch {meta['torch']}; {a.workers} workers/threads; "
         f"{a.steps} timed steps after {WARMUP} warm-up steps.",
         "",
-        "| model | loader | img/s | share of ceiling | GPU idle, waiting for data | loop blocked in next() |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | loader | img/s | share of ceiling | GPU idle, waiting for data | loop blocked in next() "
+        "| CPU ms per image | CPU cores busy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in a.models.split(","):
         rows = [r for r in results if r["model"] == name]
@@ -354,13 +364,14 @@ def main() -> None:
             share = f"{r['img_per_s'] / ceiling * 100:.0f} %" if ceiling else "n/a"
             lines.append(
                 f"| {name} | {r['loader']} | {r['img_per_s']:.0f} | {share} | {r['gpu_idle_share'] * 100:.1f} % "
-                f"| {r['wait_share'] * 100:.1f} % |"
+                f"| {r['wait_share'] * 100:.1f} % | {r['cpu_ms_per_img']:.3f} | {r['cpu_cores']:.1f} |"
             )
     lines += [
         "",
         "GPU idle: the gaps on the GPU's clock between one step's last kernel and the next step's first,",
         "over the total. Loop blocked in next(): wall time inside next(); for a GPU-bound model fed by a",
-        "CUDA loader it includes back-pressure from the GPU (see the module docstring).",
+        "CUDA loader it includes back-pressure from the GPU (see the module docstring). CPU: user + system",
+        "time of the bench's process tree (the loop, DataLoader workers, the sidecar) over the timed steps.",
     ]
     signals = [r for r in results if "loader_stats" in r or "server_last" in r]
     if signals:

@@ -7,6 +7,8 @@
 #   feed    unpacks DALI, then benches/e2e/hybrid_feed.py (no model) at 6 and 15 threads.
 #   train   benches/e2e/gpu_train.py: ResNet-18 at 6 and 15 threads, ResNet-50 at 15, fed by
 #           ringfeed (CPU only), ringfeed with hybrid decode, and DALI, against the ceiling.
+#   kernel  the Triton finishing kernel (RINGFEED_GPU_FINISH=triton) against the matrix products:
+#           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 step=$1
@@ -67,6 +69,23 @@ train2)
     --loaders ceiling,ringfeed-hybrid,ringfeed-share-0.5,ringfeed-share-0.625,ringfeed-share-0.75,dali --workers 15 --threads-cap 6 --steps 500 --out "$out/r18-6" 2>&1 | tail -24 || echo "r18-6 rc $?"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-share-0.25,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | tail -24 || echo "r18-15 rc $?"
+  ;;
+kernel)
+  # The Triton finishing kernel against the matrix products: the CUDA tests with both, the feed
+  # rate at 6 threads for pinned shares, and ResNet-18 on 6 threads with each.
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1 ) > /tmp/data.log 2>&1 &
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_finish_kernel.py 2>&1 | tail -8 || echo "pytest rc $?"
+  wait; cat /tmp/data.log
+  mkdir -p "$out"
+  timeout 150 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed --threads 6 \
+    --loaders hybrid,triton --shares 0.5,0.75 --batches 40 --out "$out/feed" 2>&1 | grep -v "^{" | tail -10 || echo "feed rc $?"
+  for g in bmm triton; do
+    RINGFEED_GPU_FINISH=$g timeout 120 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+      --loaders ceiling,ringfeed-share-0.625,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 400 --out "$out/r18-6-$g" 2>&1 | grep -v "^{" | tail -8 || echo "r18-6-$g rc $?"
+  done
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

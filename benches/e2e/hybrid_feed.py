@@ -10,7 +10,9 @@ Every loader delivers RandomResizedCrop(224) + flip, normalised, bf16 NCHW on th
 The rate is batches x 256 over the wall time of `--batches` batches after 10 warm-up batches, with
 the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads` decode
 threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the share
-its own); DALI with `num_threads=threads` and its hardware decoder. Writes hybrid_feed.json/.md.
+its own); DALI with `num_threads=threads` and its hardware decoder. `--loaders` picks among
+ringfeed (CPU only), hybrid (pinned shares), triton (pinned shares, geometry in one Triton kernel:
+RINGFEED_GPU_FINISH=triton), auto and dali. Writes hybrid_feed.json/.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _cpu
 import torch
 
 BATCH = 256
@@ -92,15 +95,16 @@ def dali_iter(images: Path, threads: int):
     return _dali.batches(images, threads, BATCH)
 
 
-def rate(batches, n: int) -> float:
+def rate(batches, n: int) -> tuple[float, float]:
+    """``(img/s, CPU ms per image)``: CPU of the bench's process tree, the sidecar with it (_cpu.py)."""
     for _ in range(WARMUP):
         next(batches)
     torch.cuda.synchronize()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _cpu.tree_cpu_seconds()
     for _ in range(n):
         _x, _ = next(batches)
     torch.cuda.synchronize()
-    return n * BATCH / (time.perf_counter() - t)
+    return n * BATCH / (time.perf_counter() - t), (_cpu.tree_cpu_seconds() - cpu) / (n * BATCH) * 1e3
 
 
 def main() -> None:
@@ -114,7 +118,7 @@ def main() -> None:
     ap.add_argument("--threads", default="6,15")
     ap.add_argument("--shares", default="0.5,0.75,1.0")
     ap.add_argument("--batches", type=int, default=40)
-    ap.add_argument("--loaders", default="ringfeed,hybrid,auto,dali")
+    ap.add_argument("--loaders", default="ringfeed,hybrid,triton,auto,dali")
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
     if a.make_big:
@@ -143,6 +147,12 @@ def main() -> None:
                     runs.append(("ringfeed, CPU only", ("rf", False, False)))
                 if "hybrid" in loaders:
                     runs += [(f"ringfeed, GPU share {s}", ("rf", float(s), False)) for s in a.shares.split(",")]
+                if "triton" in loaders:
+                    # The same shares with the geometry in one Triton kernel (_finish_kernel.py).
+                    runs += [
+                        (f"ringfeed, GPU share {s}, triton", ("rf-triton", float(s), False))
+                        for s in a.shares.split(",")
+                    ]
                 if "auto" in loaders:
                     runs.append(("ringfeed, autotuned share", ("rf", "auto", True)))
                 if "dali" in loaders:
@@ -151,10 +161,11 @@ def main() -> None:
                     r: dict[str, object] = {"corpus": corpus, "threads": threads, "loader": name}
                     try:
                         if kind == "dali":
-                            r["img_per_s"] = rate(dali_iter(images, threads), n)
+                            r["img_per_s"], r["cpu_ms_per_img"] = rate(dali_iter(images, threads), n)
                         else:
+                            os.environ["RINGFEED_GPU_FINISH"] = "triton" if kind == "rf-triton" else "bmm"
                             with ringfeed_loader(packed, sock, threads, share, auto, big) as ld:
-                                r["img_per_s"] = rate(ringfeed_iter(ld), n)
+                                r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n)
                                 st = ld.stats()
                                 r["gpu_samples"] = st.get("gpu_samples")
                                 sv = st.get("server") or {}
@@ -176,13 +187,16 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores; {a.batches} timed batches "
         f"(a third on the large photos) after {WARMUP} warm-up batches.",
         "",
-        "| corpus | threads | loader | img/s | GPU share (end) |",
-        "|---|---:|---|---:|---:|",
+        "| corpus | threads | loader | img/s | CPU ms per image | GPU share (end) |",
+        "|---|---:|---|---:|---:|---:|",
     ]
     for r in results:
         val = f"{r['img_per_s']:.0f}" if "img_per_s" in r else f"failed: {r.get('error', '')[:80]}"
+        cpu = f"{r['cpu_ms_per_img']:.3f}" if "cpu_ms_per_img" in r else "-"
         share = (r.get("server") or {}).get("gpu_share")
-        lines.append(f"| {r['corpus']} | {r['threads']} | {r['loader']} | {val} | {'-' if share is None else share} |")
+        lines.append(
+            f"| {r['corpus']} | {r['threads']} | {r['loader']} | {val} | {cpu} | {'-' if share is None else share} |"
+        )
     (a.out / "hybrid_feed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -169,6 +169,21 @@ def axis_weights(
     return w, valid
 
 
+def _place(img: Any) -> tuple[int, int, int, int, int, int]:
+    """Where a decoded HWC uint8 image lies: ``(address, height, width, row, pixel, channel
+    strides in elements)``, for a torch tensor or an object with a CUDA array interface
+    (nvImageCodec's images), without making a tensor of it."""
+    if hasattr(img, "data_ptr"):
+        sy, sx, sc = img.stride()
+        return img.data_ptr(), img.shape[0], img.shape[1], sy, sx, sc
+    cai = img.__cuda_array_interface__
+    h, w, c = cai["shape"]
+    if cai["typestr"] != "|u1":
+        raise ValueError(f"the GPU decoder made a {cai['typestr']} image, not uint8")
+    sy, sx, sc = cai.get("strides") or (w * c, c, 1)
+    return cai["data"][0], h, w, sy, sx, sc
+
+
 class DecodeError(Exception):
     """Samples that neither the GPU nor the host fallback could decode: ``(batch position, reason)``."""
 
@@ -188,11 +203,38 @@ class Finisher:
         size: the view's ``(height, width)``.
     """
 
-    def __init__(self, device: Any, backend: str, layout: str, size: tuple[int, int], slots: int = 64) -> None:
+    def __init__(
+        self,
+        device: Any,
+        backend: str,
+        layout: str,
+        size: tuple[int, int],
+        slots: int = 64,
+        geometry: str | None = None,
+    ) -> None:
         import collections
+        import os
 
         import torch
 
+        #: How the geometry runs: ``"bmm"``, two batched matrix products over crops copied into a
+        #: padded buffer (the default), or ``"triton"``, one kernel that reads the decoded images
+        #: in place (:mod:`ringfeed._finish_kernel`; experimental until measured on the GPU).
+        #: ``RINGFEED_GPU_FINISH`` sets it when ``geometry`` is not given.
+        self.geometry = geometry or os.environ.get("RINGFEED_GPU_FINISH", "bmm")
+        if self.geometry not in ("bmm", "triton"):
+            raise ValueError(
+                f"gpu finishing geometry must be 'bmm' or 'triton', not {self.geometry!r} (RINGFEED_GPU_FINISH)"
+            )
+        self._kernel: Any = None
+        if self.geometry == "triton":
+            try:
+                from . import _finish_kernel
+            except ImportError as e:
+                raise ValueError(
+                    f"RINGFEED_GPU_FINISH=triton needs the triton package ({e}); unset it for the default"
+                ) from e
+            self._kernel = _finish_kernel
         self.device = device
         self.backend = backend
         self.layout = layout
@@ -285,7 +327,8 @@ class Finisher:
                 if img is None:
                     refused.append(i)
                 else:
-                    images[i] = torch.as_tensor(img, device=self.device)
+                    # The kernel reads nvImageCodec's images in place (their CUDA array interface).
+                    images[i] = img if self._kernel is not None else torch.as_tensor(img, device=self.device)
         elif self.backend == "torchvision":
             try:
                 with warnings.catch_warnings():
@@ -341,15 +384,21 @@ class Finisher:
         self._keep.append(images)
         ok = [i for i in range(len(pos)) if images[i] is not None]
         # A decoded image of another size than the server probed is refused like a failed decode.
+        places = [_place(images[i]) if images[i] is not None else None for i in range(len(pos))]
         for i in list(ok):
-            h, w = images[i].shape[0], images[i].shape[1]
+            h, w = places[i][1], places[i][2]
             if (w, h) != (rec[i, _C["src_width"]], rec[i, _C["src_height"]]):
                 failed.append(
                     (i, f"the GPU decoder made a {w}x{h} image where the header says {rec[i, 2]}x{rec[i, 3]}")
                 )
                 ok.remove(i)
+        if ok and self._kernel is not None:
+            table = rec[ok].copy()
+            table[:, 0:4] = [(p[0], p[3], p[4], p[5]) for p in (places[i] for i in ok)]
+            table = np.concatenate([table, pos[ok].astype(np.int64)[:, None]], axis=1)
+            self._kernel.finish(self._upload(table), image, self.layout)
         # In chunks of about 2^28 padded crop values (0.5 GiB in fp16) at most: large photos.
-        if ok:
+        elif ok:
             area = int(rec[ok, _C["pre_height"]].max()) * int(rec[ok, _C["pre_width"]].max()) * 3
             step = max(1, (1 << 28) // max(area, 1))
             for c in range(0, len(ok), step):

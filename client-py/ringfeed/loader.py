@@ -1560,12 +1560,21 @@ def _gpu_pipeline_problem(views: Views | None) -> str | None:
     """Why hybrid decode cannot finish this pipeline on the GPU, or ``None``."""
     if views is None:
         return "the 1.1 transform dict form is decoded on the CPU"
-    if len(views.views) != 1:
-        return f"the pipeline has {len(views.views)} views; GPU decode finishes one"
-    (view,) = views.views.values()
-    if view.count != 1:
-        return f"the view makes {view.count} images per sample; GPU decode finishes one"
-    ops = [op["op"] for op in views.to_json()["views"][0]["ops"] if op["op"] not in _BATCH_OPS]
+    return _gpu_pipeline_doc_problem(views.to_json())
+
+
+def _gpu_pipeline_doc_problem(doc: dict[str, Any]) -> str | None:
+    """The same for a pipeline as the wire carries it (control.md, ``open.pipeline``): the
+    server's rule (``ops::gpu::finishable``), whose verdicts ``proto/vectors/control/hybrid.json``
+    pins for both sides."""
+    views = doc["views"]
+    if len(views) != 1:
+        return f"the pipeline has {len(views)} views; GPU decode finishes one"
+    (view,) = views
+    count = view.get("count", 1)
+    if count != 1:
+        return f"the view makes {count} images per sample; GPU decode finishes one"
+    ops = [op["op"] for op in view["ops"] if op["op"] not in _BATCH_OPS]
     for op in ops:
         if op not in _GEOMETRIC:
             return (

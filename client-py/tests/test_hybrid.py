@@ -82,6 +82,21 @@ def _epoch(
     return out, stats
 
 
+def test_finishable_pipelines_match_the_server() -> None:
+    """The client's rule for which pipelines the GPU can finish (``gpu_decode="auto"`` decides
+    by it before asking) gives the server's verdict (``ops::gpu::finishable``) on every pipeline
+    of the spec's vectors, and names the reason when it says no."""
+    from ringfeed import loader
+
+    vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
+    cases = vectors["finishable"]
+    assert any(c["finishable"] for c in cases)
+    assert not all(c["finishable"] for c in cases)
+    for case in cases:
+        why = loader._gpu_pipeline_doc_problem(case["pipeline"])
+        assert (why is None) == case["finishable"], (case, why)
+
+
 def test_offered_positions_match_the_vectors() -> None:
     """The client's reading of the split rule is the spec's vectors (both languages read them)."""
     vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
@@ -271,13 +286,21 @@ def _gpu_backends() -> list[str]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", _gpu_backends())
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("geometry", ["bmm", "triton"])
 def test_gpu_decoders_finish_batches_like_the_cpu(
-    folder: tuple[Path, dict[str, str]], sock: str, backend: str, layout: str
+    folder: tuple[Path, dict[str, str]],
+    sock: str,
+    backend: str,
+    layout: str,
+    geometry: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a CUDA device, each GPU decoder's batches (every sample offered) carry the CPU path's
-    samples, labels and crops, pixels within a few levels, normalised on the GPU afterwards; no
-    sample fell back to the host; the slot bytes the decoder read were not released early (the
-    same epoch twice gives the same batches)."""
+    """On a CUDA device, each GPU decoder's batches (every sample offered), finished by either
+    geometry (matrix products, or the Triton kernel reading the decoded images in place), carry
+    the CPU path's samples, labels and crops, pixels within a few levels, normalised on the GPU
+    afterwards; no sample fell back to the host; the slot bytes the decoder read were not
+    released early (the same epoch twice gives the same batches)."""
+    monkeypatch.setenv("RINGFEED_GPU_FINISH", geometry)
     root, kinds = folder
     recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
     cpu, _ = _epoch(root, sock, False, recipe, layout=layout)

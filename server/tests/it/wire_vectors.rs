@@ -484,10 +484,36 @@ fn hybrid_vectors() {
             json!({"record": r.to_vec(), "fields": fields})
         })
         .collect();
+    // Which pipelines the GPU can finish (`gpu::finishable`): the client decides `gpu_decode="auto"`
+    // from the same rule before it asks (loader.py, `_gpu_pipeline_problem`), and its tests read
+    // these verdicts.
+    let pipelines = [
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "horizontal_flip"},
+            {"op": "normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}]}]}),
+        json!({"views": [{"ops": [{"op": "resize", "size": [256]}, {"op": "center_crop", "size": [224]}]}]}),
+        json!({"views": [{"ops": [{"op": "random_crop", "size": [32], "padding": [4]}, {"op": "horizontal_flip"}]}]}),
+        json!({"views": [{"ops": [{"op": "resize", "size": [64, 48]}, {"op": "vertical_flip", "p": 0.3}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "horizontal_flip"},
+            {"op": "random_erasing", "p": 0.25}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "color_jitter", "brightness": [0.6, 1.4]}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "trivial_augment_wide"}]}]}),
+        json!({"views": [{"ops": [{"op": "resize", "size": [256]}, {"op": "random_resized_crop", "size": [224]}]}]}),
+        json!({"views": [{"count": 2, "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
+        json!({"views": [{"name": "global", "ops": [{"op": "random_resized_crop", "size": [224]}]},
+            {"name": "local", "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
+    ];
+    let finishable: Vec<Value> = pipelines
+        .into_iter()
+        .map(|p| {
+            let verdict = ringfeed::ops::gpu::finishable(&ringfeed::ops::Pipeline::parse(&p).unwrap());
+            json!({"pipeline": p, "finishable": verdict.is_ok()})
+        })
+        .collect();
     let doc = json!({
         "description": "hybrid decode (control.md, \"Hybrid decode\"; ring.md, gpu_job), written by server/tests/it/wire_vectors.rs",
         "offered": cases,
         "records": records,
+        "finishable": finishable,
     });
     let mut text = serde_json::to_string_pretty(&doc).unwrap();
     text.push('\n');

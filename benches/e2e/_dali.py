@@ -15,13 +15,18 @@ from typing import Any
 import torch
 
 
-def batches(images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16) -> Iterator[tuple[Any, Any]]:
+def batches(
+    images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16, shard: tuple[int, int] = (0, 1)
+) -> Iterator[tuple[Any, Any]]:
+    """``shard``: ``(rank, world)``, the reader's share of the files (DDP: one pipeline per rank)."""
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
     def pipe() -> Any:
-        jpegs, labels = fn.readers.file(file_root=str(images), random_shuffle=True, name="reader")
+        jpegs, labels = fn.readers.file(
+            file_root=str(images), random_shuffle=True, shard_id=shard[0], num_shards=shard[1], name="reader"
+        )
         img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
         img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
         img = fn.crop_mirror_normalize(

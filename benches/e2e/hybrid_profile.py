@@ -81,6 +81,18 @@ def stages(images: Path) -> None:
     image = torch.empty((256, 3, 224, 224), dtype=torch.uint8, device="cuda")
     where = np.arange(256)
     timed("Finisher._finish (copy, weights, products, write)", lambda: fin._finish(rec, ts, image, where))
+    # The Triton kernel (RINGFEED_GPU_FINISH=triton): the table from nvImageCodec's images, then
+    # one launch; the first call compiles it.
+    kfin = _hybrid.Finisher(torch.device("cuda"), "nvimgcodec", "NCHW", (224, 224), geometry="triton")
+
+    def table() -> np.ndarray:
+        t = rec.astype(np.int64)
+        t[:, 0:4] = [(p[0], p[3], p[4], p[5]) for p in map(_hybrid._place, imgs)]
+        return np.concatenate([t, where.astype(np.int64)[:, None]], axis=1)
+
+    kfin._kernel.finish(kfin._upload(table()), image, "NCHW")
+    timed("triton: the table from 256 images", table)
+    timed("triton: table + upload + kernel", lambda: kfin._kernel.finish(kfin._upload(table()), image, "NCHW"))
     import threading
 
     def spin(seconds: float) -> int:
@@ -100,6 +112,7 @@ def stages(images: Path) -> None:
     rec[:, 0], rec[:, 1] = offs, [len(d) for d in datas]
     with torch.cuda.stream(stream):
         timed("Finisher(...) whole (decode + finish)", lambda: fin(rec, arena, image, stream))
+        timed("Finisher(...) whole, triton (decode + finish)", lambda: kfin(rec, arena, image, stream))
 
 
 def profile(packed: Path, threads: int, share: float, quiet: bool = False) -> None:

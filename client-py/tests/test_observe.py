@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
-import socket
+import os
+import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,29 +30,34 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("observe"), N, classes=2)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(sockdir: Path) -> Iterator[tuple[str, int]]:
-    """A real server with --metrics on a loopback port; yields (socket, port)."""
-    sock, port = str(sockdir / "s.sock"), free_port()
+    """A real server with --metrics on a loopback port the system picks (``--metrics 0``: no race
+    with another process for a port chosen beforehand), read from its log; yields (socket, port)."""
+    sock = str(sockdir / "s.sock")
     proc = subprocess.Popen(
-        [ringfeed_bin(), "serve", "--socket", sock, "--threads", "2", "--metrics", str(port)],
+        [ringfeed_bin(), "serve", "--socket", sock, "--threads", "2", "--metrics", "0"],
         stderr=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, RINGFEED_LOG="warn,ringfeed::serve=info", NO_COLOR="1"),
     )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     deadline = time.monotonic() + 20
-    while not Path(sock).exists():
-        assert proc.poll() is None, proc.communicate()[1]
-        assert time.monotonic() < deadline, "the server did not start"
+    port = None
+    while port is None or not Path(sock).exists():
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, f"the server did not start: {''.join(lines)}"
+        found = [m for m in map(re.compile(r"metrics on http://127\.0\.0\.1:(\d+)/metrics").search, lines) if m]
+        port = int(found[0][1]) if found else None
         time.sleep(0.02)
+    assert port != 0
     yield sock, port
     proc.terminate()
-    proc.communicate(timeout=10)
+    proc.wait(timeout=10)
+    reader.join(timeout=10)
+    proc.stderr.close()  # type: ignore[union-attr]
 
 
 def top(sock: str, *args: str) -> subprocess.CompletedProcess[str]:

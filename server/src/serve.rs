@@ -131,7 +131,9 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| std::io::Error::new(e.kind(), format!("--metrics {addr}: {e}; choose another port")))?;
-            tracing::info!(%addr, "metrics on http://{addr}/metrics");
+            // The bound address, so `--metrics 0` (a port the system picks) says which it got.
+            let bound = listener.local_addr()?;
+            tracing::info!(%bound, "metrics on http://{bound}/metrics");
             let source = Arc::clone(&shared);
             Some(tokio::spawn(crate::observe::serve_metrics(
                 listener,

@@ -301,9 +301,7 @@ def packings(path: str | os.PathLike[str]) -> list[int]:
     for f in d.glob("packing-*.rfp"):
         mid = f.name[len("packing-") : -len(".rfp")]
         if not mid.isdigit() or str(int(mid)) != mid:
-            raise FormatError.corrupt(
-                str(f), 0, "a packing file's name must be packing-S.rfp with S a decimal seq_len"
-            )
+            raise FormatError.corrupt(str(f), 0, "a packing file's name must be packing-S.rfp with S a decimal seq_len")
         out.append(int(mid))
     return sorted(out)
 

@@ -95,7 +95,8 @@ def sft_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SFT rows, some longer than a 64-token window, packed with the pack-mode windows stored for
     seq_len 64 (tokens.md 1.1)."""
     rng = np.random.default_rng(1)
-    rows = [{"prompt": text(rng, int(rng.integers(1, 12))), "completion": text(rng, int(rng.integers(1, 90)))}
+    rows = [
+        {"prompt": text(rng, int(rng.integers(1, 12))), "completion": text(rng, int(rng.integers(1, 90)))}
         for _ in range(150)
     ]
     out = pack(

@@ -7,6 +7,7 @@ kind and offset first, as the Rust verifier does.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import struct
@@ -99,7 +100,7 @@ def test_vectors_read_back_exactly(name: str) -> None:
         assert p.bins.tolist() == pe["bins"]
         # The stored packing is what the reference best-fit decreasing makes of the documents.
         cap = int(s) + 1
-        lens = [min(b - a, cap) for a, b in zip(e["doc_starts"], e["doc_starts"][1:], strict=False)]
+        lens = [min(b - a, cap) for a, b in itertools.pairwise(e["doc_starts"])]
         assert tf.best_fit_decreasing(lens, cap) == (pe["bin_starts"], pe["bins"])
     report = tf.verify_tokens(VECTORS / name)
     assert report["tokens"] == len(e["tokens"])

@@ -1024,7 +1024,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG")
-                .unwrap_or_else(|_| "warn,ringfeed::tune=info".into()),
+                .unwrap_or_else(|_| "warn,ringfeed::tune=info,ringfeed::tokens=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -33,7 +33,7 @@ struct Cli {
 enum Command {
     /// Pack an image folder, a manifest (CSV/JSONL) or an LMDB into a packed dataset; with
     /// --tokenizer, pack text (JSONL, plain text) into a token dataset.
-    Pack(PackArgs),
+    Pack(Box<PackArgs>),
     /// Check a packed dataset: magics, versions, checksums, index consistency, and optionally
     /// that every sample decodes. Exits non-zero at the first problem.
     Verify(VerifyArgs),
@@ -1030,7 +1030,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Pack(a) => run_pack(a),
+        Command::Pack(a) => run_pack(*a),
         Command::Verify(a) => run_verify(a),
         Command::Inspect(a) => run_inspect(a),
         Command::Index(a) => run_index(a),

@@ -89,6 +89,10 @@ pub struct Packing {
 impl Packing {
     /// Opens `tf`'s packing for `seq_len`, if the dataset has one ("Reading a packing").
     pub fn open(tf: &TokenFile, seq_len: u32) -> Result<Option<Packing>, ShardError> {
+        // A token file read from memory has no directory (and so no packing files).
+        if tf.dir().as_os_str().is_empty() {
+            return Ok(None);
+        }
         let path = tf.dir().join(file_name(seq_len));
         if !path.is_file() {
             return Ok(None);
@@ -333,6 +337,9 @@ pub fn write(tf: &TokenFile, seq_len: u32) -> Result<PackHeader, ShardError> {
 /// not a seq_len.
 pub fn list(dir: &Path) -> (Vec<u32>, Vec<PathBuf>) {
     let (mut good, mut bad) = (Vec::new(), Vec::new());
+    if dir.as_os_str().is_empty() {
+        return (good, bad);
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
         return (good, bad);
     };

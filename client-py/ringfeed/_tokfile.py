@@ -253,7 +253,12 @@ class Packing:
 
     def __init__(self, ds: TokenDataset, seq_len: int) -> None:
         self.path = str(Path(ds.path).parent / packing_name(seq_len))
-        raw = Path(self.path).read_bytes()
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                raw: Any = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
+        except OSError as e:
+            raise FormatError("io", self.path, None, f"{self.path}: {e.strerror or e}") from e
         n = len(raw)
         if n < PACK_HEADER.size:
             raise FormatError.truncated(
@@ -308,7 +313,7 @@ def packings(path: str | os.PathLike[str]) -> list[int]:
 
 def _verify_packing(ds: TokenDataset, seq_len: int, starts: list[int]) -> None:
     p = Packing(ds, seq_len)
-    _crc(p.path, 52, p._raw[PACK_HEADER.size :], p.tables_crc, "packing tables")
+    _crc(p.path, 52, bytes(p._raw[PACK_HEADER.size :]), p.tables_crc, "packing tables")
     w, d = p.window_count, p.doc_count
     prev = 0
     for i, v in enumerate(int(x) for x in p.bin_starts):

@@ -14,10 +14,10 @@ mode has real packing work; its packing file is written with `ringfeed packing` 
 mix adds two more sparse datasets (5 B and 1 B tokens, documents of 100,000 tokens) with weights
 0.5 / 0.3 / 0.2, in `concat` mode.
 
-Each case runs on a fresh server (so one case's memory is not another's): the time from
-`TokenLoader(...)` to its first batch (open, ring, first window), the server's RSS and the
-anonymous part of it (not mapped file pages) after that first batch, and the same after the
-server was idle before the open. Writes token_open.json and token_open.md into --out.
+Each case runs 3 times, each on a fresh server (so one case's memory is not another's): the
+(median) time from `TokenLoader(...)` to its first batch (open, ring, first window), the
+server's RSS and the anonymous part of it (not mapped file pages) after that first batch, and
+the same when the server was idle before the open. Writes token_open.json and token_open.md into --out.
 """
 
 from __future__ import annotations
@@ -218,10 +218,13 @@ def main() -> int:
         md = [
             f"# Token stream open: {tokens / 1e9:g} B-token sparse dataset, {docs:,} documents, seq_len {a.seq_len}",
             "",
-            f"Command: `python3 benches/token_open.py --bin {a.bin} --tokens {a.tokens:g} --seq-len {a.seq_len} "
-            "--out DIR`. Each case on a fresh server; memory of the server process (RSS, its anonymous part, "
-            "peak) idle and after the first batch. The token pages are holes, so RSS counts only what the "
-            "open and one batch touched.",
+            f"Command: `python3 benches/token_open.py --bin {a.bin} --tokens {tokens / 1e9:g}e9 --seq-len {a.seq_len} "
+            "--out DIR`. Each case is opened 3 times, each time on a fresh server: the median time (all "
+            "three in token_open.json), and the memory of the server process (RSS, its anonymous part, "
+            "peak) idle and after the first batch of the last one. The token pages are holes, so RSS "
+            "counts only what the open and one batch touched. Most of the anonymous memory after an "
+            "open is the sampler's epoch plan (the window permutation, 8 bytes per window; up to about "
+            "3x that at its peak while it is striped over ranks), which images share.",
             "",
             f"`ringfeed packing` (best-fit decreasing of {docs:,} documents, written once): {packing_s:.1f} s, "
             f"a {packing_bytes / 1e6:.0f} MB packing file. Python `TokenDataset` + `Packing` open: "

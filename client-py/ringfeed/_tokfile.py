@@ -1,9 +1,10 @@
-"""The token dataset format, version 1.0 (``proto/tokens.md`` is the normative text).
+"""The token dataset format, version 1.1 (``proto/tokens.md`` is the normative text).
 
 The single Python truth for the token file's layout, the counterpart of the Rust
 ``server/src/tokens/``: magics, ``struct`` layouts, the layout arithmetic, an O(1) reader
 (``TokenDataset``) and ``verify_tokens``, checked against ``proto/vectors/tokens/`` by
-``tests/test_token_vectors.py``. Shared conventions (``FormatError``, ``check_struct``, CRC-32C)
+``tests/test_token_vectors.py``; 1.1's packing files (``packing-S.rfp``: ``Packing``,
+``best_fit_decreasing``, checked by ``verify_tokens``). Shared conventions (``FormatError``, ``check_struct``, CRC-32C)
 come from ``_shard``, as in the spec, which defers to ``proto/shard.md`` for them.
 
 Also reads Megatron-LM indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) for tests and tools.
@@ -23,7 +24,7 @@ import numpy as np
 from ._crc32c import crc32c
 from ._shard import FormatError, align_up, check_struct
 
-__all__ = ["TokenDataset", "verify_tokens", "width_for_vocab"]
+__all__ = ["Packing", "TokenDataset", "best_fit_decreasing", "verify_tokens", "width_for_vocab"]
 
 #: Minor version this implementation knows.
 TOKENS_MINOR = 0
@@ -34,6 +35,13 @@ TOKENS_END_MAGIC = b"RFTOKEND"
 TOKENS_OFFSET = 4096
 NO_EOS = 0xFFFFFFFF
 FLAG_PROMPTS = 1
+#: Packing files (1.1): magic, the minor they appeared in, header size.
+PACK_MAGIC = b"RFPACK\0\0"
+PACK_MINOR = 1
+#: PackHeader: magic, major, minor, seq_len, window_count, doc_count, token_count, cut_tokens,
+#: docs_crc, tables_crc, reserved, header_crc.
+PACK_HEADER = struct.Struct("<8sHHIQQQQIIII")
+assert PACK_HEADER.size == 64
 
 #: TokenHeader: magic, major, minor, token_width (u8), reserved[3], vocab_size, eos_id,
 #: tokens_offset, reserved[28], header_crc.
@@ -210,6 +218,133 @@ class TokenDataset:
         return json.loads(b.decode())
 
 
+def packing_name(seq_len: int) -> str:
+    """``packing-S.rfp``."""
+    return f"packing-{seq_len}.rfp"
+
+
+def best_fit_decreasing(lens: list[int], cap: int) -> tuple[list[int], list[int]]:
+    """Best-fit decreasing (``proto/control.md``, "Token streams"): documents longest first (ties:
+    lower index), each into the window with the least room that fits it (ties: the lower window),
+    else a new one. Returns ``bin_starts`` and ``bins`` as a packing file stores them."""
+    import bisect
+
+    order = sorted(range(len(lens)), key=lambda d: (-lens[d], d))
+    bins: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (room, window), sorted
+    for d in order:
+        at = bisect.bisect_left(rooms, (lens[d], -1))
+        if at < len(rooms):
+            room, b = rooms.pop(at)
+        else:
+            bins.append([])
+            room, b = cap, len(bins) - 1
+        bins[b].append(d)
+        bisect.insort(rooms, (room - lens[d], b))
+    starts = [0]
+    for b in bins:
+        starts.append(starts[-1] + len(b))
+    return starts, [d for b in bins for d in b]
+
+
+class Packing:
+    """A packing file (1.1) of ``ds`` for ``seq_len``, checked in O(1) against its dataset
+    (``proto/tokens.md``, "Reading a packing"); ``bin_starts`` and ``bins`` are mapped views."""
+
+    def __init__(self, ds: TokenDataset, seq_len: int) -> None:
+        self.path = str(Path(ds.path).parent / packing_name(seq_len))
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                raw: Any = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
+        except OSError as e:
+            raise FormatError("io", self.path, None, f"{self.path}: {e.strerror or e}") from e
+        n = len(raw)
+        if n < PACK_HEADER.size:
+            raise FormatError.truncated(
+                self.path, n, f"a packing file has at least {PACK_HEADER.size} bytes, this one has {n}"
+            )
+        head = raw[: PACK_HEADER.size]
+        check_struct(self.path, 0, head, "packing header", PACK_MAGIC)
+        _, _, minor, s, windows, docs, tokens, cut, docs_crc, tables_crc, reserved, _ = PACK_HEADER.unpack(head)
+        if minor == PACK_MINOR and reserved:
+            raise FormatError.corrupt(self.path, 56, "non-zero reserved packing header bytes")
+        if s != seq_len:
+            raise FormatError.corrupt(self.path, 12, f"the packing is for seq_len {s}, its name says {seq_len}")
+        if windows == 0:
+            raise FormatError.corrupt(self.path, 16, "window_count is 0")
+        want = PACK_HEADER.size + 8 * (windows + 1) + 8 * docs
+        if want != n:
+            raise FormatError.truncated(
+                self.path, 16, f"{windows} windows and {docs} documents need {want} bytes, the file has {n}"
+            )
+        for at, got, mine, what in (
+            (24, docs, ds.doc_count, "doc_count"),
+            (32, tokens, ds.token_count, "token_count"),
+            (48, docs_crc, ds.crcs["docs"], "docs_crc"),
+        ):
+            if got != mine:
+                raise FormatError.corrupt(
+                    self.path, at, f"{what} is {got} but {ds.path} has {mine}: the packing belongs to another dataset"
+                )
+        self.seq_len, self.window_count, self.doc_count, self.cut_tokens = s, windows, docs, cut
+        self.tables_crc = tables_crc
+        self._raw = raw
+        self.bin_starts = np.frombuffer(raw, dtype="<u8", count=windows + 1, offset=PACK_HEADER.size)
+        self.bins = np.frombuffer(raw, dtype="<u8", count=docs, offset=PACK_HEADER.size + 8 * (windows + 1))
+
+    def window(self, w: int) -> list[int]:
+        """The documents of window ``w``, in placement order."""
+        return [int(d) for d in self.bins[int(self.bin_starts[w]) : int(self.bin_starts[w + 1])]]
+
+
+def packings(path: str | os.PathLike[str]) -> list[int]:
+    """The seq_lens a dataset directory has packing files for, ascending (1.1)."""
+    d = Path(path)
+    d = d if d.is_dir() else d.parent
+    out = []
+    for f in d.glob("packing-*.rfp"):
+        mid = f.name[len("packing-") : -len(".rfp")]
+        if not mid.isdigit() or str(int(mid)) != mid:
+            raise FormatError.corrupt(str(f), 0, "a packing file's name must be packing-S.rfp with S a decimal seq_len")
+        out.append(int(mid))
+    return sorted(out)
+
+
+def _verify_packing(ds: TokenDataset, seq_len: int, starts: list[int]) -> None:
+    p = Packing(ds, seq_len)
+    _crc(p.path, 52, bytes(p._raw[PACK_HEADER.size :]), p.tables_crc, "packing tables")
+    w, d = p.window_count, p.doc_count
+    prev = 0
+    for i, v in enumerate(int(x) for x in p.bin_starts):
+        ok = v == 0 if i == 0 else (v == d and v > prev) if i == w else prev < v < d
+        if not ok:
+            raise FormatError.corrupt(
+                p.path,
+                PACK_HEADER.size + 8 * i,
+                f"bin_starts[{i}] = {v} breaks the window table (after {prev}; {d} documents)",
+            )
+        prev = v
+    cap = seq_len + 1
+    lens = [starts[k + 1] - starts[k] for k in range(ds.doc_count)]
+    want_starts, want_bins = best_fit_decreasing([min(n, cap) for n in lens], cap)
+    if len(want_starts) != w + 1:
+        raise FormatError.corrupt(
+            p.path, 16, f"window_count is {w}, best-fit decreasing makes {len(want_starts) - 1} windows"
+        )
+    stored = [int(x) for x in p.bin_starts] + [int(x) for x in p.bins]
+    for i, (got, want) in enumerate(zip(stored, want_starts + want_bins, strict=True)):
+        if got != want:
+            raise FormatError.corrupt(
+                p.path,
+                PACK_HEADER.size + 8 * i,
+                f"the table differs from best-fit decreasing at entry {i} (stored {got}, computed {want})",
+            )
+    cut = sum(max(0, n - cap) for n in lens)
+    if cut != p.cut_tokens:
+        raise FormatError.corrupt(p.path, 40, f"cut_tokens is {p.cut_tokens}, the documents give {cut}")
+
+
 def _zero(path: str, b: memoryview, start: int, end: int, what: str) -> None:
     seg = bytes(b[start:end])
     stripped = seg.lstrip(b"\0")
@@ -223,7 +358,7 @@ def _crc(path: str, at: int, data: bytes, stored: int, what: str) -> None:
         raise FormatError.checksum(path, at, what, stored, computed)
 
 
-def verify_tokens(path: str | os.PathLike[str]) -> dict[str, int]:
+def verify_tokens(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Verifies every byte of a token dataset in ``proto/tokens.md``'s order; raises the first
     ``FormatError``. Pure Python CRCs: meant for small files and the vectors."""
     ds = TokenDataset(path)
@@ -298,7 +433,16 @@ def verify_tokens(path: str | os.PathLike[str]) -> dict[str, int]:
         obj = None
     if not isinstance(obj, dict):
         raise FormatError.corrupt(p, lay.info_offset, "the info is not a JSON object")
-    return {"tokens": ds.token_count, "documents": ds.doc_count, "width": ds.width, "chunks": lay.chunk_count}
+    seq_lens = packings(Path(ds.path).parent)
+    for s in seq_lens:
+        _verify_packing(ds, s, starts)
+    return {
+        "tokens": ds.token_count,
+        "documents": ds.doc_count,
+        "width": ds.width,
+        "chunks": lay.chunk_count,
+        "packings": seq_lens,
+    }
 
 
 class MegatronDataset:

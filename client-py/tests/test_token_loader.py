@@ -90,6 +90,24 @@ def sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pack(tmp_path_factory.mktemp("sft"), rows, "--prompt-field", "prompt", "--completion-field", "completion")
 
 
+@pytest.fixture(scope="module")
+def sft_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SFT rows, some longer than a 64-token window, packed with the pack-mode windows stored for
+    seq_len 64 (tokens.md 1.1)."""
+    rng = np.random.default_rng(1)
+    rows = [
+        {"prompt": text(rng, int(rng.integers(1, 12))), "completion": text(rng, int(rng.integers(1, 90)))}
+        for _ in range(150)
+    ]
+    out = pack(
+        tmp_path_factory.mktemp("sftp"),
+        rows,
+        *("--prompt-field", "prompt", "--completion-field", "completion", "--pack-seq-len", "64"),
+    )
+    assert (out / "packing-64.rfp").is_file()
+    return out
+
+
 # -- the reference ------------------------------------------------------------------------------
 
 
@@ -179,11 +197,13 @@ def collect(loader: ringfeed.TokenLoader) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "data"), [("concat", "corpus"), ("pack", "corpus"), ("concat", "sft"), ("pack", "sft")]
+    ("mode", "data"),
+    [("concat", "corpus"), ("pack", "corpus"), ("concat", "sft"), ("pack", "sft"), ("pack", "sft_packed")],
 )
 def test_windows_match_the_reference(mode: str, data: str, request: pytest.FixtureRequest, sock: str) -> None:
     """Every window of an epoch has the reference's input_ids, labels (loss masks included),
-    position_ids, document_ids and padded cu_seqlens; the epoch delivers each window once."""
+    position_ids, document_ids and padded cu_seqlens; the epoch delivers each window once. With
+    the packing stored at pack time (``sft_packed``) the windows are the same as computed."""
     path = request.getfixturevalue(data)
     ds = tf.TokenDataset(path)
     seq_len, max_docs = 64, 8
@@ -392,9 +412,14 @@ def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> 
 
 
 def quota_schedule(weights: list[float], n: int) -> list[int]:
-    """The reference mix: the dataset of each of ``n`` slots by the quota method on the quantised weights."""
+    """The reference mix: the dataset of each of ``n`` slots by the quota method on the quantised weights,
+    simulated slot by slot (the server uses the schedule's period instead: this checks it)."""
     top = max(weights)
-    q = [math.floor(w / top * 2**32 + 0.5) for w in weights]
+    q0 = [math.floor(w / top * 2**32 + 0.5) for w in weights]
+    total0 = sum(q0)
+    r = [(x * 2**21 + total0) // (2 * total0) for x in q0]
+    g = math.gcd(*r)
+    q = [x // g for x in r]
     total = sum(q)
     c = [0] * len(q)
     out = []
@@ -413,11 +438,15 @@ def third(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pack(tmp_path_factory.mktemp("third"), [{"text": text(rng, int(rng.integers(5, 40)))} for _ in range(60)])
 
 
-def test_a_mix_holds_its_weights_at_every_prefix(corpus: Path, sft: Path, third: Path, sock: str) -> None:
+@pytest.mark.parametrize("weights", [[0.6, 0.3, 0.1], [0.5, 0.25, 0.25]], ids=["long-period", "period-4"])
+def test_a_mix_holds_its_weights_at_every_prefix(
+    corpus: Path, sft: Path, third: Path, sock: str, weights: list[float]
+) -> None:
     """A mix of three datasets delivers each dataset's windows in exactly the reference quota schedule (so
     after every window each dataset has had floor or ceil of its share of the tokens), each window is its
-    dataset's window `index`, and each pass over a dataset uses every one of its windows once."""
-    seq_len, weights = 16, [0.6, 0.3, 0.1]
+    dataset's window `index`, and each pass over a dataset uses every one of its windows once; with a
+    period of 4 slots the epoch wraps around the period many times and still matches."""
+    seq_len = 16
     paths = [corpus, sft, third]
     refs = [reference(tf.TokenDataset(p), "concat", seq_len, seq_len) for p in paths]
     with ringfeed.TokenLoader(

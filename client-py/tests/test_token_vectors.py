@@ -7,6 +7,7 @@ kind and offset first, as the Rust verifier does.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import struct
@@ -29,8 +30,14 @@ def _put_crc(b: bytearray, at: int, start: int, end: int) -> None:
 
 
 def refresh_crcs(file: Path) -> None:
-    """Recomputes every CRC of a token file, as ``refresh_crcs`` in the Rust test does."""
+    """Recomputes every CRC of a token file (or of a packing file: its tables, then its header),
+    as ``refresh_crcs`` in the Rust test does."""
     b = bytearray(file.read_bytes())
+    if file.suffix == ".rfp":
+        _put_crc(b, 52, 64, len(b))
+        _put_crc(b, 60, 0, 60)
+        file.write_bytes(bytes(b))
+        return
     footer = len(b) - 128
     width = b[12]
     tokens, docs, docs_off, prompts_off, chunks_off, info_off, info_len = struct.unpack_from("<QQQQQQQ", b, footer + 16)
@@ -86,13 +93,24 @@ def test_vectors_read_back_exactly(name: str) -> None:
     if e["prompt_lens"] is not None:
         assert ds.prompt_lens.tolist() == e["prompt_lens"]
     assert ds.info() == json.loads(e["info"])
-    assert tf.verify_tokens(VECTORS / name)["tokens"] == len(e["tokens"])
+    for s, pe in e["packings"].items():
+        p = tf.Packing(ds, int(s))
+        assert (p.window_count, p.cut_tokens) == (pe["window_count"], pe["cut_tokens"])
+        assert p.bin_starts.tolist() == pe["bin_starts"]
+        assert p.bins.tolist() == pe["bins"]
+        # The stored packing is what the reference best-fit decreasing makes of the documents.
+        cap = int(s) + 1
+        lens = [min(b - a, cap) for a, b in itertools.pairwise(e["doc_starts"])]
+        assert tf.best_fit_decreasing(lens, cap) == (pe["bin_starts"], pe["bins"])
+    report = tf.verify_tokens(VECTORS / name)
+    assert report["tokens"] == len(e["tokens"])
+    assert report["packings"] == sorted(int(s) for s in e["packings"])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_damage_reports_pinned_error(case: dict[str, Any], tmp_path: Path) -> None:
-    """Each damage of ``v1-basic`` makes verify report the kind and byte offset the Rust
-    verifier reports."""
+    """Each damage of ``v1-basic`` (its token file or a packing file) makes verify report the kind
+    and byte offset the Rust verifier reports."""
     dst = tmp_path / "ds"
     shutil.copytree(VECTORS / "v1-basic", dst)
     apply(dst, case)

@@ -5,6 +5,7 @@ token files read in place."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from _support import ringfeed_bin
 
 from ringfeed import _tokfile as tf
+from ringfeed._crc32c import crc32c
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -218,6 +220,48 @@ def test_inspect_and_verify_understand_token_datasets(corpus: Path, packed: Path
     assert sum(b["documents"] for b in v["length_histogram"]) == ds.doc_count
     assert v["sample"]["text"] == documents(corpus)[3] + "<|endoftext|>"
     assert "ok:" in run("verify", str(packed)).stdout
+
+
+def test_packing_files_are_written_verified_and_inspected(corpus: Path, packed: Path, tmp_path: Path) -> None:
+    """`pack --pack-seq-len` and `ringfeed packing` write the same packing file, which is the
+    Python reference's best-fit decreasing of the documents; `verify` checks it (and names a
+    damaged one with its offset) and `inspect` lists it."""
+    out = tmp_path / "tok"
+    tok = str(corpus / "tokenizer.json")
+    run("pack", str(corpus / "corpus.jsonl"), str(out), "--tokenizer", tok, "--pack-seq-len", "128,512", "-j", "2")
+    assert tf.packings(out) == [128, 512]
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / tf.TOKENS_FILE).write_bytes((packed / tf.TOKENS_FILE).read_bytes())
+    assert "packing-128.rfp" in run("packing", str(later), "--seq-len", "128").stdout
+    assert (later / "packing-128.rfp").read_bytes() == (out / "packing-128.rfp").read_bytes()
+    ds = tf.TokenDataset(out)
+    starts = ds.doc_starts.tolist()
+    for s in (128, 512):
+        p = tf.Packing(ds, s)
+        lens = [min(b - a, s + 1) for a, b in itertools.pairwise(starts)]
+        assert (p.bin_starts.tolist(), p.bins.tolist()) == tf.best_fit_decreasing(lens, s + 1)
+    r = run("verify", str(out))
+    assert "packing files for seq_len 128, 512" in r.stdout, r.stdout
+    v = json.loads(run("inspect", str(out), "--json").stdout)
+    assert [(x["seq_len"], x["windows"]) for x in v["packings"]] == [
+        (s, tf.Packing(ds, s).window_count) for s in (128, 512)
+    ]
+    # Two documents of a window swapped, CRCs refreshed: verify names the first entry that
+    # differs from best-fit decreasing.
+    f = out / "packing-512.rfp"
+    b = bytearray(f.read_bytes())
+    p = tf.Packing(ds, 512)
+    w = next(i for i in range(p.window_count) if p.bin_starts[i + 1] - p.bin_starts[i] >= 2)
+    at = 64 + 8 * (p.window_count + 1) + 8 * int(p.bin_starts[w])
+    b[at : at + 8], b[at + 8 : at + 16] = b[at + 8 : at + 16], b[at : at + 8]
+    b[52:56] = crc32c(bytes(b[64:])).to_bytes(4, "little")
+    b[60:64] = crc32c(bytes(b[:60])).to_bytes(4, "little")
+    f.write_bytes(bytes(b))
+    r = run("verify", str(out), ok=False)
+    assert r.returncode != 0
+    assert f"{f} at byte {at}:" in r.stderr, r.stderr
+    assert "best-fit decreasing" in r.stderr, r.stderr
 
 
 def write_megatron(prefix: Path, docs: list[list[int]], dtype: type) -> None:

@@ -33,7 +33,7 @@ struct Cli {
 enum Command {
     /// Pack an image folder, a manifest (CSV/JSONL) or an LMDB into a packed dataset; with
     /// --tokenizer, pack text (JSONL, plain text) into a token dataset.
-    Pack(PackArgs),
+    Pack(Box<PackArgs>),
     /// Check a packed dataset: magics, versions, checksums, index consistency, and optionally
     /// that every sample decodes. Exits non-zero at the first problem.
     Verify(VerifyArgs),
@@ -43,6 +43,10 @@ enum Command {
     /// without scanning the tar; a valid index is left as it is. Exits non-zero when a tar is
     /// damaged (it is indexed up to the damage).
     Index(IndexArgs),
+    /// Write the `pack`-mode windows of an existing token dataset for a seq_len
+    /// (DATASET/packing-N.rfp), so that a `pack` stream opens without packing every document at
+    /// start-up (`pack --pack-seq-len` does the same while packing).
+    Packing(PackingArgs),
     /// Run the sidecar: serve decoded batches to training processes over a Unix socket.
     Serve(ServeArgs),
     /// Show every stream of a running server: throughput, the training loop's wait, threads,
@@ -374,6 +378,21 @@ struct TextArgs {
     /// Append no end-of-document token.
     #[arg(long, requires = "tokenizer")]
     no_eos: bool,
+    /// Also write the `pack`-mode windows for this seq_len (DATASET/packing-N.rfp), so that a
+    /// `pack` stream of that seq_len opens without packing every document at start-up.
+    /// Repeatable, or comma-separated: `--pack-seq-len 2048,4096`.
+    #[arg(long, value_name = "N", requires = "tokenizer", value_delimiter = ',')]
+    pack_seq_len: Vec<u32>,
+}
+
+#[derive(clap::Args, Debug)]
+struct PackingArgs {
+    /// A token dataset directory (DATASET/tokens.rft).
+    dataset: PathBuf,
+    /// The seq_len to write the `pack`-mode windows for (DATASET/packing-N.rfp, replaced if it
+    /// exists). Repeatable, or comma-separated.
+    #[arg(long, value_name = "N", required = true, value_delimiter = ',')]
+    seq_len: Vec<u32>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -576,6 +595,7 @@ fn run_pack_text(a: PackArgs) -> Result<ExitCode> {
     opts.report = a.report;
     opts.force = a.force;
     opts.progress = a.progress;
+    opts.pack_seq_lens = t.pack_seq_len;
     let s = match ringfeed::pack::text::pack_text(&a.src, &a.out, &opts, &cancel) {
         Ok(s) => s,
         Err(PackError::Interrupted) => {
@@ -602,6 +622,9 @@ fn run_pack_text(a: PackArgs) -> Result<ExitCode> {
         s.tokens_per_sec(),
         s.input_mb_per_sec()
     );
+    for (seq_len, windows, cut) in &s.packings {
+        println!("pack mode, seq_len {seq_len}: {windows} windows ({cut} tokens cut), stored");
+    }
     match &s.report {
         Some(r) => println!("skipped {} (listed in {})", s.skipped.len(), r.display()),
         None => println!("skipped 0"),
@@ -626,12 +649,22 @@ fn run_verify_tokens(a: &VerifyArgs) -> Result<ExitCode> {
     let src = TokenSource::open(&a.dataset, a.dtype).context("verify failed")?;
     match src.verify() {
         Ok(()) => {
+            let packings = match &src {
+                TokenSource::Packed(tf) => ringfeed::tokens::packing::list(tf.dir()).0,
+                _ => Vec::new(),
+            };
             println!(
-                "ok: {} tokens in {} documents ({}, uint{})",
+                "ok: {} tokens in {} documents ({}, uint{}){}",
                 src.token_count(),
                 src.doc_count(),
                 src.kind(),
-                u32::from(src.width()) * 8
+                u32::from(src.width()) * 8,
+                if packings.is_empty() {
+                    String::new()
+                } else {
+                    let s: Vec<String> = packings.iter().map(u32::to_string).collect();
+                    format!("; packing files for seq_len {}", s.join(", "))
+                }
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -830,6 +863,30 @@ fn run_serve(a: ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_packing(a: PackingArgs) -> Result<ExitCode> {
+    ringfeed::fault::install().context("installing the SIGBUS handler")?;
+    let tf = ringfeed::tokens::TokenFile::open(&a.dataset)?;
+    let mut seq_lens = a.seq_len;
+    seq_lens.sort_unstable();
+    seq_lens.dedup();
+    for s in seq_lens {
+        let t0 = std::time::Instant::now();
+        let h = ringfeed::tokens::packing::write(&tf, s)?;
+        println!(
+            "wrote {}: {} documents in {} windows of seq_len {s} ({} tokens cut), {:.1} s",
+            tf.dir().join(ringfeed::tokens::packing::file_name(s)).display(),
+            h.doc_count,
+            h.window_count,
+            h.cut_tokens,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    if let Some(off) = tf.fault() {
+        bail!("{} changed while it was read (at byte {off})", tf.path().display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_index(a: IndexArgs) -> Result<ExitCode> {
     use ringfeed::source::wds;
     let mut damaged = 0;
@@ -967,16 +1024,17 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RINGFEED_LOG")
-                .unwrap_or_else(|_| "warn,ringfeed::tune=info".into()),
+                .unwrap_or_else(|_| "warn,ringfeed::tune=info,ringfeed::tokens=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Pack(a) => run_pack(a),
+        Command::Pack(a) => run_pack(*a),
         Command::Verify(a) => run_verify(a),
         Command::Inspect(a) => run_inspect(a),
         Command::Index(a) => run_index(a),
+        Command::Packing(a) => run_packing(a),
         Command::Serve(a) => run_serve(a),
         Command::Top(a) => run_top(a),
         Command::Ops(a) => run_ops(a),

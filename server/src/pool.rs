@@ -429,11 +429,11 @@ fn run(processor: &mut Option<Processor>, job: &Job) {
         let result = match (&ctx.kind, processor.as_mut()) {
             (SampleKind::Tokens(kind), _) => {
                 let t0 = Instant::now();
-                crate::tokens::serve::fill(kind, task, job.pos);
+                let r = crate::tokens::serve::fill(kind, task, job.pos);
                 let mut times = [0u64; STAGES];
                 times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
                 ctx.stats.add_sample_times(times);
-                Ok(())
+                r
             }
             (SampleKind::Image, Some(p)) => run_job(p, job),
             (SampleKind::Image, None) => Err(("?".to_owned(), "the decoder failed to start".to_owned())),

@@ -72,6 +72,8 @@ pub struct TextPackOptions {
     pub force: bool,
     pub progress: ProgressMode,
     pub chunk_bytes: u32,
+    /// 1.1: write a packing file (`pack` mode's windows) for each of these seq_lens.
+    pub pack_seq_lens: Vec<u32>,
 }
 
 impl TextPackOptions {
@@ -89,6 +91,7 @@ impl TextPackOptions {
             force: false,
             progress: ProgressMode::Auto,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            pack_seq_lens: Vec::new(),
         }
     }
 }
@@ -109,6 +112,8 @@ pub struct TextPackSummary {
     pub report: Option<PathBuf>,
     pub threads: usize,
     pub elapsed: Duration,
+    /// The packing files written: seq_len, windows, tokens cut.
+    pub packings: Vec<(u32, u64, u64)>,
 }
 
 impl TextPackSummary {
@@ -136,6 +141,7 @@ impl TextPackSummary {
             "seconds": self.elapsed.as_secs_f64(),
             "tokens_per_sec": self.tokens_per_sec(),
             "input_mb_per_sec": self.input_mb_per_sec(),
+            "packings": self.packings.iter().map(|(s, w, c)| serde_json::json!({"seq_len": s, "windows": w, "cut_tokens": c})).collect::<Vec<_>>(),
         })
     }
 }
@@ -285,6 +291,18 @@ pub fn pack_text(
             "--prompt-field and --completion-field go together: name both".into(),
         ));
     }
+    let mut pack_seq_lens = opts.pack_seq_lens.clone();
+    pack_seq_lens.sort_unstable();
+    pack_seq_lens.dedup();
+    if let Some(bad) = pack_seq_lens
+        .iter()
+        .find(|&&s| !(1..=crate::tokens::packing::MAX_SEQ_LEN).contains(&s))
+    {
+        return Err(PackError::Setting(format!(
+            "--pack-seq-len {bad} is outside 1..={}",
+            crate::tokens::packing::MAX_SEQ_LEN
+        )));
+    }
     let tok = load_tokenizer(&opts.tokenizer)?;
     let vocab = vocab_size(&tok);
     let eos = resolve_eos(&tok, &opts.eos, &opts.tokenizer)?;
@@ -331,6 +349,18 @@ pub fn pack_text(
             }
         });
     }
+    // The packing files go into the temporary directory too, so they appear with the dataset.
+    let mut packings = Vec::new();
+    for &seq_len in &pack_seq_lens {
+        let written = crate::tokens::TokenFile::open(&tmp).and_then(|tf| crate::tokens::packing::write(&tf, seq_len));
+        match written {
+            Ok(h) => packings.push((seq_len, h.window_count, h.cut_tokens)),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&tmp);
+                return Err(e.into());
+            }
+        }
+    }
     let report = if skipped.is_empty() {
         None
     } else {
@@ -364,6 +394,7 @@ pub fn pack_text(
         report,
         threads,
         elapsed: started.elapsed(),
+        packings,
     })
 }
 

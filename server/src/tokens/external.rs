@@ -377,7 +377,10 @@ impl TokenSource {
     /// Verifies every byte the format lets it check.
     pub fn verify(&self) -> Result<(), ShardError> {
         match self {
-            TokenSource::Packed(t) => super::verify::verify_file(t).map(|_| ()),
+            TokenSource::Packed(t) => {
+                super::verify::verify_file(t)?;
+                super::packing::verify_all(t).map(|_| ())
+            }
             TokenSource::Megatron(m) => m.verify(),
             TokenSource::Flat(_) => Ok(()),
         }

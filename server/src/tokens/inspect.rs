@@ -50,6 +50,22 @@ pub fn inspect(src: &TokenSource, sample: u64, tok: Option<&Tokenizer>) -> Resul
         TokenSource::Packed(t) => serde_json::from_str(t.info()?).unwrap_or(serde_json::Value::Null),
         _ => serde_json::Value::Null,
     };
+    // 1.1: the stored pack-mode windows, one packing file per seq_len (opened, so a stale one
+    // is named here as the server would name it).
+    let mut packings = Vec::new();
+    if let TokenSource::Packed(t) = src {
+        for s in super::packing::list(t.dir()).0 {
+            let p = super::packing::Packing::open(t, s)?.expect("listed");
+            let cap = u64::from(s) + 1;
+            let kept = src.token_count() - p.header.cut_tokens;
+            packings.push(serde_json::json!({
+                "seq_len": s,
+                "windows": p.len(),
+                "cut_tokens": p.header.cut_tokens,
+                "fill": kept as f64 / (p.len() * cap) as f64,
+            }));
+        }
+    }
     Ok(serde_json::json!({
         "kind": src.kind(),
         "tokens": src.token_count(),
@@ -62,6 +78,7 @@ pub fn inspect(src: &TokenSource, sample: u64, tok: Option<&Tokenizer>) -> Resul
         "length_histogram": histogram,
         "sample": doc,
         "info": info,
+        "packings": packings,
     }))
 }
 
@@ -84,6 +101,15 @@ pub fn to_text(v: &serde_json::Value) -> String {
     s += "length histogram (tokens: documents):\n";
     for b in v["length_histogram"].as_array().into_iter().flatten() {
         s += &format!("  {:>8}..{:<8} {}\n", b["min_len"], b["max_len"], b["documents"]);
+    }
+    for p in v["packings"].as_array().into_iter().flatten() {
+        s += &format!(
+            "pack mode, seq_len {}: {} windows stored, {:.1} % of their tokens documents, {} tokens cut\n",
+            p["seq_len"],
+            p["windows"],
+            p["fill"].as_f64().unwrap_or(0.0) * 100.0,
+            p["cut_tokens"]
+        );
     }
     let d = &v["sample"];
     if !d.is_null() {

@@ -1,8 +1,9 @@
-//! The token dataset format, version 1.0 (`proto/tokens.md` is the normative text).
+//! The token dataset format, version 1.1 (`proto/tokens.md` is the normative text).
 //!
 //! One file, `DATASET/tokens.rft`: a page-aligned token array (uint16 or uint32, chosen from the
 //! vocabulary), a document table of token offsets, optional prompt lengths (loss masks), per-chunk
-//! CRCs, an info JSON object and a footer with the counts. This module is the single Rust truth
+//! CRCs, an info JSON object and a footer with the counts; 1.1 adds optional packing files
+//! (`packing-S.rfp`, [`packing`]), `pack` mode's windows written at pack time. This module is the single Rust truth
 //! for its layout: magics, sizes and offsets are defined here once and checked against the
 //! vectors in `proto/vectors/tokens/`.
 //!
@@ -22,6 +23,7 @@ use crate::shard::{MAJOR, ShardError, align_up, check_struct, crc, le};
 pub mod external;
 pub mod inspect;
 pub mod mix;
+pub mod packing;
 pub mod serve;
 pub mod verify;
 pub mod windows;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::mix::Mix;
-use super::windows::{Mode, Window, WindowSpec, Windows};
+use super::windows::{Mode, Window, WindowSpec, Windows, WindowsError};
 use super::{FlatDtype, TokenSource};
 use crate::control::{ErrorCode, OpenRequest};
 use crate::pool::{BatchTask, SampleKind};
@@ -120,12 +120,16 @@ thread_local! {
     static WINDOW: RefCell<(Window, Vec<u8>)> = RefCell::new((Window::default(), Vec::new()));
 }
 
-/// Writes the window of sample `pos` of `task` into its slot.
-pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
+/// Writes the window of sample `pos` of `task` into its slot. Fails (with the window's name and
+/// the damage) only when a packing file or document table read on the way is damaged.
+pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) -> Result<(), (String, String)> {
     let (d, w) = kind.windows.locate(task.indices[pos as usize], task.epoch);
     WINDOW.with(|cell| {
         let (win, bytes) = &mut *cell.borrow_mut();
-        kind.windows.parts[d].1.fill(w, win);
+        let (path, windows) = &kind.windows.parts[d];
+        windows
+            .fill(w, win)
+            .map_err(|e| (format!("{} window {w}", path.display()), e.to_string()))?;
         let put = |field: &FieldDesc, bytes: &[u8]| {
             debug_assert_eq!(bytes.len() as u64, field.sample_bytes);
             let at = field.offset + u64::from(pos) * field.sample_bytes;
@@ -158,7 +162,8 @@ pub fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) {
         if let Some(f) = &kind.dataset_index {
             put(f, &(d as i32).to_le_bytes());
         }
-    });
+        Ok(())
+    })
 }
 
 /// The token kind of an `open` (control.md, "Token streams"): checks `tokens` and `fields`, opens
@@ -240,7 +245,10 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
                 max_docs,
                 pad_id: pad.or(src.eos_id()).unwrap_or(0),
             };
-            Windows::new(Arc::new(src), spec).map_err(|e| (ErrorCode::BadRequest, format!("{}: {e}", shown.display())))
+            Windows::new(Arc::new(src), spec).map_err(|e| match e {
+                WindowsError::Spec(m) => (ErrorCode::BadRequest, format!("{}: {m}", shown.display())),
+                WindowsError::Dataset(e) => (ErrorCode::Dataset, e.to_string()),
+            })
         })
         .await
         .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
@@ -254,7 +262,18 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         parts.push((path, windows));
     }
     let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
-    let mix = weights.map(|q| Mix::new(parts.iter().map(|(_, w)| w.len()).collect(), q));
+    // The mix's schedule is computed off the tokio workers, as the windows are.
+    let mix = match weights {
+        None => None,
+        Some(q) => {
+            let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
+            Some(
+                tokio::task::spawn_blocking(move || Mix::new(sizes, q))
+                    .await
+                    .map_err(|e| (ErrorCode::Internal, e.to_string()))?,
+            )
+        }
+    };
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {

@@ -1,5 +1,5 @@
 //! `verify` for token datasets: every byte, in the order `proto/tokens.md` gives, first problem
-//! reported with its file and offset.
+//! reported with its file and offset; then (1.1) every packing file.
 
 use std::path::Path;
 
@@ -14,6 +14,8 @@ pub struct TokenReport {
     pub width: u8,
     pub chunks: u32,
     pub bytes: u64,
+    /// The seq_lens whose packing files were verified (1.1).
+    pub packings: Vec<u32>,
 }
 
 fn zero(path: &Path, b: &[u8], from: u64, to: u64, what: &str) -> Result<(), ShardError> {
@@ -45,7 +47,10 @@ pub fn verify_tokens(dir: &Path) -> Result<TokenReport, ShardError> {
     if let Some(off) = tf.fault() {
         return Err(tf.file.changed(off, "the token file".into()));
     }
-    r
+    let mut report = r?;
+    // 9. The packing files (1.1).
+    report.packings = super::packing::verify_all(&tf)?;
+    Ok(report)
 }
 
 /// Verifies an open token file (steps 2 to 8 of "Verification order").
@@ -192,5 +197,6 @@ pub fn verify_file(tf: &TokenFile) -> Result<TokenReport, ShardError> {
         width: h.width,
         chunks: l.chunk_count,
         bytes: l.file_len,
+        packings: Vec::new(),
     })
 }

@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use ringfeed::tokens::packing::{self, PACK_HEADER_LEN, Packing};
 use ringfeed::tokens::{Layout, TOKENS_FILE, TokenFile, TokenWriter, TokenWriterOptions, verify_tokens};
 use serde_json::{Value, json};
 
@@ -17,12 +18,14 @@ fn blessing() -> bool {
     std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
 }
 
-/// One vector dataset: its writer options and documents (tokens, prompt length).
+/// One vector dataset: its writer options, documents (tokens, prompt length) and the seq_lens
+/// of its packing files (1.1).
 struct Spec {
     name: &'static str,
     opts: TokenWriterOptions,
     docs: Vec<(Vec<u32>, u32)>,
     info: &'static str,
+    packings: &'static [u32],
 }
 
 fn specs() -> Vec<Spec> {
@@ -54,6 +57,8 @@ fn specs() -> Vec<Spec> {
             },
             docs: basic,
             info: r#"{"format":"ringfeed-tokens","version":"1.0","writer":"vectors","source_kind":"jsonl"}"#,
+            // Windows of 5 tokens (two documents cut) and of 10.
+            packings: &[4, 9],
         },
         Spec {
             name: "v1-wide",
@@ -65,6 +70,7 @@ fn specs() -> Vec<Spec> {
             },
             docs: wide,
             info: r#"{"format":"ringfeed-tokens","version":"1.0","writer":"vectors","source_kind":"text"}"#,
+            packings: &[],
         },
     ]
 }
@@ -76,9 +82,42 @@ fn write(spec: &Spec, dir: &Path) {
         w.push(t, *p).unwrap();
     }
     w.finish(spec.info).unwrap();
+    let tf = TokenFile::open(dir).unwrap();
+    for &s in spec.packings {
+        packing::write(&tf, s).unwrap();
+    }
 }
 
-fn expected(specs: &[Spec]) -> Value {
+/// The files of a vector dataset.
+fn files(spec: &Spec) -> Vec<String> {
+    let mut f = vec![TOKENS_FILE.to_owned()];
+    f.extend(spec.packings.iter().map(|&s| packing::file_name(s)));
+    f
+}
+
+/// Each packing's counts and tables, read back from the written files.
+fn packings_json(spec: &Spec, dir: &Path) -> Value {
+    let tf = TokenFile::open(dir).unwrap();
+    let m: serde_json::Map<String, Value> = spec
+        .packings
+        .iter()
+        .map(|&s| {
+            let p = Packing::open(&tf, s).unwrap().unwrap();
+            let starts: Vec<u64> = (0..p.len())
+                .map(|w| p.bin_range(w).unwrap().start)
+                .chain([tf.doc_count()])
+                .collect();
+            let bins: Vec<u64> = (0..tf.doc_count()).map(|k| p.bin_doc(k).unwrap()).collect();
+            (
+                s.to_string(),
+                json!({"window_count": p.len(), "cut_tokens": p.header.cut_tokens, "bin_starts": starts, "bins": bins}),
+            )
+        })
+        .collect();
+    Value::Object(m)
+}
+
+fn expected(specs: &[Spec], root: &Path) -> Value {
     let sets: serde_json::Map<String, Value> = specs
         .iter()
         .map(|s| {
@@ -98,12 +137,13 @@ fn expected(specs: &[Spec]) -> Value {
                     "doc_starts": starts,
                     "prompt_lens": if s.opts.prompts { json!(s.docs.iter().map(|d| d.1).collect::<Vec<_>>()) } else { Value::Null },
                     "info": s.info,
+                    "packings": packings_json(s, &root.join(s.name)),
                 }),
             )
         })
         .collect();
     json!({
-        "description": "ringfeed token dataset v1.0 vectors, written by the Rust writer (server/tests/it/token_vectors.rs)",
+        "description": "ringfeed token dataset v1.1 vectors (tokens.rft 1.0, packing files 1.1), written by the Rust writer (server/tests/it/token_vectors.rs)",
         "datasets": sets,
     })
 }
@@ -116,6 +156,9 @@ fn cases(dir: &Path) -> Value {
     let footer = l.footer_offset;
     let f = TOKENS_FILE;
     let doc0_end = tf.doc_start(1);
+    let p4 = packing::file_name(4);
+    let p4_len = fs::metadata(dir.join(&p4)).unwrap().len();
+    let p4_bins = PACK_HEADER_LEN as u64 + 8 * (Packing::open(&tf, 4).unwrap().unwrap().len() + 1);
     json!([
         {"name": "header magic", "op": "xor", "file": f, "offset": 0, "value": 1, "kind": "bad_magic", "error_offset": 0},
         {"name": "footer magic", "op": "xor", "file": f, "offset": footer + 3, "value": 1, "kind": "bad_magic", "error_offset": footer},
@@ -138,6 +181,17 @@ fn cases(dir: &Path) -> Value {
         {"name": "document without its EOS", "op": "patch_refresh_crcs", "file": f, "offset": 4096 + 2 * (doc0_end - 1), "bytes": "0100", "kind": "corrupt", "error_offset": 4096 + 2 * (doc0_end - 1)},
         {"name": "non-zero padding after the info", "op": "patch_refresh_crcs", "file": f, "offset": footer - 1, "bytes": "20", "kind": "corrupt", "error_offset": footer - 1},
         {"name": "info not a JSON object", "op": "patch_refresh_crcs", "file": f, "offset": l.info_offset, "bytes": "5b", "kind": "corrupt", "error_offset": l.info_offset},
+        {"name": "packing magic", "op": "xor", "file": p4, "offset": 1, "value": 1, "kind": "bad_magic", "error_offset": 0},
+        {"name": "packing header field flipped", "op": "xor", "file": p4, "offset": 40, "value": 1, "kind": "checksum", "error_offset": 60},
+        {"name": "packing major version 2", "op": "set_u16_fix_crc", "file": p4, "offset": 8, "value": 2, "crc_start": 0, "crc_end": 60, "kind": "unsupported_version", "error_offset": 8},
+        {"name": "packing cut short", "op": "truncate", "file": p4, "length": p4_len - 8, "kind": "truncated", "error_offset": 16},
+        {"name": "packing shorter than its header", "op": "truncate", "file": p4, "length": 40, "kind": "truncated", "error_offset": 40},
+        {"name": "packing for another seq_len", "op": "patch_refresh_crcs", "file": p4, "offset": 12, "bytes": "05000000", "kind": "corrupt", "error_offset": 12},
+        {"name": "packing of another dataset", "op": "patch_refresh_crcs", "file": p4, "offset": 48, "bytes": "00000000", "kind": "corrupt", "error_offset": 48},
+        {"name": "packing table byte flipped", "op": "xor", "file": p4, "offset": p4_bins + 3, "value": 1, "kind": "checksum", "error_offset": 52},
+        {"name": "packing window table not increasing", "op": "patch_refresh_crcs", "file": p4, "offset": PACK_HEADER_LEN + 8, "bytes": hex_u64(0), "kind": "corrupt", "error_offset": PACK_HEADER_LEN + 8},
+        {"name": "packing not best-fit decreasing", "op": "patch_refresh_crcs", "file": p4, "offset": p4_bins, "bytes": hex_u64(4), "kind": "corrupt", "error_offset": p4_bins},
+        {"name": "packing cut_tokens wrong", "op": "patch_refresh_crcs", "file": p4, "offset": 40, "bytes": hex_u64(0), "kind": "corrupt", "error_offset": 40},
     ])
 }
 
@@ -169,6 +223,14 @@ fn put_crc(b: &mut [u8], at: usize, start: usize, end: usize) {
 /// chunk, the chunk table, documents, prompts, info, footer.
 pub fn refresh_crcs(file: &Path) {
     let mut b = fs::read(file).unwrap();
+    if file.extension().is_some_and(|e| e == "rfp") {
+        // A packing file: its tables, then its header.
+        let n = b.len();
+        put_crc(&mut b, 52, PACK_HEADER_LEN, n);
+        put_crc(&mut b, 60, 0, 60);
+        fs::write(file, b).unwrap();
+        return;
+    }
     let footer = b.len() - 128;
     let width = b[12] as usize;
     let (tokens, docs) = (le_u64(&b, footer + 16) as usize, le_u64(&b, footer + 24) as usize);
@@ -238,25 +300,37 @@ fn token_vectors_are_current() {
     for s in &specs {
         write(s, &tmp.path().join(s.name));
     }
-    let expected = serde_json::to_string_pretty(&expected(&specs)).unwrap() + "\n";
+    let expected = serde_json::to_string_pretty(&expected(&specs, tmp.path())).unwrap() + "\n";
     let cases = serde_json::to_string_pretty(&cases(&tmp.path().join("v1-basic"))).unwrap() + "\n";
     let dir = vectors_dir();
     if blessing() {
         for s in &specs {
             fs::create_dir_all(dir.join(s.name)).unwrap();
-            fs::copy(
-                tmp.path().join(s.name).join(TOKENS_FILE),
-                dir.join(s.name).join(TOKENS_FILE),
-            )
-            .unwrap();
+            for f in files(s) {
+                fs::copy(tmp.path().join(s.name).join(&f), dir.join(s.name).join(&f)).unwrap();
+            }
         }
         fs::write(dir.join("expected.json"), &expected).unwrap();
         fs::write(dir.join("cases.json"), &cases).unwrap();
     }
     for s in &specs {
-        let committed = fs::read(dir.join(s.name).join(TOKENS_FILE)).expect("vectors exist (bless them)");
-        let fresh = fs::read(tmp.path().join(s.name).join(TOKENS_FILE)).unwrap();
-        assert!(committed == fresh, "{} is stale: rerun with RINGFEED_BLESS=1", s.name);
+        for f in files(s) {
+            let committed = fs::read(dir.join(s.name).join(&f)).expect("vectors exist (bless them)");
+            let fresh = fs::read(tmp.path().join(s.name).join(&f)).unwrap();
+            assert!(
+                committed == fresh,
+                "{}/{f} is stale: rerun with RINGFEED_BLESS=1",
+                s.name
+            );
+        }
+        let mut present: Vec<String> = fs::read_dir(dir.join(s.name))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        present.sort();
+        let mut want = files(s);
+        want.sort();
+        assert_eq!(present, want, "{}: files that are not vectors", s.name);
     }
     assert_eq!(
         fs::read_to_string(dir.join("expected.json")).unwrap(),
@@ -301,7 +375,40 @@ fn token_vectors_read_back_exactly() {
             assert_eq!(tf.doc_of(starts[d as usize]), d);
         }
         assert_eq!(tf.info().unwrap(), e["info"].as_str().unwrap());
-        verify_tokens(&dir).unwrap();
+        for (s, pe) in e["packings"].as_object().unwrap() {
+            let p = Packing::open(&tf, s.parse().unwrap()).unwrap().unwrap();
+            assert_eq!(p.len(), pe["window_count"].as_u64().unwrap(), "{name} packing {s}");
+            assert_eq!(p.header.cut_tokens, pe["cut_tokens"].as_u64().unwrap());
+            let bins: Vec<u64> = pe["bins"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            let starts: Vec<u64> = pe["bin_starts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            for w in 0..p.len() {
+                let r = p.bin_range(w).unwrap();
+                assert_eq!(r, starts[w as usize]..starts[w as usize + 1]);
+                for k in r {
+                    assert_eq!(p.bin_doc(k).unwrap(), bins[k as usize]);
+                }
+            }
+        }
+        let report = verify_tokens(&dir).unwrap();
+        let want: Vec<u32> = e["packings"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.parse().unwrap())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(report.packings, want, "{name}");
     }
 }
 

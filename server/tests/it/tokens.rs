@@ -62,7 +62,8 @@ fn read_all(dir: &Path) -> (TokenFile, Vec<Vec<u32>>) {
 }
 
 /// JSONL documents are tokenised in order, each followed by the EOS; blank lines are ignored;
-/// the file verifies; any thread count gives the same bytes.
+/// the file verifies; any thread count gives the same bytes, packing files (`--pack-seq-len`)
+/// included.
 #[test]
 fn jsonl_round_trip_is_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
@@ -80,14 +81,20 @@ fn jsonl_round_trip_is_deterministic() {
         let out = tmp.path().join(format!("out{threads}"));
         let o = TextPackOptions {
             threads,
+            pack_seq_lens: vec![16, 8, 16],
             ..opts(tok.clone())
         };
         let s = pack_text(&src, &out, &o, &no_cancel()).unwrap();
         assert_eq!(s.documents, 2000);
         assert_eq!(s.blank_lines, 1);
         assert_eq!(s.width, 2);
-        outs.push(fs::read(out.join(TOKENS_FILE)).unwrap());
-        verify_tokens(&out).unwrap();
+        assert_eq!(s.packings.iter().map(|p| p.0).collect::<Vec<_>>(), [8, 16]);
+        outs.push(
+            [TOKENS_FILE, "packing-8.rfp", "packing-16.rfp"]
+                .map(|f| fs::read(out.join(f)).unwrap())
+                .to_vec(),
+        );
+        assert_eq!(verify_tokens(&out).unwrap().packings, [8, 16]);
     }
     assert!(outs[0] == outs[1], "1 and 3 threads wrote different bytes");
     let (tf, docs) = read_all(&tmp.path().join("out1"));

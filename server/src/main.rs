@@ -165,9 +165,10 @@ struct RemoteArgs {
     /// directory, at most 64 GiB].
     #[arg(long, value_name = "SIZE", env = "RINGFEED_CACHE_BYTES", value_parser = parse_size)]
     cache_bytes: Option<u64>,
-    /// Downloads running at once, over every stream.
-    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    fetch_concurrency: u32,
+    /// Downloads running at once, over every stream: pins it [default: set by the autotuner,
+    /// starting at 4, within what the cache's bound holds].
+    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..=256))]
+    fetch_concurrency: Option<u32>,
     /// Shards each stream downloads ahead of its reads, in the order it will read them (0: none).
     #[arg(long, value_name = "N", env = "RINGFEED_PREFETCH_SHARDS", default_value_t = 4)]
     prefetch_shards: usize,
@@ -196,7 +197,10 @@ impl RemoteArgs {
         if let Some(b) = self.cache_bytes {
             c.cache_bytes = b;
         }
-        c.concurrency = self.fetch_concurrency as usize;
+        if let Some(n) = self.fetch_concurrency {
+            c.concurrency = n as usize;
+            c.concurrency_pinned = true;
+        }
         c.prefetch_shards = self.prefetch_shards;
         c.timeout = std::time::Duration::from_secs_f64(self.fetch_timeout);
         c.retries = self.fetch_retries;

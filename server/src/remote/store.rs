@@ -329,6 +329,82 @@ impl Store {
         })
     }
 
+    /// The objects directly under `prefix/` (not in deeper "directories"), in key order, with
+    /// their sizes and ETags: one paged LIST.
+    pub fn list_dir(&self, prefix: &str) -> Result<Vec<Listed>, RemoteError> {
+        let p = ObjectPath::from(prefix);
+        let mut out = self.with_retries(prefix, |_| async {
+            let r = self
+                .s3
+                .list_with_delimiter((!prefix.is_empty()).then_some(&p))
+                .await
+                .map_err(|e| self.classify(prefix, e))?;
+            Ok(r.objects
+                .into_iter()
+                .map(|m| Listed {
+                    key: m.location.to_string(),
+                    size: m.size,
+                    etag: m.e_tag,
+                    modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                })
+                .collect::<Vec<_>>())
+        })?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Byte ranges of object `key` (ranged GETs, one per range), as long as its ETag is `etag`
+    /// (when given): another one is [`RemoteError::Changed`].
+    pub fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Vec<Vec<u8>>, RemoteError> {
+        let path = ObjectPath::from(key);
+        let mut out = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let got = self.with_retries(key, |_| async {
+                let options = GetOptions {
+                    range: Some(GetRange::Bounded(range.clone())),
+                    ..GetOptions::default()
+                };
+                let r = self
+                    .s3
+                    .get_opts(&path, options)
+                    .await
+                    .map_err(|e| self.classify(key, e))?;
+                if let (Some(was), Some(now)) = (etag, r.meta.e_tag.as_deref())
+                    && was != now
+                {
+                    return Err(Attempt::Fatal(RemoteError::Changed {
+                        url: self.url(key),
+                        was: was.to_owned(),
+                        now: now.to_owned(),
+                    }));
+                }
+                let mut stream = r.into_stream();
+                let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                    self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    bytes.extend_from_slice(&chunk);
+                }
+                if bytes.len() as u64 != range.end - range.start {
+                    return Err(Attempt::Retry(format!(
+                        "bytes {}..{}: the body has {} bytes",
+                        range.start,
+                        range.end,
+                        bytes.len()
+                    )));
+                }
+                Ok(bytes)
+            })?;
+            out.push(got);
+        }
+        Ok(out)
+    }
+
     /// The keys under `prefix/` (for tools and tests).
     pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, RemoteError> {
         let p = ObjectPath::from(prefix);
@@ -342,6 +418,17 @@ impl Store {
             Ok(out)
         })
     }
+}
+
+/// One object of a listing ([`Store::list_dir`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    pub size: u64,
+    pub etag: Option<String>,
+    /// Its last modification, nanoseconds since the Unix epoch.
+    pub modified_ns: i64,
 }
 
 /// What the AWS CLI's files say for one profile.

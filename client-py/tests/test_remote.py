@@ -477,3 +477,72 @@ def test_a_malformed_tar_on_s3_follows_on_error(
     assert labels[:2] == [0, 2], labels
     assert 3 in labels
     assert skipped >= 1
+
+
+def test_inspect_and_verify_on_s3_read_ranges_and_stream_one_shard_at_a_time(
+    fs_store: S3Server, local: Path, tmp_path: Path
+) -> None:
+    """`inspect s3://...` reads only the index, each shard's record table and a few samples' first bytes (ranged GETs:
+    a small part of the dataset's bytes, counted by a proxy) and reports what the local inspect reports; `verify
+    s3://...` streams the dataset shard by shard, its temporary directory never holding more than one shard, with
+    progress per shard."""
+    import json
+
+    proxy = FaultProxy(fs_store.port)
+    try:
+        env = {**os.environ, **fs_store.env(proxy.url)}
+        cmd = [ringfeed_bin(), "inspect", "--json", "--sample", "5"]
+        r = subprocess.run([*cmd, URL], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        fetched, gets = proxy.stats.bytes, proxy.stats.gets
+        r = subprocess.run([*cmd, str(local)], capture_output=True, text=True, timeout=60)
+        want = json.loads(r.stdout)
+        for key in ("samples", "shards", "bytes_on_disk", "classes", "sample_bytes", "info"):
+            assert got[key] == want[key], key
+        for key in ("index", "key", "label", "class", "bytes", "image", "offset", "crc32c"):
+            assert got["sample"][key] == want["sample"][key], key
+        assert got["formats"] == {"jpeg": got["probed"]}
+        dataset_bytes = sum(p.stat().st_size for p in local.iterdir())
+        assert fetched < dataset_bytes // 4, (fetched, dataset_bytes)
+        assert gets <= 1 + shard_count(local) + 32 + 1, gets
+
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        peak = [0]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                total = 0
+                for root, _dirs, files in os.walk(tmp):
+                    for f in files:
+                        with contextlib.suppress(FileNotFoundError):
+                            total += (Path(root) / f).stat().st_size
+                peak[0] = max(peak[0], total)
+                time.sleep(0.001)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        try:
+            before = proxy.stats.bytes
+            r = subprocess.run(
+                [ringfeed_bin(), "verify", URL, "--decode", "--progress", "lines"],
+                capture_output=True,
+                text=True,
+                env={**env, "TMPDIR": str(tmp)},
+                timeout=120,
+            )
+        finally:
+            stop.set()
+            t.join()
+        assert r.returncode == 0, r.stderr
+        n = shard_count(local)
+        assert f"ok: {N} samples in {n} shards" in r.stdout
+        assert f"{N} samples decoded" in r.stdout
+        assert f"shard {n} of {n}" in r.stderr
+        assert proxy.stats.bytes - before >= dataset_bytes, "every byte is checked"
+        shard = max(p.stat().st_size for p in local.glob("*.rfs"))
+        assert 0 < peak[0] <= shard, (peak[0], shard)
+    finally:
+        proxy.close()

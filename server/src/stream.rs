@@ -163,7 +163,8 @@ impl crate::tune::Target for Shared {
     }
     fn fetches(&self) -> Option<Arc<dyn crate::tune::Fetches>> {
         let cache = self.remote.opened_cache()?;
-        (!cache.pinned()).then(|| cache as Arc<dyn crate::tune::Fetches>)
+        let pinned = cache.pinned();
+        (!pinned).then_some(cache as Arc<dyn crate::tune::Fetches>)
     }
 }
 

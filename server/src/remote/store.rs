@@ -353,6 +353,19 @@ impl Store {
         Ok(out)
     }
 
+    /// Bytes `range` of object `key` (one ranged GET); see [`Store::get_ranges`].
+    pub fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<Vec<u8>, RemoteError> {
+        Ok(self
+            .get_ranges(key, std::slice::from_ref(&range), etag)?
+            .pop()
+            .unwrap_or_default())
+    }
+
     /// Byte ranges of object `key` (ranged GETs, one per range), as long as its ETag is `etag`
     /// (when given): another one is [`RemoteError::Changed`].
     pub fn get_ranges(

@@ -191,10 +191,7 @@ pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<cr
         let want =
             (u64::from(entry.record_count) * RECORD_ENTRY_LEN as u64 + SHARD_FOOTER_LEN as u64 + 8).min(entry.file_len);
         let from = entry.file_len - want;
-        let tail = store
-            .get_ranges(&url.key(&name), &[from..entry.file_len], None)?
-            .pop()
-            .unwrap_or_default();
+        let tail = store.get_range(&url.key(&name), from..entry.file_len, None)?;
         let footer_at = entry.file_len - SHARD_FOOTER_LEN as u64;
         let footer = ShardFooter::decode(&path, footer_at, &tail[(footer_at - from) as usize..], entry.file_len)?;
         if footer.record_count != entry.record_count || footer.table_offset < from {
@@ -262,14 +259,11 @@ pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<cr
     let mut probed = 0;
     for i in (0..n).step_by(n.div_ceil(REMOTE_FORMAT_PROBES).max(1) as usize) {
         let (_, r, name) = record(i)?;
-        let head = store
-            .get_ranges(
-                &url.key(&name),
-                &[r.offset..r.offset + u64::from(r.length).min(SNIFF_BYTES)],
-                None,
-            )?
-            .pop()
-            .unwrap_or_default();
+        let head = store.get_range(
+            &url.key(&name),
+            r.offset..r.offset + u64::from(r.length).min(SNIFF_BYTES),
+            None,
+        )?;
         let fmt = crate::codec::sniff(&head).map_or("unknown".to_owned(), |f| f.to_string());
         *formats.entry(fmt).or_insert(0) += 1;
         probed += 1;
@@ -279,10 +273,7 @@ pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<cr
         Some(i) if i >= n => return Err(crate::inspect::InspectError::NoSuchSample { index: i, len: n }.into()),
         Some(i) => {
             let (e, r, name) = record(i)?;
-            let data = store
-                .get_ranges(&url.key(&name), &[r.offset..r.offset + u64::from(r.length)], None)?
-                .pop()
-                .unwrap_or_default();
+            let data = store.get_range(&url.key(&name), r.offset..r.offset + u64::from(r.length), None)?;
             let (_, key, meta) = ds.sample_entry(i)?;
             let mut info = crate::inspect::SampleInfo::new(i, key, e.label, &data, &classes);
             info.meta = (!meta.is_empty()).then(|| String::from_utf8_lossy(meta).into_owned());

@@ -350,8 +350,10 @@ fn open_local_wds(paths: &[PathBuf]) -> ringfeed::source::wds::WdsSource {
         std::sync::atomic::AtomicBool::new(false),
         std::sync::atomic::AtomicU64::new(0),
     );
-    let mut opts = ringfeed::source::wds::WdsOptions::default();
-    opts.write_index = false;
+    let opts = ringfeed::source::wds::WdsOptions {
+        write_index: false,
+        ..Default::default()
+    };
     ringfeed::source::wds::WdsSource::open("local", paths, &opts, 2, &cancel, &listed).unwrap()
 }
 

@@ -211,7 +211,7 @@ impl RemoteWdsSource {
         let next = AtomicUsize::new(0);
         let results: Vec<Mutex<Option<Result<Had, String>>>> = slots.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
-            for _ in 0..threads.clamp(1, slots.len()) {
+            for _ in 0..threads.clamp(1, slots.len().max(1)) {
                 s.spawn(|| {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -268,18 +268,14 @@ impl RemoteWdsSource {
                     let scan = tables[i].get().cloned().expect("set by member_table");
                     source.catalog.add(tar_url, scan.members, &scan.end);
                 }
-                // A tar that cannot be had at all is a listing problem (`on_error` decides),
-                // served as a tar without samples.
+                // A tar that cannot be had at all (the store fails, or its copy fails its check)
+                // fails the open, naming it: it is not a damaged tar `on_error` could skip.
                 Err(why) => {
-                    source.catalog.add(
-                        tar_url,
-                        Vec::new(),
-                        &tar::End::BadHeader {
-                            at: 0,
-                            reason: why.clone(),
-                        },
-                    );
-                    tracing::warn!("{}: {why}", listing.tars[i].key);
+                    return Err(RemoteError::Other {
+                        url: tar_url.display().to_string(),
+                        why: format!("cannot index it: {why}"),
+                    }
+                    .into());
                 }
             }
         }

@@ -308,7 +308,8 @@ fn a_restarted_cache_reuses_good_files_and_replaces_a_tampered_one() {
 
 /// Four WebDataset tars (5 samples each, random "images", `cls` labels) written locally and
 /// uploaded under `wds/`; the second also with an index file made locally (`ringfeed index`'s
-/// `write_index`), as a user would upload it. Returns the local paths.
+/// `write_index`), as a user would upload it, and the third with the fourth's index under its
+/// name. Returns the local paths.
 fn tars(server: &Server, root: &Path) -> Vec<PathBuf> {
     let dir = root.join("tars");
     std::fs::create_dir_all(&dir).unwrap();
@@ -331,7 +332,12 @@ fn tars(server: &Server, root: &Path) -> Vec<PathBuf> {
     let listed = std::sync::atomic::AtomicU64::new(0);
     ringfeed::source::wds::write_index(&paths[1], &listed).unwrap();
     s.put_file("wds/s-1.tar.rfidx", &dir.join("s-1.tar.rfidx")).unwrap();
-    std::fs::remove_file(dir.join("s-1.tar.rfidx")).unwrap();
+    // Another tar's index beside s-2: not its own (another length, other headers), so unused.
+    ringfeed::source::wds::write_index(&paths[3], &listed).unwrap();
+    s.put_file("wds/s-2.tar.rfidx", &dir.join("s-3.tar.rfidx")).unwrap();
+    for t in [1, 3] {
+        std::fs::remove_file(dir.join(format!("s-{t}.tar.rfidx"))).unwrap();
+    }
     paths
 }
 

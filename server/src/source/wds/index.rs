@@ -199,8 +199,9 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
 }
 
 /// Reading rule 5: the 512 bytes before the first and the last member are the header of a
-/// regular file (`header(at)`: the tar's 512 bytes at `at`, `None` past its end). A tar that
-/// changed length since it was indexed has no header there either.
+/// regular file of the member's size and name (unless a pax or GNU record named it: a name of
+/// 100 bytes or more, or not ASCII) (`header(at)`: the tar's 512 bytes at `at`, `None` past its
+/// end). A tar that changed length since it was indexed has no header there either.
 pub fn spot_check(members: &[Member], header: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), String> {
     let mut seen = None;
     for m in [members.first(), members.last()].into_iter().flatten() {
@@ -217,6 +218,21 @@ pub fn spot_check(members: &[Member], header: &mut dyn FnMut(u64) -> Option<Vec<
         let plain = matches!(h[156], b'0' | 0 | b'7');
         if !matches!(ok.end, End::Complete | End::Truncated { .. }) || !plain {
             return Err(no());
+        }
+        // The header is this member's: its size, and its name unless a pax or GNU record before
+        // it gave the member a name the header cannot hold (long or not ASCII).
+        let Some(h) = ok.members.first() else {
+            return Err(no());
+        };
+        let overridden = m.name.len() >= 100 || !m.name.is_ascii();
+        if h.size != m.size || (!overridden && h.name != m.name) {
+            return Err(format!(
+                "the member header at byte {at} is {:?} of {} bytes, the index says {:?} of {}",
+                String::from_utf8_lossy(&h.name),
+                h.size,
+                String::from_utf8_lossy(&m.name),
+                m.size
+            ));
         }
     }
     Ok(())

@@ -120,7 +120,8 @@ impl RemoteSource {
         let store = hub.store(&url.bucket)?;
         let cache = hub.cache()?;
         let index_key = url.key(INDEX_FILE);
-        let (bytes, _etag) = match store.get_bytes(&index_key) {
+        // A probe: a prefix without `index.rfi` may hold WebDataset tars instead.
+        let (bytes, _etag) = match store.probe_bytes(&index_key) {
             Err(RemoteError::Gone { .. }) => {
                 return Err(OpenError::NoIndex(RemoteError::Other {
                     url: url.to_string(),

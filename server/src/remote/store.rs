@@ -151,7 +151,17 @@ impl Store {
 
     /// Runs `attempt` until it succeeds, fails for good, or the retries are spent; every
     /// attempt under the deadline.
-    fn with_retries<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T, RemoteError>
+    fn with_retries<T, F, Fut>(&self, key: &str, attempt: F) -> Result<T, RemoteError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Attempt>>,
+    {
+        self.attempts(key, true, attempt)
+    }
+
+    /// [`Store::with_retries`]; `count_gone: false` leaves a 404 out of `errors` (a probe for an
+    /// object that may not exist).
+    fn attempts<T, F, Fut>(&self, key: &str, count_gone: bool, mut attempt: F) -> Result<T, RemoteError>
     where
         F: FnMut(u32) -> Fut,
         Fut: std::future::Future<Output = Result<T, Attempt>>,
@@ -175,7 +185,9 @@ impl Store {
             match got {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Fatal(e)) => {
-                    Counters::bump(&self.counters.errors);
+                    if count_gone || !matches!(e, RemoteError::Gone { .. }) {
+                        Counters::bump(&self.counters.errors);
+                    }
                     return Err(e);
                 }
                 Err(Attempt::Retry(why)) => {
@@ -194,8 +206,18 @@ impl Store {
 
     /// The whole object `key` in memory, and its ETag.
     pub fn get_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        self.get_bytes_counting(key, true)
+    }
+
+    /// [`Store::get_bytes`] of an object that may not be there: its absence
+    /// ([`RemoteError::Gone`]) is not counted in `errors`.
+    pub fn probe_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        self.get_bytes_counting(key, false)
+    }
+
+    fn get_bytes_counting(&self, key: &str, count_gone: bool) -> Result<(Vec<u8>, Option<String>), RemoteError> {
         let path = ObjectPath::from(key);
-        let got = self.with_retries(key, |_| async {
+        let got = self.attempts(key, count_gone, |_| async {
             let r = self.s3.get(&path).await.map_err(|e| self.classify(key, e))?;
             let etag = r.meta.e_tag.clone();
             let mut stream = r.into_stream();
@@ -362,21 +384,26 @@ impl Store {
     ) -> Result<Vec<u8>, RemoteError> {
         Ok(self
             .get_ranges(key, std::slice::from_ref(&range), etag)?
+            .0
             .pop()
             .unwrap_or_default())
     }
 
     /// Byte ranges of object `key` (ranged GETs, one per range), as long as its ETag is `etag`
-    /// (when given): another one is [`RemoteError::Changed`].
+    /// (when given; else the first answer's): another one is [`RemoteError::Changed`]. Returns
+    /// the ranges and the ETag the store gave.
     pub fn get_ranges(
         &self,
         key: &str,
         ranges: &[std::ops::Range<u64>],
         etag: Option<&str>,
-    ) -> Result<Vec<Vec<u8>>, RemoteError> {
+    ) -> Result<(Vec<Vec<u8>>, Option<String>), RemoteError> {
         let path = ObjectPath::from(key);
         let mut out = Vec::with_capacity(ranges.len());
+        let mut seen: Option<String> = etag.map(str::to_owned);
         for range in ranges {
+            let etag = seen.clone();
+            let etag = etag.as_deref();
             let got = self.with_retries(key, |_| async {
                 let options = GetOptions {
                     range: Some(GetRange::Bounded(range.clone())),
@@ -396,6 +423,7 @@ impl Store {
                         now: now.to_owned(),
                     }));
                 }
+                let now = r.meta.e_tag.clone();
                 let mut stream = r.into_stream();
                 let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
                 while let Some(chunk) = stream.next().await {
@@ -411,11 +439,14 @@ impl Store {
                         bytes.len()
                     )));
                 }
-                Ok(bytes)
+                Ok((bytes, now))
             })?;
-            out.push(got);
+            if seen.is_none() {
+                seen = got.1;
+            }
+            out.push(got.0);
         }
-        Ok(out)
+        Ok((out, seen))
     }
 
     /// The keys under `prefix/` (for tools and tests).

@@ -220,6 +220,7 @@ impl RemoteWdsSource {
                         }
                         let ctx = TarCtx {
                             store: &store,
+                            fetch: &fetch,
                             cache: &cache,
                             listed: &listing.tars[i],
                             object: &slots[i].object,
@@ -322,6 +323,7 @@ impl RemoteWdsSource {
 /// What finding one tar's member table needs.
 struct TarCtx<'a> {
     store: &'a Store,
+    fetch: &'a StoreFetch,
     cache: &'a Arc<Cache>,
     listed: &'a Listed,
     object: &'a Object,
@@ -413,10 +415,15 @@ impl TarCtx<'_> {
             _ => {}
         }
         let ranges = index::spot_ranges(&parsed.scan.members);
-        let got = self
+        let (got, etag) = self
             .store
             .get_ranges(&o.key, &ranges, o.etag.as_deref())
             .map_err(|e| e.to_string())?;
+        // A listing without ETags (some stores): the one these reads saw is the object's from
+        // now on, so a tar rewritten later is reported when it is downloaded.
+        if let (None, Some(e)) = (&o.etag, &etag) {
+            self.fetch.expect(&o.key, e);
+        }
         let mut headers = ranges.iter().map(|r| r.start).zip(got);
         index::spot_check(&parsed.scan.members, &mut |at| {
             headers.find(|(s, _)| *s == at).map(|(_, h)| h)

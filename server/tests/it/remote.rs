@@ -430,6 +430,26 @@ fn webdataset_tars_on_s3_serve_the_local_tars_samples_in_every_order() {
     assert_eq!(open_wds(&h2, &format!("s3://{BUCKET}/wds")).unwrap().len(), 20);
     let err = open_wds(&h2, &format!("s3://{BUCKET}/wds/q-*.tar")).unwrap_err();
     assert!(err.contains("no .tar object matches"), "{err}");
+    assert_eq!(h2.counters.snapshot().errors, 0, "probing for index.rfi is no error");
+
+    // A tar rewritten under a running job: its next download finds another ETag than the one
+    // listed at open, and its samples fail naming it (s-1 was never downloaded: its index came
+    // from the store).
+    let h3 = hub(&server, config(&root.path().join("cache3"), bound));
+    let open3 = open_wds(&h3, &url).unwrap();
+    let changed = root.path().join("changed.tar");
+    let mut bytes = std::fs::read(&paths[1]).unwrap();
+    let last = bytes.len() - 1100;
+    bytes[last] ^= 1;
+    std::fs::write(&changed, &bytes).unwrap();
+    store(&server, &config(&root.path().join("unused"), 1 << 30))
+        .put_file("wds/s-1.tar", &changed)
+        .unwrap();
+    let err = open3.with_sample(5, &mut |_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("wds/s-1.tar") && err.contains("changed while this server used it"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -376,7 +376,15 @@ fn files_bytes(d: &Path) -> u64 {
 
 #[test]
 fn webdataset_tars_on_s3_serve_the_local_tars_samples_in_every_order() {
-    let Some(server) = start("s3s-fs") else { return };
+    // moto lists ETags (the cached indexes are then matched by ETag); s3s-fs does not (by the
+    // headers they name, read with ranged GETs).
+    for kind in ["s3s-fs", "moto"] {
+        tars_on(kind);
+    }
+}
+
+fn tars_on(kind: &str) {
+    let Some(server) = start(kind) else { return };
     let root = tempfile::tempdir().unwrap();
     let paths = tars(&server, root.path());
     let local = open_local_wds(&paths);
@@ -421,7 +429,13 @@ fn webdataset_tars_on_s3_serve_the_local_tars_samples_in_every_order() {
     let h2 = hub(&server, config(&cache, bound));
     let again = open_wds(&h2, &format!("s3://{BUCKET}/wds/*.tar")).unwrap();
     assert_eq!((again.from_cache, again.from_store, again.scanned), (4, 0, 0));
-    assert_eq!(h2.counters.snapshot().fetches, 0);
+    let c = h2.counters.snapshot();
+    assert_eq!(c.fetches, 0);
+    if kind == "moto" {
+        assert_eq!(c.bytes, 0, "matched by the listed ETags: nothing read");
+    } else {
+        assert_eq!(c.bytes, 4 * 2 * 512, "two member headers per tar, by ranged GETs");
+    }
     assert_eq!(
         read_all(&again, &orders[1], &mut || ()),
         read_all(&local, &orders[1], &mut || ())

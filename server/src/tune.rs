@@ -62,6 +62,11 @@
 //!   saturated) and lowers it, with a ceiling for the regime, when the loop's step time `C` has
 //!   grown by more than [`Config::gpu_slowdown`] since before the first raise (GPU decode competes
 //!   with the model). It is carried in [`Decision::gpu_share`] like `depth`.
+//!
+//! - **Downloads at once (remote datasets).** Server-wide, not per stream: [`FetchTuner`] raises
+//!   the number of shard downloads at once while a loop waits for data and the decoders wait for
+//!   saturated download slots, and lowers it when every loop is fed with slots to spare, within
+//!   what the shard cache's bound holds; `--fetch-concurrency` pins it ([`Target::fetches`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -695,7 +700,7 @@ pub struct FetchObservation {
     pub limits: Vec<Limit>,
 }
 
-/// The fetch knob (docs/remote.md, "Fetching"): how many shard downloads run at once, over every
+/// The fetch knob (docs/remote.md, "How many downloads at once"): how many shard downloads run at once, over every
 /// stream of the server. It acts on the same wait signal as the threads and depth:
 /// - **Raise** by one, up to [`FetchObservation::max`], when some stream's training loop waits
 ///   for data (its limit is the threads, the CPU, bursts or latency), its readers waited for

@@ -425,7 +425,7 @@ impl TarCtx<'_> {
             self.fetch.expect(&o.key, e);
         }
         let mut headers = ranges.iter().map(|r| r.start).zip(got);
-        index::spot_check(&parsed.scan.members, &mut |at| {
+        index::spot_check(&parsed.scan.members, true, &mut |at| {
             headers.find(|(s, _)| *s == at).map(|(_, h)| h)
         })?;
         Ok(parsed.scan)

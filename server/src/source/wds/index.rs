@@ -109,7 +109,7 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
             made.len, made.mtime_ns, stamp.len, stamp.mtime_ns
         ));
     }
-    spot_check(&parsed.scan.members, &mut |at| {
+    spot_check(&parsed.scan.members, false, &mut |at| {
         tar.get(at as usize..(at + BLOCK) as usize).map(<[u8]>::to_vec)
     })?;
     Ok(parsed.scan)
@@ -199,10 +199,15 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
 }
 
 /// Reading rule 5: the 512 bytes before the first and the last member are the header of a
-/// regular file of the member's size and name (unless a pax or GNU record named it: a name of
-/// 100 bytes or more, or not ASCII) (`header(at)`: the tar's 512 bytes at `at`, `None` past its
-/// end). A tar that changed length since it was indexed has no header there either.
-pub fn spot_check(members: &[Member], header: &mut dyn FnMut(u64) -> Option<Vec<u8>>) -> Result<(), String> {
+/// regular file (`header(at)`: the tar's 512 bytes at `at`, `None` past its end); with
+/// `same_member` (1.1, a tar in a store without a matching ETag), a header whose own name and
+/// size fields are the member's. A tar that changed length since it was indexed has no header
+/// there either.
+pub fn spot_check(
+    members: &[Member],
+    same_member: bool,
+    header: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
+) -> Result<(), String> {
     let mut seen = None;
     for m in [members.first(), members.last()].into_iter().flatten() {
         let at = m.offset - BLOCK;
@@ -219,13 +224,16 @@ pub fn spot_check(members: &[Member], header: &mut dyn FnMut(u64) -> Option<Vec<
         if !matches!(ok.end, End::Complete | End::Truncated { .. }) || !plain {
             return Err(no());
         }
-        // The header is this member's: its size, and its name unless a pax or GNU record before
-        // it gave the member a name the header cannot hold (long or not ASCII).
+        if !same_member {
+            continue;
+        }
+        // The header is this member's: its own name and size fields (a member a pax or GNU
+        // record named or sized fails this, and the tar is indexed again: a cost, never a
+        // wrong table).
         let Some(h) = ok.members.first() else {
             return Err(no());
         };
-        let overridden = m.name.len() >= 100 || !m.name.is_ascii();
-        if h.size != m.size || (!overridden && h.name != m.name) {
+        if h.size != m.size || h.name != m.name {
             return Err(format!(
                 "the member header at byte {at} is {:?} of {} bytes, the index says {:?} of {}",
                 String::from_utf8_lossy(&h.name),

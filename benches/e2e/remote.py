@@ -137,6 +137,7 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
                 out[f"epoch{e}_bytes"] = link.take()
                 out[f"epoch{e}_images"] = n
             out["remote"] = ld.stats()["server"].get("remote")
+            out["order"] = ld.order
         with ringfeed.Loader(local, a.batch_size, transform=transform, socket=str(sock), timeout=600) as ld:
             ld.set_epoch(1)
             n, t0 = 0, time.perf_counter()

@@ -132,6 +132,11 @@ def remote_stats(snapshot: dict[str, Any]) -> dict[str, Any] | None:
     wait = remote.get("wait_s")
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
         raise ProtocolError(f"`snapshot` member `server.remote.wait_s` should be a number, got {json.dumps(wait)}")
+    # Downloads at once, and whether --fetch-concurrency pins them (absent from earlier 1.3 servers).
+    if "fetch_concurrency" in remote:
+        _check_member("snapshot", "server.remote.fetch_concurrency", remote["fetch_concurrency"], "uint")
+    if "fetch_pinned" in remote and not isinstance(remote["fetch_pinned"], bool):
+        raise ProtocolError("`snapshot` member `server.remote.fetch_pinned` should be a bool")
     return remote
 
 

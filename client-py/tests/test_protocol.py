@@ -515,17 +515,22 @@ def test_stats_message_keeps_gpu_wait_within_the_wait() -> None:
 
 @needs_vectors
 def test_the_remote_snapshot_vector_has_every_counter() -> None:
-    """A 1.3 snapshot's `server.remote` (the vector) carries exactly REMOTE_COUNTERS and `wait_s`, typed as
-    control.md says; a snapshot without it reads as None, one missing a counter is refused."""
+    """A 1.3 snapshot's `server.remote` (the vector) carries exactly REMOTE_COUNTERS, `wait_s`, `fetch_concurrency`
+    and `fetch_pinned`, typed as control.md says; a snapshot without it reads as None, one missing a counter or with
+    a mistyped fetch member is refused."""
     cases = {c["name"]: c for c in load("frames.json")}
     snap = cases["snapshot, 1.3 remote"]["message"]
     remote = remote_stats(snap)
     assert remote is not None
-    assert set(remote) == {*REMOTE_COUNTERS, "wait_s"}
+    assert set(remote) == {*REMOTE_COUNTERS, "wait_s", "fetch_concurrency", "fetch_pinned"}
+    assert (remote["fetch_concurrency"], remote["fetch_pinned"]) == (6, False)
     assert remote_stats(cases["snapshot"]["message"]) is None
     damaged = {**snap, "server": {**snap["server"], "remote": {k: v for k, v in remote.items() if k != "retries"}}}
     with pytest.raises(ProtocolError, match="retries"):
         remote_stats(damaged)
+    mistyped = {**snap, "server": {**snap["server"], "remote": {**remote, "fetch_pinned": 1}}}
+    with pytest.raises(ProtocolError, match="fetch_pinned"):
+        remote_stats(mistyped)
 
 
 @needs_vectors

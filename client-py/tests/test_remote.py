@@ -183,20 +183,28 @@ def test_the_upload_is_the_local_dataset_byte_for_byte(fs_store: S3Server, local
 def test_batches_from_s3_equal_the_local_copy(
     store: S3Server, local: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
 ) -> None:
-    """For several seeds, ranks and resume points, the batches of the S3 copy equal those of the local copy: same
-    indices, pixels and labels, in the same order."""
+    """For several seeds, ranks, resume points and both orders, the batches of the S3 copy equal those of the local
+    copy: same indices, pixels and labels, in the same order; `order="auto"` is shard_blocks for the S3 copy."""
     sc = start(sidecars, sockdir, store.env(), tmp_path / "cache", 1 << 30)
-    for seed, rank, world, resume in [(0, 0, 1, 0), (7, 1, 2, 0), (3, 0, 2, 2), (11, 2, 3, 1)]:
+    with sc.loader(URL) as ld:
+        assert ld.order == "shard_blocks"
+    cases = [
+        (0, 0, 1, 0, "shard_blocks"),
+        (7, 1, 2, 0, "global"),
+        (3, 0, 2, 2, "shard_blocks"),
+        (11, 2, 3, 1, "global"),
+    ]
+    for seed, rank, world, resume, order in cases:
         got, want = [], []
         for path, out in ((URL, got), (local, want)):
-            with sc.loader(path, seed=seed, rank=rank, world_size=world) as ld:
+            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=order, order_block=2) as ld:
                 if resume:
                     ld.load_state_dict({**ld.state_dict(), "batches_delivered": resume, "epoch": 1})
                     out.extend(batches(ld, None))
                 else:
                     out.extend(batches(ld, 0) + batches(ld, 1))
         assert got, (seed, rank)
-        assert same(got, want), (seed, rank, world, resume)
+        assert same(got, want), (seed, rank, world, resume, order)
 
 
 def test_the_cache_bound_holds_during_an_epoch(
@@ -268,7 +276,7 @@ def test_a_restart_reuses_a_valid_cache_and_rejects_a_tampered_file(
     with sc.loader(URL, seed=2) as ld:
         again = batches(ld)
         remote = ld.stats()["server"]["remote"]
-    with sc.loader(local, seed=2) as ld:
+    with sc.loader(local, seed=2, order="shard_blocks") as ld:
         want = batches(ld)
     assert same(first, want)
     assert same(again, want)
@@ -310,7 +318,7 @@ def test_a_transient_fault_is_retried_and_counted(
         with sc.loader(URL, seed=4) as ld:
             got = batches(ld)
             remote = ld.stats()["server"]["remote"]
-        with sc.loader(local, seed=4) as ld:
+        with sc.loader(local, seed=4, order="shard_blocks") as ld:
             want = batches(ld)
     finally:
         proxy.close()
@@ -371,3 +379,170 @@ def test_an_object_changed_under_a_running_job_is_an_error(
         proxy.close()
     assert "s3://" in str(e.value)
     assert ".rfs" in str(e.value)
+
+
+def write_tar(path: Path, samples: list[tuple[str, bytes | None, str | None]]) -> None:
+    """A WebDataset tar by Python's tarfile: KEY.jpg and KEY.cls per sample (None leaves a member out)."""
+    import tarfile
+
+    with tarfile.open(path, "w") as t:
+        for key, image, label in samples:
+            for ext, data in (("jpg", image), ("cls", None if label is None else label.encode())):
+                if data is None:
+                    continue
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                info.mtime = 1_700_000_000
+                t.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture(scope="module")
+def wds(fs_store: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four local tars of 9 images each (`cls` labels), copied to s3://BUCKET/wds/; the second with an index file
+    made locally by `ringfeed index` and uploaded beside it, as a user would."""
+    d = tmp_path_factory.mktemp("wds")
+    for t in range(4):
+        write_tar(
+            d / f"shard-{t:03d}.tar",
+            [(f"k{t}{j}", jpeg(36 + j, 30 + t, t * 9 + j), str((t + j) % 4)) for j in range(9)],
+        )
+    r = subprocess.run([ringfeed_bin(), "index", str(d / "shard-001.tar")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for p in d.iterdir():
+        dest = fs_store.object_path(f"wds/{p.name}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(p.read_bytes())
+    (d / "shard-001.tar.rfidx").unlink()
+    return d
+
+
+WDS_URL = f"s3://{BUCKET}/wds/shard-{{000..003}}.tar"
+
+
+def test_webdataset_tars_on_s3_serve_the_local_tars_batches(
+    fs_store: S3Server, wds: Path, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """Tars on S3 (a brace pattern) give the batches of the same tars on local disk, for both orders, several seeds
+    and ranks; `order="auto"` is shard_blocks for them; a restarted server finds every tar's index in its cache and
+    downloads nothing to open them."""
+    cache = tmp_path / "cache"
+    sc = start(sidecars, sockdir, fs_store.env(), cache, 1 << 30)
+    with sc.loader(WDS_URL) as ld:
+        assert ld.order == "shard_blocks"
+        remote = ld.stats()["server"]["remote"]
+    assert (remote["fetch_concurrency"], remote["fetch_pinned"]) == (4, False)
+    for seed, rank, world, order in [(0, 0, 1, "global"), (5, 1, 2, "shard_blocks"), (2, 2, 3, "shard_blocks")]:
+        got, want = [], []
+        for path, out in ((WDS_URL, got), (wds, want)):
+            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=order, order_block=2) as ld:
+                out.extend(batches(ld, 0) + batches(ld, 1))
+        assert got, (seed, rank)
+        assert same(got, want), (seed, rank, world, order)
+    sc.close()
+    assert len(list((cache / "indexes").glob("*.rfidx"))) == 4
+    sc = start(sidecars, sockdir, fs_store.env(), cache, 1 << 30, "--fetch-concurrency", "3")
+    with sc.loader(f"s3://{BUCKET}/wds", seed=1) as ld:
+        remote = ld.stats()["server"]["remote"]
+        assert remote["fetches"] == 0, remote
+        assert (remote["fetch_concurrency"], remote["fetch_pinned"]) == (3, True)
+        got = batches(ld)
+    with sc.loader(wds, seed=1, order="shard_blocks") as ld:
+        assert same(got, batches(ld))
+
+
+def test_a_malformed_tar_on_s3_follows_on_error(
+    fs_store: S3Server, sockdir: Path, tmp_path: Path, sidecars: list[Sidecar]
+) -> None:
+    """On S3 as on disk: a tar cut short refuses the open under on_error="raise", naming the tar; under "skip" the
+    samples before the cut and every whole sample of the other tars are served, and a key without an image is
+    skipped and counted."""
+    d = tmp_path / "bad"
+    d.mkdir()
+    write_tar(d / "a.tar", [("a0", jpeg(30, 30, 1), "0"), ("a1", None, "1"), ("a2", jpeg(31, 30, 2), "2")])
+    write_tar(d / "b.tar", [("b0", jpeg(32, 30, 3), "3"), ("b1", jpeg(33, 30, 4), "0")])
+    whole = (d / "b.tar").read_bytes()
+    cut = whole[: 512 + len(jpeg(32, 30, 3)) // 512 * 512 + 1024 + 512 + 100]
+    for name, data in (("a.tar", (d / "a.tar").read_bytes()), ("b.tar", cut)):
+        fs_store.object_path(f"bad/{name}").parent.mkdir(parents=True, exist_ok=True)
+        fs_store.object_path(f"bad/{name}").write_bytes(data)
+    sc = start(sidecars, sockdir, fs_store.env(), tmp_path / "cache", 1 << 30)
+    url = f"s3://{BUCKET}/bad/*.tar"
+    with pytest.raises(ServerError, match="cut short") as e:
+        sc.loader(url, on_error="raise")
+    assert e.value.code == "dataset"
+    assert "bad/b.tar" in str(e.value)
+    with sc.loader(url, on_error="skip", shuffle=False, drop_last=False, batch_size=1) as ld:
+        labels = [int(b[2]) for b in batches(ld)]
+        skipped = ld.stats(server=False)["skipped"]
+    assert labels[:2] == [0, 2], labels
+    assert 3 in labels
+    assert skipped >= 1
+
+
+def test_inspect_and_verify_on_s3_read_ranges_and_stream_one_shard_at_a_time(
+    fs_store: S3Server, local: Path, tmp_path: Path
+) -> None:
+    """`inspect s3://...` reads only the index, each shard's record table and a few samples' first bytes (ranged GETs:
+    a small part of the dataset's bytes, counted by a proxy) and reports what the local inspect reports; `verify
+    s3://...` streams the dataset shard by shard, its temporary directory never holding more than one shard, with
+    progress per shard."""
+    import json
+
+    proxy = FaultProxy(fs_store.port)
+    try:
+        env = {**os.environ, **fs_store.env(proxy.url)}
+        cmd = [ringfeed_bin(), "inspect", "--json", "--sample", "5"]
+        r = subprocess.run([*cmd, URL], capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+        fetched, gets = proxy.stats.bytes, proxy.stats.gets
+        r = subprocess.run([*cmd, str(local)], capture_output=True, text=True, timeout=60)
+        want = json.loads(r.stdout)
+        for key in ("samples", "shards", "bytes_on_disk", "classes", "sample_bytes", "info"):
+            assert got[key] == want[key], key
+        for key in ("index", "key", "label", "class", "bytes", "image", "offset", "crc32c"):
+            assert got["sample"][key] == want["sample"][key], key
+        assert got["formats"] == {"jpeg": got["probed"]}
+        dataset_bytes = sum(p.stat().st_size for p in local.iterdir())
+        assert fetched < dataset_bytes // 4, (fetched, dataset_bytes)
+        assert gets <= 1 + shard_count(local) + 32 + 1, gets
+
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        peak = [0]
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                total = 0
+                for root, _dirs, files in os.walk(tmp):
+                    for f in files:
+                        with contextlib.suppress(FileNotFoundError):
+                            total += (Path(root) / f).stat().st_size
+                peak[0] = max(peak[0], total)
+                time.sleep(0.001)
+
+        t = threading.Thread(target=watch)
+        t.start()
+        try:
+            before = proxy.stats.bytes
+            r = subprocess.run(
+                [ringfeed_bin(), "verify", URL, "--decode", "--progress", "lines"],
+                capture_output=True,
+                text=True,
+                env={**env, "TMPDIR": str(tmp)},
+                timeout=120,
+            )
+        finally:
+            stop.set()
+            t.join()
+        assert r.returncode == 0, r.stderr
+        n = shard_count(local)
+        assert f"ok: {N} samples in {n} shards" in r.stdout
+        assert f"{N} samples decoded" in r.stdout
+        assert f"shard {n} of {n}" in r.stderr
+        assert proxy.stats.bytes - before >= dataset_bytes, "every byte is checked"
+        shard = max(p.stat().st_size for p in local.glob("*.rfs"))
+        assert 0 < peak[0] <= shard, (peak[0], shard)
+    finally:
+        proxy.close()

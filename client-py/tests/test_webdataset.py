@@ -13,6 +13,7 @@ import gc
 import io
 import json
 import os
+import struct
 import tarfile
 import warnings
 from pathlib import Path
@@ -249,3 +250,50 @@ def test_a_pattern_that_matches_nothing_names_itself(tmp_path: Path, sock: str) 
     with pytest.raises(ServerError, match="matches no file") as e:
         epoch(f"{tmp_path}/none-*.tar", sock)
     assert e.value.code == "dataset"
+
+
+VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "webdataset"
+
+
+def parse_index(b: bytes) -> dict[str, object]:
+    """An index file read by the layout of proto/webdataset.md 1.1, independently of the Rust reader."""
+    from ringfeed._crc32c import crc32c
+
+    assert b[:8] == b"RFWDSIDX"
+    assert struct.unpack_from("<I", b, len(b) - 4)[0] == crc32c(b[:-4])
+    major, minor, etag_len, length, mtime, count = struct.unpack_from("<HHIQqQ", b, 8)
+    end_kind, _cut, detail_len, _stop = struct.unpack_from("<BBxxIQ", b, 40)
+    pos = 56 + detail_len
+    members = []
+    for _ in range(count):
+        offset, size, n = struct.unpack_from("<QQI", b, pos)
+        pos += 20
+        members.append({"name": b[pos : pos + n].decode(), "offset": offset, "size": size})
+        pos += n
+    etag = b[pos : pos + etag_len].decode()
+    assert pos + etag_len == len(b) - 4, "nothing else between the members and the CRC"
+    return {
+        "version": (major, minor),
+        "len": length,
+        "mtime_ns": mtime,
+        "etag": etag,
+        "end": {0: "complete", 1: "truncated", 2: "bad header"}[end_kind],
+        "members": members,
+    }
+
+
+def test_index_file_vectors_read_as_the_spec_says() -> None:
+    """The shared index vectors (written by the Rust side) read back, by this independent parser, to what
+    expected.json pins, and their member offsets are where Python's tarfile finds each member's data."""
+    want = json.loads((VECTORS / "expected.json").read_text())
+    with tarfile.open(VECTORS / want["tar"]) as t:
+        offsets = [{"name": m.name, "offset": m.offset_data, "size": m.size} for m in t.getmembers()]
+    assert offsets == want["members"]
+    local = parse_index((VECTORS / want["files"]["local"]).read_bytes())
+    stored = parse_index((VECTORS / want["files"]["store"]).read_bytes())
+    for got, etag in ((local, ""), (stored, want["etag"])):
+        assert got["version"] == (1, 1)
+        assert (got["len"], got["mtime_ns"], got["end"]) == (want["len"], want["mtime_ns"], want["end"])
+        assert got["members"] == want["members"]
+        assert got["etag"] == etag
+    assert want["len"] == (VECTORS / want["tar"]).stat().st_size

@@ -28,7 +28,7 @@ pub struct SizeStats {
 }
 
 impl SizeStats {
-    fn from(mut sizes: Vec<u64>) -> Self {
+    pub(crate) fn from(mut sizes: Vec<u64>) -> Self {
         if sizes.is_empty() {
             return SizeStats::default();
         }
@@ -111,7 +111,7 @@ fn describe_image(data: &[u8]) -> Result<String, String> {
 }
 
 impl SampleInfo {
-    fn new(index: u64, key: &[u8], label: i64, data: &[u8], classes: &[(String, u64)]) -> Self {
+    pub(crate) fn new(index: u64, key: &[u8], label: i64, data: &[u8], classes: &[(String, u64)]) -> Self {
         SampleInfo {
             index,
             key: lossy(key),

@@ -169,9 +169,10 @@ struct RemoteArgs {
     /// directory, at most 64 GiB].
     #[arg(long, value_name = "SIZE", env = "RINGFEED_CACHE_BYTES", value_parser = parse_size)]
     cache_bytes: Option<u64>,
-    /// Downloads running at once, over every stream.
-    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
-    fetch_concurrency: u32,
+    /// Downloads running at once, over every stream: pins it [default: set by the autotuner,
+    /// starting at 4, within what the cache's bound holds].
+    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..=256))]
+    fetch_concurrency: Option<u32>,
     /// Shards each stream downloads ahead of its reads, in the order it will read them (0: none).
     #[arg(long, value_name = "N", env = "RINGFEED_PREFETCH_SHARDS", default_value_t = 4)]
     prefetch_shards: usize,
@@ -200,7 +201,10 @@ impl RemoteArgs {
         if let Some(b) = self.cache_bytes {
             c.cache_bytes = b;
         }
-        c.concurrency = self.fetch_concurrency as usize;
+        if let Some(n) = self.fetch_concurrency {
+            c.concurrency = n as usize;
+            c.concurrency_pinned = true;
+        }
         c.prefetch_shards = self.prefetch_shards;
         c.timeout = std::time::Duration::from_secs_f64(self.fetch_timeout);
         c.retries = self.fetch_retries;
@@ -397,8 +401,8 @@ struct PackingArgs {
 
 #[derive(clap::Args, Debug)]
 struct VerifyArgs {
-    /// Packed dataset directory, or an `s3://bucket/prefix` (downloaded to a temporary
-    /// directory first).
+    /// Packed dataset directory, or an `s3://bucket/prefix` (streamed shard by shard through a
+    /// temporary directory: one shard on disk at a time).
     dataset: PathBuf,
     /// Also decode every sample.
     #[arg(long)]
@@ -430,7 +434,8 @@ struct IndexArgs {
 #[derive(clap::Args, Debug)]
 struct InspectArgs {
     /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin; or an
-    /// `s3://bucket/prefix` packed dataset (downloaded to a temporary directory first).
+    /// `s3://bucket/prefix` packed dataset (read with ranged GETs: the index, the record
+    /// tables and a few samples, never whole shards).
     dataset: PathBuf,
     /// Describe this sample (for token data: this document).
     #[arg(long, value_name = "I", default_value_t = 0)]
@@ -675,18 +680,9 @@ fn run_verify_tokens(a: &VerifyArgs) -> Result<ExitCode> {
     }
 }
 
-fn run_verify(mut a: VerifyArgs) -> Result<ExitCode> {
-    let _tmp = match remote_url(&a.dataset)? {
-        Some(url) => {
-            let tmp = TempDir::new("verify")?;
-            let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
-            a.dataset = ringfeed::remote::tools::download(&store, &url, &tmp.0.join("dataset"))?;
-            eprintln!("downloaded {url} to {}", a.dataset.display());
-            Some(tmp)
-        }
-        None => None,
-    };
-    if is_token_data(&a.dataset, a.dtype) {
+fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
+    let remote = remote_url(&a.dataset)?;
+    if remote.is_none() && is_token_data(&a.dataset, a.dtype) {
         return run_verify_tokens(&a);
     }
     let limits = Limits {
@@ -724,6 +720,39 @@ fn run_verify(mut a: VerifyArgs) -> Result<ExitCode> {
         threads: a.threads,
         progress: Some(&on_progress),
     };
+    if let Some(url) = remote {
+        // Streamed: one shard at a time in a temporary directory, never the whole dataset.
+        let tmp = TempDir::new("verify")?;
+        let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
+        let mut on_shard = |n: u32, of: u32| progress.message(&format!("verifying {url}: shard {} of {of}", n + 1));
+        let result = ringfeed::remote::tools::verify(&store, &url, &tmp.0.join("shard"), &opts, &mut on_shard);
+        progress.finish();
+        return match result {
+            Ok(r) => {
+                println!(
+                    "ok: {} samples in {} shards, {} classes, {:.1} MB checked{} (streamed from {url}, one shard at a time)",
+                    r.samples,
+                    r.shards,
+                    r.classes,
+                    r.bytes as f64 / 1e6,
+                    if a.decode {
+                        format!(", {} samples decoded", r.checked_samples)
+                    } else {
+                        String::new()
+                    }
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(e) => {
+                let kind = e.kind();
+                let e: anyhow::Error = match e {
+                    ringfeed::remote::tools::ToolError::Verify(VerifyError::Format(f)) => f.into(),
+                    other => other.into(),
+                };
+                Err(e.context(format!("verify failed ({kind})")))
+            }
+        };
+    }
     let result = ringfeed::shard::verify(&a.dataset, &opts);
     progress.finish();
     match result {
@@ -757,16 +786,18 @@ fn is_lmdb(path: &Path) -> bool {
     path.join("data.mdb").is_file() || path.extension().is_some_and(|e| e == "mdb" || e == "lmdb")
 }
 
-fn run_inspect(mut a: InspectArgs) -> Result<ExitCode> {
-    let _tmp = match remote_url(&a.dataset)? {
-        Some(url) => {
-            let tmp = TempDir::new("inspect")?;
-            let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
-            a.dataset = ringfeed::remote::tools::download(&store, &url, &tmp.0.join("dataset"))?;
-            Some(tmp)
+fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
+    if let Some(url) = remote_url(&a.dataset)? {
+        // Ranged GETs of the index, the record tables and a few samples' first bytes only.
+        let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
+        let inspection = ringfeed::remote::tools::inspect(&store, &url, Some(a.sample))?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&inspection.to_json())?);
+        } else {
+            print!("{}", inspection.to_text());
         }
-        None => None,
-    };
+        return Ok(ExitCode::SUCCESS);
+    }
     if is_token_data(&a.dataset, a.dtype) {
         let src = TokenSource::open(&a.dataset, a.dtype)?;
         let tok = match &a.tokenizer {

@@ -118,9 +118,11 @@ pub fn render(s: &Snapshot) -> String {
     if let Some(r) = &sv.remote {
         let _ = writeln!(
             out,
-            "remote: {} fetches {:.1} MB | retries {} errors {} | hits {} misses {} prefetches {} | cache {:.1}/{:.1} MB, {} evicted, {} reused, {} rejected | waited {:.1} s",
+            "remote: {} fetches {:.1} MB, {} at once ({}) | retries {} errors {} | hits {} misses {} prefetches {} | cache {:.1}/{:.1} MB, {} evicted, {} reused, {} rejected | waited {:.1} s",
             r.fetches,
             r.bytes as f64 / 1e6,
+            r.fetch_concurrency,
+            if r.fetch_pinned { "pinned" } else { "tuned" },
             r.retries,
             r.errors,
             r.hits,
@@ -330,6 +332,12 @@ pub fn prometheus(s: &Snapshot) -> String {
                 "gauge",
                 "The shard cache's bound.",
                 r.cache_limit as f64,
+            ),
+            (
+                "ringfeed_remote_fetch_concurrency",
+                "gauge",
+                "Shard downloads allowed at once (the autotuner's, or --fetch-concurrency).",
+                r.fetch_concurrency as f64,
             ),
         ] {
             metric(name, kind, help, vec![(String::new(), v)]);
@@ -600,6 +608,20 @@ mod tests {
         assert!(t.contains("limit: fed, the GPU is the limit"), "{t}");
         assert!(t.contains(" 25.0 "), "the wait behind the GPU, apart: {t}");
         assert!(t.contains(" 97 "), "the busy share: {t}");
+    }
+
+    #[test]
+    fn the_fetch_concurrency_is_in_top_and_the_metrics() {
+        let mut s = sample();
+        s.server.remote = Some(crate::remote::RemoteSnapshot {
+            fetch_concurrency: 6,
+            ..Default::default()
+        });
+        let t = render(&s);
+        assert!(t.contains("6 at once (tuned)"), "{t}");
+        assert!(prometheus(&s).contains("ringfeed_remote_fetch_concurrency 6"));
+        s.server.remote.as_mut().unwrap().fetch_pinned = true;
+        assert!(render(&s).contains("6 at once (pinned)"));
     }
 
     #[test]

@@ -161,6 +161,11 @@ impl crate::tune::Target for Shared {
     fn set_busy(&self, busy: f64, active: u32) {
         *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = (busy, active);
     }
+    fn fetches(&self) -> Option<Arc<dyn crate::tune::Fetches>> {
+        let cache = self.remote.opened_cache()?;
+        let pinned = cache.pinned();
+        (!pinned).then_some(cache as Arc<dyn crate::tune::Fetches>)
+    }
 }
 
 /// A message for the client, or the reason the connection must end.
@@ -617,7 +622,7 @@ async fn prepare_images(
         }
     }
     let source = match crate::remote::RemoteUrl::parse(&open.dataset) {
-        Some(url) => open_remote(shared, url, open).await?,
+        Some(url) => open_remote(shared, url, open, progress).await?,
         None => open_source(shared, path, open, progress).await?,
     };
     if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
@@ -914,12 +919,15 @@ async fn open_source(
     Ok(opened)
 }
 
-/// Opens (or reuses) the remote packed dataset at `url` (1.3, `crate::remote`): its index is
-/// fetched on a blocking thread; its shards come through the server's cache.
+/// Opens (or reuses) the remote dataset at `url` (1.3, `crate::remote`): a packed dataset, its
+/// index fetched on a blocking thread, or WebDataset tars (a pattern, a `.tar` key, a prefix of
+/// tars without `index.rfi`, or any URL opened with `webdataset` options), indexed as a
+/// listing; their shards come through the server's cache.
 async fn open_remote(
     shared: &Arc<Shared>,
     url: Result<crate::remote::RemoteUrl, crate::remote::RemoteError>,
     open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
     let url = url.map_err(|e| dataset_err(e.to_string()))?;
@@ -928,22 +936,75 @@ async fn open_remote(
             "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
         )));
     }
+    if crate::remote::wds::names_tars(&url) || open.webdataset.is_some() {
+        return open_remote_webdataset(shared, url, open, progress).await;
+    }
     let key = format!("{url}|{}|remote", open.check_crc());
     if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
     }
     let hub = Arc::clone(&shared.remote);
     let check_crc = open.check_crc();
+    let for_open = url.clone();
     let opened = tokio::task::spawn_blocking(move || {
-        crate::remote::RemoteSource::open(&hub, &url, check_crc)
-            .map(|s| Arc::new(s) as Arc<dyn Source>)
-            .map_err(|e| e.to_string())
+        match crate::remote::RemoteSource::open(&hub, &for_open, check_crc) {
+            Ok(s) => Ok(Some(Arc::new(s) as Arc<dyn Source>)),
+            // No packed dataset: the prefix may hold tars.
+            Err(crate::remote::source::OpenError::NoIndex(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
     })
     .await
     .map_err(|e| (ErrorCode::Internal, e.to_string()))?
     .map_err(dataset_err)?;
+    let Some(opened) = opened else {
+        return open_remote_webdataset(shared, url, open, progress).await;
+    };
     shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+/// 1.3: opens (or reuses) WebDataset tars on object storage (`crate::remote::wds`), indexed
+/// like a local WebDataset's tars, with `opening` progress (members indexed).
+async fn open_remote_webdataset(
+    shared: &Arc<Shared>,
+    url: crate::remote::RemoteUrl,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    use crate::source::wds::WdsOptions;
+    let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
+        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    let key = format!("webdataset|{opts:?}|{url}|remote");
+    if let Some(s) = shared.cached_source(&key) {
+        return Ok(s);
+    }
+    let hub = Arc::clone(&shared.remote);
+    let threads = (hub.config.concurrency * 2).clamp(1, 16);
+    let index = move |cancel: &std::sync::atomic::AtomicBool,
+                      listed: &std::sync::atomic::AtomicU64,
+                      started: std::time::Instant| {
+        crate::remote::RemoteWdsSource::open(&hub, &url, &opts, threads, cancel, listed)
+            .map(|s| {
+                tracing::info!(
+                    "indexed {url} in {:.1} s: {} tars ({} from cached index files, {} from the store's, {} downloaded and scanned), {} samples",
+                    started.elapsed().as_secs_f64(),
+                    s.tar_count(),
+                    s.from_cache,
+                    s.from_store,
+                    s.scanned,
+                    s.len()
+                );
+                Arc::new(s) as Arc<dyn Source>
+            })
+            .map_err(|e| e.to_string())
+    };
+    let publisher = Arc::clone(shared);
+    let cache_key = key.clone();
+    let waiter = shared
+        .openings
+        .join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
+    wait_for_listing(shared, waiter, open, progress).await
 }
 
 /// Waits for a listing the stream joined, sending `opening` to `progress` (a 1.2 client) every

@@ -62,6 +62,11 @@
 //!   saturated) and lowers it, with a ceiling for the regime, when the loop's step time `C` has
 //!   grown by more than [`Config::gpu_slowdown`] since before the first raise (GPU decode competes
 //!   with the model). It is carried in [`Decision::gpu_share`] like `depth`.
+//!
+//! - **Downloads at once (remote datasets).** Server-wide, not per stream: [`FetchTuner`] raises
+//!   the number of shard downloads at once while a loop waits for data and the decoders wait for
+//!   saturated download slots, and lowers it when every loop is fed with slots to spare, within
+//!   what the shard cache's bound holds; `--fetch-concurrency` pins it ([`Target::fetches`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -107,6 +112,11 @@ pub struct Config {
     /// Intervals after a change of the share before the next (its effect takes an interval to
     /// show in the wait and the step).
     pub gpu_hold: u32,
+    /// Readers' wait for downloads (a share of the interval, summed over readers) above which,
+    /// with a loop waiting for data, the downloads are the limit ([`FetchTuner`]).
+    pub fetch_wait_high: f64,
+    /// Readers' wait for downloads below which a fed server may have fewer downloads at once.
+    pub fetch_wait_low: f64,
 }
 
 impl Default for Config {
@@ -128,6 +138,8 @@ impl Default for Config {
             gpu_step: 0.125,
             gpu_slowdown: 0.05,
             gpu_hold: 2,
+            fetch_wait_high: 0.05,
+            fetch_wait_low: 0.01,
         }
     }
 }
@@ -202,6 +214,8 @@ pub struct Decision {
     pub step_ms: Option<f64>,
     /// What limits the loop over the interval, in words (control.md, `snapshot`'s `limit`).
     pub limit: String,
+    /// The same reading, as the rules act on it.
+    pub kind: Limit,
     /// The share of each batch to offer the client's GPU from now on, when the tuner sets it.
     pub gpu_share: Option<f64>,
 }
@@ -664,8 +678,95 @@ impl Tuner {
                 busy: Some(w.signals.busy),
                 step_ms: self.streams.get(&o.id).and_then(|s| s.step_ns).map(|s| s / 1e6),
                 limit: w.limit,
+                kind: w.kind,
             })
             .collect()
+    }
+}
+
+/// What the server's remote downloads did over one interval, for [`FetchTuner`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchObservation {
+    /// Downloads allowed at once over the interval.
+    pub concurrency: usize,
+    /// The most the cache's bound leaves room for.
+    pub max: usize,
+    /// Time the stream's readers (decode threads) spent waiting for downloads over the interval,
+    /// summed over readers, as a share of the interval (0.5: half a thread's time).
+    pub fetch_wait: f64,
+    /// The share of the download slots' time (`concurrency` × the interval) spent downloading.
+    pub fetch_busy: f64,
+    /// Every stream's reading of the interval ([`Decision::kind`]).
+    pub limits: Vec<Limit>,
+}
+
+/// The fetch knob (docs/remote.md, "How many downloads at once"): how many shard downloads run at once, over every
+/// stream of the server. It acts on the same wait signal as the threads and depth:
+/// - **Raise** by one, up to [`FetchObservation::max`], when some stream's training loop waits
+///   for data (its limit is the threads, the CPU, bursts or latency), its readers waited for
+///   downloads more than [`Config::fetch_wait_high`] of the interval, and the download slots are
+///   saturated (busy more than [`Config::saturated`]): the downloads are the limit.
+/// - **Lower** by one, down to 1, after [`Config::calm_intervals`] intervals in a row in which
+///   every stream is fed, readers waited for downloads less than [`Config::fetch_wait_low`], and
+///   one slot fewer would have done the interval's downloads below saturation: fewer requests at
+///   once for the store, and less of the cache held by downloads. (So a setting the cold epoch
+///   needs is kept while it is used, and given back when the data is cached.)
+///
+/// A setting above `max` (the cache's bound shrank relative to the shards) comes down to it.
+#[derive(Debug, Default, Clone)]
+pub struct FetchTuner {
+    calm: u32,
+}
+
+impl FetchTuner {
+    /// One interval: the new concurrency and why, when it changes.
+    pub fn tick(&mut self, cfg: &Config, o: &FetchObservation) -> Option<(usize, String)> {
+        let n = o.concurrency;
+        let max = o.max.max(1);
+        if n > max {
+            self.calm = 0;
+            return Some((
+                max,
+                format!("the shard cache's bound holds {max} of the largest shards: {n} → {max} downloads at once"),
+            ));
+        }
+        let waiting = o
+            .limits
+            .iter()
+            .any(|l| matches!(l, Limit::Threads | Limit::Cpu | Limit::Depth | Limit::Latency));
+        let fed = !o.limits.is_empty() && o.limits.iter().all(|l| *l == Limit::Fed);
+        let slots_used = o.fetch_busy * n as f64;
+        if waiting && o.fetch_wait > cfg.fetch_wait_high && o.fetch_busy >= cfg.saturated {
+            self.calm = 0;
+            return (n < max).then(|| {
+                (
+                    n + 1,
+                    format!(
+                        "the training loop waits for data, the decoders waited for downloads {:.0}% of the interval and the {n} download slots were {:.0}% busy: {n} → {} downloads at once",
+                        o.fetch_wait * 100.0,
+                        o.fetch_busy * 100.0,
+                        n + 1
+                    ),
+                )
+            });
+        }
+        if fed && o.fetch_wait < cfg.fetch_wait_low && slots_used < (n as f64 - 1.0) * cfg.saturated {
+            self.calm += 1;
+            if self.calm >= cfg.calm_intervals && n > 1 {
+                self.calm = 0;
+                return Some((
+                    n - 1,
+                    format!(
+                        "fed for {} intervals without waiting for downloads, {slots_used:.1} of {n} download slots used: {n} → {} downloads at once",
+                        cfg.calm_intervals,
+                        n - 1
+                    ),
+                ));
+            }
+        } else {
+            self.calm = 0;
+        }
+        None
     }
 }
 
@@ -879,11 +980,31 @@ pub trait Target: Send + Sync {
     fn kick(&self);
     /// Records the pool's busy share over the interval.
     fn set_busy(&self, busy: f64, active: u32);
+    /// The remote shard downloads' knob, once a remote dataset has been opened and unless
+    /// `--fetch-concurrency` pins it.
+    fn fetches(&self) -> Option<Arc<dyn Fetches>> {
+        None
+    }
+}
+
+/// The server's remote downloads, as the tuner sees them (`crate::remote::Cache`).
+pub trait Fetches: Send + Sync {
+    /// Downloads allowed at once now.
+    fn concurrency(&self) -> usize;
+    /// The most the cache's bound leaves room for.
+    fn max_concurrency(&self) -> usize;
+    fn set_concurrency(&self, n: usize);
+    /// Nanoseconds readers have waited for downloads since the server started.
+    fn waited_ns(&self) -> u64;
+    /// Nanoseconds spent downloading (summed over downloads) since the server started.
+    fn busy_ns(&self) -> u64;
 }
 
 /// Runs the controller every `interval` until the future is dropped.
 pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
     let mut tuner = Tuner::new(config);
+    let mut fetch_tuner = FetchTuner::default();
+    let mut fetch_last: Option<(u64, u64)> = None;
     let mut last: BTreeMap<u64, Counters> = BTreeMap::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -919,6 +1040,24 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
         }
         last = seen;
         let decisions = tuner.tick(elapsed, target.budget(), target.pool_threads(), &obs);
+        if let Some(f) = target.fetches() {
+            let now_ns = (f.waited_ns(), f.busy_ns());
+            let (w0, b0) = fetch_last.unwrap_or(now_ns);
+            fetch_last = Some(now_ns);
+            let interval_ns = elapsed.as_nanos().max(1) as f64;
+            let n = f.concurrency();
+            let o = FetchObservation {
+                concurrency: n,
+                max: f.max_concurrency(),
+                fetch_wait: now_ns.0.saturating_sub(w0) as f64 / interval_ns,
+                fetch_busy: now_ns.1.saturating_sub(b0) as f64 / (interval_ns * n.max(1) as f64),
+                limits: decisions.iter().map(|d| d.kind).collect(),
+            };
+            if let Some((n, reason)) = fetch_tuner.tick(&config, &o) {
+                f.set_concurrency(n);
+                tracing::info!(target: "ringfeed::tune", fetch_concurrency = n, "{reason}");
+            }
+        }
         let mut active = 0;
         for ((s, o), d) in streams.iter().zip(&obs).zip(decisions) {
             active += d.threads;
@@ -1792,5 +1931,71 @@ mod tests {
             o.gpu = Some((crate::stats::GpuMode::Pinned, 0.25));
             assert_eq!(tuner.tick(TICK, 6, 64, &[o]).remove(0).gpu_share, None);
         }
+    }
+
+    /// The fetch knob against a simulated store: each download slot brings 0.5 shards/s; a cold
+    /// epoch's loop needs `need` shards/s (0: everything is cached). Each simulated second, the
+    /// loop waits for the share of its need the slots do not bring, its 4 readers wait with it,
+    /// and the slots are busy with what they bring.
+    #[test]
+    fn fetch_concurrency_rises_while_downloads_starve_the_loop_and_falls_when_fed() {
+        let cfg = Config::default();
+        let bands = cfg.bands(None);
+        let sim = |n: usize, need: f64, max: usize| {
+            let brought = (n as f64 * 0.5).min(need);
+            let wait = if need > 0.0 { 1.0 - brought / need } else { 0.0 };
+            FetchObservation {
+                concurrency: n,
+                max,
+                fetch_wait: wait * 4.0,
+                fetch_busy: brought / 0.5 / n as f64,
+                limits: vec![if wait > bands.waiting {
+                    Limit::Threads
+                } else {
+                    Limit::Fed
+                }],
+            }
+        };
+        let run = |tuner: &mut FetchTuner, n: &mut usize, need: f64, max: usize, secs: u32| {
+            let mut seen = Vec::new();
+            for _ in 0..secs {
+                if let Some((next, why)) = tuner.tick(&cfg, &sim(*n, need, max)) {
+                    assert!(next.abs_diff(*n) == 1 || next == max, "{why}");
+                    *n = next;
+                }
+                seen.push(*n);
+            }
+            seen
+        };
+        // A cold epoch needing 3 shards/s: from 2 slots up to the 6 that bring it, one a second,
+        // then kept (every slot is used).
+        let (mut t, mut n) = (FetchTuner::default(), 2);
+        let seen = run(&mut t, &mut n, 3.0, 32, 30);
+        assert_eq!(&seen[..5], &[3, 4, 5, 6, 6]);
+        assert!(seen[5..].iter().all(|&x| x == 6), "{seen:?}");
+        // The cache's bound holds only 4 of the shards: never more, and a setting above comes down.
+        let (mut t, mut n) = (FetchTuner::default(), 2);
+        assert!(run(&mut t, &mut n, 3.0, 4, 30).iter().all(|&x| x <= 4));
+        assert_eq!(n, 4);
+        let mut high = 8;
+        assert_eq!(run(&mut FetchTuner::default(), &mut high, 3.0, 4, 1), [4]);
+        // Fed with slots to spare (a later epoch from the cache, or a need of 1 shard/s): one
+        // fewer every `calm_intervals` seconds, down to what is used (1 slot; for 1 shard/s, the
+        // 2 it takes and one of headroom).
+        let mut n = 6;
+        let seen = run(&mut t, &mut n, 0.0, 32, 40);
+        assert_eq!(seen[cfg.calm_intervals as usize - 1], 5);
+        assert_eq!(n, 1);
+        let mut n = 6;
+        run(&mut FetchTuner::default(), &mut n, 1.0, 32, 40);
+        assert_eq!(
+            n, 3,
+            "two slots would be saturated by 1 shard/s: one of headroom is kept"
+        );
+        // A loop fed from the cache while slots are busy prefetching keeps them.
+        let mut busy = sim(4, 0.0, 32);
+        busy.fetch_busy = 0.9;
+        let mut t = FetchTuner::default();
+        assert!((0..20).all(|_| t.tick(&cfg, &busy).is_none()));
     }
 }

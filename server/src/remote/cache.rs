@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ use super::{Counters, RemoteConfig, RemoteError};
 /// How long a failed object keeps failing without a new download (so a gone shard under
 /// `on_error = skip` is not downloaded again for each of its samples).
 const FAILED_FOR: Duration = Duration::from_secs(10);
+
+/// The most downloads at once the autotuner allows.
+pub const MAX_CONCURRENCY: usize = 32;
 
 /// Downloads beyond the first for an object whose copies fail their check (a corrupted body).
 const CHECK_RETRIES: u32 = 2;
@@ -154,7 +157,15 @@ struct Inner {
 pub struct Cache {
     dir: PathBuf,
     limit: u64,
-    concurrency: usize,
+    /// Downloads allowed at once: `--fetch-concurrency` when pinned, else the autotuner's
+    /// (`crate::tune::fetch_concurrency`); read at every admission, so a change applies to the
+    /// next download.
+    concurrency: AtomicUsize,
+    /// Whether `--fetch-concurrency` pins it (the tuner leaves it alone).
+    pinned: bool,
+    /// The largest object checked to fit ([`Cache::check_fits`]): the bound leaves room for
+    /// `limit / largest` downloads at once.
+    largest: AtomicU64,
     /// How long a reader waits for a download or for room before it gives up.
     wait_limit: Duration,
     inner: Mutex<Inner>,
@@ -276,7 +287,9 @@ impl Cache {
         let cache = Arc::new(Cache {
             dir,
             limit: config.cache_bytes,
-            concurrency: config.concurrency.max(1),
+            concurrency: AtomicUsize::new(config.concurrency.max(1)),
+            pinned: config.concurrency_pinned,
+            largest: AtomicU64::new(0),
             wait_limit: config.timeout.saturating_mul(config.retries + 2) + Duration::from_secs(30),
             inner: Mutex::new(inner),
             changed: Condvar::new(),
@@ -314,8 +327,40 @@ impl Cache {
         self.counters.cache_used.store(inner.used, Ordering::Relaxed);
     }
 
+    /// Downloads allowed at once now.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency.load(Ordering::Relaxed)
+    }
+
+    /// Whether `--fetch-concurrency` pins the concurrency.
+    pub fn pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// The most downloads at once worth allowing: as many of the largest object as the bound
+    /// holds (more would wait for room), at most [`MAX_CONCURRENCY`].
+    pub fn max_concurrency(&self) -> usize {
+        let largest = self.largest.load(Ordering::Relaxed).max(1);
+        ((self.limit / largest) as usize).clamp(1, MAX_CONCURRENCY)
+    }
+
+    /// Sets the downloads allowed at once (the autotuner), within `1..=max_concurrency()`.
+    pub fn set_concurrency(&self, n: usize) {
+        let n = n.clamp(1, self.max_concurrency());
+        self.concurrency.store(n, Ordering::Relaxed);
+        self.counters.concurrency.store(n as u64, Ordering::Relaxed);
+        // Readers waiting for a download slot may start one now.
+        self.changed.notify_all();
+    }
+
+    /// Downloads running now.
+    pub fn running(&self) -> usize {
+        self.lock().running
+    }
+
     /// Refuses an object that can never fit.
     pub fn check_fits(&self, key: &str, len: u64) -> Result<(), CacheError> {
+        self.largest.fetch_max(len, Ordering::Relaxed);
         if len > self.limit {
             return Err(CacheError::TooLarge {
                 key: key.to_owned(),
@@ -404,7 +449,7 @@ impl Cache {
                 }
                 Some(State::Failed(msg, at)) if at.elapsed() < FAILED_FOR => return Err(CacheError::Fetch(msg)),
                 Some(State::Fetching) => {}
-                Some(State::Unchecked) if inner.running < self.concurrency => {
+                Some(State::Unchecked) if inner.running < self.concurrency() => {
                     let e = inner.entries.get_mut(&name).expect("present");
                     e.state = State::Fetching;
                     e.on_evict.clone_from(&obj.on_evict);
@@ -415,7 +460,7 @@ impl Cache {
                 }
                 Some(State::Unchecked) => {}
                 Some(State::Failed(..)) | None => {
-                    if inner.running < self.concurrency {
+                    if inner.running < self.concurrency() {
                         if let Some(old) = inner.entries.remove(&name) {
                             inner.used -= old.len;
                         }
@@ -470,7 +515,7 @@ impl Cache {
             Some(State::Failed(_, at)) if at.elapsed() < FAILED_FOR => return true,
             _ => {}
         }
-        if inner.running >= self.concurrency {
+        if inner.running >= self.concurrency() {
             return false;
         }
         if let Some(State::Unchecked) = inner.entries.get(&name).map(|e| e.state.clone()) {
@@ -559,7 +604,11 @@ impl Cache {
 
     fn job(&self, obj: &Object, name: &str, unchecked: bool) {
         let path = self.dir.join(name);
+        let started = Instant::now();
         let result = self.produce(obj, &path, unchecked);
+        self.counters
+            .fetch_busy_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut guard = self.lock();
         let inner = &mut *guard;
         inner.running -= 1;
@@ -648,6 +697,24 @@ impl Cache {
     }
 }
 
+impl crate::tune::Fetches for Cache {
+    fn concurrency(&self) -> usize {
+        Cache::concurrency(self)
+    }
+    fn max_concurrency(&self) -> usize {
+        Cache::max_concurrency(self)
+    }
+    fn set_concurrency(&self, n: usize) {
+        Cache::set_concurrency(self, n);
+    }
+    fn waited_ns(&self) -> u64 {
+        self.counters.wait_ns.load(Ordering::Relaxed)
+    }
+    fn busy_ns(&self) -> u64 {
+        self.counters.fetch_busy_ns.load(Ordering::Relaxed)
+    }
+}
+
 /// Who asks for room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Need {
@@ -683,6 +750,7 @@ mod tests {
             cache_dir: dir.to_owned(),
             cache_bytes: bytes,
             concurrency: 2,
+            concurrency_pinned: true,
             prefetch_shards: 2,
             timeout: Duration::from_secs(5),
             retries: 1,

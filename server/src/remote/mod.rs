@@ -33,10 +33,12 @@ pub mod cache;
 pub mod source;
 pub mod store;
 pub mod tools;
+pub mod wds;
 
 pub use cache::Cache;
 pub use source::RemoteSource;
 pub use store::Store;
+pub use wds::RemoteWdsSource;
 
 /// The URL scheme of remote datasets.
 pub const SCHEME: &str = "s3://";
@@ -101,8 +103,11 @@ pub struct RemoteConfig {
     pub cache_dir: PathBuf,
     /// The most bytes the cache directory may hold (`--cache-bytes`, `RINGFEED_CACHE_BYTES`).
     pub cache_bytes: u64,
-    /// Downloads running at once, over every stream (`--fetch-concurrency`).
+    /// Downloads running at once, over every stream: the start, which the autotuner moves
+    /// (`crate::tune::FetchTuner`), or `--fetch-concurrency`.
     pub concurrency: usize,
+    /// Whether `--fetch-concurrency` (or `RINGFEED_FETCH_CONCURRENCY`) pins `concurrency`.
+    pub concurrency_pinned: bool,
     /// Shards a stream fetches ahead of the one it reads (`--prefetch-shards`; 0: none).
     pub prefetch_shards: usize,
     /// Deadline of one request, its whole body included (`--fetch-timeout`).
@@ -123,6 +128,7 @@ impl RemoteConfig {
             cache_bytes: default_cache_bytes(&cache_dir),
             cache_dir,
             concurrency: 4,
+            concurrency_pinned: false,
             prefetch_shards: 4,
             timeout: Duration::from_secs(120),
             retries: 5,
@@ -183,10 +189,16 @@ pub struct Counters {
     pub rejected: AtomicU64,
     /// Nanoseconds readers spent waiting for downloads.
     pub wait_ns: AtomicU64,
+    /// Nanoseconds spent downloading and checking, summed over downloads (the slots' busy time).
+    pub fetch_busy_ns: AtomicU64,
     /// Bytes in the cache directory now (files and downloads in progress).
     pub cache_used: AtomicU64,
     /// The cache's bound.
     pub cache_limit: AtomicU64,
+    /// Downloads allowed at once now (the autotuner's, or `--fetch-concurrency`).
+    pub concurrency: AtomicU64,
+    /// 1 when `--fetch-concurrency` pins it.
+    pub concurrency_pinned: AtomicU64,
 }
 
 /// The `server.remote` member of a snapshot (control.md 1.3).
@@ -205,6 +217,12 @@ pub struct RemoteSnapshot {
     pub wait_s: f64,
     pub cache_bytes: u64,
     pub cache_limit: u64,
+    /// 1.3: downloads allowed at once now, and whether `--fetch-concurrency` pins it (else the
+    /// autotuner sets it).
+    #[serde(default)]
+    pub fetch_concurrency: u64,
+    #[serde(default)]
+    pub fetch_pinned: bool,
 }
 
 impl Counters {
@@ -229,6 +247,8 @@ impl Counters {
             wait_s: (g(&self.wait_ns) as f64 / 1e6).round() / 1e3,
             cache_bytes: g(&self.cache_used),
             cache_limit: g(&self.cache_limit),
+            fetch_concurrency: g(&self.concurrency),
+            fetch_pinned: g(&self.concurrency_pinned) == 1,
         }
     }
 }
@@ -276,6 +296,10 @@ impl Hub {
     pub fn new(config: RemoteConfig) -> Self {
         let counters = Arc::new(Counters::default());
         counters.cache_limit.store(config.cache_bytes, Ordering::Relaxed);
+        counters.concurrency.store(config.concurrency as u64, Ordering::Relaxed);
+        counters
+            .concurrency_pinned
+            .store(u64::from(config.concurrency_pinned), Ordering::Relaxed);
         Hub {
             config,
             counters,
@@ -293,6 +317,11 @@ impl Hub {
         let opened = Cache::open(&self.config, Arc::clone(&self.counters))?;
         *c = Some(Arc::clone(&opened));
         Ok(opened)
+    }
+
+    /// The cache, if a remote dataset opened it (for the autotuner: nothing to tune before).
+    pub fn opened_cache(&self) -> Option<Arc<Cache>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The store of `bucket`, made from the environment on first use.

@@ -43,6 +43,17 @@ impl StoreFetch {
     }
 }
 
+impl StoreFetch {
+    /// Expects object `key` (without the bucket) to have `etag` (as listed at open): a download
+    /// that finds another is [`RemoteError::Changed`].
+    pub fn expect(&self, key: &str, etag: &str) {
+        self.etags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.to_owned(), etag.to_owned());
+    }
+}
+
 impl Fetch for StoreFetch {
     fn fetch(&self, key: &str, dest: &Path, len: u64) -> Result<(), RemoteError> {
         let key = key.strip_prefix(&self.strip).unwrap_or(key);
@@ -92,6 +103,9 @@ impl std::fmt::Debug for RemoteSource {
 pub enum OpenError {
     #[error(transparent)]
     Remote(#[from] RemoteError),
+    /// No `index.rfi` at the URL: no packed dataset there (the prefix may hold tars).
+    #[error(transparent)]
+    NoIndex(RemoteError),
     #[error(transparent)]
     Cache(#[from] super::cache::CacheError),
     #[error(transparent)]
@@ -106,16 +120,16 @@ impl RemoteSource {
         let store = hub.store(&url.bucket)?;
         let cache = hub.cache()?;
         let index_key = url.key(INDEX_FILE);
-        let (bytes, _etag) = match store.get_bytes(&index_key) {
+        // A probe: a prefix without `index.rfi` may hold WebDataset tars instead.
+        let (bytes, _etag) = match store.probe_bytes(&index_key) {
             Err(RemoteError::Gone { .. }) => {
-                return Err(RemoteError::Other {
+                return Err(OpenError::NoIndex(RemoteError::Other {
                     url: url.to_string(),
                     why: format!(
                         "no packed dataset there: {} does not exist (`ringfeed pack SRC {url}` makes one)",
                         url.object_url(INDEX_FILE)
                     ),
-                }
-                .into());
+                }));
             }
             other => other?,
         };
@@ -292,6 +306,25 @@ impl Source for RemoteSource {
             return Err(shard.file.changed(at, format!("sample {index}")).into());
         }
         Ok(())
+    }
+
+    fn shard_sizes(&self) -> Option<Vec<u64>> {
+        // Runs of consecutive samples in one shard file (as `PackedSource::shard_sizes`).
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut current = None;
+        for i in 0..self.index.len() {
+            let shard = self.index.sample_entry(i).ok().map(|(e, _, _)| e.shard);
+            match sizes.last_mut() {
+                Some(n) if shard == current => *n += 1,
+                _ => sizes.push(1),
+            }
+            current = shard;
+        }
+        Some(sizes)
+    }
+
+    fn prefers_shard_order(&self) -> bool {
+        true
     }
 
     fn read_ahead(&self) -> usize {

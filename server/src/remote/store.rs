@@ -151,7 +151,17 @@ impl Store {
 
     /// Runs `attempt` until it succeeds, fails for good, or the retries are spent; every
     /// attempt under the deadline.
-    fn with_retries<T, F, Fut>(&self, key: &str, mut attempt: F) -> Result<T, RemoteError>
+    fn with_retries<T, F, Fut>(&self, key: &str, attempt: F) -> Result<T, RemoteError>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Attempt>>,
+    {
+        self.attempts(key, true, attempt)
+    }
+
+    /// [`Store::with_retries`]; `count_gone: false` leaves a 404 out of `errors` (a probe for an
+    /// object that may not exist).
+    fn attempts<T, F, Fut>(&self, key: &str, count_gone: bool, mut attempt: F) -> Result<T, RemoteError>
     where
         F: FnMut(u32) -> Fut,
         Fut: std::future::Future<Output = Result<T, Attempt>>,
@@ -175,7 +185,9 @@ impl Store {
             match got {
                 Ok(v) => return Ok(v),
                 Err(Attempt::Fatal(e)) => {
-                    Counters::bump(&self.counters.errors);
+                    if count_gone || !matches!(e, RemoteError::Gone { .. }) {
+                        Counters::bump(&self.counters.errors);
+                    }
                     return Err(e);
                 }
                 Err(Attempt::Retry(why)) => {
@@ -194,8 +206,18 @@ impl Store {
 
     /// The whole object `key` in memory, and its ETag.
     pub fn get_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        self.get_bytes_counting(key, true)
+    }
+
+    /// [`Store::get_bytes`] of an object that may not be there: its absence
+    /// ([`RemoteError::Gone`]) is not counted in `errors`.
+    pub fn probe_bytes(&self, key: &str) -> Result<(Vec<u8>, Option<String>), RemoteError> {
+        self.get_bytes_counting(key, false)
+    }
+
+    fn get_bytes_counting(&self, key: &str, count_gone: bool) -> Result<(Vec<u8>, Option<String>), RemoteError> {
         let path = ObjectPath::from(key);
-        let got = self.with_retries(key, |_| async {
+        let got = self.attempts(key, count_gone, |_| async {
             let r = self.s3.get(&path).await.map_err(|e| self.classify(key, e))?;
             let etag = r.meta.e_tag.clone();
             let mut stream = r.into_stream();
@@ -329,6 +351,104 @@ impl Store {
         })
     }
 
+    /// The objects directly under `prefix/` (not in deeper "directories"), in key order, with
+    /// their sizes and ETags: one paged LIST.
+    pub fn list_dir(&self, prefix: &str) -> Result<Vec<Listed>, RemoteError> {
+        let p = ObjectPath::from(prefix);
+        let mut out = self.with_retries(prefix, |_| async {
+            let r = self
+                .s3
+                .list_with_delimiter((!prefix.is_empty()).then_some(&p))
+                .await
+                .map_err(|e| self.classify(prefix, e))?;
+            Ok(r.objects
+                .into_iter()
+                .map(|m| Listed {
+                    key: m.location.to_string(),
+                    size: m.size,
+                    etag: m.e_tag,
+                    modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
+                })
+                .collect::<Vec<_>>())
+        })?;
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// Bytes `range` of object `key` (one ranged GET); see [`Store::get_ranges`].
+    pub fn get_range(
+        &self,
+        key: &str,
+        range: std::ops::Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<Vec<u8>, RemoteError> {
+        Ok(self
+            .get_ranges(key, std::slice::from_ref(&range), etag)?
+            .0
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Byte ranges of object `key` (ranged GETs, one per range), as long as its ETag is `etag`
+    /// (when given; else the first answer's): another one is [`RemoteError::Changed`]. Returns
+    /// the ranges and the ETag the store gave.
+    pub fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[std::ops::Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<(Vec<Vec<u8>>, Option<String>), RemoteError> {
+        let path = ObjectPath::from(key);
+        let mut out = Vec::with_capacity(ranges.len());
+        let mut seen: Option<String> = etag.map(str::to_owned);
+        for range in ranges {
+            let etag = seen.clone();
+            let etag = etag.as_deref();
+            let got = self.with_retries(key, |_| async {
+                let options = GetOptions {
+                    range: Some(GetRange::Bounded(range.clone())),
+                    ..GetOptions::default()
+                };
+                let r = self
+                    .s3
+                    .get_opts(&path, options)
+                    .await
+                    .map_err(|e| self.classify(key, e))?;
+                if let (Some(was), Some(now)) = (etag, r.meta.e_tag.as_deref())
+                    && was != now
+                {
+                    return Err(Attempt::Fatal(RemoteError::Changed {
+                        url: self.url(key),
+                        was: was.to_owned(),
+                        now: now.to_owned(),
+                    }));
+                }
+                let now = r.meta.e_tag.clone();
+                let mut stream = r.into_stream();
+                let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
+                while let Some(chunk) = stream.next().await {
+                    let chunk = chunk.map_err(|e| self.classify(key, e))?;
+                    self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    bytes.extend_from_slice(&chunk);
+                }
+                if bytes.len() as u64 != range.end - range.start {
+                    return Err(Attempt::Retry(format!(
+                        "bytes {}..{}: the body has {} bytes",
+                        range.start,
+                        range.end,
+                        bytes.len()
+                    )));
+                }
+                Ok((bytes, now))
+            })?;
+            if seen.is_none() {
+                seen = got.1;
+            }
+            out.push(got.0);
+        }
+        Ok((out, seen))
+    }
+
     /// The keys under `prefix/` (for tools and tests).
     pub fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, RemoteError> {
         let p = ObjectPath::from(prefix);
@@ -342,6 +462,17 @@ impl Store {
             Ok(out)
         })
     }
+}
+
+/// One object of a listing ([`Store::list_dir`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    pub size: u64,
+    pub etag: Option<String>,
+    /// Its last modification, nanoseconds since the Unix epoch.
+    pub modified_ns: i64,
 }
 
 /// What the AWS CLI's files say for one profile.

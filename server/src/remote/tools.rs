@@ -1,5 +1,7 @@
-//! What the command line does with remote datasets: `pack` uploads one, `verify` and `inspect`
-//! download one to read it with the local tools.
+//! What the command line does with remote datasets: `pack` uploads one; `verify` streams it
+//! shard by shard through a temporary directory (one shard on disk at a time), with the local
+//! checks; `inspect` reads only the index, each shard's record table (a suffix GET) and a few
+//! samples' first bytes (ranged GETs), never whole shards.
 //!
 //! An upload sends every file but the index first and `index.rfi` last: a reader opens a dataset
 //! by its index, so until the index is there the prefix is no dataset, and once it is, every
@@ -85,4 +87,211 @@ pub fn download(store: &Store, url: &RemoteUrl, dest: &Path) -> Result<PathBuf, 
         }
     }
     Ok(dest.to_owned())
+}
+
+/// The index of the dataset at `url`, in memory and checked.
+fn fetch_index(store: &Store, url: &RemoteUrl) -> Result<crate::shard::Dataset, ToolError> {
+    let (index, _) = match store.get_bytes(&url.key(INDEX_FILE)) {
+        Err(RemoteError::Gone { .. }) => {
+            return Err(RemoteError::Other {
+                url: url.to_string(),
+                why: format!("no packed dataset there: {} does not exist", url.object_url(INDEX_FILE)),
+            }
+            .into());
+        }
+        other => other?,
+    };
+    Ok(crate::shard::Dataset::index_only(
+        &PathBuf::from(url.to_string()),
+        index,
+    )?)
+}
+
+/// Why a remote `verify` or `inspect` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error(transparent)]
+    Shard(#[from] crate::shard::ShardError),
+    #[error(transparent)]
+    Verify(#[from] crate::shard::VerifyError),
+    #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
+}
+
+impl ToolError {
+    /// The error kind `ringfeed verify` prints (`proto/shard.md`, "Error kinds"; `remote` for
+    /// the store).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ToolError::Remote(_) => "remote",
+            ToolError::Shard(e) => e.kind(),
+            ToolError::Verify(e) => e.kind(),
+            ToolError::Inspect(_) => "inspect",
+        }
+    }
+}
+
+/// Verifies the dataset at `url` as `ringfeed verify` does a local one, streaming: the index in
+/// memory, then each shard downloaded into `dir`, checked and deleted before the next
+/// (`shard::verify::verify_streaming`): the disk holds one shard at a time. `on_shard(n, of)`
+/// is called as each download starts.
+pub fn verify(
+    store: &Store,
+    url: &RemoteUrl,
+    dir: &Path,
+    opts: &crate::shard::VerifyOptions<'_>,
+    on_shard: &mut dyn FnMut(u32, u32),
+) -> Result<crate::shard::VerifyReport, ToolError> {
+    let ds = fetch_index(store, url)?;
+    std::fs::create_dir_all(dir).map_err(|e| RemoteError::Io {
+        path: dir.to_owned(),
+        source: e,
+    })?;
+    let count = ds.shard_count();
+    let mut fetch = |n: u32| -> Result<PathBuf, crate::shard::VerifyError> {
+        on_shard(n, count);
+        let name = ds.shard_name(n)?;
+        let path = dir.join(name);
+        let len = ds.shard_entry(n).file_len;
+        store
+            .download(&url.key(name), &path, len, None)
+            .map_err(|e| crate::shard::ShardError::io(&path, std::io::Error::other(e.to_string())))?;
+        Ok(path)
+    };
+    let mut done = |_: u32, path: &Path| {
+        let _ = std::fs::remove_file(path);
+    };
+    Ok(crate::shard::verify::verify_streaming(
+        &ds, &mut fetch, &mut done, opts,
+    )?)
+}
+
+/// How many samples a remote `inspect` probes for their format (one small ranged GET each).
+pub const REMOTE_FORMAT_PROBES: u64 = 32;
+
+/// First bytes of a record read to tell its format.
+const SNIFF_BYTES: u64 = 64;
+
+/// Inspects the dataset at `url` with ranged GETs only: the index (whole; a few bytes per
+/// sample), each shard's record table and footer (one suffix GET per shard, `16 × records + 72`
+/// bytes), the first 64 bytes of at most [`REMOTE_FORMAT_PROBES`] evenly spaced samples, and
+/// sample `sample` whole (if any). Never downloads a shard.
+pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<crate::inspect::Inspection, ToolError> {
+    use crate::shard::{RECORD_ENTRY_LEN, RecordEntry, SHARD_FOOTER_LEN, ShardFooter};
+    let ds = fetch_index(store, url)?;
+    let mut tables: Vec<Vec<RecordEntry>> = Vec::with_capacity(ds.shard_count() as usize);
+    let mut files_bytes = ds.index.len();
+    for n in 0..ds.shard_count() {
+        let name = ds.shard_name(n)?.to_owned();
+        let entry = ds.shard_entry(n);
+        files_bytes += entry.file_len;
+        let path = PathBuf::from(url.object_url(&name));
+        let want =
+            (u64::from(entry.record_count) * RECORD_ENTRY_LEN as u64 + SHARD_FOOTER_LEN as u64 + 8).min(entry.file_len);
+        let from = entry.file_len - want;
+        let tail = store.get_range(&url.key(&name), from..entry.file_len, None)?;
+        let footer_at = entry.file_len - SHARD_FOOTER_LEN as u64;
+        let footer = ShardFooter::decode(&path, footer_at, &tail[(footer_at - from) as usize..], entry.file_len)?;
+        if footer.record_count != entry.record_count || footer.table_offset < from {
+            return Err(crate::shard::ShardError::corrupt(
+                &path,
+                footer_at + 12,
+                format!(
+                    "the footer records {} records, the index {}",
+                    footer.record_count, entry.record_count
+                ),
+            )
+            .into());
+        }
+        let table = &tail[(footer.table_offset - from) as usize..][..footer.record_count as usize * RECORD_ENTRY_LEN];
+        let computed = crate::shard::crc(table);
+        if computed != footer.table_crc {
+            return Err(crate::shard::ShardError::Checksum {
+                path,
+                offset: footer.table_offset,
+                what: "record table".into(),
+                stored: footer.table_crc,
+                computed,
+            }
+            .into());
+        }
+        tables.push(table.chunks_exact(RECORD_ENTRY_LEN).map(RecordEntry::decode).collect());
+    }
+    let record = |i: u64| -> Result<(crate::shard::SampleEntry, RecordEntry, String), ToolError> {
+        let (e, _, _) = ds.sample_entry(i)?;
+        let r = tables
+            .get(e.shard as usize)
+            .and_then(|t| t.get(e.record as usize))
+            .copied()
+            .ok_or_else(|| {
+                crate::shard::ShardError::corrupt(
+                    ds.index_path(),
+                    ds.sample_entry_offset(i),
+                    format!(
+                        "sample {i} refers to shard {} record {}, which does not exist",
+                        e.shard, e.record
+                    ),
+                )
+            })?;
+        Ok((e, r, ds.shard_name(e.shard)?.to_owned()))
+    };
+    let n = ds.len();
+    let mut sizes = Vec::with_capacity(n as usize);
+    let mut per_class = vec![0u64; ds.class_count() as usize];
+    for i in 0..n {
+        let (e, r, _) = record(i)?;
+        sizes.push(u64::from(r.length));
+        if let Some(c) = usize::try_from(e.label).ok().and_then(|l| per_class.get_mut(l)) {
+            *c += 1;
+        }
+    }
+    let classes = (0..ds.class_count())
+        .map(|c| {
+            Ok((
+                String::from_utf8_lossy(ds.class_name(c)?).into_owned(),
+                per_class[c as usize],
+            ))
+        })
+        .collect::<Result<Vec<_>, crate::shard::ShardError>>()?;
+    let mut formats = std::collections::BTreeMap::new();
+    let mut probed = 0;
+    for i in (0..n).step_by(n.div_ceil(REMOTE_FORMAT_PROBES).max(1) as usize) {
+        let (_, r, name) = record(i)?;
+        let head = store.get_range(
+            &url.key(&name),
+            r.offset..r.offset + u64::from(r.length).min(SNIFF_BYTES),
+            None,
+        )?;
+        let fmt = crate::codec::sniff(&head).map_or("unknown".to_owned(), |f| f.to_string());
+        *formats.entry(fmt).or_insert(0) += 1;
+        probed += 1;
+    }
+    let sample = match sample {
+        None => None,
+        Some(i) if i >= n => return Err(crate::inspect::InspectError::NoSuchSample { index: i, len: n }.into()),
+        Some(i) => {
+            let (e, r, name) = record(i)?;
+            let data = store.get_range(&url.key(&name), r.offset..r.offset + u64::from(r.length), None)?;
+            let (_, key, meta) = ds.sample_entry(i)?;
+            let mut info = crate::inspect::SampleInfo::new(i, key, e.label, &data, &classes);
+            info.meta = (!meta.is_empty()).then(|| String::from_utf8_lossy(meta).into_owned());
+            info.location = Some((url.object_url(&name), r.offset, r.crc));
+            Some(info)
+        }
+    };
+    Ok(crate::inspect::Inspection {
+        kind: "packed".to_owned(),
+        path: url.to_string(),
+        samples: n,
+        shards: Some(ds.shard_count()),
+        files_bytes: Some(files_bytes),
+        classes,
+        sizes: crate::inspect::SizeStats::from(sizes),
+        formats,
+        probed,
+        info: ds.info().ok().and_then(|i| serde_json::from_str(i).ok()),
+        sample,
+    })
 }

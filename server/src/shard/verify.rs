@@ -111,72 +111,21 @@ fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport,
         }
     };
 
-    // 2. The index body checksum.
-    let footer_at = ds.index.len() - super::INDEX_FOOTER_LEN as u64;
-    let computed = crc(&ds.index.map[..footer_at as usize]);
-    if computed != ds.footer.body_crc {
-        return Err(ShardError::Checksum {
-            path: ds.index_path().to_owned(),
-            offset: footer_at + 12,
-            what: format!("index body (bytes 0..{footer_at})"),
-            stored: ds.footer.body_crc,
-            computed,
-        }
-        .into());
-    }
+    check_index(ds)?;
     done += ds.index.len();
     report(done);
-
-    // 3. Index contents.
-    check_index_contents(ds)?;
-    let mut referenced: Vec<Vec<bool>> = ds
-        .shards
-        .iter()
-        .map(|s| vec![false; s.footer.record_count as usize])
-        .collect();
-    for i in 0..ds.len() {
-        let s = ds.sample(i)?;
-        let at = ds.sample_entry_offset(i);
-        if s.label < -1 || (ds.class_count() > 0 && s.label >= i64::from(ds.class_count())) {
-            return Err(ShardError::corrupt(
-                ds.index_path(),
-                at,
-                format!("sample {i} has label {}, outside -1..{}", s.label, ds.class_count()),
+    let counts: Vec<u32> = ds.shards.iter().map(|s| s.footer.record_count).collect();
+    check_references(
+        ds,
+        &counts,
+        &|n, r| {
+            (
+                ds.shards[n as usize].path().to_owned(),
+                ds.shards[n as usize].footer.table_offset + u64::from(r) * RECORD_ENTRY_LEN as u64,
             )
-            .into());
-        }
-        if !s.meta.is_empty() && !is_json_object(s.meta) {
-            return Err(ShardError::corrupt(
-                ds.index_path(),
-                at + 20,
-                format!("sample {i} has metadata that is not a UTF-8 JSON object"),
-            )
-            .into());
-        }
-        let seen = &mut referenced[s.shard as usize][s.record as usize];
-        if *seen {
-            return Err(ShardError::corrupt(
-                ds.index_path(),
-                at + 24,
-                format!(
-                    "sample {i} refers to shard {} record {}, which an earlier sample already uses",
-                    s.shard, s.record
-                ),
-            )
-            .into());
-        }
-        *seen = true;
-    }
-    for (n, refs) in referenced.iter().enumerate() {
-        if let Some(r) = refs.iter().position(|&seen| !seen) {
-            return Err(ShardError::corrupt(
-                ds.shards[n].path(),
-                ds.shards[n].footer.table_offset + r as u64 * RECORD_ENTRY_LEN as u64,
-                format!("record {r} is not referenced by any sample of the index"),
-            )
-            .into());
-        }
-    }
+        },
+        &|i| ds.sample(i).map(drop),
+    )?;
 
     // 4. Every shard, front to back.
     for shard in &ds.shards {
@@ -199,6 +148,220 @@ fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport,
         bytes: total,
         checked_samples,
     })
+}
+
+/// Steps 2 and 3 of the index: its body checksum and its contents.
+fn check_index(ds: &Dataset) -> Result<(), VerifyError> {
+    let footer_at = ds.index.len() - super::INDEX_FOOTER_LEN as u64;
+    let computed = crc(&ds.index.map[..footer_at as usize]);
+    if computed != ds.footer.body_crc {
+        return Err(ShardError::Checksum {
+            path: ds.index_path().to_owned(),
+            offset: footer_at + 12,
+            what: format!("index body (bytes 0..{footer_at})"),
+            stored: ds.footer.body_crc,
+            computed,
+        }
+        .into());
+    }
+    check_index_contents(ds)?;
+    Ok(())
+}
+
+/// Every sample's label, metadata and record: each record of shard `n` (of `counts[n]`) used by
+/// exactly one sample. `record_at(n, r)`: the file and offset naming record `r` of shard `n` in
+/// an error; `first(i)`: a check of sample `i` run before these (an opened dataset reads it).
+/// Returns the samples of each shard, in index order.
+fn check_references(
+    ds: &Dataset,
+    counts: &[u32],
+    record_at: &dyn Fn(u32, u32) -> (std::path::PathBuf, u64),
+    first: &dyn Fn(u64) -> Result<(), ShardError>,
+) -> Result<Vec<Vec<u64>>, VerifyError> {
+    let mut referenced: Vec<Vec<bool>> = counts.iter().map(|&c| vec![false; c as usize]).collect();
+    let mut by_shard: Vec<Vec<u64>> = vec![Vec::new(); counts.len()];
+    for i in 0..ds.len() {
+        first(i)?;
+        let (e, _key, meta) = ds.sample_entry(i)?;
+        let at = ds.sample_entry_offset(i);
+        if e.label < -1 || (ds.class_count() > 0 && e.label >= i64::from(ds.class_count())) {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at,
+                format!("sample {i} has label {}, outside -1..{}", e.label, ds.class_count()),
+            )
+            .into());
+        }
+        if !meta.is_empty() && !is_json_object(meta) {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at + 20,
+                format!("sample {i} has metadata that is not a UTF-8 JSON object"),
+            )
+            .into());
+        }
+        let seen = referenced
+            .get_mut(e.shard as usize)
+            .and_then(|r| r.get_mut(e.record as usize))
+            .ok_or_else(|| {
+                ShardError::corrupt(
+                    ds.index_path(),
+                    at + 24,
+                    format!(
+                        "sample {i} refers to shard {} record {}, which does not exist",
+                        e.shard, e.record
+                    ),
+                )
+            })?;
+        if *seen {
+            return Err(ShardError::corrupt(
+                ds.index_path(),
+                at + 24,
+                format!(
+                    "sample {i} refers to shard {} record {}, which an earlier sample already uses",
+                    e.shard, e.record
+                ),
+            )
+            .into());
+        }
+        *seen = true;
+        by_shard[e.shard as usize].push(i);
+    }
+    for (n, refs) in referenced.iter().enumerate() {
+        if let Some(r) = refs.iter().position(|&seen| !seen) {
+            let (path, offset) = record_at(n as u32, r as u32);
+            return Err(ShardError::corrupt(
+                &path,
+                offset,
+                format!("record {r} is not referenced by any sample of the index"),
+            )
+            .into());
+        }
+    }
+    Ok(by_shard)
+}
+
+/// Verifies a dataset whose index is in memory (`Dataset::index_only`) and whose shards are
+/// had one at a time (a remote dataset, `crate::remote::tools::verify`): every check of
+/// [`verify`], in its order for the index, then shard by shard: `fetch(n)` makes shard `n` a
+/// local file, it is checked (structure, every CRC, then `opts.sample_check` on its samples),
+/// and `done(n, path)` may delete it before the next is fetched. So the disk holds one shard at
+/// a time. A failing sample check reports the lowest failing index of the first shard with one.
+pub fn verify_streaming(
+    ds: &Dataset,
+    fetch: &mut dyn FnMut(u32) -> Result<std::path::PathBuf, VerifyError>,
+    done_with: &mut dyn FnMut(u32, &Path),
+    opts: &VerifyOptions<'_>,
+) -> Result<VerifyReport, VerifyError> {
+    crate::fault::install().map_err(|e| ShardError::io(ds.index_path(), e))?;
+    let entries: Vec<_> = (0..ds.shard_count()).map(|n| ds.shard_entry(n)).collect();
+    let total: u64 = ds.index.len() + entries.iter().map(|e| e.file_len).sum::<u64>();
+    let mut done = 0u64;
+    let report = |done: u64| {
+        if let Some(p) = opts.progress {
+            p(done, total)
+        }
+    };
+    check_index(ds)?;
+    done += ds.index.len();
+    report(done);
+    let counts: Vec<u32> = entries.iter().map(|e| e.record_count).collect();
+    let names: Vec<String> = (0..ds.shard_count())
+        .map(|n| ds.shard_name(n).map(str::to_owned))
+        .collect::<Result<_, _>>()?;
+    let by_shard = check_references(
+        ds,
+        &counts,
+        &|n, r| (ds.dir().join(&names[n as usize]), u64::from(r)),
+        &|_| Ok(()),
+    )?;
+    let mut checked_samples = 0;
+    for n in 0..ds.shard_count() {
+        let path = fetch(n)?;
+        let result = (|| -> Result<u64, VerifyError> {
+            let shard = ds.open_shard_at(n, &path)?;
+            let r = check_shard(&shard, &mut |bytes| {
+                done += bytes;
+                report(done);
+            });
+            if let Some(at) = shard.file.fault() {
+                return Err(shard.file.changed(at, "the shard, while it was verified".into()).into());
+            }
+            r?;
+            match opts.sample_check {
+                Some(check) => check_shard_samples(ds, &shard, &by_shard[n as usize], check, opts.threads),
+                None => Ok(0),
+            }
+        })();
+        done_with(n, &path);
+        checked_samples += result?;
+    }
+    Ok(VerifyReport {
+        samples: ds.len(),
+        shards: ds.shard_count(),
+        classes: ds.class_count(),
+        bytes: total,
+        checked_samples,
+    })
+}
+
+/// `check` on the samples `indices` of `shard`, on `threads` threads; the lowest failing index.
+fn check_shard_samples(
+    ds: &Dataset,
+    shard: &Shard,
+    indices: &[u64],
+    check: SampleCheck<'_>,
+    threads: usize,
+) -> Result<u64, VerifyError> {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+    .clamp(1, indices.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures: Vec<Option<VerifyError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Option<VerifyError> {
+                    let mut first: Option<VerifyError> = None;
+                    loop {
+                        // Relaxed: the counter only hands out distinct positions.
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&i) = indices.get(k) else { return first };
+                        let got = ds
+                            .sample_entry(i)
+                            .and_then(|(e, key, _)| Ok((shard.record(e.record)?, key)));
+                        let (r, key) = match got {
+                            Ok(x) => x,
+                            Err(e) => return Some(e.into()),
+                        };
+                        if let Err(reason) = check(shard.bytes(&r)) {
+                            let older = first
+                                .as_ref()
+                                .is_some_and(|f| matches!(f, VerifyError::Sample { index, .. } if *index < i));
+                            if !older {
+                                first = Some(VerifyError::Sample {
+                                    shard: shard.path().to_owned(),
+                                    offset: r.offset,
+                                    index: i,
+                                    key: String::from_utf8_lossy(key).into_owned(),
+                                    reason,
+                                });
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(None)).collect()
+    });
+    match failures.into_iter().flatten().min_by_key(|e| match e {
+        VerifyError::Sample { index, .. } => *index,
+        VerifyError::Format(_) => 0,
+    }) {
+        Some(e) => Err(e),
+        None => Ok(indices.len() as u64),
+    }
 }
 
 fn is_json_object(b: &[u8]) -> bool {

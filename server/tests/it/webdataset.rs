@@ -11,7 +11,7 @@ use crate::serve::{Batch, Server, open_msg};
 use crate::support::{bin, jpeg, png, write_tree};
 
 /// A ustar archive of `members` (names under 100 bytes), ending with two zero blocks.
-fn tar(members: &[(String, Vec<u8>)]) -> Vec<u8> {
+pub(crate) fn tar(members: &[(String, Vec<u8>)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, data) in members {
         let mut h = [0u8; 512];
@@ -215,4 +215,82 @@ fn damaged_tars_and_bad_samples_follow_on_error() {
         m.contains("t.tar: sample \"b\": no image member (looked for jpg, jpeg, png, webp; it has cls)"),
         "{m}"
     );
+}
+
+fn wds_vectors() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/vectors/webdataset")
+}
+
+/// The shared index-file vectors (`proto/vectors/webdataset/`, `proto/webdataset.md` 1.1): a tar,
+/// its index as a local file (no ETag) and as an object of a store (with its ETag), and what
+/// they hold. The writer must reproduce them byte for byte and the reader must read them back;
+/// `client-py/tests/test_webdataset.py` reads the same files with its own parser.
+/// `RINGFEED_BLESS=1` regenerates them.
+#[test]
+fn index_file_vectors_are_current_and_read_back() {
+    use ringfeed::source::wds::{index, tar as wtar};
+    let members = vec![
+        ("train/0001.jpg".to_owned(), vec![0xFFu8, 0xD8, 0xFF, 0xE0, 1, 2, 3]),
+        ("train/0001.cls".to_owned(), b"7".to_vec()),
+        ("train/0002.seg.png".to_owned(), vec![0x89u8; 700]),
+    ];
+    let tar_bytes = tar(&members);
+    let scan = wtar::scan(&tar_bytes, &mut |_| {});
+    let stamp = index::Stamp {
+        len: tar_bytes.len() as u64,
+        mtime_ns: 1_700_000_000_123_456_789,
+    };
+    let etag = b"\"5d41402abc4b2a76b9719d911017c592\"";
+    let local = index::encode(&scan, stamp);
+    let stored = index::encode_with(&scan, stamp, Some(etag));
+    let expected = json!({
+        "tar": "v1.tar",
+        "len": stamp.len,
+        "mtime_ns": stamp.mtime_ns,
+        "etag": String::from_utf8_lossy(etag),
+        "end": "complete",
+        "members": scan.members.iter().map(|m| json!({
+            "name": String::from_utf8_lossy(&m.name),
+            "offset": m.offset,
+            "size": m.size,
+        })).collect::<Vec<_>>(),
+        "files": {"local": "v1-local.tar.rfidx", "store": "v1-store.tar.rfidx"},
+    });
+    let dir = wds_vectors();
+    let files = [
+        ("v1.tar", tar_bytes.clone()),
+        ("v1-local.tar.rfidx", local.clone()),
+        ("v1-store.tar.rfidx", stored.clone()),
+        (
+            "expected.json",
+            (serde_json::to_string_pretty(&expected).unwrap() + "\n").into_bytes(),
+        ),
+    ];
+    if std::env::var("RINGFEED_BLESS").as_deref() == Ok("1") {
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in &files {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    }
+    for (name, bytes) in &files {
+        let committed = std::fs::read(dir.join(name)).unwrap_or_default();
+        assert!(
+            committed == *bytes,
+            "proto/vectors/webdataset/{name} is stale; RINGFEED_BLESS=1 regenerates it"
+        );
+    }
+    // The reader: both read back to the scan; the stored one carries its ETag.
+    let l = index::parse(&local).unwrap();
+    let s = index::parse(&stored).unwrap();
+    assert_eq!((&l.scan, l.made, &l.etag), (&scan, stamp, &None));
+    assert_eq!((&s.scan, s.made, s.etag.as_deref()), (&scan, stamp, Some(&etag[..])));
+    assert_eq!(index::decode(&local, stamp, &tar_bytes).unwrap(), scan);
+    assert_eq!(u16::from_le_bytes([stored[10], stored[11]]), 1, "minor version 1");
+    // A 1.0 reader's rule 4 (nothing after the last member but the CRC) holds for the local one.
+    let mut as_10 = local.clone();
+    as_10[10] = 0;
+    let n = as_10.len() - 4;
+    let crc = crc32c::crc32c(&as_10[..n]).to_le_bytes();
+    as_10[n..].copy_from_slice(&crc);
+    assert_eq!(index::parse(&as_10).unwrap().scan, scan, "a 1.0 index is read");
 }

@@ -17,8 +17,8 @@ use super::tar::{BLOCK, End, Member, Scan};
 
 /// The index file's magic.
 pub const MAGIC: &[u8; 8] = b"RFWDSIDX";
-/// The format version written.
-pub const VERSION: (u16, u16) = (1, 0);
+/// The format version written (1.1: the tar's ETag, for tars on object storage).
+pub const VERSION: (u16, u16) = (1, 1);
 /// What is appended to a tar's file name.
 pub const SUFFIX: &str = ".rfidx";
 
@@ -49,13 +49,19 @@ pub fn path_for(tar: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Encodes the scan of a tar with `stamp`.
+/// Encodes the scan of a local tar with `stamp`.
 pub fn encode(scan: &Scan, stamp: Stamp) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + scan.members.len() * 32);
+    encode_with(scan, stamp, None)
+}
+
+/// Encodes the scan of a tar with `stamp` and, for an object in a store, its ETag (1.1).
+pub fn encode_with(scan: &Scan, stamp: Stamp, etag: Option<&[u8]>) -> Vec<u8> {
+    let etag = etag.unwrap_or_default();
+    let mut out = Vec::with_capacity(64 + scan.members.len() * 32 + etag.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.0.to_le_bytes());
     out.extend_from_slice(&VERSION.1.to_le_bytes());
-    out.extend_from_slice(&[0u8; 4]);
+    out.extend_from_slice(&(etag.len() as u32).to_le_bytes());
     out.extend_from_slice(&stamp.len.to_le_bytes());
     out.extend_from_slice(&stamp.mtime_ns.to_le_bytes());
     out.extend_from_slice(&(scan.members.len() as u64).to_le_bytes());
@@ -76,14 +82,42 @@ pub fn encode(scan: &Scan, stamp: Stamp) -> Vec<u8> {
         out.extend_from_slice(&(m.name.len() as u32).to_le_bytes());
         out.extend_from_slice(&m.name);
     }
+    out.extend_from_slice(etag);
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// Decodes an index file made for a tar of `stamp` whose bytes are `tar`; `Err` says why it
-/// cannot be used (it is then rebuilt).
+/// An index file's contents, read and structurally checked but not yet matched to a tar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub scan: Scan,
+    /// The tar's length and modification time when it was indexed.
+    pub made: Stamp,
+    /// 1.1: the tar's ETag when it was indexed as an object of a store; `None` for a local file.
+    pub etag: Option<Vec<u8>>,
+}
+
+/// Decodes an index file made for a tar of `stamp` whose bytes are `tar` (a local file: reading
+/// rules 1 to 5 of `proto/webdataset.md`); `Err` says why it cannot be used (it is then rebuilt).
 pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
+    let parsed = parse(bytes)?;
+    let made = parsed.made;
+    if made != stamp {
+        return Err(format!(
+            "it was made for a tar of {} bytes modified at {} ns, the tar now has {} bytes, modified at {} ns",
+            made.len, made.mtime_ns, stamp.len, stamp.mtime_ns
+        ));
+    }
+    spot_check(&parsed.scan.members, false, &mut |at| {
+        tar.get(at as usize..(at + BLOCK) as usize).map(<[u8]>::to_vec)
+    })?;
+    Ok(parsed.scan)
+}
+
+/// Reads an index file: reading rules 1, 3 (against the length it records) and 4; rule 2 (or,
+/// for a tar in a store, its ETag) and rule 5 are the caller's ([`decode`], [`spot_check`]).
+pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     if bytes.len() < 60 || &bytes[..8] != MAGIC {
         return Err("not a ringfeed tar index".into());
     }
@@ -106,12 +140,12 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
         len: u64_at(16),
         mtime_ns: u64_at(24) as i64,
     };
-    if made != stamp {
-        return Err(format!(
-            "it was made for a tar of {} bytes modified at {} ns, the tar now has {} bytes, modified at {} ns",
-            made.len, made.mtime_ns, stamp.len, stamp.mtime_ns
-        ));
+    // 1.1: the ETag's length (1.0: reserved, 0); its bytes end the body.
+    let etag_len = u32_at(12) as usize;
+    if etag_len > body.len() - 56 {
+        return Err("its ETag is longer than the file".into());
     }
+    let (body, etag) = body.split_at(body.len() - etag_len);
     let count = u64_at(32);
     let (kind, has_member, detail_len, at) = (body[40], body[41], u32_at(44) as usize, u64_at(48));
     let mut pos = 56;
@@ -147,7 +181,7 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
         let (offset, size, n) = (u64_at(head.start), u64_at(head.start + 8), u32_at(head.start + 16));
         let name = body[take(&mut pos, n as usize)?].to_vec();
         let cut = i + 1 == count && matches!(end, End::Truncated { member: Some(_), .. });
-        let fits = offset.checked_add(size).is_some_and(|e| e <= stamp.len) || cut;
+        let fits = offset.checked_add(size).is_some_and(|e| e <= made.len) || cut;
         if offset < next || offset % BLOCK != 0 || !fits {
             return Err(format!("member {i} lies outside the tar or out of order"));
         }
@@ -157,19 +191,70 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
     if pos != body.len() {
         return Err("it has bytes after its last member".into());
     }
-    // Spot checks against the tar itself: the headers of the first and last members (a tar
-    // that changed length since it was stamped has no header there either).
+    Ok(Parsed {
+        scan: Scan { members, end },
+        made,
+        etag: (etag_len > 0).then(|| etag.to_vec()),
+    })
+}
+
+/// Reading rule 5: the 512 bytes before the first and the last member are the header of a
+/// regular file (`header(at)`: the tar's 512 bytes at `at`, `None` past its end); with
+/// `same_member` (1.1, a tar in a store without a matching ETag), a header whose own name and
+/// size fields are the member's. A tar that changed length since it was indexed has no header
+/// there either.
+pub fn spot_check(
+    members: &[Member],
+    same_member: bool,
+    header: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
+) -> Result<(), String> {
+    let mut seen = None;
     for m in [members.first(), members.last()].into_iter().flatten() {
-        let Some(h) = tar.get((m.offset - BLOCK) as usize..m.offset as usize) else {
-            return Err(format!("the tar has no member header at byte {}", m.offset - BLOCK));
+        let at = m.offset - BLOCK;
+        if seen == Some(at) {
+            continue;
+        }
+        seen = Some(at);
+        let no = || format!("the tar has no member header at byte {at}");
+        let Some(h) = header(at).filter(|h| h.len() == BLOCK as usize) else {
+            return Err(no());
         };
-        let ok = super::tar::scan(h, &mut |_| {});
+        let ok = super::tar::scan(&h, &mut |_| {});
         let plain = matches!(h[156], b'0' | 0 | b'7');
         if !matches!(ok.end, End::Complete | End::Truncated { .. }) || !plain {
-            return Err(format!("the tar has no member header at byte {}", m.offset - BLOCK));
+            return Err(no());
+        }
+        if !same_member {
+            continue;
+        }
+        // The header is this member's: its own name and size fields (a member a pax or GNU
+        // record named or sized fails this, and the tar is indexed again: a cost, never a
+        // wrong table).
+        let Some(h) = ok.members.first() else {
+            return Err(no());
+        };
+        if h.size != m.size || h.name != m.name {
+            return Err(format!(
+                "the member header at byte {at} is {:?} of {} bytes, the index says {:?} of {}",
+                String::from_utf8_lossy(&h.name),
+                h.size,
+                String::from_utf8_lossy(&m.name),
+                m.size
+            ));
         }
     }
-    Ok(Scan { members, end })
+    Ok(())
+}
+
+/// The byte ranges [`spot_check`] reads, for a reader that fetches them first (a tar in a store).
+pub fn spot_ranges(members: &[Member]) -> Vec<std::ops::Range<u64>> {
+    let mut out: Vec<std::ops::Range<u64>> = [members.first(), members.last()]
+        .into_iter()
+        .flatten()
+        .map(|m| m.offset - BLOCK..m.offset)
+        .collect();
+    out.dedup();
+    out
 }
 
 /// Writes `bytes` as the index of `tar`, atomically. Errors are the caller's to report.

@@ -114,12 +114,6 @@ struct Tar {
     members: Vec<tar::Member>,
 }
 
-impl Tar {
-    fn bytes(&self) -> &[u8] {
-        self.map.as_ref().map_or(&[], |m| &m.map)
-    }
-}
-
 /// A tar with its member table, how its scan ended, and whether its index file was used.
 type Indexed = (Tar, tar::End, bool);
 
@@ -127,7 +121,7 @@ type Indexed = (Tar, tar::End, bool);
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     tar: u32,
-    /// Its first member (in `Tar::members`), whose name holds the key.
+    /// Its first member (in the tar's member table), whose name holds the key.
     first: u32,
     members: u32,
     key_len: u32,
@@ -135,16 +129,239 @@ struct Entry {
     label: Option<u32>,
 }
 
-/// WebDataset tars, indexed.
-pub struct WdsSource {
-    /// What the client named (a directory, a file, a pattern).
+/// The samples of a set of tars, from their member tables alone: where each sample's members
+/// are, its key, which member is its image and which its label. Where the tars' bytes come
+/// from (a local mapping, a cached download) is the owner's: [`Catalog::lookup`] takes them.
+#[derive(Debug)]
+pub struct Catalog {
+    /// What the client named (a directory, a file, a pattern, a URL).
     name: String,
-    tars: Vec<Tar>,
+    /// Each tar's name (its path, or its URL) and member table.
+    tars: Vec<(PathBuf, Vec<tar::Member>)>,
     entries: Vec<Entry>,
     /// Samples per tar, for the `shard_blocks` order.
     sizes: Vec<u64>,
     problems: Vec<Problem>,
     opts: WdsOptions,
+}
+
+impl Catalog {
+    /// No tars yet.
+    pub fn new(name: &str, opts: &WdsOptions) -> Self {
+        Catalog {
+            name: name.to_owned(),
+            tars: Vec::new(),
+            entries: Vec::new(),
+            sizes: Vec::new(),
+            problems: Vec::new(),
+            opts: opts.clone(),
+        }
+    }
+
+    /// Groups the next tar's members (named `path`) into samples; how its scan ended is a
+    /// listing problem unless it is complete.
+    pub fn add(&mut self, path: PathBuf, members: Vec<tar::Member>, end: &tar::End) {
+        if let Some(reason) = end.problem(members.len()) {
+            self.problems.push(Problem {
+                key: path.as_os_str().as_bytes().to_vec(),
+                reason,
+            });
+        }
+        let t = self.tars.len() as u32;
+        let before = self.entries.len();
+        let mut current: Option<(Entry, &[u8])> = None;
+        for (m, member) in members.iter().enumerate() {
+            let Some((key, ext)) = tar::split_key(&member.name) else {
+                continue;
+            };
+            let (key, ext) = (&member.name[key], member.name[ext].to_ascii_lowercase());
+            let same = current.as_ref().is_some_and(|(_, k)| *k == key);
+            if !same {
+                if let Some((e, _)) = current.take() {
+                    self.entries.push(e);
+                }
+                current = Some((
+                    Entry {
+                        tar: t,
+                        first: m as u32,
+                        members: 0,
+                        key_len: key.len() as u32,
+                        image: None,
+                        label: None,
+                    },
+                    key,
+                ));
+            }
+            let (e, _) = current.as_mut().expect("set above");
+            e.members = m as u32 + 1 - e.first;
+            // The first image extension in the option's order wins, whatever the member order.
+            if let Some(rank) = self.opts.image.iter().position(|x| *x == ext) {
+                let better = e.image.is_none_or(|i| {
+                    let have = member_ext(&members[i as usize].name);
+                    self.opts.image.iter().position(|x| *x == have).is_none_or(|r| rank < r)
+                });
+                if better {
+                    e.image = Some(m as u32);
+                }
+            }
+            if self.opts.label.as_deref() == Some(ext.as_slice()) && e.label.is_none() {
+                e.label = Some(m as u32);
+            }
+        }
+        if let Some((e, _)) = current {
+            self.entries.push(e);
+        }
+        self.sizes.push((self.entries.len() - before) as u64);
+        self.tars.push((path, members));
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    /// Whether there is no sample.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number of tars.
+    pub fn tar_count(&self) -> usize {
+        self.tars.len()
+    }
+
+    /// Samples per tar, in order.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// What the member tables could not list (tars cut short, corrupt headers).
+    pub fn problems(&self) -> &[Problem] {
+        &self.problems
+    }
+
+    /// What the client named.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The member table of tar `t`.
+    pub fn members(&self, t: usize) -> &[tar::Member] {
+        &self.tars[t].1
+    }
+
+    /// "WebDataset NAME (T tars, N samples, WHERE)".
+    pub fn describe(&self, place: &str) -> String {
+        format!(
+            "WebDataset {} ({} tars, {} samples, {place})",
+            self.name,
+            self.tars.len(),
+            self.len()
+        )
+    }
+
+    fn entry(&self, index: u64, place: &str) -> Result<&Entry, SourceError> {
+        self.entries.get(index as usize).ok_or_else(|| SourceError::OutOfRange {
+            index,
+            len: self.len(),
+            source_desc: self.describe(place),
+        })
+    }
+
+    /// The tar sample `index` is in (`place`: for the message of an index out of range).
+    pub fn tar_of(&self, index: u64, place: &str) -> Result<u32, SourceError> {
+        Ok(self.entry(index, place)?.tar)
+    }
+
+    /// Sample `index`'s key, as text, for messages.
+    pub fn key_text(&self, index: u64) -> String {
+        self.entries.get(index as usize).map_or_else(String::new, |e| {
+            let name = &self.tars[e.tar as usize].1[e.first as usize].name;
+            String::from_utf8_lossy(&name[..e.key_len as usize]).into_owned()
+        })
+    }
+
+    /// Sample `index`'s key, image bytes and label, from `data`, the bytes of its tar.
+    pub fn lookup<'a>(&'a self, index: u64, data: &'a [u8]) -> Result<Sample<'a>, SourceError> {
+        let e = self.entry(index, "")?;
+        let (path, members) = &self.tars[e.tar as usize];
+        let key = &members[e.first as usize].name[..e.key_len as usize];
+        let fail = |member: Option<&tar::Member>, reason: String| {
+            SourceError::Wds(WdsError::Sample {
+                tar: path.clone(),
+                key: String::from_utf8_lossy(key).into_owned(),
+                member: member.map(|m| String::from_utf8_lossy(&m.name).into_owned()),
+                reason,
+            })
+        };
+        let bytes = |m: &tar::Member| -> Result<&'a [u8], SourceError> {
+            match m.offset.checked_add(m.size) {
+                Some(end) if end <= data.len() as u64 => Ok(&data[m.offset as usize..end as usize]),
+                _ => Err(fail(
+                    Some(m),
+                    format!(
+                        "the member is cut off: {} bytes at offset {}, the file ends at {}",
+                        m.size,
+                        m.offset,
+                        data.len()
+                    ),
+                )),
+            }
+        };
+        let Some(image) = e.image else {
+            let have: Vec<String> = members[e.first as usize..(e.first + e.members) as usize]
+                .iter()
+                .map(|m| String::from_utf8_lossy(&member_ext(&m.name)).into_owned())
+                .collect();
+            return Err(fail(
+                None,
+                format!(
+                    "no image member (looked for {}; it has {}); set webdataset={{\"image\": ...}} to the extension it uses",
+                    self.opts
+                        .image
+                        .iter()
+                        .map(|x| String::from_utf8_lossy(x))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    have.join(", ")
+                ),
+            ));
+        };
+        let data = bytes(&members[image as usize])?;
+        let label = match (&self.opts.label, e.label) {
+            (None, _) => super::NO_LABEL,
+            (Some(ext), None) => {
+                return Err(fail(
+                    None,
+                    format!(
+                        "no label member `.{}`; set webdataset={{\"label\": \"\"}} to serve without labels, or name the label's extension",
+                        String::from_utf8_lossy(ext)
+                    ),
+                ));
+            }
+            (Some(_), Some(l)) => {
+                let m = &members[l as usize];
+                parse_label(
+                    bytes(m)?,
+                    self.opts.json_label().then_some(self.opts.label_key.as_str()),
+                )
+                .map_err(|reason| fail(Some(m), reason))?
+            }
+        };
+        Ok(Sample {
+            index,
+            key,
+            label,
+            data,
+        })
+    }
+}
+
+/// WebDataset tars on local disk, indexed and mapped.
+pub struct WdsSource {
+    catalog: Catalog,
+    /// Each tar's mapping (`None`: an empty file).
+    maps: Vec<Option<Mapped>>,
     /// Index files read, and tars scanned (written or not), at open.
     pub indexes_read: u64,
     pub scanned: u64,
@@ -153,10 +370,10 @@ pub struct WdsSource {
 impl fmt::Debug for WdsSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WdsSource")
-            .field("name", &self.name)
-            .field("tars", &self.tars.len())
-            .field("samples", &self.entries.len())
-            .field("problems", &self.problems.len())
+            .field("name", &self.catalog.name)
+            .field("tars", &self.catalog.tar_count())
+            .field("samples", &self.catalog.len())
+            .field("problems", &self.catalog.problems.len())
             .finish_non_exhaustive()
     }
 }
@@ -198,12 +415,8 @@ impl WdsSource {
             return Err(WdsError::Cancelled);
         }
         let mut source = WdsSource {
-            name: name.to_owned(),
-            tars: Vec::with_capacity(paths.len()),
-            entries: Vec::new(),
-            sizes: Vec::with_capacity(paths.len()),
-            problems: Vec::new(),
-            opts: opts.clone(),
+            catalog: Catalog::new(name, opts),
+            maps: Vec::with_capacity(paths.len()),
             indexes_read: 0,
             scanned: 0,
         };
@@ -217,172 +430,33 @@ impl WdsSource {
             } else {
                 source.scanned += 1;
             }
-            if let Some(reason) = end.problem(tar.members.len()) {
-                source.problems.push(Problem {
-                    key: tar.path.as_os_str().as_bytes().to_vec(),
-                    reason,
-                });
-            }
-            source.add(tar);
+            source.catalog.add(tar.path, tar.members, &end);
+            source.maps.push(tar.map);
         }
         Ok(source)
     }
 
-    /// Groups `tar`'s members into samples and keeps it.
-    fn add(&mut self, tar: Tar) {
-        let t = self.tars.len() as u32;
-        let before = self.entries.len();
-        let mut current: Option<(Entry, &[u8])> = None;
-        for (m, member) in tar.members.iter().enumerate() {
-            let Some((key, ext)) = tar::split_key(&member.name) else {
-                continue;
-            };
-            let (key, ext) = (&member.name[key], member.name[ext].to_ascii_lowercase());
-            let same = current.as_ref().is_some_and(|(_, k)| *k == key);
-            if !same {
-                if let Some((e, _)) = current.take() {
-                    self.entries.push(e);
-                }
-                current = Some((
-                    Entry {
-                        tar: t,
-                        first: m as u32,
-                        members: 0,
-                        key_len: key.len() as u32,
-                        image: None,
-                        label: None,
-                    },
-                    key,
-                ));
-            }
-            let (e, _) = current.as_mut().expect("set above");
-            e.members = m as u32 + 1 - e.first;
-            // The first image extension in the option's order wins, whatever the member order.
-            if let Some(rank) = self.opts.image.iter().position(|x| *x == ext) {
-                let better = e.image.is_none_or(|i| {
-                    let have = member_ext(&tar.members[i as usize].name);
-                    self.opts.image.iter().position(|x| *x == have).is_none_or(|r| rank < r)
-                });
-                if better {
-                    e.image = Some(m as u32);
-                }
-            }
-            if self.opts.label.as_deref() == Some(ext.as_slice()) && e.label.is_none() {
-                e.label = Some(m as u32);
-            }
-        }
-        if let Some((e, _)) = current {
-            self.entries.push(e);
-        }
-        self.sizes.push((self.entries.len() - before) as u64);
-        self.tars.push(tar);
-    }
-
     /// Number of tars.
     pub fn tar_count(&self) -> usize {
-        self.tars.len()
+        self.catalog.tar_count()
     }
 
-    fn entry(&self, index: u64) -> Result<(&Entry, &Tar), SourceError> {
-        let e = self
-            .entries
-            .get(index as usize)
-            .ok_or_else(|| SourceError::OutOfRange {
-                index,
-                len: self.len(),
-                source_desc: self.describe(),
-            })?;
-        Ok((e, &self.tars[e.tar as usize]))
-    }
-
-    fn key<'a>(&self, e: &Entry, tar: &'a Tar) -> &'a [u8] {
-        &tar.members[e.first as usize].name[..e.key_len as usize]
+    fn data(&self, tar: u32) -> &[u8] {
+        self.maps[tar as usize].as_ref().map_or(&[], |m| &m.map)
     }
 
     /// Sample `index`'s key, image bytes and label, from the mapping.
     fn lookup(&self, index: u64) -> Result<Sample<'_>, SourceError> {
-        let (e, tar) = self.entry(index)?;
-        let key = self.key(e, tar);
-        let fail = |member: Option<&tar::Member>, reason: String| {
-            SourceError::Wds(WdsError::Sample {
-                tar: tar.path.clone(),
-                key: String::from_utf8_lossy(key).into_owned(),
-                member: member.map(|m| String::from_utf8_lossy(&m.name).into_owned()),
-                reason,
-            })
-        };
-        let bytes = |m: &tar::Member| -> Result<&[u8], SourceError> {
-            let data = tar.bytes();
-            match m.offset.checked_add(m.size) {
-                Some(end) if end <= data.len() as u64 => Ok(&data[m.offset as usize..end as usize]),
-                _ => Err(fail(
-                    Some(m),
-                    format!(
-                        "the member is cut off: {} bytes at offset {}, the file ends at {}",
-                        m.size,
-                        m.offset,
-                        data.len()
-                    ),
-                )),
-            }
-        };
-        let Some(image) = e.image else {
-            let have: Vec<String> = tar.members[e.first as usize..(e.first + e.members) as usize]
-                .iter()
-                .map(|m| String::from_utf8_lossy(&member_ext(&m.name)).into_owned())
-                .collect();
-            return Err(fail(
-                None,
-                format!(
-                    "no image member (looked for {}; it has {}); set webdataset={{\"image\": ...}} to the extension it uses",
-                    self.opts
-                        .image
-                        .iter()
-                        .map(|x| String::from_utf8_lossy(x))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    have.join(", ")
-                ),
-            ));
-        };
-        let data = bytes(&tar.members[image as usize])?;
-        let label = match (&self.opts.label, e.label) {
-            (None, _) => super::NO_LABEL,
-            (Some(ext), None) => {
-                return Err(fail(
-                    None,
-                    format!(
-                        "no label member `.{}`; set webdataset={{\"label\": \"\"}} to serve without labels, or name the label's extension",
-                        String::from_utf8_lossy(ext)
-                    ),
-                ));
-            }
-            (Some(_), Some(l)) => {
-                let m = &tar.members[l as usize];
-                parse_label(
-                    bytes(m)?,
-                    self.opts.json_label().then_some(self.opts.label_key.as_str()),
-                )
-                .map_err(|reason| fail(Some(m), reason))?
-            }
-        };
-        Ok(Sample {
-            index,
-            key,
-            label,
-            data,
-        })
+        let t = self.catalog.tar_of(index, &self.describe())?;
+        self.catalog.lookup(index, self.data(t))
     }
 
     /// A tar that changed on disk since it was mapped fails every later read of it.
     fn check_fault(&self, index: u64) -> Result<(), SourceError> {
-        let (e, tar) = self.entry(index)?;
-        match tar.map.as_ref().and_then(|m| m.fault().map(|at| (m, at))) {
+        let t = self.catalog.tar_of(index, &self.describe())?;
+        match self.maps[t as usize].as_ref().and_then(|m| m.fault().map(|at| (m, at))) {
             Some((m, at)) => Err(m
-                .changed(
-                    at,
-                    format!("sample {index} (key {:?})", String::from_utf8_lossy(self.key(e, tar))),
-                )
+                .changed(at, format!("sample {index} (key {:?})", self.catalog.key_text(index)))
                 .into()),
             None => Ok(()),
         }
@@ -526,7 +600,7 @@ pub fn write_index(path: &Path, listed: &AtomicU64) -> Result<IndexReport, WdsEr
 
 impl Source for WdsSource {
     fn len(&self) -> u64 {
-        self.entries.len() as u64
+        self.catalog.len()
     }
 
     fn class_names(&self) -> Vec<Vec<u8>> {
@@ -534,12 +608,7 @@ impl Source for WdsSource {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "WebDataset {} ({} tars, {} samples, read in place)",
-            self.name,
-            self.tars.len(),
-            self.len()
-        )
+        self.catalog.describe("read in place")
     }
 
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
@@ -547,11 +616,11 @@ impl Source for WdsSource {
     }
 
     fn listing_problems(&self) -> &[Problem] {
-        &self.problems
+        self.catalog.problems()
     }
 
     fn shard_sizes(&self) -> Option<Vec<u64>> {
-        Some(self.sizes.clone())
+        Some(self.catalog.sizes().to_vec())
     }
 
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {

@@ -75,7 +75,7 @@ pub fn tars_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 }
 
 /// `*` any run of bytes, `?` any one byte, everything else itself.
-fn glob_match(pat: &[u8], name: &[u8]) -> bool {
+pub fn glob_match(pat: &[u8], name: &[u8]) -> bool {
     let (mut p, mut n) = (0, 0);
     let (mut star, mut mark) = (None, 0);
     while n < name.len() {

@@ -680,6 +680,22 @@ fn run_verify_tokens(a: &VerifyArgs) -> Result<ExitCode> {
     }
 }
 
+/// `verify`'s summary line, for a local and a remote dataset alike (`from` says where it was read).
+fn print_verified(r: &ringfeed::shard::VerifyReport, decoded: bool, from: &str) {
+    let decoded = if decoded {
+        format!(", {} samples decoded", r.checked_samples)
+    } else {
+        String::new()
+    };
+    println!(
+        "ok: {} samples in {} shards, {} classes, {:.1} MB checked{decoded}{from}",
+        r.samples,
+        r.shards,
+        r.classes,
+        r.bytes as f64 / 1e6,
+    );
+}
+
 fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
     let remote = remote_url(&a.dataset)?;
     if remote.is_none() && is_token_data(&a.dataset, a.dtype) {
@@ -729,18 +745,7 @@ fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
         progress.finish();
         return match result {
             Ok(r) => {
-                println!(
-                    "ok: {} samples in {} shards, {} classes, {:.1} MB checked{} (streamed from {url}, one shard at a time)",
-                    r.samples,
-                    r.shards,
-                    r.classes,
-                    r.bytes as f64 / 1e6,
-                    if a.decode {
-                        format!(", {} samples decoded", r.checked_samples)
-                    } else {
-                        String::new()
-                    }
-                );
+                print_verified(&r, a.decode, &format!(" (streamed from {url}, one shard at a time)"));
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => {
@@ -757,18 +762,7 @@ fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
     progress.finish();
     match result {
         Ok(r) => {
-            println!(
-                "ok: {} samples in {} shards, {} classes, {:.1} MB checked{}",
-                r.samples,
-                r.shards,
-                r.classes,
-                r.bytes as f64 / 1e6,
-                if a.decode {
-                    format!(", {} samples decoded", r.checked_samples)
-                } else {
-                    String::new()
-                }
-            );
+            print_verified(&r, a.decode, "");
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

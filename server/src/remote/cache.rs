@@ -539,6 +539,45 @@ impl Cache {
         true
     }
 
+    /// Prefetches the objects the next reads need, in the order they first need them: the
+    /// first upcoming sample's object first (the one a reader waits for), then each further one,
+    /// until `ahead` objects beyond the first have started, every one of the `count` objects has,
+    /// or a download cannot start now. `object_of` maps a sample to its object's number,
+    /// `object` a number to the object (a remote source's shards or tars).
+    pub fn prefetch_upcoming<'o>(
+        self: &Arc<Self>,
+        upcoming: &mut dyn Iterator<Item = u64>,
+        ahead: usize,
+        count: usize,
+        object_of: impl Fn(u64) -> Option<u32>,
+        object: impl Fn(u32) -> &'o Object,
+    ) {
+        let mut seen: Vec<u32> = Vec::with_capacity(ahead + 1);
+        for i in upcoming {
+            let Some(n) = object_of(i) else { continue };
+            if seen.contains(&n) {
+                continue;
+            }
+            seen.push(n);
+            if !self.prefetch(object(n)) || seen.len() > ahead || seen.len() == count {
+                break;
+            }
+        }
+    }
+
+    /// Leases on the files of the objects `numbers` name (each once) that are in the cache now,
+    /// for [`Source::lease`](crate::source::Source::lease): the batch's shards or tars.
+    pub fn lease_objects<'o>(
+        self: &Arc<Self>,
+        numbers: impl Iterator<Item = u32>,
+        object: impl Fn(u32) -> &'o Object,
+    ) -> Vec<Pin> {
+        let mut numbers: Vec<u32> = numbers.collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        numbers.into_iter().filter_map(|n| self.lease(&object(n).key)).collect()
+    }
+
     /// A lease on `key`'s file if it is in the cache now (see the module docs); never blocks.
     pub fn lease(self: &Arc<Self>, key: &str) -> Option<Pin> {
         let name = file_name(key);

@@ -332,31 +332,18 @@ impl Source for RemoteSource {
     }
 
     fn will_read(&self, upcoming: &mut dyn Iterator<Item = u64>) {
-        let mut seen: Vec<u32> = Vec::with_capacity(self.prefetch_shards + 1);
-        // The shard read now comes first: it is the one a reader waits for.
-        for i in upcoming {
-            let Some(n) = self.shard_of(i) else { continue };
-            if seen.contains(&n) {
-                continue;
-            }
-            seen.push(n);
-            if !self.cache.prefetch(&self.slots[n as usize].object)
-                || seen.len() > self.prefetch_shards
-                || seen.len() == self.slots.len()
-            {
-                break;
-            }
-        }
+        self.cache.prefetch_upcoming(
+            upcoming,
+            self.prefetch_shards,
+            self.slots.len(),
+            |i| self.shard_of(i),
+            |n| &self.slots[n as usize].object,
+        );
     }
 
     fn lease(&self, indices: &[u64]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        let mut shards: Vec<u32> = indices.iter().filter_map(|&i| self.shard_of(i)).collect();
-        shards.sort_unstable();
-        shards.dedup();
-        let pins: Vec<super::cache::Pin> = shards
-            .into_iter()
-            .filter_map(|n| self.cache.lease(&self.slots[n as usize].object.key))
-            .collect();
+        let shards = indices.iter().filter_map(|&i| self.shard_of(i));
+        let pins = self.cache.lease_objects(shards, |n| &self.slots[n as usize].object);
         Some(Box::new(pins))
     }
 }

@@ -520,30 +520,18 @@ impl Source for RemoteWdsSource {
     }
 
     fn will_read(&self, upcoming: &mut dyn Iterator<Item = u64>) {
-        let mut seen: Vec<u32> = Vec::with_capacity(self.prefetch_shards + 1);
-        for i in upcoming {
-            let Some(t) = self.tar_of(i) else { continue };
-            if seen.contains(&t) {
-                continue;
-            }
-            seen.push(t);
-            if !self.cache.prefetch(&self.slots[t as usize].object)
-                || seen.len() > self.prefetch_shards
-                || seen.len() == self.slots.len()
-            {
-                break;
-            }
-        }
+        self.cache.prefetch_upcoming(
+            upcoming,
+            self.prefetch_shards,
+            self.slots.len(),
+            |i| self.tar_of(i),
+            |t| &self.slots[t as usize].object,
+        );
     }
 
     fn lease(&self, indices: &[u64]) -> Option<Box<dyn std::any::Any + Send + Sync>> {
-        let mut tars: Vec<u32> = indices.iter().filter_map(|&i| self.tar_of(i)).collect();
-        tars.sort_unstable();
-        tars.dedup();
-        let pins: Vec<Pin> = tars
-            .into_iter()
-            .filter_map(|t| self.cache.lease(&self.slots[t as usize].object.key))
-            .collect();
+        let tars = indices.iter().filter_map(|&i| self.tar_of(i));
+        let pins = self.cache.lease_objects(tars, |t| &self.slots[t as usize].object);
         Some(Box::new(pins))
     }
 }

@@ -285,6 +285,12 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path())
     ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), the autotuner's bound")
+    ap.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="one more argument for the sidecar's `ringfeed serve` (repeat; e.g. --serve-arg=--cache-dir=/tmp/c)",
+    )
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
 
@@ -292,7 +298,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="rfg-", dir="/tmp"))
     sock = str(work / "ringfeed.sock")
     server = subprocess.Popen(
-        [binary, "serve", "--socket", sock, "--threads", str(a.workers)], stderr=subprocess.DEVNULL
+        [binary, "serve", "--socket", sock, "--threads", str(a.workers), *a.serve_arg], stderr=subprocess.DEVNULL
     )
     results = []
     try:

@@ -3,7 +3,7 @@
 CI has no GPU: the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU
 tensors, in a child process (the interpreter is chosen when the kernel is defined). The
 matrix-product path is itself pinned to torchvision and to the server's CPU path by
-``test_hybrid.py``; here both paths get the same records and decoded images and must agree.
+``test_hybrid.py``; here both paths finish the same slot (records and JPEG bytes) and must agree.
 """
 
 from __future__ import annotations
@@ -60,25 +60,38 @@ cases = [
     rec((5, 4, 10, 8), (0, 0), (4, 4), (5, 4, 10, 8), H.FLIP_X),
 ]
 rng = np.random.default_rng(7)
-srcs = [torch.from_numpy(rng.integers(0, 256, (18, 24, 3), dtype=np.uint8)) for _ in cases]
-# Half of them as torchvision's decoder leaves them: CHW memory seen as HWC.
-srcs = [s if k % 2 == 0 else s.permute(2, 0, 1).contiguous().permute(1, 2, 0) for k, s in enumerate(srcs)]
-jobs = np.array(cases, dtype=np.int64)
-# Out of order into a larger batch: rows are addressed by the table, not by position.
-where = np.array([9, 0, 4, 7, 2, 5, 1, 3], dtype=np.int64)
+# Real JPEGs in one arena, as a slot carries them: the whole Finisher call runs (decode, the
+# table from the decoded images, the kernel), not the kernel alone.
+import io
+from PIL import Image
+blobs = []
+for _ in cases:
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (18, 24, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+    blobs.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+arena = np.concatenate(blobs)
+jobs = np.array(cases, dtype=np.int32)
+jobs[:, 0] = np.cumsum([0] + [len(b) for b in blobs[:-1]])
+jobs[:, 1] = [len(b) for b in blobs]
+# Eight samples at batch positions 0, 2, ..., 14 of a batch of 16: the other rows are CPU
+# samples, which the finisher must leave alone.
+slot_jobs = np.zeros((16, H.RECORD_LEN), dtype=np.int32)
+slot_jobs[0::2] = jobs
+# Every other decoded image as torchvision's decoder leaves them: CHW memory seen as HWC.
+host_decode, decoded = H._host_decode, [0]
+def decode(data):
+    decoded[0] += 1
+    t = host_decode(data)
+    return t if decoded[0] % 2 else t.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+H._host_decode = decode
 out = {}
 for layout in ("NHWC", "NCHW"):
-    shape = (10, OH, OW, 3) if layout == "NHWC" else (10, 3, OH, OW)
+    shape = (16, OH, OW, 3) if layout == "NHWC" else (16, 3, OH, OW)
     for geom in ("bmm", "triton"):
         f = H.Finisher(torch.device("cpu"), "host", layout, (OH, OW), geometry=geom)
         img = torch.full(shape, 77, dtype=torch.uint8)
-        if geom == "bmm":
-            f._finish(jobs, srcs, img, where)
-        else:
-            table = jobs.copy()
-            table[:, 0:4] = [(p[0], p[3], p[4], p[5]) for p in map(H._place, srcs)]
-            table = np.concatenate([table, where[:, None]], 1)
-            f._kernel.finish(torch.from_numpy(table), img, layout)
+        done = f(slot_jobs, arena, img)
+        assert done == list(range(0, 16, 2)), done
         out[f"{layout}-{geom}"] = img.numpy()
 np.savez(sys.argv[1], **out)
 """
@@ -87,9 +100,11 @@ np.savez(sys.argv[1], **out)
 @needs_triton
 def test_kernel_matches_matrix_products(tmp_path: Path) -> None:
     """For every geometry the records carry (bilinear and bicubic with and without antialias,
-    nearest, no resize, windows, fill, both flips), both layouts and both image memory orders, the
-    kernel's pixels equal the matrix products' within one level (rounding of exact halves), and
-    it writes only the rows the table names."""
+    nearest, no resize, windows, fill, both flips), both layouts and both memory orders of the
+    decoded images, a whole finisher call (the slot's JPEGs decoded, the table built from the
+    decoded images, one launch) gives the matrix
+    products' pixels within one level (rounding of exact halves), and writes only the rows of
+    the GPU samples."""
     out = tmp_path / "out.npz"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CLIENT))
     subprocess.run([sys.executable, "-c", CHILD, str(out)], env=env, check=True, timeout=600)
@@ -97,9 +112,9 @@ def test_kernel_matches_matrix_products(tmp_path: Path) -> None:
     for layout in ("NHWC", "NCHW"):
         bmm = got[f"{layout}-bmm"].astype(int)
         tri = got[f"{layout}-triton"].astype(int)
-        # Rows 6 and 8 are named by no sample: untouched by either path.
-        assert (tri[[6, 8]] == 77).all(), layout
-        assert (bmm[[6, 8]] == 77).all(), layout
+        # The odd rows are CPU samples: untouched by either path.
+        assert (tri[1::2] == 77).all(), layout
+        assert (bmm[1::2] == 77).all(), layout
         diff = np.abs(bmm - tri)
         assert diff.max() <= 1, (layout, np.argwhere(diff > 1)[:5])
         assert diff.mean() < 0.02, (layout, diff.mean())

@@ -999,6 +999,24 @@ async fn open_remote_webdataset(
             })
             .map_err(|e| e.to_string())
     };
+    join_listing(shared, key, index, open, progress).await
+}
+
+/// Joins the indexing of the tars under `key` (or starts it with `index`), publishes the source
+/// to the open sources once it is done, and waits for it with `opening` progress.
+async fn join_listing(
+    shared: &Arc<Shared>,
+    key: String,
+    index: impl FnOnce(
+        &std::sync::atomic::AtomicBool,
+        &std::sync::atomic::AtomicU64,
+        std::time::Instant,
+    ) -> Result<Arc<dyn Source>, String>
+    + Send
+    + 'static,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let publisher = Arc::clone(shared);
     let cache_key = key.clone();
     let waiter = shared
@@ -1083,12 +1101,7 @@ async fn open_webdataset(
             })
             .map_err(|e| e.to_string())
     };
-    let publisher = Arc::clone(shared);
-    let cache_key = key.clone();
-    let waiter = shared
-        .openings
-        .join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
-    wait_for_listing(shared, waiter, open, progress).await
+    join_listing(shared, key, index, open, progress).await
 }
 
 impl Shared {

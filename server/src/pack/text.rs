@@ -459,7 +459,7 @@ impl Ctx<'_> {
                 return Err(format!("invalid UTF-8 at byte {} of the line", e.valid_up_to()));
             }
         };
-        let (mut tokens, prompt_len) = match self.kind {
+        let (tokens, prompt_len) = match self.kind {
             TextInput::Jsonl => {
                 if text.trim().is_empty() {
                     return Ok(None);
@@ -509,20 +509,7 @@ impl Ctx<'_> {
                 (self.encode(text)?, 0)
             }
         };
-        if tokens.is_empty() {
-            return Err("empty document: the text has no tokens".into());
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t >= self.vocab) {
-            return Err(format!(
-                "token id {id} does not fit: the tokenizer's vocabulary has {} ids (token width {} bytes)",
-                self.vocab,
-                width_for_vocab(self.vocab)
-            ));
-        }
-        if let Some(e) = self.eos_id {
-            tokens.push(e);
-        }
-        Ok(Some(DocOut::Ready { tokens, prompt_len }))
+        self.finish_document(tokens, prompt_len).map(Some)
     }
 }
 
@@ -530,7 +517,7 @@ impl Ctx<'_> {
     /// The tokens of a document given as its text column, or its prompt and completion columns
     /// (Parquet), with the same checks as a JSONL line's fields.
     fn document(&self, texts: &[(&str, &str)]) -> Result<DocOut, String> {
-        let (mut tokens, prompt_len) = match texts {
+        let (tokens, prompt_len) = match texts {
             [(_, prompt), (c, completion)] => {
                 if completion.is_empty() {
                     return Err(format!("empty document: column `{c}` is \"\""));
@@ -552,6 +539,12 @@ impl Ctx<'_> {
             }
             _ => unreachable!("one or two columns"),
         };
+        self.finish_document(tokens, prompt_len)
+    }
+
+    /// The checks every document's tokens pass, whatever its input (a JSONL line's fields, a
+    /// Parquet row's columns, a text file): some tokens, each within the vocabulary; then EOS.
+    fn finish_document(&self, mut tokens: Vec<u32>, prompt_len: u32) -> Result<DocOut, String> {
         if tokens.is_empty() {
             return Err("empty document: the text has no tokens".into());
         }

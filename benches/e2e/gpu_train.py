@@ -239,7 +239,7 @@ def dali_batches(images: Path, threads: int):
 
 
 def ringfeed_batches(
-    packed: Path, sock: str, recipe: str = "rrc", threads: int | None = None, gpu_decode: object = False
+    packed: str, sock: str, recipe: str = "rrc", threads: int | None = None, gpu_decode: object = False
 ):
     import ringfeed
 
@@ -272,7 +272,7 @@ def ringfeed_batches(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=Path, required=True)
-    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--packed", required=True, help="a packed dataset: a directory or an s3:// URL")
     ap.add_argument("--models", default="resnet50,resnet18")
     ap.add_argument("--loaders", default="ceiling,ringfeed,dataloader-pil")
     ap.add_argument("--workers", type=int, default=15)
@@ -297,12 +297,18 @@ def main() -> None:
     binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
     work = Path(tempfile.mkdtemp(prefix="rfg-", dir="/tmp"))
     sock = str(work / "ringfeed.sock")
+    a.out.mkdir(parents=True, exist_ok=True)
+    serve_log = open(a.out / "serve.log", "wb")  # noqa: SIM115 - closed with the server below
     server = subprocess.Popen(
-        [binary, "serve", "--socket", sock, "--threads", str(a.workers), *a.serve_arg], stderr=subprocess.DEVNULL
+        [binary, "serve", "--socket", sock, "--threads", str(a.workers), *a.serve_arg], stderr=serve_log
     )
     results = []
     try:
         while not Path(sock).exists():
+            if server.poll() is not None:
+                raise SystemExit(
+                    f"ringfeed serve exited with {server.returncode} ({a.out / 'serve.log'}): {' '.join(server.args)}"
+                )
             time.sleep(0.05)
         for name in a.models.split(","):
             for loader in a.loaders.split(","):
@@ -343,9 +349,9 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+        serve_log.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    a.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "gpu": torch.cuda.get_device_name(),
         "cpus": os.cpu_count(),

@@ -9,8 +9,26 @@
 #           ringfeed (CPU only), ringfeed with hybrid decode, and DALI, against the ceiling.
 #   kernel  the Triton finishing kernel (RINGFEED_GPU_FINISH=triton) against the matrix products:
 #           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
+#   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
+#           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
+#           and DALI; the feed rate on both corpora at 6 threads against DALI.
+# The carried wheels may come split over calls (64 MiB a call): setup installs the nvidia_ ones
+# it finds, setup or piece1 the others (DALI's Python needs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+deps() {  # DALI's Python needs, where this call carries them
+  local w
+  w=$(ls .carry/wheels/*.whl 2>/dev/null | grep -v nvidia_ || true)
+  [ -z "$w" ] || pip install -q --no-deps --target /tmp/dalideps $w
+}
+dali_unpack() {
+  if [ ! -d /tmp/dalipkg/nvidia/dali ]; then
+    cat /tmp/dali/piece0* > /tmp/dali.tar.xz
+    (cd /tmp && md5sum -c dali/dali.md5 2>/dev/null || (cd /tmp && echo "$(cut -d' ' -f1 dali/dali.md5)  dali.tar.xz" | md5sum -c -))
+    mkdir -p /tmp/dalipkg && tar -C /tmp/dalipkg -xJf /tmp/dali.tar.xz
+  fi
+  python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
+}
 step=$1
 out=${OUT:-/tmp/out}
 mkdir -p /tmp/rf
@@ -21,7 +39,7 @@ case $step in
 setup)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl
-  pip install -q --no-deps --target /tmp/dalideps $(ls .carry/wheels/*.whl | grep -v nvidia_)
+  deps
   python3 - <<'PY'
 from nvidia import nvimgcodec
 print("nvimgcodec", getattr(nvimgcodec, "__version__", "?"))
@@ -34,21 +52,17 @@ PY
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
     echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
-  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py 2>&1 | tail -25 || echo "pytest rc $?"
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | tail -25 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
   ;;
 piece*)
   n=${step#piece}
   mkdir -p /tmp/dali && cp .carry/dali$n/* /tmp/dali/ && ls -la /tmp/dali
+  deps
   ;;
 feed)
-  if [ ! -d /tmp/dalipkg/nvidia/dali ]; then
-    cat /tmp/dali/piece0* > /tmp/dali.tar.xz
-    (cd /tmp && md5sum -c dali/dali.md5 2>/dev/null || (cd /tmp && echo "$(cut -d' ' -f1 dali/dali.md5)  dali.tar.xz" | md5sum -c -))
-    mkdir -p /tmp/dalipkg && tar -C /tmp/dalipkg -xJf /tmp/dali.tar.xz
-  fi
-  python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
+  dali_unpack
   mkdir -p "$out"
   timeout 420 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
     --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6,15 --batches 40 --out "$out/feed" 2>&1 | tail -30 || echo "feed rc $?"
@@ -86,6 +100,17 @@ kernel)
     RINGFEED_GPU_FINISH=$g timeout 120 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
       --loaders ceiling,ringfeed-share-0.625,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 400 --out "$out/r18-6-$g" 2>&1 | grep -v "^{" | tail -8 || echo "r18-6-$g rc $?"
   done
+  ;;
+tuned)
+  dali_unpack
+  mkdir -p "$out"
+  timeout 240 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid,ringfeed-share-0.75,dali --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -24 || echo "r18-6 rc $?"
+  timeout 150 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
+    --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6 --loaders triton,dali --shares 0.5,0.75 \
+    --batches 40 --out "$out/feed" 2>&1 | grep -v "^{" | tail -14 || echo "feed rc $?"
+  timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 600 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -24 || echo "r18-15 rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -122,11 +122,15 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
     acc1 = tl.zeros([block], dtype=tl.float32)
     acc2 = tl.zeros([block], dtype=tl.float32)
     wsum = tl.zeros([block], dtype=tl.float32)
-    for ty in range(ny):
+    # `while`, not `range`: Triton 3.6's interpreter (with NumPy 2.5) cannot take a loaded
+    # value as a range's bound (its scalars are one-element arrays); compiled, both are one loop.
+    ty = 0
+    while ty < ny:
         jy = ylo + ty
         wy = tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0)
         src_row = base + (pre_t + jy) * sy
-        for tx in range(nx_max):
+        tx = 0
+        while tx < nx_max:
             jx = xlo + tx
             m = tx < nx
             wx = tl.where(xf, _kern((jx.to(tl.float32) + 0.5 - xc) / xw, cubic, a), 1.0)
@@ -136,6 +140,8 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
             acc1 += w * tl.load(p + sc, mask=m, other=0).to(tl.float32)
             acc2 += w * tl.load(p + 2 * sc, mask=m, other=0).to(tl.float32)
             wsum += w
+            tx += 1
+        ty += 1
 
     # No tap (a one-hot source outside the crop) gives 0, as a zero row of weights does.
     inv = tl.where(wsum > 0.0, 1.0 / tl.where(wsum > 0.0, wsum, 1.0), 0.0)
@@ -147,6 +153,24 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
     tl.store(q, tl.minimum(tl.maximum(tl.floor(v0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
     tl.store(q + s_c, tl.minimum(tl.maximum(tl.floor(v1 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
     tl.store(q + 2 * s_c, tl.minimum(tl.maximum(tl.floor(v2 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
+
+
+def warm(device: Any, layout: str, size: tuple[int, int]) -> None:
+    """Compiles the kernel for batches of ``size`` in ``layout`` on ``device`` by finishing one
+    1x1 image into a scratch row: the strides and sizes it is specialised on are a real batch's
+    (a row of a contiguous batch tensor has the same strides whatever the batch size)."""
+    import torch
+
+    oh, ow = size
+    shape = (1, oh, ow, 3) if layout == "NHWC" else (1, 3, oh, ow)
+    image = torch.empty(shape, dtype=torch.uint8, device=device)
+    src = torch.zeros((1, 1, 3), dtype=torch.uint8, device=device)
+    row = [src.data_ptr(), 3, 3, 1] + [0] * (TABLE_LEN - 4)
+    row[6] = row[7] = 1  # pre: the 1x1 image
+    row[14] = row[15] = 1  # valid: one pixel
+    table = torch.tensor([row], dtype=torch.int64, device=device)
+    finish(table, image, layout)
+    torch.cuda.synchronize(device)
 
 
 def finish(table: Any, image: Any, layout: str) -> None:

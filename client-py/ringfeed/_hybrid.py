@@ -20,11 +20,14 @@ failure for the loader's ``on_error``.
 from __future__ import annotations
 
 import io
+import logging
 import time
 import warnings
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger("ringfeed")
 
 #: int32 values per ``gpu_job`` record (ring.md).
 RECORD_LEN = 18
@@ -217,24 +220,37 @@ class Finisher:
 
         import torch
 
-        #: How the geometry runs: ``"bmm"``, two batched matrix products over crops copied into a
-        #: padded buffer (the default), or ``"triton"``, one kernel that reads the decoded images
-        #: in place (:mod:`ringfeed._finish_kernel`; experimental until measured on the GPU).
-        #: ``RINGFEED_GPU_FINISH`` sets it when ``geometry`` is not given.
-        self.geometry = geometry or os.environ.get("RINGFEED_GPU_FINISH", "bmm")
-        if self.geometry not in ("bmm", "triton"):
+        #: How the geometry runs: ``"triton"``, one kernel that reads the decoded images in place
+        #: (:mod:`ringfeed._finish_kernel`), or ``"bmm"``, two batched matrix products over crops
+        #: copied into a padded buffer. ``RINGFEED_GPU_FINISH`` sets it when ``geometry`` is not
+        #: given; ``"auto"`` (the default) is the kernel on a CUDA device where Triton is installed
+        #: and compiles it, else the matrix products.
+        choice = geometry or os.environ.get("RINGFEED_GPU_FINISH", "auto")
+        if choice not in ("auto", "bmm", "triton"):
             raise ValueError(
-                f"gpu finishing geometry must be 'bmm' or 'triton', not {self.geometry!r} (RINGFEED_GPU_FINISH)"
+                f"gpu finishing geometry must be 'auto', 'bmm' or 'triton', not {choice!r} (RINGFEED_GPU_FINISH)"
             )
         self._kernel: Any = None
-        if self.geometry == "triton":
+        if choice == "triton" or (choice == "auto" and device.type == "cuda"):
             try:
                 from . import _finish_kernel
-            except ImportError as e:
-                raise ValueError(
-                    f"RINGFEED_GPU_FINISH=triton needs the triton package ({e}); unset it for the default"
-                ) from e
-            self._kernel = _finish_kernel
+
+                # Compiled now, not inside the first batch (where it would read as a slow step).
+                if device.type == "cuda":
+                    _finish_kernel.warm(device, layout, size)
+                self._kernel = _finish_kernel
+            except Exception as e:  # any failure to import or to compile it
+                if choice == "triton":
+                    raise ValueError(
+                        f"RINGFEED_GPU_FINISH=triton: the Triton finishing kernel cannot run here ({e!r}); "
+                        "set RINGFEED_GPU_FINISH=bmm for the matrix products"
+                    ) from e
+                log.warning(
+                    "ringfeed: the Triton finishing kernel cannot run here (%r); GPU samples are finished "
+                    "with batched matrix products instead (RINGFEED_GPU_FINISH=bmm chooses them without trying)",
+                    e,
+                )
+        self.geometry = "triton" if self._kernel is not None else "bmm"
         self.device = device
         self.backend = backend
         self.layout = layout

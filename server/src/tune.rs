@@ -57,11 +57,15 @@
 //!   threads left over by rounding go to the streams that wait most.
 //!
 //! - **GPU share (hybrid decode, 1.3).** For a stream whose client finishes part of each batch on
-//!   its GPU with the share left to the tuner, [`gpu_share`] raises the share by
-//!   [`Config::gpu_step`] on [`Limit::Cpu`] (the loop waits for data with every thread of its cap
-//!   saturated) and lowers it, with a ceiling for the regime, when the loop's step time `C` has
-//!   grown by more than [`Config::gpu_slowdown`] since before the first raise (GPU decode competes
-//!   with the model). It is carried in [`Decision::gpu_share`] like `depth`.
+//!   its GPU with the share left to the tuner, [`gpu_share`] raises the share on [`Limit::Cpu`]
+//!   (the loop waits for data with every thread of its cap saturated) and, once the loop has not
+//!   waited for [`Config::probe_after`] intervals, tries one [`Config::gpu_step`] less. Each change
+//!   is judged by the loop's time per batch (its step plus its wait for data): a raise after which
+//!   a batch takes more than [`Config::gpu_slowdown`] longer is undone, and not tried again in the
+//!   regime (GPU decode competes with the model for the GPU and the host thread, and that can cost
+//!   more than the wait it saves); a lower share after which a batch takes more than
+//!   [`Config::gpu_probe_tolerance`] longer, or the CPU becomes the limit, is undone, and not tried
+//!   again. It is carried in [`Decision::gpu_share`] like `depth`.
 //!
 //! - **Downloads at once (remote datasets).** Server-wide, not per stream: [`FetchTuner`] raises
 //!   the number of shard downloads at once while a loop waits for data and the decoders wait for
@@ -106,9 +110,13 @@ pub struct Config {
     pub probe_intervals: u32,
     /// How much the GPU share moves per change (hybrid decode).
     pub gpu_step: f64,
-    /// A step time this much longer than before the share was first raised reads as GPU decode
-    /// slowing the model: the share comes down one step, and stays below that for the regime.
+    /// A raise of the share after which the loop's time per batch (step and wait) is this much
+    /// longer than before it is undone (GPU decode slowed the model more than it fed it), and the
+    /// share stays below that for the regime.
     pub gpu_slowdown: f64,
+    /// A lower share after which a batch takes this much longer than before is undone, and the
+    /// share is not lowered below it again in the regime.
+    pub gpu_probe_tolerance: f64,
     /// Intervals after a change of the share before the next (its effect takes an interval to
     /// show in the wait and the step).
     pub gpu_hold: u32,
@@ -137,6 +145,7 @@ impl Default for Config {
             probe_intervals: 4,
             gpu_step: 0.125,
             gpu_slowdown: 0.05,
+            gpu_probe_tolerance: 0.02,
             gpu_hold: 2,
             fetch_wait_high: 0.05,
             fetch_wait_low: 0.01,
@@ -348,14 +357,40 @@ struct StreamState {
     floor_step: Option<f64>,
     /// Whether an interval with steps has been seen (the first one holds the run's first batch).
     stepped: bool,
-    /// Hybrid decode: the loop's step time before the share was first raised.
-    gpu_step: Option<f64>,
-    /// The share found to slow the model: never raised to it again in this regime.
+    /// Moving average of the loop's time per batch: its step and its wait for data, everything
+    /// a batch costs it (what a change of the GPU share is judged by).
+    cycle_ns: Option<f64>,
+    /// The last interval's time per batch (None: no step ended in it).
+    last_cycle_ns: Option<f64>,
+    /// Hybrid decode: the change of the share being judged.
+    gpu_trial: Option<GpuTrial>,
+    /// A share that made a batch slower than the one below it: never raised to it again in this
+    /// regime.
     gpu_ceiling: Option<f64>,
-    /// The share before the last raise: where a raise that slowed the model goes back to.
-    gpu_from: Option<f64>,
+    /// A share the one below which made a batch slower (or the CPU the limit): never lowered
+    /// below it again in this regime.
+    gpu_floor: Option<f64>,
+    /// Intervals the share has stayed as it is with the loop not waiting for data.
+    gpu_stable: u32,
     /// Intervals to wait before the share may change again.
     gpu_hold: u32,
+}
+
+/// A change of the GPU share, judged once its effect shows.
+#[derive(Debug, Clone, Copy)]
+struct GpuTrial {
+    /// The share before the change: where an undone change goes back to.
+    from: f64,
+    /// The loop's time per batch before it.
+    before_ns: f64,
+    /// A raise (the CPU was the limit), else a lower share tried.
+    raise: bool,
+    /// Intervals since the change.
+    seen: u32,
+    /// The least time per batch of an interval since the change, the first interval after it
+    /// left out (batches already in flight were split at the old share). The least, so that one
+    /// slow interval (a kernel compiled on first use, a checkpoint) does not undo a change.
+    after_ns: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -443,6 +478,12 @@ impl Tuner {
                 // would not shorten (the rate it can consume at is B / this).
                 let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
                 st.step_ns = Some(ewma(st.step_ns, own, cfg.alpha));
+            }
+            st.last_cycle_ns = None;
+            if d.steps > 0 && !first {
+                let cycle = (d.compute_ns + d.wait_ns) as f64 / d.steps as f64;
+                st.cycle_ns = Some(ewma(st.cycle_ns, cycle, cfg.alpha));
+                st.last_cycle_ns = Some(cycle);
             }
             if let Some(w) = wait {
                 st.wait = Some(ewma(st.wait, w, cfg.alpha));
@@ -773,46 +814,73 @@ impl FetchTuner {
 /// The third knob (control.md, "Hybrid decode"): the share of each batch offered to the client's
 /// GPU, for a stream whose share the tuner sets. Raised while the CPU is the limit (the loop waits
 /// for data with every thread of its cap saturated), to the share the cost model leaves to the GPU
-/// and at least one step; lowered back to where that raise started (else one step), with a ceiling
-/// for the regime, when the loop's own step has grown by more than [`Config::gpu_slowdown`] since
-/// before the first raise (GPU decode competes with the model). Returns the new share and why.
+/// and at least one step; lowered one step, as a probe, once the loop has not waited for data for
+/// [`Config::probe_after`] intervals (a share above what the CPU needs costs the model GPU and host
+/// time for nothing). Each change is judged [`Config::gpu_hold`] intervals later by the loop's time
+/// per batch, step and wait together, which is what the training run's rate is: a raise that made
+/// it more than [`Config::gpu_slowdown`] longer goes back and sets a ceiling for the regime; a probe
+/// that made it more than [`Config::gpu_probe_tolerance`] longer, or made the CPU the limit, goes
+/// back and sets a floor. Returns the new share and why.
 fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, s: &Signals) -> Option<(f64, String)> {
     let Some((crate::stats::GpuMode::Auto, share)) = o.gpu else {
         return None;
     };
+    if let Some(t) = st.gpu_trial.as_mut() {
+        t.seen += 1;
+        if let Some(c) = st.last_cycle_ns.filter(|_| t.seen >= 2) {
+            t.after_ns = Some(t.after_ns.map_or(c, |a| a.min(c)));
+        }
+    }
     let step = st.step_ns?;
+    let cycle = st.cycle_ns?;
     if st.gpu_hold > 0 {
         st.gpu_hold -= 1;
         return None;
     }
-    // A share back at zero forgets what it learned: the next raise measures the step afresh.
-    if share <= 0.0 && limit != Limit::Cpu {
-        st.gpu_step = None;
-    }
-    if let Some(before) = st.gpu_step
-        && share > 0.0
-        && step > before * (1.0 + cfg.gpu_slowdown)
-    {
-        // Straight back to where the last raise started (a slow model costs every step), else a
-        // step down.
-        let next = st
-            .gpu_from
-            .take()
-            .filter(|&f| f < share)
-            .unwrap_or((share - cfg.gpu_step).max(0.0));
-        st.gpu_ceiling = Some(share);
-        st.gpu_hold = cfg.gpu_hold;
-        return Some((
-            next,
-            format!(
-                "the training step grew from {:.2} ms to {:.2} ms with {:.0}% of each batch decoded on the GPU: GPU share {share:.3} → {next:.3}",
-                before / 1e6,
-                step / 1e6,
-                share * 100.0
-            ),
-        ));
+    let ms = |ns: f64| ns / 1e6;
+    if let Some(t) = st.gpu_trial.take_if(|t| t.after_ns.is_some()) {
+        let cycle = t.after_ns.unwrap_or(cycle);
+        let grew = cycle / t.before_ns - 1.0;
+        let undo = if t.raise {
+            grew > cfg.gpu_slowdown
+        } else {
+            grew > cfg.gpu_probe_tolerance || limit == Limit::Cpu
+        };
+        if undo {
+            st.gpu_hold = cfg.gpu_hold;
+            st.gpu_stable = 0;
+            let why = if t.raise {
+                st.gpu_ceiling = Some(share);
+                format!(
+                    "a batch took {:.2} ms of the training loop with {:.0}% of it decoded on the GPU, {:.2} ms before (its own step {:.2} ms: GPU decode slows the model more than it feeds it)",
+                    ms(cycle),
+                    share * 100.0,
+                    ms(t.before_ns),
+                    ms(step)
+                )
+            } else {
+                st.gpu_floor = Some(t.from);
+                if limit == Limit::Cpu && grew <= cfg.gpu_probe_tolerance {
+                    format!(
+                        "with {:.0}% of each batch decoded on the GPU the CPU is the limit ({})",
+                        share * 100.0,
+                        s.reading(st.wait.unwrap_or(0.0))
+                    )
+                } else {
+                    format!(
+                        "a batch took {:.2} ms of the training loop with {:.0}% of it decoded on the GPU, {:.2} ms with {:.0}%",
+                        ms(cycle),
+                        share * 100.0,
+                        ms(t.before_ns),
+                        t.from * 100.0
+                    )
+                }
+            };
+            return Some((t.from, format!("{why}: GPU share {share:.3} → {:.3}", t.from)));
+        }
     }
     if limit == Limit::Cpu {
+        st.gpu_stable = 0;
         let top = st.gpu_ceiling.map_or(1.0, |c| (c - cfg.gpu_step).max(0.0));
         // The model, as for threads: the CPU-decoded samples cost `c / (1 - share)` each (GPU
         // samples cost the pool almost nothing), so `threads` keep up with the loop's `B / C`
@@ -825,8 +893,13 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         });
         let next = (share + cfg.gpu_step).max(model).min(top);
         if next > share + 1e-9 {
-            st.gpu_step.get_or_insert(step);
-            st.gpu_from = Some(share);
+            st.gpu_trial = Some(GpuTrial {
+                from: share,
+                before_ns: cycle,
+                raise: true,
+                seen: 0,
+                after_ns: None,
+            });
             st.gpu_hold = cfg.gpu_hold;
             return Some((
                 next,
@@ -836,8 +909,37 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
                 ),
             ));
         }
+        return None;
     }
-    None
+    // The loop does not wait (or waits on latency, not on the CPU): a share above what the CPU
+    // needs costs the model for nothing, so once it has held for a while, try one step less.
+    if !matches!(limit, Limit::Fed | Limit::Near | Limit::Latency) || share <= 0.0 {
+        st.gpu_stable = 0;
+        return None;
+    }
+    st.gpu_stable += 1;
+    let bottom = st.gpu_floor.unwrap_or(0.0);
+    let next = ((share - cfg.gpu_step) / cfg.gpu_step).round().max(0.0) * cfg.gpu_step;
+    if st.gpu_stable < cfg.probe_after || next < bottom - 1e-9 {
+        return None;
+    }
+    st.gpu_stable = 0;
+    st.gpu_trial = Some(GpuTrial {
+        from: share,
+        before_ns: cycle,
+        raise: false,
+        seen: 0,
+        after_ns: None,
+    });
+    st.gpu_hold = cfg.gpu_hold;
+    Some((
+        next,
+        format!(
+            "{}; a batch takes {:.2} ms of the training loop: trying a GPU share one step lower, {share:.3} → {next:.3}",
+            limit.describe(s, st.wait.unwrap_or(0.0), o.threads),
+            ms(cycle)
+        ),
+    ))
 }
 
 /// The interval's reading: whether the loop waits for data (smoothed, against its floor's
@@ -1891,26 +1993,95 @@ mod tests {
         assert!(run[60..].windows(2).all(|w| w[1].1 == w[0].1), "{run:?}");
     }
 
+    /// The sim's rate (samples/s) at a share pinned at `share` with `threads`: what the best
+    /// setting could reach.
+    fn pinned_rate(sim: &Sim, threads: u32, share: f64) -> f64 {
+        let own = sim.step.as_secs_f64() + share * f64::from(sim.batch) * sim.slow.as_secs_f64();
+        let cost = sim.cost.as_secs_f64() * (1.0 - share).max(0.02);
+        (f64::from(threads) / cost).min(f64::from(sim.batch) / own)
+    }
+
     #[test]
-    fn the_gpu_share_comes_down_when_gpu_decode_slows_the_model() {
-        // Each GPU sample adds 10 µs to the model's 20 ms step: a share of 0.5 makes the step
-        // 6.4 % longer, more than the 5 % the tuner tolerates; 0.375 makes it 4.8 % longer.
+    fn the_gpu_share_settles_where_a_batch_is_fastest_when_gpu_decode_slows_the_model() {
+        // 6 threads at 1.5 ms a sample; the loop's 20 ms step grows by `slow` per GPU sample
+        // (GPU decode competing with the model). The best share balances the CPU's part of a
+        // batch against the longer step: about 0.70 at 10 µs (the step grows 9 % there, and a
+        // batch still takes a third of what the CPU alone needs), about 0.31 at 300 µs.
+        for (slow_us, lo, hi) in [(10, 0.625, 0.875), (300, 0.25, 0.5)] {
+            let mut sim = Sim {
+                step: Duration::from_millis(20),
+                slow: Duration::from_micros(slow_us),
+                ..Sim::default()
+            };
+            let run = drive_gpu(&mut sim, 6, 120);
+            let tail = &run[90..];
+            assert!(
+                tail.iter().all(|r| (lo - 1e-9..=hi + 1e-9).contains(&r.1)),
+                "slow {slow_us} µs: {tail:?}"
+            );
+            // What it ends on is within 5 % of the best pinned share's rate (in eighths).
+            let best = (0..=8)
+                .map(|k| pinned_rate(&sim, 6, f64::from(k) / 8.0))
+                .fold(0.0, f64::max);
+            let got = pinned_rate(&sim, 6, run.last().unwrap().1);
+            assert!(got >= 0.95 * best, "slow {slow_us} µs: {got} of {best}: {run:?}");
+            // And it settled: the tail has at most the one probe down and back.
+            let changes = tail.windows(2).filter(|w| w[1].1 != w[0].1).count();
+            assert!(changes <= 2, "slow {slow_us} µs: {changes} changes: {tail:?}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_share_above_what_the_cpu_needs_is_probed_down_and_kept_where_the_cpu_can_feed() {
+        // GPU decode costs the model nothing here. The cost model's jump lands on 0.75, which
+        // feeds the loop (the CPU alone feeds a third of it); the probe tries 0.625, finds the
+        // CPU the limit there, goes back and stays.
         let mut sim = Sim {
             step: Duration::from_millis(20),
-            slow: Duration::from_micros(10),
             ..Sim::default()
         };
-        let run = drive_gpu(&mut sim, 6, 80);
-        // The cost model asks for 0.75 at first (the CPU alone feeds a third of the loop); the
-        // slowdown takes it back each time, and the ceiling comes down a step each time, to where
-        // the step grows by less than 5 %.
-        let top = run.iter().map(|r| r.1).fold(0.0, f64::max);
-        assert!(top > 0.5, "the share never rose: {run:?}");
-        let tail = &run[60..];
+        let run = drive_gpu(&mut sim, 6, 120);
+        assert!(run[100..].iter().all(|r| (r.1 - 0.75).abs() < 1e-9), "{run:?}");
         assert!(
-            tail.iter().all(|r| r.1 <= 0.375 + 1e-9 && r.1 >= 0.25 - 1e-9),
-            "{tail:?}"
+            run.iter().any(|r| r.1 <= 0.625 + 1e-9 && r.1 > 0.0),
+            "no probe below: {run:?}"
         );
+    }
+
+    #[test]
+    fn one_slow_interval_after_a_raise_does_not_undo_it() {
+        // The first batches with GPU samples compile the finishing kernel and start the decoder:
+        // one interval right after the first raise holds 3 s more of the loop's compute. The
+        // raise takes a batch from 64 ms (the CPU alone) to 40 ms (the model's step); averaged,
+        // that interval would read as a slower batch. The raise stays.
+        let mut sim = Sim {
+            step: Duration::from_millis(40),
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth, mut spiked) = (6, 3, false);
+        let mut shares = Vec::new();
+        for _ in 0..40 {
+            let mut delta = sim.interval(threads, TICK);
+            if sim.share > 0.0 && !spiked {
+                spiked = true;
+                delta.compute_ns += 3_000_000_000;
+                delta.steps = delta.steps.max(1);
+            }
+            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
+            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
+            let d = tuner.tick(TICK, 6, 64, &[o]).remove(0);
+            (threads, depth) = (d.threads, d.depth);
+            if let Some(s) = d.gpu_share {
+                sim.share = s;
+            }
+            shares.push(sim.share);
+        }
+        assert!(spiked);
+        let first = shares.iter().position(|&s| s > 0.0).unwrap();
+        // (0.375 is where the CPU's part of a batch takes the model's 40 ms: the probes find it.)
+        assert!(shares[first..].iter().all(|&s| s >= 0.25), "{shares:?}");
+        assert!(shares[30..].iter().all(|&s| s == 0.375), "{shares:?}");
     }
 
     #[test]

@@ -105,7 +105,7 @@ tuned)
   dali_unpack
   mkdir -p "$out"
   timeout 240 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed-hybrid,ringfeed-share-0.75,dali --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -24 || echo "r18-6 rc $?"
+    --loaders ceiling,ringfeed-hybrid,ringfeed-share-${SHARE:-0.75},dali --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -24 || echo "r18-6 rc $?"
   timeout 150 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
     --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6 --loaders triton,dali --shares 0.5,0.75 \
     --batches 40 --out "$out/feed" 2>&1 | grep -v "^{" | tail -14 || echo "feed rc $?"

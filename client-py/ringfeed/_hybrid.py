@@ -300,9 +300,14 @@ class Finisher:
         datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
 
         def run() -> tuple[Any, ...]:
+            places = None
             if self.backend == "nvimgcodec":
                 kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
                 got = list(self._decoder.decode(datas, **kw))
+                # Where each image lies, read here rather than in the training loop's thread:
+                # per-image Python there is what the loop waits for (benches/results/2026-12-01-h200-kernel).
+                if self._kernel is not None:
+                    places = [None if g is None else _place(g) for g in got]
             else:
                 got = []
                 for d in datas:
@@ -310,7 +315,7 @@ class Finisher:
                         got.append(_host_decode(d))
                     except (OSError, ValueError):
                         got.append(None)
-            return pos, rec, datas, got, time.perf_counter_ns() - t0
+            return pos, rec, datas, got, places, time.perf_counter_ns() - t0
 
         return self._pool.submit(run)
 
@@ -386,8 +391,9 @@ class Finisher:
         """
         t0 = time.perf_counter_ns()
         ahead_ns = 0
+        ahead_places = None
         if pending is not None:
-            pos, rec, datas, decoded, ahead_ns = pending.result()
+            pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
         else:
             pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
             rec = jobs[pos].astype(np.int64)
@@ -399,19 +405,22 @@ class Finisher:
         images, failed, fallbacks = self._decode(datas, stream, decoded)
         self._keep.append(images)
         ok = [i for i in range(len(pos)) if images[i] is not None]
-        # A decoded image of another size than the server probed is refused like a failed decode.
-        places = [_place(images[i]) if images[i] is not None else None for i in range(len(pos))]
-        for i in list(ok):
-            h, w = places[i][1], places[i][2]
-            if (w, h) != (rec[i, _C["src_width"]], rec[i, _C["src_height"]]):
-                failed.append(
-                    (i, f"the GPU decoder made a {w}x{h} image where the header says {rec[i, 2]}x{rec[i, 3]}")
-                )
-                ok.remove(i)
+        # Where each image lies (read ahead in the decode thread for the kernel; here for images
+        # the host decoded instead). A decoded image of another size than the server probed is
+        # refused like a failed decode.
+        places = list(ahead_places) if ahead_places is not None else [None] * len(pos)
+        for i in ok:
+            if places[i] is None:
+                places[i] = _place(images[i])
+        at = np.array([p if p is not None else (0,) * 6 for p in places], dtype=np.int64).reshape(-1, 6)
+        wrong = (at[:, 2] != rec[:, _C["src_width"]]) | (at[:, 1] != rec[:, _C["src_height"]])
+        for i in [i for i in ok if wrong[i]]:
+            failed.append(
+                (i, f"the GPU decoder made a {at[i, 2]}x{at[i, 1]} image where the header says {rec[i, 2]}x{rec[i, 3]}")
+            )
+            ok.remove(i)
         if ok and self._kernel is not None:
-            table = rec[ok].copy()
-            table[:, 0:4] = [(p[0], p[3], p[4], p[5]) for p in (places[i] for i in ok)]
-            table = np.concatenate([table, pos[ok].astype(np.int64)[:, None]], axis=1)
+            table = np.concatenate([at[ok][:, [0, 3, 4, 5]], rec[ok, 4:], pos[ok].astype(np.int64)[:, None]], axis=1)
             self._kernel.finish(self._upload(table), image, self.layout)
         # In chunks of about 2^28 padded crop values (0.5 GiB in fp16) at most: large photos.
         elif ok:

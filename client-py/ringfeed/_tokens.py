@@ -144,6 +144,7 @@ class TokenLoader(Loader):
             self.mix[0][0],
             batch_size,
             {"kind": "tokens"},  # never sent: a token stream's `open` has no transform
+            gpu_decode=False,  # nothing to decode (and no message about it)
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,

@@ -6,6 +6,7 @@ cu_seqlens, loss masks), plus coverage, resume and ranks."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 from fractions import Fraction
@@ -243,6 +244,20 @@ def test_concat_windows_cover_the_stream_once(corpus: Path, sock: str) -> None:
     want = torch.from_numpy(ds.tokens[: n * seq_len + 1].astype(np.int64))
     assert torch.equal(stream, want[:-1])
     assert torch.equal(labels, want[1:])
+
+
+def test_a_token_stream_says_nothing_about_gpu_decode(
+    corpus: Path, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token stream has nothing to decode: it opens without hybrid decode and without a message
+    about it (it used to log "GPU decode is off: the 1.1 transform dict form ...")."""
+    with (
+        caplog.at_level(logging.DEBUG, logger="ringfeed"),
+        ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True) as loader,
+    ):
+        next(iter(loader))
+    assert not [r for r in caplog.records if "GPU decode" in r.getMessage()], caplog.text
+    assert loader.gpu_decode_reason == "gpu_decode=False"
 
 
 def test_pack_never_splits_a_document(corpus: Path, sock: str) -> None:

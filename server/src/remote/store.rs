@@ -317,6 +317,19 @@ impl Store {
         Ok(seen.into_inner())
     }
 
+    /// Uploads `bytes` as `key` in one request (a small object: an index file). S3 makes an
+    /// object visible whole or not at all, so no reader sees part of it.
+    pub fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
+        let path = ObjectPath::from(key);
+        self.with_retries(key, |_| async {
+            self.s3
+                .put(&path, bytes.to_vec().into())
+                .await
+                .map_err(|e| self.classify(key, e))?;
+            Ok(())
+        })
+    }
+
     /// Uploads the local file `src` as `key` (in parts when it is large).
     pub fn put_file(&self, key: &str, src: &Path) -> Result<(), RemoteError> {
         let io = |e: std::io::Error| RemoteError::Io {

@@ -136,7 +136,13 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
                 out[f"epoch{e}_img_s"] = n / dt
                 out[f"epoch{e}_bytes"] = link.take()
                 out[f"epoch{e}_images"] = n
-            out["remote"] = ld.stats()["server"].get("remote")
+                out[f"epoch{e}_s"] = dt
+                # The server's remote counters (cumulative) and the loader's own wait, after the epoch: what
+                # explains a cold epoch below the link's rate (readers waiting for downloads, `wait_s`).
+                st = ld.stats()
+                out[f"epoch{e}_remote"] = st["server"].get("remote")
+                out[f"epoch{e}_loader_wait_s"] = st["wait_s"]
+            out["remote"] = out["epoch2_remote"]
             out["order"] = ld.order
         with ringfeed.Loader(local, a.batch_size, transform=transform, socket=str(sock), timeout=600) as ld:
             ld.set_epoch(1)
@@ -257,6 +263,7 @@ def main() -> None:
         "shard_size": a.shard_size,
         "runs": {},
     }
+    results["load_start"] = os.getloadavg()
     server = _s3.S3Server("s3s-fs")
     proxy = _s3.FaultProxy(server.port, rate=a.mbps * 1e6)
     try:
@@ -273,6 +280,7 @@ def main() -> None:
         proxy.close()
         server.close()
         shutil.rmtree(work, ignore_errors=True)
+    results["load_end"] = os.getloadavg()
     (a.out / "remote.json").write_text(json.dumps(results, indent=2) + "\n")
     lines = [
         f"# Remote datasets over a {a.mbps:g} MB/s link (local s3s-fs behind a throttling proxy)",
@@ -294,6 +302,19 @@ def main() -> None:
             f"| {name} | {r['epoch1_img_s']:.0f} | {r['epoch2_img_s']:.0f} | {r['epoch1_bytes'] / 1e6:.1f} | "
             f"{r['epoch2_bytes'] / 1e6:.1f} | {local} |"
         )
+    rf = results["runs"].get("ringfeed", {})
+    if "epoch1_remote" in rf:
+        for e in (1, 2):
+            r = rf[f"epoch{e}_remote"] or {}
+            lines.append("")
+            lines.append(
+                f"ringfeed epoch {e} ({rf['order']} order): {rf[f'epoch{e}_s']:.1f} s, the loader waited "
+                f"{rf[f'epoch{e}_loader_wait_s']:.1f} s in total so far; server counters so far: "
+                + ", ".join(f"{k} {r.get(k)}" for k in ("fetches", "bytes", "hits", "misses", "prefetches", "wait_s"))
+            )
+    lines.append("")
+    load = f"{results['load_start']} at the start, {results['load_end']} at the end"
+    lines.append(f"Load average (1, 5, 15 min): {load}.")
     (a.out / "remote.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -347,9 +347,10 @@ pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspecti
     let mut formats = BTreeMap::new();
     let step = n.div_ceil(FORMAT_PROBES).max(1);
     let mut probed = 0;
+    // Through a reader: a tar cut while it is read is reported, not read as zeros.
+    let mut reader = src.reader()?;
     for i in 0..n {
-        let t = cat.tar_of(i, "")?;
-        let s = cat.lookup(i, src.data(t))?;
+        let s = reader.get(i)?;
         sizes.push(s.data.len() as u64);
         if cat.options().label.is_some() {
             labels.push(s.label);
@@ -363,7 +364,11 @@ pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspecti
     let sample = match sample {
         None => None,
         Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
-        Some(i) => Some(wds_sample_info(cat, i, src.data(cat.tar_of(i, "")?), 0)?),
+        Some(i) => {
+            let info = wds_sample_info(cat, i, src.data(cat.tar_of(i, "")?), 0)?;
+            src.with_sample(i, &mut |_| ())?;
+            Some(info)
+        }
     };
     let files_bytes = (0..src.tar_count() as u32).map(|t| src.data(t).len() as u64).sum();
     Ok(Inspection {

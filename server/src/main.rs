@@ -39,9 +39,9 @@ enum Command {
     Verify(VerifyArgs),
     /// Print counts, classes, size statistics and one sample's metadata.
     Inspect(InspectArgs),
-    /// Write the index file (TAR.rfidx) beside each WebDataset tar, so that serving it opens
-    /// without scanning the tar; a valid index is left as it is. Exits non-zero when a tar is
-    /// damaged (it is indexed up to the damage).
+    /// Write the index file (TAR.rfidx) beside each WebDataset tar, local or in a store
+    /// (s3://...), so that serving it opens without scanning the tar; a valid index is left as
+    /// it is. Exits non-zero when a tar is damaged (it is indexed up to the damage).
     Index(IndexArgs),
     /// Write the `pack`-mode windows of an existing token dataset for a seq_len
     /// (DATASET/packing-N.rfp), so that a `pack` stream opens without packing every document at

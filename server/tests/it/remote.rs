@@ -541,9 +541,10 @@ fn index_on(kind: &str) {
     // s-1's index (made locally, uploaded) is kept; s-2's is another tar's, rebuilt; the others written.
     assert_eq!(fresh, [false, true, false, false]);
     assert!(first[2].rebuilt.is_some() && first[0].rebuilt.is_none());
-    assert_eq!(first.iter().map(|r| r.read).sum::<u64>(), files_bytes(&root.path().join("tars")) - {
-        paths[1].metadata().unwrap().len()
-    });
+    assert_eq!(
+        first.iter().map(|r| r.read).sum::<u64>(),
+        files_bytes(&root.path().join("tars")) - { paths[1].metadata().unwrap().len() }
+    );
     assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "every download is deleted");
     // The indexes written are the local scan's members, stamped with the download's ETag.
     for (t, p) in paths.iter().enumerate().filter(|(t, _)| *t != 1) {
@@ -565,7 +566,10 @@ fn index_on(kind: &str) {
     std::fs::write(&changed, &bytes).unwrap();
     s.put_file("wds/s-0.tar", &changed).unwrap();
     let again = run();
-    assert_eq!(again.iter().map(|r| r.fresh).collect::<Vec<_>>(), [false, true, true, true]);
+    assert_eq!(
+        again.iter().map(|r| r.fresh).collect::<Vec<_>>(),
+        [false, true, true, true]
+    );
     let why = again[0].rebuilt.as_deref().unwrap();
     assert!(why.contains("etag"), "{why}");
     assert_eq!(again[0].read, bytes.len() as u64);

@@ -269,6 +269,18 @@ def test_a_store_that_cannot_be_reached_is_an_error_naming_the_setting(tars: Pat
     assert "--fetch-retries" in r.stderr, r.stderr
 
 
+def test_refused_credentials_are_an_error_naming_them_not_retried(tars: Path) -> None:
+    """`index s3://...` with a secret the store refuses (403) fails at once, naming the credentials' settings."""
+    with s3_server("s3s-fs") as server:
+        upload(server, tars, "wds")
+        env = {**server.env(), "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+        r = run("index", f"s3://{BUCKET}/wds", "--fetch-retries", "3", env=env)
+        assert r.returncode != 0
+        assert "access denied" in r.stderr, r.stderr
+        assert "AWS_SECRET_ACCESS_KEY" in r.stderr
+        assert "attempts failed" not in r.stderr
+
+
 def test_inspect_of_tars_in_a_store_reports_what_the_local_inspect_does(tars: Path) -> None:
     """`inspect s3://...` of tars reports the local inspect's counts, extensions, label field, keys, image sizes and
     sample (its members, label, image and JSON metadata); without index files it reads every tar whole, with them

@@ -145,7 +145,19 @@ impl Store {
                 url: self.url(key),
                 why: source.to_string(),
             }),
-            other => Attempt::Retry(one_line(&other)),
+            other => {
+                let why = one_line(&other);
+                // Some requests (LIST) report a refused signature or key as a generic error
+                // with the status in its text: as final as a typed 401/403.
+                if why.contains("403 Forbidden") || why.contains("401 Unauthorized") {
+                    Attempt::Fatal(RemoteError::Denied {
+                        url: self.url(key),
+                        why,
+                    })
+                } else {
+                    Attempt::Retry(why)
+                }
+            }
         }
     }
 

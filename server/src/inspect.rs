@@ -58,6 +58,105 @@ pub struct SampleInfo {
     pub meta: Option<String>,
     /// Shard file, byte offset and CRC (packed datasets only).
     pub location: Option<(String, u64, u32)>,
+    /// WebDataset: the tar, and every member of the sample (name, data offset, size).
+    pub tar: Option<String>,
+    pub members: Vec<(String, u64, u64)>,
+}
+
+/// What a WebDataset's member tables say, beyond the samples (`inspect` of tars).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WdsSummary {
+    /// Regular members of every tar.
+    pub members: u64,
+    /// Extension (lowercase, after the key's first dot) → members with it.
+    pub extensions: BTreeMap<String, u64>,
+    /// The image extensions looked for, in order, and the label's extension (if any).
+    pub image: String,
+    pub label: Option<String>,
+    /// Samples with an image member, and with a label member.
+    pub with_image: u64,
+    pub with_label: u64,
+    /// The keys of the first and the last sample.
+    pub first_key: String,
+    pub last_key: String,
+    /// Tars in a store: those whose member table came from their index file (`TAR.rfidx`),
+    /// and those read whole to scan them.
+    pub from_index: Option<(u64, u64)>,
+}
+
+impl WdsSummary {
+    /// The summary of `cat`'s member tables.
+    pub fn of(cat: &crate::source::wds::Catalog) -> Self {
+        let opts = cat.options();
+        let mut out = WdsSummary {
+            image: opts.image.iter().map(|e| lossy(e)).collect::<Vec<_>>().join(";"),
+            label: opts.label.as_deref().map(lossy),
+            first_key: cat.key_text(0),
+            last_key: cat.key_text(cat.len().saturating_sub(1)),
+            ..WdsSummary::default()
+        };
+        for t in 0..cat.tar_count() {
+            for m in cat.members(t) {
+                out.members += 1;
+                let ext = crate::source::wds::tar::split_key(&m.name)
+                    .map_or_else(String::new, |(_, e)| lossy(&m.name[e]).to_ascii_lowercase());
+                *out.extensions.entry(ext).or_insert(0) += 1;
+            }
+        }
+        for i in 0..cat.len() {
+            let m = cat.sample_members(i).expect("in range");
+            out.with_image += u64::from(m.image.is_some());
+            out.with_label += u64::from(m.label.is_some());
+        }
+        out
+    }
+}
+
+/// Labels read: how many, their range and how many distinct values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LabelStats {
+    pub read: u64,
+    pub min: i64,
+    pub max: i64,
+    pub distinct: u64,
+}
+
+impl LabelStats {
+    pub(crate) fn from(labels: &[i64]) -> Self {
+        let distinct: std::collections::BTreeSet<i64> = labels.iter().copied().collect();
+        LabelStats {
+            read: labels.len() as u64,
+            min: distinct.first().copied().unwrap_or(0),
+            max: distinct.last().copied().unwrap_or(0),
+            distinct: distinct.len() as u64,
+        }
+    }
+}
+
+/// Sample `index` of `cat` described, from `data`, its tar's bytes from byte `base` on (the
+/// whole tar, or a ranged read of the sample's members): its key, label, image, members, and
+/// its `json` member as metadata.
+pub fn wds_sample_info(
+    cat: &crate::source::wds::Catalog,
+    index: u64,
+    data: &[u8],
+    base: u64,
+) -> Result<SampleInfo, InspectError> {
+    let s = cat.lookup_window(index, data, base)?;
+    let mut info = SampleInfo::new(index, s.key, s.label, s.data, &[]);
+    let m = cat.sample_members(index).expect("looked up above");
+    info.members = m.members.iter().map(|x| (lossy(&x.name), x.offset, x.size)).collect();
+    info.tar = Some(cat.tar_name(m.tar as usize).display().to_string());
+    info.meta = m
+        .members
+        .iter()
+        .find(|x| x.name.ends_with(b".json"))
+        .and_then(|x| {
+            let from = usize::try_from(x.offset.checked_sub(base)?).ok()?;
+            data.get(from..from + x.size as usize)
+        })
+        .map(lossy);
+    Ok(info)
 }
 
 /// Everything `inspect` prints.
@@ -75,6 +174,9 @@ pub struct Inspection {
     pub probed: u64,
     pub info: Option<serde_json::Value>,
     pub sample: Option<SampleInfo>,
+    /// WebDataset tars: what their member tables say, and the labels read.
+    pub webdataset: Option<WdsSummary>,
+    pub labels: Option<LabelStats>,
 }
 
 /// Why `inspect` failed.
@@ -124,6 +226,8 @@ impl SampleInfo {
             image: describe_image(data),
             meta: None,
             location: None,
+            tar: None,
+            members: Vec::new(),
         }
     }
 }
@@ -200,6 +304,8 @@ fn inspect_mapped(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspe
         probed,
         info: ds.info().ok().and_then(|i| serde_json::from_str(i).ok()),
         sample,
+        webdataset: None,
+        labels: None,
     })
 }
 
@@ -234,8 +340,52 @@ pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspecti
     if let Some(p) = src.listing_problems().first() {
         return Err(InspectError::WebDataset(format!("{}: {}", lossy(&p.key), p.reason)));
     }
-    let tar_count = src.tar_count() as u32;
-    inspect_source(&src, "webdataset".into(), dataset.to_owned(), Some(tar_count), sample)
+    let cat = src.catalog();
+    let n = cat.len();
+    let mut sizes = Vec::with_capacity(n as usize);
+    let mut labels = Vec::with_capacity(n as usize);
+    let mut formats = BTreeMap::new();
+    let step = n.div_ceil(FORMAT_PROBES).max(1);
+    let mut probed = 0;
+    // Through a reader: a tar cut while it is read is reported, not read as zeros.
+    let mut reader = src.reader()?;
+    for i in 0..n {
+        let s = reader.get(i)?;
+        sizes.push(s.data.len() as u64);
+        if cat.options().label.is_some() {
+            labels.push(s.label);
+        }
+        if i % step == 0 {
+            let name = codec::sniff(s.data).map_or("unknown".to_owned(), |f| f.to_string());
+            *formats.entry(name).or_insert(0) += 1;
+            probed += 1;
+        }
+    }
+    let sample = match sample {
+        None => None,
+        Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }),
+        Some(i) => {
+            let info = wds_sample_info(cat, i, src.data(cat.tar_of(i, "")?), 0)?;
+            src.with_sample(i, &mut |_| ())?;
+            Some(info)
+        }
+    };
+    let files_bytes = (0..src.tar_count() as u32).map(|t| src.data(t).len() as u64).sum();
+    Ok(Inspection {
+        kind: "webdataset".into(),
+        path: dataset.to_owned(),
+        samples: n,
+        shards: Some(src.tar_count() as u32),
+        files_bytes: Some(files_bytes),
+        classes: Vec::new(),
+        sizes: SizeStats::from(sizes),
+        formats,
+        probed,
+        info: None,
+        sample,
+        webdataset: Some(WdsSummary::of(cat)),
+        labels: (!labels.is_empty()).then(|| LabelStats::from(&labels)),
+    })
 }
 
 /// Counts, sizes and formats of any source, read sample by sample.
@@ -287,6 +437,8 @@ fn inspect_source(
         probed,
         info: None,
         sample,
+        webdataset: None,
+        labels: None,
     })
 }
 
@@ -322,6 +474,32 @@ impl Inspection {
             z.max,
             mb(z.total)
         );
+        if let Some(w) = &self.webdataset {
+            let exts: Vec<String> = w.extensions.iter().map(|(e, c)| format!(".{e} {c}")).collect();
+            let _ = writeln!(o, "  members:  {} ({})", w.members, exts.join(", "));
+            let _ = writeln!(
+                o,
+                "  image:    {} ({} samples have one); label: {} ({} samples have one)",
+                w.image,
+                w.with_image,
+                w.label.as_deref().map_or("none".to_owned(), |l| format!(".{l}")),
+                w.with_label
+            );
+            let _ = writeln!(o, "  keys:     {} .. {}", w.first_key, w.last_key);
+            if let Some((indexed, read)) = w.from_index {
+                let _ = writeln!(
+                    o,
+                    "  read:     {indexed} tars from their index files, {read} read whole (`ringfeed index` writes the missing ones)"
+                );
+            }
+        }
+        if let Some(l) = &self.labels {
+            let _ = writeln!(
+                o,
+                "  labels (of {} read): min {}, max {}, {} distinct",
+                l.read, l.min, l.max, l.distinct
+            );
+        }
         let formats: Vec<String> = self.formats.iter().map(|(f, c)| format!("{f} {c}")).collect();
         let _ = writeln!(o, "  formats (of {} probed): {}", self.probed, formats.join(", "));
         if self.classes.is_empty() {
@@ -371,6 +549,12 @@ impl Inspection {
             if let Some((file, off, crc)) = &s.location {
                 let _ = writeln!(o, "    stored: {file} at byte {off}, crc32c {crc:#010x}");
             }
+            if let Some(t) = &s.tar {
+                let _ = writeln!(o, "    tar:   {t}");
+            }
+            for (name, at, size) in &s.members {
+                let _ = writeln!(o, "    member: {name} ({size} bytes at byte {at})");
+            }
             if let Some(m) = &s.meta {
                 let _ = writeln!(o, "    metadata: {m}");
             }
@@ -391,12 +575,23 @@ impl Inspection {
             "formats": self.formats,
             "probed": self.probed,
             "info": self.info,
+            "webdataset": self.webdataset.as_ref().map(|w| serde_json::json!({
+                "members": w.members, "extensions": w.extensions, "image": w.image, "label": w.label,
+                "with_image": w.with_image, "with_label": w.with_label,
+                "first_key": w.first_key, "last_key": w.last_key,
+                "tars_from_index": w.from_index.map(|f| f.0), "tars_read_whole": w.from_index.map(|f| f.1),
+            })),
+            "labels": self.labels.as_ref().map(|l| serde_json::json!({
+                "read": l.read, "min": l.min, "max": l.max, "distinct": l.distinct,
+            })),
             "sample": self.sample.as_ref().map(|s| serde_json::json!({
                 "index": s.index, "key": s.key, "label": s.label, "class": s.class, "bytes": s.bytes,
                 "image": s.image.as_ref().ok(), "image_error": s.image.as_ref().err(),
                 "metadata": s.meta.as_ref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok()),
                 "shard": s.location.as_ref().map(|l| &l.0), "offset": s.location.as_ref().map(|l| l.1),
                 "crc32c": s.location.as_ref().map(|l| l.2),
+                "tar": s.tar,
+                "members": s.members.iter().map(|(n, at, size)| serde_json::json!({"name": n, "offset": at, "size": size})).collect::<Vec<_>>(),
             })),
         })
     }

@@ -39,9 +39,9 @@ enum Command {
     Verify(VerifyArgs),
     /// Print counts, classes, size statistics and one sample's metadata.
     Inspect(InspectArgs),
-    /// Write the index file (TAR.rfidx) beside each WebDataset tar, so that serving it opens
-    /// without scanning the tar; a valid index is left as it is. Exits non-zero when a tar is
-    /// damaged (it is indexed up to the damage).
+    /// Write the index file (TAR.rfidx) beside each WebDataset tar, local or in a store
+    /// (s3://...), so that serving it opens without scanning the tar; a valid index is left as
+    /// it is. Exits non-zero when a tar is damaged (it is indexed up to the damage).
     Index(IndexArgs),
     /// Write the `pack`-mode windows of an existing token dataset for a seq_len
     /// (DATASET/packing-N.rfp), so that a `pack` stream opens without packing every document at
@@ -426,16 +426,26 @@ struct VerifyArgs {
 #[derive(clap::Args, Debug)]
 struct IndexArgs {
     /// WebDataset tars: directories of `*.tar` files, `.tar` files, or patterns
-    /// (`shards-{000..099}.tar`, `shards-*.tar`).
+    /// (`shards-{000..099}.tar`, `shards-*.tar`); or tars in a store, `s3://bucket/prefix`
+    /// (every `*.tar` under it), a pattern or one `.tar` key, whose index is written beside
+    /// each tar in the store (each tar downloaded once, `--fetch-concurrency` at a time,
+    /// through a temporary directory).
     #[arg(required = true)]
     datasets: Vec<String>,
+    /// Progress display (tars in a store).
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    progress: ProgressMode,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(clap::Args, Debug)]
 struct InspectArgs {
-    /// Packed dataset directory, an LMDB, a token dataset, or a Megatron PREFIX.bin; or an
-    /// `s3://bucket/prefix` packed dataset (read with ranged GETs: the index, the record
-    /// tables and a few samples, never whole shards).
+    /// Packed dataset directory, an LMDB, a token dataset, a Megatron PREFIX.bin, or WebDataset
+    /// tars; or an `s3://bucket/prefix` packed dataset (read with ranged GETs: the index, the
+    /// record tables and a few samples, never whole shards), or WebDataset tars in a store
+    /// (`s3://bucket/prefix` without an index.rfi, a pattern, a `.tar` key: ranged GETs where
+    /// a tar has a valid TAR.rfidx beside it, else the tar read whole).
     dataset: PathBuf,
     /// Describe this sample (for token data: this document).
     #[arg(long, value_name = "I", default_value_t = 0)]
@@ -782,9 +792,16 @@ fn is_lmdb(path: &Path) -> bool {
 
 fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
     if let Some(url) = remote_url(&a.dataset)? {
-        // Ranged GETs of the index, the record tables and a few samples' first bytes only.
         let store = ringfeed::remote::tools::store_for(&url, &a.remote.config()?)?;
-        let inspection = ringfeed::remote::tools::inspect(&store, &url, Some(a.sample))?;
+        let inspection = if ringfeed::remote::wds::names_tars(&url) || !ringfeed::remote::tools::exists(&store, &url)? {
+            // WebDataset tars: ranged GETs where their index files are valid, else each tar
+            // read whole through a temporary directory.
+            let tmp = TempDir::new("inspect")?;
+            ringfeed::remote::wds::inspect(&store, &url, Some(a.sample), &tmp.0)?
+        } else {
+            // Ranged GETs of the index, the record tables and a few samples' first bytes only.
+            ringfeed::remote::tools::inspect(&store, &url, Some(a.sample))?
+        };
         if a.json {
             println!("{}", serde_json::to_string_pretty(&inspection.to_json())?);
         } else {
@@ -917,6 +934,11 @@ fn run_index(a: IndexArgs) -> Result<ExitCode> {
     let mut damaged = 0;
     let (mut written, mut fresh) = (0, 0);
     for d in &a.datasets {
+        if let Some(url) = remote_url(Path::new(d))? {
+            let (w, f, bad) = run_index_remote(&a, &url)?;
+            (written, fresh, damaged) = (written + w, fresh + f, damaged + bad);
+            continue;
+        }
         let tars = wds::pattern::tars(d).map_err(anyhow::Error::msg)?;
         for t in &tars {
             let r = wds::write_index(t, &std::sync::atomic::AtomicU64::new(0))?;
@@ -939,6 +961,47 @@ fn run_index(a: IndexArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `index s3://...`: every tar's index checked or written beside it in the store; returns the
+/// index files written, those already valid, and the damaged tars.
+fn run_index_remote(a: &IndexArgs, url: &ringfeed::remote::RemoteUrl) -> Result<(usize, usize, usize)> {
+    let config = a.remote.config()?;
+    let store = ringfeed::remote::tools::store_for(url, &config)?;
+    let tmp = TempDir::new("index")?;
+    let progress = Progress::new(a.progress);
+    progress.message(&format!("indexing the tars of {url}"));
+    let on_start = |i: usize, n: usize, key: &str, size: u64| {
+        progress.message(&format!(
+            "indexing tar {} of {n}: s3://{}/{key} ({:.1} MB)",
+            i + 1,
+            url.bucket,
+            size as f64 / 1e6
+        ));
+    };
+    let on_done = |r: &ringfeed::remote::wds::ObjectIndexReport| {
+        let what = match (&r.rebuilt, r.fresh) {
+            (_, true) => "index valid, kept".to_owned(),
+            (Some(why), false) => format!("index rebuilt (the one there was not used: {why})"),
+            (None, false) => "index written".to_owned(),
+        };
+        println!("{}: {} members, {what}", r.url, r.members);
+        if let Some(p) = &r.problem {
+            eprintln!("ringfeed: {}: {p}", r.url);
+        }
+    };
+    let reports = ringfeed::remote::wds::index_objects(&store, url, config.concurrency, &tmp.0, &on_start, &on_done);
+    progress.finish();
+    let reports = reports.with_context(|| format!("indexing {url}"))?;
+    let fresh = reports.iter().filter(|r| r.fresh).count();
+    let damaged = reports.iter().filter(|r| r.problem.is_some()).count();
+    let read: u64 = reports.iter().map(|r| r.read).sum();
+    eprintln!(
+        "ringfeed: {url}: {} tars, {:.1} MB downloaded to index them",
+        reports.len(),
+        read as f64 / 1e6
+    );
+    Ok((reports.len() - fresh, fresh, damaged))
 }
 
 fn run_ops(a: OpsArgs) -> Result<ExitCode> {

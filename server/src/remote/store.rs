@@ -145,7 +145,19 @@ impl Store {
                 url: self.url(key),
                 why: source.to_string(),
             }),
-            other => Attempt::Retry(one_line(&other)),
+            other => {
+                let why = one_line(&other);
+                // Some requests (LIST) report a refused signature or key as a generic error
+                // with the status in its text: as final as a typed 401/403.
+                if why.contains("403 Forbidden") || why.contains("401 Unauthorized") {
+                    Attempt::Fatal(RemoteError::Denied {
+                        url: self.url(key),
+                        why,
+                    })
+                } else {
+                    Attempt::Retry(why)
+                }
+            }
         }
     }
 
@@ -315,6 +327,19 @@ impl Store {
         file.sync_all().map_err(io)?;
         Counters::bump(&self.counters.fetches);
         Ok(seen.into_inner())
+    }
+
+    /// Uploads `bytes` as `key` in one request (a small object: an index file). S3 makes an
+    /// object visible whole or not at all, so no reader sees part of it.
+    pub fn put_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), RemoteError> {
+        let path = ObjectPath::from(key);
+        self.with_retries(key, |_| async {
+            self.s3
+                .put(&path, bytes.to_vec().into())
+                .await
+                .map_err(|e| self.classify(key, e))?;
+            Ok(())
+        })
     }
 
     /// Uploads the local file `src` as `key` (in parts when it is large).

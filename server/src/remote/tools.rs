@@ -293,5 +293,7 @@ pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<cr
         probed,
         info: ds.info().ok().and_then(|i| serde_json::from_str(i).ok()),
         sample,
+        webdataset: None,
+        labels: None,
     })
 }

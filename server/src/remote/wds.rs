@@ -392,43 +392,16 @@ impl TarCtx<'_> {
         Ok(Had::Scanned)
     }
 
-    /// The member table of index file `bytes` if it belongs to the object as listed (reading
-    /// rules of a tar in a store: the length, the ETag when both have one, else rule 5 from two
-    /// ranged GETs).
+    /// The member table of index file `bytes` if it belongs to the object as listed
+    /// ([`check_index`]); an ETag learned from its checking reads is the object's from now on.
     fn usable(&self, bytes: &[u8]) -> Result<tar::Scan, String> {
-        let parsed = index::parse(bytes)?;
-        let o = self.listed;
-        if parsed.made.len != o.size {
-            return Err(format!(
-                "it was made for a tar of {} bytes, the object has {}",
-                parsed.made.len, o.size
-            ));
-        }
-        match (&parsed.etag, &o.etag) {
-            (Some(a), Some(b)) if a.as_slice() == b.as_bytes() => return Ok(parsed.scan),
-            (Some(a), Some(b)) => {
-                return Err(format!(
-                    "it was made for the object's etag {}, it now has {b}",
-                    String::from_utf8_lossy(a)
-                ));
-            }
-            _ => {}
-        }
-        let ranges = index::spot_ranges(&parsed.scan.members);
-        let (got, etag) = self
-            .store
-            .get_ranges(&o.key, &ranges, o.etag.as_deref())
-            .map_err(|e| e.to_string())?;
+        let (scan, learned) = check_index(self.store, self.listed, bytes)?;
         // A listing without ETags (some stores): the one these reads saw is the object's from
         // now on, so a tar rewritten later is reported when it is downloaded.
-        if let (None, Some(e)) = (&o.etag, &etag) {
-            self.fetch.expect(&o.key, e);
+        if let Some(e) = &learned {
+            self.fetch.expect(&self.listed.key, e);
         }
-        let mut headers = ranges.iter().map(|r| r.start).zip(got);
-        index::spot_check(&parsed.scan.members, true, &mut |at| {
-            headers.find(|(s, _)| *s == at).map(|(_, h)| h)
-        })?;
-        Ok(parsed.scan)
+        Ok(scan)
     }
 
     /// Writes the index of `scan`, stamped with the object's length and ETag, into the cache's
@@ -449,6 +422,309 @@ impl TarCtx<'_> {
             tracing::info!("could not keep the index {}: {e}", dest.display());
         }
     }
+}
+
+/// The member table of index file `bytes` if it belongs to the object `o` as listed (the reading
+/// rules of a tar in a store, `proto/webdataset.md` 1.1: its length; its ETag when the index
+/// and the listing both have one; else rule 5 from two ranged GETs, and the ETag those GETs
+/// were answered with against the index's). `Err` says why not (the tar is then indexed
+/// again). Also returns the ETag the GETs saw when the listing gave none.
+pub fn check_index(store: &Store, o: &Listed, bytes: &[u8]) -> Result<(tar::Scan, Option<String>), String> {
+    let parsed = index::parse(bytes)?;
+    if parsed.made.len != o.size {
+        return Err(format!(
+            "it was made for a tar of {} bytes, the object has {}",
+            parsed.made.len, o.size
+        ));
+    }
+    let stale = |a: &[u8], b: &str| {
+        format!(
+            "it was made for the object's etag {}, it now has {b}",
+            String::from_utf8_lossy(a)
+        )
+    };
+    match (&parsed.etag, &o.etag) {
+        (Some(a), Some(b)) if a.as_slice() == b.as_bytes() => return Ok((parsed.scan, None)),
+        (Some(a), Some(b)) => return Err(stale(a, b)),
+        _ => {}
+    }
+    let ranges = index::spot_ranges(&parsed.scan.members);
+    let (got, etag) = store
+        .get_ranges(&o.key, &ranges, o.etag.as_deref())
+        .map_err(|e| e.to_string())?;
+    // A listing without ETags: the reads' ETag is the object's, and binds as the listing's would.
+    if let (Some(a), None, Some(now)) = (&parsed.etag, &o.etag, &etag)
+        && a.as_slice() != now.as_bytes()
+    {
+        return Err(stale(a, now));
+    }
+    let mut headers = ranges.iter().map(|r| r.start).zip(got);
+    index::spot_check(&parsed.scan.members, true, &mut |at| {
+        headers.find(|(s, _)| *s == at).map(|(_, h)| h)
+    })?;
+    Ok((parsed.scan, if o.etag.is_none() { etag } else { None }))
+}
+
+/// What `ringfeed index s3://...` did with one tar ([`index_object`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectIndexReport {
+    /// `s3://bucket/key` of the tar.
+    pub url: String,
+    /// Regular members listed.
+    pub members: usize,
+    /// Its `TAR.rfidx` in the store was already valid: nothing written, the tar not read.
+    pub fresh: bool,
+    /// Why the `TAR.rfidx` found beside it was not kept (it was rebuilt).
+    pub rebuilt: Option<String>,
+    /// What the scan found wrong with the tar (it is indexed up to there).
+    pub problem: Option<String>,
+    /// Bytes of the tar downloaded (0 when `fresh`).
+    pub read: u64,
+}
+
+/// Makes sure tar `o` of `bucket` has a valid index beside it in the store, `KEY.rfidx`
+/// (`proto/webdataset.md`, "Tars in a store"). One there that passes [`check_index`] is kept
+/// (`has_index`: the listing showed one). Else the tar is downloaded into the directory `dir`
+/// (one sequential GET, resumed where a broken body stopped, bound to the ETag of its first
+/// answer), scanned exactly as a local tar is ([`tar::scan`]), and its index uploaded, stamped
+/// with the object's length, its `LastModified` and the ETag the download saw. The download
+/// is deleted before this returns, so `dir` holds at most one tar per call in flight.
+///
+/// Why a download and not ranged reads of the headers: a WebDataset tar has two or three
+/// members per sample, each behind its own 512-byte header; one ranged GET per header is
+/// 20,000 to 30,000 requests for a 10,000-sample shard, minutes at an object store's latency,
+/// where one sequential GET takes seconds and reads bytes that are mostly the samples anyway.
+pub fn index_object(
+    store: &Store,
+    bucket: &str,
+    o: &Listed,
+    has_index: bool,
+    dir: &Path,
+) -> Result<ObjectIndexReport, RemoteError> {
+    let url = format!("{}{bucket}/{}", super::SCHEME, o.key);
+    let index_key = format!("{}{}", o.key, index::SUFFIX);
+    let mut rebuilt = None;
+    if has_index {
+        let checked = store
+            .probe_bytes(&index_key)
+            .map_err(|e| e.to_string())
+            .and_then(|(b, _)| check_index(store, o, &b));
+        match checked {
+            Ok((scan, _)) => {
+                return Ok(ObjectIndexReport {
+                    url,
+                    members: scan.members.len(),
+                    fresh: true,
+                    rebuilt: None,
+                    problem: scan.end.problem(scan.members.len()),
+                    read: 0,
+                });
+            }
+            Err(why) => rebuilt = Some(why),
+        }
+    }
+    let (scan, etag) = download_scan(store, &url, o, dir)?;
+    let stamp = index::Stamp {
+        len: o.size,
+        mtime_ns: o.modified_ns,
+    };
+    store.put_bytes(
+        &index_key,
+        &index::encode_with(&scan, stamp, etag.as_deref().map(str::as_bytes)),
+    )?;
+    Ok(ObjectIndexReport {
+        url,
+        members: scan.members.len(),
+        fresh: false,
+        rebuilt,
+        problem: scan.end.problem(scan.members.len()),
+        read: o.size,
+    })
+}
+
+/// Tar `o` downloaded into the directory `dir` (one sequential GET, resumed where a broken
+/// body stopped, bound to the ETag of its first answer), scanned as a local tar is, and
+/// deleted; with the ETag the download saw.
+fn download_scan(store: &Store, url: &str, o: &Listed, dir: &Path) -> Result<(tar::Scan, Option<String>), RemoteError> {
+    if o.size == 0 {
+        return Ok((tar::scan(&[], &mut |_| {}), o.etag.clone()));
+    }
+    let path = dir.join(file_name(&o.key));
+    let etag = store.download(&o.key, &path, o.size, o.etag.as_deref());
+    let scanned = etag.and_then(|etag| {
+        let mapped = Mapped::open(&path).map_err(|e| RemoteError::Other {
+            url: url.to_owned(),
+            why: format!("cannot read its download {}: {e}", path.display()),
+        })?;
+        Ok((tar::scan(&mapped.map, &mut |_| {}), etag))
+    });
+    let _ = std::fs::remove_file(&path);
+    scanned
+}
+
+/// How many samples a remote `inspect` of tars reads (one ranged GET of each one's members).
+pub const INSPECT_PROBES: u64 = 32;
+
+/// `ringfeed inspect s3://...` of tars: what the local inspect of the same tars reports, read
+/// with ranged GETs wherever an index file allows. Each tar's member table comes from its
+/// `TAR.rfidx` when that is valid ([`check_index`]: one GET of it, and two of 512 bytes when
+/// the listing gives no ETag), else from the tar downloaded into `dir` and scanned (then
+/// deleted; `ringfeed index` writes the missing indexes). Counts, extensions, keys and image
+/// sizes come from the member tables alone; formats and labels from at most
+/// [`INSPECT_PROBES`] evenly spaced samples (one ranged GET of each one's members), and
+/// sample `sample` from one more.
+pub fn inspect(
+    store: &Store,
+    url: &RemoteUrl,
+    sample: Option<u64>,
+    dir: &Path,
+) -> Result<crate::inspect::Inspection, super::tools::ToolError> {
+    use crate::inspect::{InspectError, Inspection, LabelStats, SizeStats, WdsSummary, wds_sample_info};
+    let listing = list_tars(store, url)?;
+    let opts = WdsOptions {
+        write_index: false,
+        ..WdsOptions::default()
+    };
+    let mut cat = Catalog::new(&url.to_string(), &opts);
+    let (mut from_index, mut read_whole) = (0u64, 0u64);
+    let object_url = |key: &str| format!("{}{}/{key}", super::SCHEME, url.bucket);
+    for o in &listing.tars {
+        let index_key = format!("{}{}", o.key, index::SUFFIX);
+        let indexed = listing.indexes.contains_key(&index_key).then(|| {
+            store
+                .probe_bytes(&index_key)
+                .map_err(|e| e.to_string())
+                .and_then(|(b, _)| check_index(store, o, &b))
+        });
+        let scan = match indexed {
+            Some(Ok((scan, _))) => {
+                from_index += 1;
+                scan
+            }
+            other => {
+                if let Some(Err(why)) = other {
+                    tracing::warn!("{}: not using it: {why}; reading the tar whole", object_url(&index_key));
+                }
+                read_whole += 1;
+                download_scan(store, &object_url(&o.key), o, dir)?.0
+            }
+        };
+        cat.add(PathBuf::from(object_url(&o.key)), scan.members, &scan.end);
+    }
+    if let Some(p) = cat.problems().first() {
+        return Err(InspectError::WebDataset(format!("{}: {}", String::from_utf8_lossy(&p.key), p.reason)).into());
+    }
+    // One ranged GET of sample `i`'s members: the sample looked up in it.
+    let window = |i: u64| -> Result<(Vec<u8>, u64), super::tools::ToolError> {
+        let m = cat.sample_members(i).expect("in range");
+        let (first, last) = (&m.members[0], &m.members[m.members.len() - 1]);
+        let key = &listing.tars[m.tar as usize].key;
+        let end = (last.offset + last.size).min(listing.tars[m.tar as usize].size);
+        Ok((store.get_range(key, first.offset..end, None)?, first.offset))
+    };
+    let n = cat.len();
+    let mut sizes = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let m = cat.sample_members(i).expect("in range");
+        match m.image {
+            // A sample the local inspect fails on fails here too, with its message.
+            Some(image) if m.label.is_some() || opts.label.is_none() => sizes.push(image.size),
+            _ => {
+                let (data, base) = window(i)?;
+                cat.lookup_window(i, &data, base).map_err(InspectError::from)?;
+            }
+        }
+    }
+    let mut formats = std::collections::BTreeMap::new();
+    let mut labels = Vec::new();
+    let mut probed = 0;
+    for i in (0..n).step_by(n.div_ceil(INSPECT_PROBES).max(1) as usize) {
+        let (data, base) = window(i)?;
+        let s = cat.lookup_window(i, &data, base).map_err(InspectError::from)?;
+        let fmt = crate::codec::sniff(s.data).map_or("unknown".to_owned(), |f| f.to_string());
+        *formats.entry(fmt).or_insert(0) += 1;
+        if opts.label.is_some() {
+            labels.push(s.label);
+        }
+        probed += 1;
+    }
+    let sample = match sample {
+        None => None,
+        Some(i) if i >= n => return Err(InspectError::NoSuchSample { index: i, len: n }.into()),
+        Some(i) => {
+            let (data, base) = window(i)?;
+            Some(wds_sample_info(&cat, i, &data, base)?)
+        }
+    };
+    let mut summary = WdsSummary::of(&cat);
+    summary.from_index = Some((from_index, read_whole));
+    Ok(Inspection {
+        kind: "webdataset".into(),
+        path: url.to_string(),
+        samples: n,
+        shards: Some(listing.tars.len() as u32),
+        files_bytes: Some(listing.tars.iter().map(|o| o.size).sum()),
+        classes: Vec::new(),
+        sizes: SizeStats::from(sizes),
+        formats,
+        probed,
+        info: None,
+        sample,
+        webdataset: Some(summary),
+        labels: (!labels.is_empty()).then(|| LabelStats::from(&labels)),
+    })
+}
+
+/// `ringfeed index s3://...`: [`index_object`] for every tar `url` names ([`list_tars`]), `jobs`
+/// at a time (each holds one tar in `dir` while it scans it), calling `on_start(i, n, key,
+/// size)` when the turn of tar `i` of `n` comes and `on_done(report)` when it is indexed. The reports are in the
+/// listing's order. A tar the store fails on stops the others (those running finish) and is
+/// the error, naming it.
+pub fn index_objects(
+    store: &Store,
+    url: &RemoteUrl,
+    jobs: usize,
+    dir: &Path,
+    on_start: &(dyn Fn(usize, usize, &str, u64) + Sync),
+    on_done: &(dyn Fn(&ObjectIndexReport) + Sync),
+) -> Result<Vec<ObjectIndexReport>, RemoteError> {
+    let listing = list_tars(store, url)?;
+    let n = listing.tars.len();
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Vec<Mutex<Option<Result<ObjectIndexReport, RemoteError>>>> =
+        (0..n).map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.clamp(1, n.max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= n || failed.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let o = &listing.tars[i];
+                    let has_index = listing.indexes.contains_key(&format!("{}{}", o.key, index::SUFFIX));
+                    on_start(i, n, &o.key, o.size);
+                    let r = index_object(store, &url.bucket, o, has_index, dir);
+                    match &r {
+                        Ok(report) => on_done(report),
+                        Err(_) => failed.store(true, Ordering::Relaxed),
+                    }
+                    *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+                }
+            });
+        }
+    });
+    let mut out = Vec::with_capacity(n);
+    for r in results {
+        match r.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(Ok(report)) => out.push(report),
+            Some(Err(e)) => return Err(e),
+            // Not started: an earlier tar failed, and its error is returned above or below.
+            None => {}
+        }
+    }
+    Ok(out)
 }
 
 /// The check of a cached copy of a tar: its headers scanned give exactly the member table fixed

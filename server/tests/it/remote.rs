@@ -518,3 +518,59 @@ fn a_malformed_tar_on_s3_follows_the_corrupt_sample_policy() {
         "{errors:?}"
     );
 }
+
+#[test]
+fn index_objects_writes_the_indexes_a_server_then_opens_from_and_binds_them_to_the_etag() {
+    for kind in ["s3s-fs", "moto"] {
+        index_on(kind);
+    }
+}
+
+fn index_on(kind: &str) {
+    use ringfeed::remote::wds::{ObjectIndexReport, index_objects};
+    let Some(server) = start(kind) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let paths = tars(&server, root.path());
+    let s = store(&server, &config(&root.path().join("unused"), 1 << 30));
+    let url = RemoteUrl::parse(&format!("s3://{BUCKET}/wds")).unwrap().unwrap();
+    let tmp = root.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let run = || -> Vec<ObjectIndexReport> { index_objects(&s, &url, 2, &tmp, &|_, _, _, _| (), &|_| ()).unwrap() };
+    let first = run();
+    let fresh: Vec<bool> = first.iter().map(|r| r.fresh).collect();
+    // s-1's index (made locally, uploaded) is kept; s-2's is another tar's, rebuilt; the others written.
+    assert_eq!(fresh, [false, true, false, false]);
+    assert!(first[2].rebuilt.is_some() && first[0].rebuilt.is_none());
+    assert_eq!(
+        first.iter().map(|r| r.read).sum::<u64>(),
+        files_bytes(&root.path().join("tars")) - { paths[1].metadata().unwrap().len() }
+    );
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "every download is deleted");
+    // The indexes written are the local scan's members, stamped with the download's ETag.
+    for (t, p) in paths.iter().enumerate().filter(|(t, _)| *t != 1) {
+        let (bytes, _) = s.get_bytes(&format!("wds/s-{t}.tar.rfidx")).unwrap();
+        let parsed = ringfeed::source::wds::index::parse(&bytes).unwrap();
+        let local = ringfeed::source::wds::tar::scan(&std::fs::read(p).unwrap(), &mut |_| {});
+        assert_eq!(parsed.scan, local, "s-{t}");
+        assert!(parsed.etag.is_some(), "s-{t}");
+    }
+    // A fresh server opens every tar from the store's indexes: nothing downloaded and scanned.
+    let h = hub(&server, config(&root.path().join("cache"), 1 << 30));
+    let opened = open_wds(&h, &format!("s3://{BUCKET}/wds/*.tar")).unwrap();
+    assert_eq!((opened.from_store, opened.scanned, opened.from_cache), (4, 0, 0));
+    // s-0 rewritten with the same layout (one byte of a member's data): only its ETag tells. Its
+    // index is stale (by the listing's ETag on moto, by the ranged reads' on s3s-fs) and rebuilt.
+    let mut bytes = std::fs::read(&paths[0]).unwrap();
+    bytes[600] ^= 1;
+    let changed = root.path().join("changed.tar");
+    std::fs::write(&changed, &bytes).unwrap();
+    s.put_file("wds/s-0.tar", &changed).unwrap();
+    let again = run();
+    assert_eq!(
+        again.iter().map(|r| r.fresh).collect::<Vec<_>>(),
+        [false, true, true, true]
+    );
+    let why = again[0].rebuilt.as_deref().unwrap();
+    assert!(why.contains("etag"), "{why}");
+    assert_eq!(again[0].read, bytes.len() as u64);
+}

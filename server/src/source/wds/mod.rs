@@ -281,8 +281,37 @@ impl Catalog {
         })
     }
 
+    /// The options the samples were grouped with.
+    pub fn options(&self) -> &WdsOptions {
+        &self.opts
+    }
+
+    /// Sample `index`'s members (consecutive in its tar's member table), its image member and
+    /// its label member, when it has them.
+    pub fn sample_members(&self, index: u64) -> Option<SampleMembers<'_>> {
+        let e = self.entries.get(index as usize)?;
+        let members = &self.tars[e.tar as usize].1;
+        Some(SampleMembers {
+            tar: e.tar,
+            members: &members[e.first as usize..(e.first + e.members) as usize],
+            image: e.image.map(|i| &members[i as usize]),
+            label: e.label.map(|i| &members[i as usize]),
+        })
+    }
+
+    /// The name of tar `t` (its path, or its URL).
+    pub fn tar_name(&self, t: usize) -> &Path {
+        &self.tars[t].0
+    }
+
     /// Sample `index`'s key, image bytes and label, from `data`, the bytes of its tar.
     pub fn lookup<'a>(&'a self, index: u64, data: &'a [u8]) -> Result<Sample<'a>, SourceError> {
+        self.lookup_window(index, data, 0)
+    }
+
+    /// [`Catalog::lookup`] from `data`, the bytes of its tar from byte `base` on (a ranged read
+    /// of the sample's members).
+    pub fn lookup_window<'a>(&'a self, index: u64, data: &'a [u8], base: u64) -> Result<Sample<'a>, SourceError> {
         let e = self.entry(index, "")?;
         let (path, members) = &self.tars[e.tar as usize];
         let key = &members[e.first as usize].name[..e.key_len as usize];
@@ -295,15 +324,16 @@ impl Catalog {
             })
         };
         let bytes = |m: &tar::Member| -> Result<&'a [u8], SourceError> {
+            let end = base + data.len() as u64;
             match m.offset.checked_add(m.size) {
-                Some(end) if end <= data.len() as u64 => Ok(&data[m.offset as usize..end as usize]),
+                Some(stop) if m.offset >= base && stop <= end => {
+                    Ok(&data[(m.offset - base) as usize..(stop - base) as usize])
+                }
                 _ => Err(fail(
                     Some(m),
                     format!(
-                        "the member is cut off: {} bytes at offset {}, the file ends at {}",
-                        m.size,
-                        m.offset,
-                        data.len()
+                        "the member is cut off: {} bytes at offset {}, the file ends at {end}",
+                        m.size, m.offset,
                     ),
                 )),
             }
@@ -355,6 +385,17 @@ impl Catalog {
             data,
         })
     }
+}
+
+/// One sample's members ([`Catalog::sample_members`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleMembers<'a> {
+    /// Its tar.
+    pub tar: u32,
+    /// Every member of the sample, in archive order.
+    pub members: &'a [tar::Member],
+    pub image: Option<&'a tar::Member>,
+    pub label: Option<&'a tar::Member>,
 }
 
 /// WebDataset tars on local disk, indexed and mapped.
@@ -441,7 +482,13 @@ impl WdsSource {
         self.catalog.tar_count()
     }
 
-    fn data(&self, tar: u32) -> &[u8] {
+    /// The samples and their members.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The bytes of tar `t` (empty for an empty file).
+    pub fn data(&self, tar: u32) -> &[u8] {
         self.maps[tar as usize].as_ref().map_or(&[], |m| &m.map)
     }
 

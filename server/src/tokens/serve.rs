@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::mix::Mix;
+use super::mix::{Mix, pass_key, permute};
 use super::windows::{Mode, Window, WindowSpec, Windows, WindowsError};
 use super::{FlatDtype, TokenSource};
 use crate::control::{ErrorCode, OpenRequest};
@@ -34,16 +34,19 @@ pub struct TokenWindows {
     pub parts: Vec<(PathBuf, Windows)>,
     /// The mix of `parts` (1.3; `None`: one dataset, whose windows are the samples).
     pub mix: Option<Mix>,
-    /// A mix shuffles inside each dataset (the sampler keeps the mix's order).
+    /// Whether the windows are shuffled: by the keyed permutations of `locate`, never by the
+    /// sampler (whose order for a token stream is the identity).
     pub shuffle: bool,
     pub seed: u64,
 }
 
 impl TokenWindows {
-    /// Sample `k` of `epoch` (a window of the one dataset, or a slot of the mix): its dataset and
-    /// window.
+    /// The window at position `k` of `epoch`'s order (control.md, "Token streams": a slot of the
+    /// mix, or for one dataset, a mix of one, its window `π₀(k)`): its dataset and window, in
+    /// O(1) time and memory.
     pub fn locate(&self, k: u64, epoch: u64) -> (usize, u64) {
         match &self.mix {
+            None if self.shuffle => (0, permute(self.parts[0].1.len(), pass_key(self.seed, epoch, 0, 0), k)),
             None => (0, k),
             Some(m) => m.window(k, self.seed, epoch, self.shuffle),
         }
@@ -317,7 +320,6 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
             shape: vec![],
         });
     }
-    let own_order = mix.is_some();
     let windows = Arc::new(TokenWindows {
         parts,
         mix,
@@ -330,8 +332,10 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         specs,
         // Windows do not fail one by one: a token file that cannot be read fails the open.
         skip_errors: false,
-        // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
-        own_order,
+        // Token streams order their windows themselves (`TokenWindows::locate`: a mix keeps its
+        // schedule, every prefix holding the weights; windows are shuffled by keyed
+        // permutations), so the sampler's plan is the identity: no table of windows.
+        own_order: true,
         gpu: None,
         order: None,
         reports_order: false,

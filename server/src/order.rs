@@ -240,7 +240,10 @@ mod tests {
             let mut seen = vec![0u32; len as usize];
             for r in 0..world {
                 let s = sampler(len, 4, world, r, drop_last);
-                for i in s.plan_order(Order::Table(Arc::new(o.permutation(s.seed, 2))), 0).indices() {
+                for i in s
+                    .plan_order(Order::Table(Arc::new(o.permutation(s.seed, 2))), 0)
+                    .indices()
+                {
                     seen[i as usize] += 1;
                 }
             }
@@ -274,7 +277,8 @@ mod tests {
         let var = labels.iter().map(|&l| (f64::from(l) - mean).powi(2)).sum::<f64>() / labels.len() as f64;
         let (mut lag_sum, mut lag_n) = (0.0, 0u64);
         for r in 0..world {
-            let plan = sampler(perm.len() as u64, batch, world, r, true).plan_order(Order::Table(Arc::new(perm.to_vec())), 0);
+            let plan =
+                sampler(perm.len() as u64, batch, world, r, true).plan_order(Order::Table(Arc::new(perm.to_vec())), 0);
             for b in 0..plan.batches() {
                 let idx: Vec<u64> = plan.batch(b).collect();
                 let mut s: Vec<usize> = idx.iter().map(|&i| shards.shard_of(i)).collect();

@@ -792,9 +792,10 @@ impl StreamState {
     /// (`crate::order`; the global shuffle without one).
     fn plan(&self, epoch: u64, position: u64) -> EpochPlan {
         match &self.order {
-            Some(o) if self.sampler.shuffle => self
-                .sampler
-                .plan_order(Order::Table(Arc::new(o.permutation(self.sampler.seed, epoch))), position),
+            Some(o) if self.sampler.shuffle => self.sampler.plan_order(
+                Order::Table(Arc::new(o.permutation(self.sampler.seed, epoch))),
+                position,
+            ),
             _ => self.sampler.plan_from(epoch, position),
         }
     }
@@ -1297,9 +1298,7 @@ impl StreamState {
         let Some(run) = self.run.as_ref().filter(|_| ahead > 0) else {
             return;
         };
-        let mut upcoming = (run.next_submit..run.total)
-            .flat_map(|b| run.plan.batch(b))
-            .take(ahead);
+        let mut upcoming = (run.next_submit..run.total).flat_map(|b| run.plan.batch(b)).take(ahead);
         self.ctx.source.will_read(&mut upcoming);
     }
 

@@ -220,11 +220,11 @@ impl Mix {
 }
 
 /// The key of dataset `i`'s permutation for its pass `pass` over its windows in `(seed, epoch)`
-/// (control.md, "Token streams"): `mix64(mix64(mix64(seed ^ "mix_perm") ^ epoch) ^ (i·2⁴⁰ + pass))`.
-/// A stream of one dataset is a mix of one (dataset 0, pass 0): window `permute(n, pass_key(seed,
-/// epoch, 0, 0), k)` at position `k`.
-pub fn pass_key(seed: u64, epoch: u64, i: usize, pass: u64) -> u64 {
-    mix64(mix64(mix64(seed ^ 0x6d69_785f_7065_726d) ^ epoch) ^ ((i as u64) << 40 | pass))
+/// (control.md, "Token streams", "Order"): `mix64(mix64(mix64(seed ^ "mix_perm") ^ epoch) ^ (i·2⁴⁰
+/// + pass))`. In a stream of one dataset (a mix of one: weight 1, period 1) position `k` is
+/// dataset 0's slot `k`, pass 0: window `permute(n, pass_key(seed, epoch, 0, 0), k)`.
+fn pass_key(seed: u64, epoch: u64, i: usize, pass: u64) -> u64 {
+    mix64(mix64(mix64(seed ^ 0x6d69_785f_7065_726d) ^ epoch) ^ ((i as u64) << 40).wrapping_add(pass))
 }
 
 /// splitmix64's finaliser.

@@ -76,7 +76,9 @@ def quota_schedule(r: list[int], n: int) -> list[int]:
     return out
 
 
-def epoch_order(windows: list[int], weights: list[float] | None, seed: int, epoch: int, shuffle: bool) -> list[tuple[int, int]]:
+def epoch_order(
+    windows: list[int], weights: list[float] | None, seed: int, epoch: int, shuffle: bool
+) -> list[tuple[int, int]]:
     """The ``(dataset, window)`` at every position of an epoch; one dataset is a mix of one."""
     r = [1] if weights is None else quantise(weights)
     n = sum(windows)

@@ -536,11 +536,7 @@ def test_a_shuffled_mix_is_the_reference_window_order(corpus: Path, sft: Path, t
         drop_last=False,
     ) as loader:
         loader.set_epoch(6)
-        got = [
-            (d, i)
-            for b in loader
-            for d, i in zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True)
-        ]
+        got = [(d, i) for b in loader for d, i in zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True)]
     assert got == epoch_order(windows, weights, 21, 6, True)
 
 

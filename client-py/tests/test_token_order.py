@@ -50,7 +50,8 @@ def test_a_ranks_rest_of_an_epoch_is_the_vectors(case: dict[str, Any]) -> None:
     if "window_sum" not in case:
         # Too long to materialise here: one dataset (a mix of one), so position k holds window
         # permute(n, key(seed, epoch, 0, 0), k); the rank's i-th is position position + rank + i*world.
-        assert weights is None and drop_last
+        assert weights is None
+        assert drop_last
         (n,) = windows
         count = (n - position) // world
         assert count == case["count"]

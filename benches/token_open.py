@@ -17,7 +17,10 @@ mix adds two more sparse datasets (5 B and 1 B tokens, documents of 100,000 toke
 Each case runs 3 times, each on a fresh server (so one case's memory is not another's): the
 (median) time from `TokenLoader(...)` to its first batch (open, ring, first window), the
 server's RSS and the anonymous part of it (not mapped file pages) after that first batch, and
-the same when the server was idle before the open. Writes token_open.json and token_open.md into --out.
+the same when the server was idle before the open; then a second loader on the same server resumes
+from the first one's `state_dict()` with another world size (2 ranks: the rest re-striped from the
+global position) and the server's memory after its first batch is taken again. Writes
+token_open.json and token_open.md into --out.
 """
 
 from __future__ import annotations
@@ -139,7 +142,18 @@ def run_once(binary: Path, work: Path, name: str, dataset, **kw) -> dict:
         assert batch["input_ids"].shape == (8, kw["seq_len"])
         after = status_mb(server.pid)
         windows = loader.dataset_len
+        state = loader.state_dict()
         loader.close()
+        # A resume by global position with another world size (control.md, "Resume by a global
+        # position"): the rest of the epoch re-striped over 2 ranks, on the same server.
+        resumed = ringfeed.TokenLoader(
+            dataset, batch_size=8, socket=str(sock), autotune=False, threads=1, slots=4, seed=1, rank=0,
+            world_size=2, **kw,
+        )  # fmt: skip
+        resumed.load_state_dict(state)
+        assert next(iter(resumed))["input_ids"].shape == (8, kw["seq_len"])
+        after_resume = status_mb(server.pid)
+        resumed.close()
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
@@ -151,6 +165,7 @@ def run_once(binary: Path, work: Path, name: str, dataset, **kw) -> dict:
         "open_to_first_batch_ms": first * 1e3,
         "server_mb_idle": idle,
         "server_mb_after_open": after,
+        "server_mb_after_resume": after_resume,
         "log": lines[0] if lines else None,
     }
 
@@ -221,23 +236,25 @@ def main() -> int:
             f"Command: `python3 benches/token_open.py --bin {a.bin} --tokens {tokens / 1e9:g}e9 --seq-len {a.seq_len} "
             "--out DIR`. Each case is opened 3 times, each time on a fresh server: the median time (all "
             "three in token_open.json), and the memory of the server process (RSS, its anonymous part, "
-            "peak) idle and after the first batch of the last one. The token pages are holes, so RSS "
-            "counts only what the open and one batch touched. Most of the anonymous memory after an "
-            "open is the sampler's epoch plan (the window permutation, 8 bytes per window; up to about "
-            "3x that at its peak while it is striped over ranks), which images share.",
+            "peak) idle, after the first batch of the last one, and after the first batch of a second "
+            "loader resumed from the first one's state with world_size 2 (peak: over the whole server "
+            "run). The token pages are holes, so RSS counts only what the open and the batches touched; "
+            "the anonymous part is the server's own memory.",
             "",
             f"`ringfeed packing` (best-fit decreasing of {docs:,} documents, written once): {packing_s:.1f} s, "
             f"a {packing_bytes / 1e6:.0f} MB packing file. Python `TokenDataset` + `Packing` open: "
             f"{py_open_ms:.2f} ms.",
             "",
-            "| case | windows | open to first batch | server RSS / anon / peak after (MB) | idle RSS / anon (MB) |",
-            "|---|---:|---:|---:|---:|",
+            "| case | windows | open to first batch | server RSS / anon / peak after (MB) "
+            "| after a resume on 2 ranks: RSS / anon / peak (MB) | idle RSS / anon (MB) |",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         for c in cases:
-            m, i = c["server_mb_after_open"], c["server_mb_idle"]
+            m, r, i = c["server_mb_after_open"], c["server_mb_after_resume"], c["server_mb_idle"]
             md.append(
                 f"| {c['case']} | {c['windows']:,} | {c['open_to_first_batch_ms']:,.1f} ms "
-                f"| {m['rss']:.1f} / {m['anon']:.1f} / {m['peak']:.1f} | {i['rss']:.1f} / {i['anon']:.1f} |"
+                f"| {m['rss']:.1f} / {m['anon']:.1f} / {m['peak']:.1f} "
+                f"| {r['rss']:.1f} / {r['anon']:.1f} / {r['peak']:.1f} | {i['rss']:.1f} / {i['anon']:.1f} |"
             )
         logs = [c["log"] for c in cases if c["log"]]
         if logs:

@@ -186,8 +186,8 @@ def main() -> int:
             f"# Serving token windows ({tokens / 1e9:.0f} B-token sparse dataset, one server thread)",
             "",
             "Command: `python3 benches/token_serving.py --dataset TOKEN_DATASET --out DIR`. RSS counts mapped file "
-            "pages the server touched; the anonymous part is the server's own memory (the epoch's window "
-            "permutation, 8 bytes per window, is most of it).",
+            "pages the server touched; the anonymous part is the server's own memory (a token stream's epoch "
+            "plan holds nothing per window: its order is computed window by window).",
             "",
             "| measure | value |",
             "|---|---:|",

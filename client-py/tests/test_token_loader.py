@@ -9,13 +9,13 @@ import json
 import logging
 import math
 import subprocess
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from _support import restripe_conformance, ringfeed_bin
+from _tokorder import epoch_order, quantise, quota_schedule, rest_of_epoch
 
 import ringfeed
 from ringfeed import _tokfile as tf
@@ -426,27 +426,6 @@ def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> 
 # -- mixing (control.md, "Mixing") -------------------------------------------------------------
 
 
-def quota_schedule(weights: list[float], n: int) -> list[int]:
-    """The reference mix: the dataset of each of ``n`` slots by the quota method on the quantised weights,
-    simulated slot by slot (the server uses the schedule's period instead: this checks it)."""
-    top = max(weights)
-    q0 = [math.floor(w / top * 2**32 + 0.5) for w in weights]
-    total0 = sum(q0)
-    r = [(x * 2**21 + total0) // (2 * total0) for x in q0]
-    g = math.gcd(*r)
-    q = [x // g for x in r]
-    total = sum(q)
-    c = [0] * len(q)
-    out = []
-    for k in range(n):
-        eligible = [i for i in range(len(q)) if c[i] * total < q[i] * (k + 1)]
-        # Largest q_i / (c_i + 1), ties to the lower index (Fractions: exact).
-        best = max(eligible, key=lambda i: (Fraction(q[i], c[i] + 1), -i))
-        c[best] += 1
-        out.append(best)
-    return out
-
-
 @pytest.fixture(scope="module")
 def third(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = np.random.default_rng(2)
@@ -479,7 +458,7 @@ def test_a_mix_holds_its_weights_at_every_prefix(
             for b in loader
             for d, i, ids in zip(b["dataset_index"].tolist(), b["index"].tolist(), b["input_ids"].tolist(), strict=True)
         ]
-    schedule = quota_schedule(weights, loader.dataset_len)
+    schedule = quota_schedule(quantise(weights), loader.dataset_len)
     assert [d for d, _, _ in got] == schedule[: len(got)]
     counts = [0, 0, 0]
     for k, (d, i, ids) in enumerate(got):
@@ -527,6 +506,53 @@ def test_a_mix_resumes_with_another_world_size(corpus: Path, sft: Path, third: P
     kept = len(order)
     assert kept > n - 6, "only the drop_last tail (under 3 ranks x 2) is left out"
     assert [order[k] for k in range(kept)] == full[:kept]
+
+
+@pytest.mark.parametrize("mode", ["concat", "pack"])
+def test_a_stream_is_the_reference_window_order(corpus: Path, sock: str, mode: str) -> None:
+    """A shuffled one-dataset stream delivers, on each of 3 ranks (padded), exactly the reference order's
+    windows (a mix of one: position k holds window permute(n, key(seed, epoch, 0, 0), k)), and after a
+    resume at a global position on 2 ranks exactly the reference's rest of the epoch from there."""
+    kw: dict[str, Any] = {"seq_len": 20, "mode": mode, "fields": ["index"], "socket": sock, "spawn": True, "seed": 13}
+    with ringfeed.TokenLoader(corpus, batch_size=1, **kw) as ld:
+        n = ld.dataset_len
+    order = epoch_order([n], None, 13, 3, True)
+    assert sorted(w for _, w in order) == list(range(n))
+    for rank in range(3):
+        with ringfeed.TokenLoader(corpus, batch_size=4, rank=rank, world_size=3, drop_last=False, **kw) as ld:
+            ld.set_epoch(3)
+            it = iter(ld)
+            got = [i for _ in range(2) for i in next(it)["index"].tolist()]
+            state = ld.state_dict()
+            got += [i for b in it for i in b["index"].tolist()]
+        assert got == [w for _, w in rest_of_epoch(order, 0, 3, rank, False)], f"rank {rank}"
+    assert state["position"] == 2 * 4 * 3
+    for rank in range(2):
+        with ringfeed.TokenLoader(corpus, batch_size=5, rank=rank, world_size=2, drop_last=False, **kw) as ld:
+            ld.load_state_dict(state)
+            got = [i for b in ld for i in b["index"].tolist()]
+        assert got == [w for _, w in rest_of_epoch(order, 24, 2, rank, False)], f"resumed rank {rank}"
+
+
+def test_a_shuffled_mix_is_the_reference_window_order(corpus: Path, sft: Path, third: Path, sock: str) -> None:
+    """A shuffled mix of three datasets delivers exactly the reference's (dataset, window) at every
+    position: the quota schedule, and in each dataset the keyed permutation of each pass over it."""
+    paths, weights = [corpus, sft, third], [0.2, 0.3, 0.5]
+    seq_len = 16
+    windows = [(tf.TokenDataset(p).token_count - 1) // seq_len for p in paths]
+    with ringfeed.TokenLoader(
+        dict(zip(paths, weights, strict=True)),
+        batch_size=8,
+        seq_len=seq_len,
+        fields=["index", "dataset_index"],
+        socket=sock,
+        spawn=True,
+        seed=21,
+        drop_last=False,
+    ) as loader:
+        loader.set_epoch(6)
+        got = [(d, i) for b in loader for d, i in zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True)]
+    assert got == epoch_order(windows, weights, 21, 6, True)
 
 
 def test_a_token_stream_starts_at_one_thread_under_autotune(corpus: Path, sock: str) -> None:

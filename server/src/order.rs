@@ -195,7 +195,9 @@ fn fisher_yates(v: &mut [u64], rng: &mut SampleRng) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampler::SamplerConfig;
+    use std::sync::Arc;
+
+    use crate::sampler::{Order, SamplerConfig};
 
     fn sampler(len: u64, batch: u64, world: u64, rank: u64, drop_last: bool) -> SamplerConfig {
         SamplerConfig {
@@ -238,7 +240,10 @@ mod tests {
             let mut seen = vec![0u32; len as usize];
             for r in 0..world {
                 let s = sampler(len, 4, world, r, drop_last);
-                for &i in &s.plan_order(o.permutation(s.seed, 2), 0).indices {
+                for i in s
+                    .plan_order(Order::Table(Arc::new(o.permutation(s.seed, 2))), 0)
+                    .indices()
+                {
                     seen[i as usize] += 1;
                 }
             }
@@ -272,9 +277,10 @@ mod tests {
         let var = labels.iter().map(|&l| (f64::from(l) - mean).powi(2)).sum::<f64>() / labels.len() as f64;
         let (mut lag_sum, mut lag_n) = (0.0, 0u64);
         for r in 0..world {
-            let plan = sampler(perm.len() as u64, batch, world, r, true).plan_order(perm.to_vec(), 0);
+            let plan =
+                sampler(perm.len() as u64, batch, world, r, true).plan_order(Order::Table(Arc::new(perm.to_vec())), 0);
             for b in 0..plan.batches() {
-                let idx = plan.batch(b);
+                let idx: Vec<u64> = plan.batch(b).collect();
                 let mut s: Vec<usize> = idx.iter().map(|&i| shards.shard_of(i)).collect();
                 s.sort_unstable();
                 s.dedup();
@@ -282,7 +288,7 @@ mod tests {
                 sum_shards += s.len();
                 max_shards = max_shards.max(s.len());
                 let mut counts = std::collections::BTreeMap::<u32, u64>::new();
-                for &i in idx {
+                for &i in &idx {
                     *counts.entry(labels[i as usize]).or_default() += 1;
                 }
                 let k = idx.len() as u64;
@@ -308,7 +314,7 @@ mod tests {
     fn shard_blocks_read_few_shards_per_batch_and_keep_labels_mixed_when_shards_are() {
         let shards = ShardBlocks::ranges(32_000, 500, 4);
         let (batch, world) = (64, 4);
-        let full = sampler(32_000, batch, 1, 0, true).plan(7).indices;
+        let full = sampler(32_000, batch, 1, 0, true).plan(7).indices();
         // Labels drawn independently of position: shards written from a shuffled list (how
         // WebDataset shards and a pack of a shuffled manifest are made).
         let mut rng = SampleRng::new(99, 0, 0);

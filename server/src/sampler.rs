@@ -2,7 +2,12 @@
 //! randomness").
 //!
 //! Everything here is a pure function of its arguments, so a stream's batches do not depend on
-//! threads or timing, and resuming at batch `k` needs nothing but `(seed, epoch, k)`.
+//! threads or timing, and resuming at batch `k` needs nothing but `(seed, epoch, k)`. A plan
+//! holds the epoch's order and computes each rank's samples from it on demand: an image stream's
+//! shuffle is one table of its indices, a token stream's (and an unshuffled stream's) order is
+//! the identity, so its plan takes constant memory whatever the number of windows.
+
+use std::sync::Arc;
 
 /// How one rank walks through an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,11 +43,40 @@ pub enum SamplerError {
     },
 }
 
-/// One rank's view of one epoch.
+/// An epoch's order: the sample at each of its `dataset_len` positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Order {
+    /// Position `k` holds sample `k`: no shuffle, or a kind that orders its samples itself (a
+    /// token stream computes the window at each position: `tokens::serve`). No memory.
+    Identity,
+    /// A permutation held in memory (the images' Fisher–Yates, the `shard_blocks` order): 8
+    /// bytes per sample, once, whatever the world size.
+    Table(Arc<Vec<u64>>),
+}
+
+impl Order {
+    /// The sample at position `k < dataset_len`.
+    fn at(&self, k: u64) -> u64 {
+        match self {
+            Order::Identity => k,
+            Order::Table(t) => t[k as usize],
+        }
+    }
+}
+
+/// One rank's view of one epoch: which sample each of its positions holds, computed on demand
+/// from the epoch's [`Order`] (nothing proportional to the samples beyond the order itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EpochPlan {
-    /// Dataset indices this rank sees, in order.
-    pub indices: Vec<u64>,
+    order: Order,
+    /// The epoch's samples, `dataset_len`.
+    dataset_len: u64,
+    /// The global position the plan starts at (`0 ..= dataset_len`).
+    from: u64,
+    rank: u64,
+    world_size: u64,
+    /// Samples this rank gets.
+    len: u64,
     pub batch_size: u64,
     pub drop_last: bool,
 }
@@ -120,36 +154,33 @@ impl SamplerConfig {
     /// plan, so resuming there with the same world gives the same batches, and with another
     /// world or batch size re-stripes the rest (control.md, "Resume by a global position").
     pub fn plan_from(&self, epoch: u64, position: u64) -> EpochPlan {
-        let len = self.dataset_len;
-        let mut order: Vec<u64> = (0..len).collect();
-        if self.shuffle {
+        let order = if self.shuffle {
+            let mut order: Vec<u64> = (0..self.dataset_len).collect();
             shuffle(&mut order, self.seed, epoch);
-        }
+            Order::Table(Arc::new(order))
+        } else {
+            Order::Identity
+        };
         self.plan_order(order, position)
     }
 
-    /// This rank's indices for the rest of an epoch from global `position`, from the epoch's
-    /// permutation `order` of `0..dataset_len` (the global shuffle, or another order:
-    /// `crate::order`), cut and striped over the ranks as [`Self::plan_from`] describes.
-    pub fn plan_order(&self, order: Vec<u64>, position: u64) -> EpochPlan {
-        debug_assert_eq!(order.len() as u64, self.dataset_len);
-        let len = self.dataset_len;
-        let total = (self.samples_per_rank_from(position) * self.world_size) as usize;
-        let from = position.min(len) as usize;
-        let mut rest: Vec<u64> = order[from..].to_vec();
-        let mut i = 0usize;
-        while rest.len() < total {
-            rest.push(order[i % order.len()]);
-            i += 1;
+    /// This rank's indices for the rest of an epoch from global `position`, in the epoch's
+    /// `order` of `0..dataset_len` (the global shuffle, another permutation: `crate::order`, or
+    /// the identity), cut and striped over the ranks as [`Self::plan_from`] describes: the rest
+    /// padded by the order's start is position `(position + j) mod dataset_len` at its `j`-th
+    /// place, so this rank's `i`-th sample is the order's at `(position + rank + i·world_size)
+    /// mod dataset_len`, computed when asked for.
+    pub fn plan_order(&self, order: Order, position: u64) -> EpochPlan {
+        if let Order::Table(t) = &order {
+            debug_assert_eq!(t.len() as u64, self.dataset_len);
         }
-        rest.truncate(total);
-        let indices = rest
-            .into_iter()
-            .skip(self.rank as usize)
-            .step_by(self.world_size as usize)
-            .collect();
         EpochPlan {
-            indices,
+            order,
+            dataset_len: self.dataset_len,
+            from: position.min(self.dataset_len),
+            rank: self.rank,
+            world_size: self.world_size,
+            len: self.samples_per_rank_from(position),
             batch_size: self.batch_size,
             drop_last: self.drop_last,
         }
@@ -157,21 +188,42 @@ impl SamplerConfig {
 }
 
 impl EpochPlan {
+    /// Samples this rank gets.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The dataset index at this rank's position `i < len()`: O(1).
+    pub fn get(&self, i: u64) -> u64 {
+        debug_assert!(i < self.len);
+        // from ≤ N, rank < W and i·W < N + W (i < ⌈(N − from)/W⌉): no overflow below 2⁶² samples.
+        let k = (self.from + self.rank + i * self.world_size) % self.dataset_len;
+        self.order.at(k)
+    }
+
     /// Number of batches.
     pub fn batches(&self) -> u64 {
-        let n = self.indices.len() as u64;
         if self.drop_last {
-            n / self.batch_size
+            self.len / self.batch_size
         } else {
-            n.div_ceil(self.batch_size)
+            self.len.div_ceil(self.batch_size)
         }
     }
 
     /// Dataset indices of batch `b` (the last one may be shorter without `drop_last`).
-    pub fn batch(&self, b: u64) -> &[u64] {
-        let start = (b * self.batch_size) as usize;
-        let end = (start + self.batch_size as usize).min(self.indices.len());
-        &self.indices[start.min(end)..end]
+    pub fn batch(&self, b: u64) -> impl Iterator<Item = u64> + '_ {
+        let start = (b * self.batch_size).min(self.len);
+        let end = (start + self.batch_size).min(self.len);
+        (start..end).map(|i| self.get(i))
+    }
+
+    /// Every index of the plan, in order (`len()` of them: for tests and small datasets).
+    pub fn indices(&self) -> Vec<u64> {
+        (0..self.len).map(|i| self.get(i)).collect()
     }
 }
 
@@ -190,7 +242,61 @@ fn shuffle(v: &mut [u64], seed: u64, epoch: u64) {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// The plan as it was built before plans were lazy (and as control.md words it): the order
+    /// from `position` on, padded by repeating the order's start or cut, then striped.
+    fn materialised(c: &SamplerConfig, order: &[u64], position: u64) -> Vec<u64> {
+        let total = (c.samples_per_rank_from(position) * c.world_size) as usize;
+        let mut rest: Vec<u64> = order[position.min(c.dataset_len) as usize..].to_vec();
+        let mut i = 0usize;
+        while rest.len() < total {
+            rest.push(order[i % order.len()]);
+            i += 1;
+        }
+        rest.truncate(total);
+        rest.into_iter()
+            .skip(c.rank as usize)
+            .step_by(c.world_size as usize)
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Every rank's lazy plan is the materialised one, for the shuffled (images' Fisher–Yates)
+        /// and the identity order, any position (padding wraps several times when the world is
+        /// larger than the rest), batch size and drop_last.
+        #[test]
+        fn a_lazy_plan_is_the_materialised_plan(
+            len in 1u64..300,
+            world in 1u64..40,
+            batch in 1u64..9,
+            at in 0u64..=300,
+            drop_last: bool,
+            shuffle: bool,
+            seed: u64,
+            epoch in 0u64..5,
+        ) {
+            let position = at.min(len);
+            let mut order: Vec<u64> = (0..len).collect();
+            if shuffle {
+                super::shuffle(&mut order, seed, epoch);
+            }
+            for rank in 0..world {
+                let c = SamplerConfig { dataset_len: len, batch_size: batch, shuffle, seed, drop_last, rank, world_size: world };
+                let plan = c.plan_from(epoch, position);
+                let want = materialised(&c, &order, position);
+                prop_assert_eq!(plan.len(), want.len() as u64);
+                prop_assert_eq!(plan.indices(), want.clone());
+                let batches: Vec<u64> = (0..plan.batches()).flat_map(|b| plan.batch(b)).collect();
+                let kept = if drop_last { want.len() - want.len() % batch as usize } else { want.len() };
+                prop_assert_eq!(batches, want[..kept].to_vec());
+            }
+        }
+    }
 
     fn cfg(len: u64, world: u64, rank: u64, drop_last: bool) -> SamplerConfig {
         SamplerConfig {
@@ -209,7 +315,7 @@ mod tests {
         let len = 103;
         let mut seen = vec![0u32; len as usize];
         for r in 0..4 {
-            for &i in &cfg(len, 4, r, true).plan(5).indices {
+            for &i in &cfg(len, 4, r, true).plan(5).indices() {
                 seen[i as usize] += 1;
             }
         }
@@ -223,8 +329,8 @@ mod tests {
         let mut seen = vec![0u32; len as usize];
         for r in 0..4 {
             let p = cfg(len, 4, r, false).plan(0);
-            assert_eq!(p.indices.len(), 3);
-            for &i in &p.indices {
+            assert_eq!(p.indices().len(), 3);
+            for &i in &p.indices() {
                 seen[i as usize] += 1;
             }
         }
@@ -236,8 +342,8 @@ mod tests {
     fn permutation_depends_on_seed_and_epoch_only() {
         let a = cfg(50, 1, 0, true).plan(1);
         assert_eq!(a, cfg(50, 1, 0, true).plan(1));
-        assert_ne!(a.indices, cfg(50, 1, 0, true).plan(2).indices);
-        let mut sorted = a.indices.clone();
+        assert_ne!(a.indices(), cfg(50, 1, 0, true).plan(2).indices());
+        let mut sorted = a.indices();
         sorted.sort_unstable();
         assert_eq!(
             sorted,
@@ -259,7 +365,7 @@ mod tests {
             let p = c.plan_from(epoch, position);
             assert_eq!(p.batches(), c.batches_from(position));
             for b in 0..p.batches() {
-                out.extend_from_slice(p.batch(b));
+                out.extend(p.batch(b));
             }
         }
         out
@@ -278,14 +384,14 @@ mod tests {
             let c = SamplerConfig { rank: r, ..whole(4) };
             let full = c.plan(2);
             let from = c.plan_from(2, 4 * 8 * 5);
-            assert_eq!(&full.indices[5 * 8..], &from.indices[..]);
+            assert_eq!(&full.indices()[5 * 8..], &from.indices()[..]);
         }
         // World 4 for 7 steps, then world 3 (batch 8) or world 2 (batch 12): every sample of
         // the epoch once, but the tail drop_last cuts.
         let mut seen: Vec<u64> = (0..4)
             .flat_map(|r| {
                 let p = SamplerConfig { rank: r, ..whole(4) }.plan(2);
-                p.indices[..7 * 8].to_vec()
+                p.indices()[..7 * 8].to_vec()
             })
             .collect();
         for (world, batch) in [(3, 8), (2, 12)] {
@@ -300,7 +406,7 @@ mod tests {
         seen.sort_unstable();
         assert_eq!(seen.len(), 4 * 8 * 7);
         assert_eq!(
-            SamplerConfig { rank: 0, ..whole(3) }.plan_from(0, len).indices,
+            SamplerConfig { rank: 0, ..whole(3) }.plan_from(0, len).indices(),
             Vec::<u64>::new()
         );
     }
@@ -317,7 +423,7 @@ mod tests {
             world_size: 1,
         };
         let p = c.plan(0);
-        assert_eq!((p.batches(), p.batch(2)), (3, &[8u64, 9][..]));
+        assert_eq!((p.batches(), p.batch(2).collect::<Vec<_>>()), (3, vec![8u64, 9]));
         assert_eq!(c.validate(), Ok((10, 3)));
         let big = SamplerConfig {
             batch_size: 11,

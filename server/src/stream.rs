@@ -33,7 +33,7 @@ use crate::ops::{Layout, Pipeline, Transform};
 use crate::pack::input::InputKind;
 use crate::pool::{BatchTask, Pool, StreamCtx, ViewFields};
 use crate::ring::{DType, FieldDesc, FieldSpec, RingLayout, Segment, SlotHeader};
-use crate::sampler::{EpochPlan, SamplerConfig};
+use crate::sampler::{EpochPlan, Order, SamplerConfig};
 use crate::source::files::ServedKind;
 use crate::source::lmdb::{LabelSource, LmdbOptions};
 use crate::source::{PackedSource, Source};
@@ -792,9 +792,10 @@ impl StreamState {
     /// (`crate::order`; the global shuffle without one).
     fn plan(&self, epoch: u64, position: u64) -> EpochPlan {
         match &self.order {
-            Some(o) if self.sampler.shuffle => self
-                .sampler
-                .plan_order(o.permutation(self.sampler.seed, epoch), position),
+            Some(o) if self.sampler.shuffle => self.sampler.plan_order(
+                Order::Table(Arc::new(o.permutation(self.sampler.seed, epoch))),
+                position,
+            ),
             _ => self.sampler.plan_from(epoch, position),
         }
     }
@@ -1297,9 +1298,7 @@ impl StreamState {
         let Some(run) = self.run.as_ref().filter(|_| ahead > 0) else {
             return;
         };
-        let mut upcoming = (run.next_submit..run.total)
-            .flat_map(|b| run.plan.batch(b).iter().copied())
-            .take(ahead);
+        let mut upcoming = (run.next_submit..run.total).flat_map(|b| run.plan.batch(b)).take(ahead);
         self.ctx.source.will_read(&mut upcoming);
     }
 
@@ -1315,7 +1314,7 @@ impl StreamState {
                 return;
             };
             self.slots[slot] = Slot::Filling;
-            let indices = run.plan.batch(run.next_submit).to_vec();
+            let indices: Vec<u64> = run.plan.batch(run.next_submit).collect();
             if let Some(lease) = self.ctx.source.lease(&indices) {
                 self.leases.insert((run.generation, run.next_submit), lease);
             }

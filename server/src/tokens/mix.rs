@@ -25,6 +25,10 @@
 //! `πᵢ(j mod nᵢ)` where `πᵢ` is a permutation of `0..nᵢ` keyed by `(seed, epoch, i, ⌊j / nᵢ⌋)`
 //! (each pass over an up-sampled dataset is a new permutation), so a window repeats only when
 //! its dataset's weight asks for more than it has.
+//!
+//! A stream of one dataset is ordered the same way, as a mix of one: the window at position `k`
+//! is `π₀(k)`, computed when a batch asks for it, so no token stream holds anything
+//! proportional to its windows (the sampler's plan of a token stream is the identity).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
@@ -211,9 +215,16 @@ impl Mix {
         if !shuffle {
             return (i, r);
         }
-        let key = mix64(mix64(mix64(seed ^ 0x6d69_785f_7065_726d) ^ epoch) ^ ((i as u64) << 40 | pass));
-        (i, permute(n, key, r))
+        (i, permute(n, pass_key(seed, epoch, i, pass), r))
     }
+}
+
+/// The key of dataset `i`'s permutation for its pass `pass` over its windows in `(seed, epoch)`
+/// (control.md, "Token streams", "Order"): `mix64(mix64(mix64(seed ^ "mix_perm") ^ epoch) ^ (i·2⁴⁰
+/// + pass))`. In a stream of one dataset (a mix of one: weight 1, period 1) position `k` is
+/// dataset 0's slot `k`, pass 0: window `permute(n, pass_key(seed, epoch, 0, 0), k)`.
+fn pass_key(seed: u64, epoch: u64, i: usize, pass: u64) -> u64 {
+    mix64(mix64(mix64(seed ^ 0x6d69_785f_7065_726d) ^ epoch) ^ ((i as u64) << 40).wrapping_add(pass))
 }
 
 /// splitmix64's finaliser.

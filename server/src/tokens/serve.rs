@@ -32,21 +32,21 @@ pub struct TokenWindows {
     /// Each dataset's path (as the client named it) and windows: `open.dataset` first, then
     /// `tokens.mix` in order.
     pub parts: Vec<(PathBuf, Windows)>,
-    /// The mix of `parts` (1.3; `None`: one dataset, whose windows are the samples).
-    pub mix: Option<Mix>,
-    /// A mix shuffles inside each dataset (the sampler keeps the mix's order).
+    /// The stream's order: the mix of `parts` (1.3), or for one dataset the mix of one (every
+    /// slot is dataset 0: its windows in the order of its keyed permutation).
+    pub mix: Mix,
+    /// Whether the windows are shuffled: by the keyed permutations of `locate`, never by the
+    /// sampler (whose order for a token stream is the identity).
     pub shuffle: bool,
     pub seed: u64,
 }
 
 impl TokenWindows {
-    /// Sample `k` of `epoch` (a window of the one dataset, or a slot of the mix): its dataset and
-    /// window.
+    /// The window at position `k` of `epoch`'s order (control.md, "Token streams": a slot of the
+    /// mix, or for one dataset, a mix of one, its window `π₀(k)`): its dataset and window, in
+    /// O(1) time and memory.
     pub fn locate(&self, k: u64, epoch: u64) -> (usize, u64) {
-        match &self.mix {
-            None => (0, k),
-            Some(m) => m.window(k, self.seed, epoch, self.shuffle),
-        }
+        self.mix.window(k, self.seed, epoch, self.shuffle)
     }
 }
 
@@ -67,10 +67,7 @@ pub struct TokenKind {
 /// reading one as an encoded sample is an error.
 impl Source for TokenWindows {
     fn len(&self) -> u64 {
-        match &self.mix {
-            None => self.parts[0].1.len(),
-            Some(m) => m.len(),
-        }
+        self.mix.len()
     }
     fn class_names(&self) -> Vec<Vec<u8>> {
         Vec::new()
@@ -85,19 +82,18 @@ impl Source for TokenWindows {
                 w.spec.seq_len
             )
         };
-        match &self.mix {
-            None => one(&self.parts[0]),
-            Some(m) => {
-                let total: u64 = m.weights.iter().sum();
-                let parts: Vec<String> = self
-                    .parts
-                    .iter()
-                    .zip(&m.weights)
-                    .map(|(p, &q)| format!("{} x{:.3}", one(p), q as f64 / total as f64))
-                    .collect();
-                format!("a mix of {} windows: {}", m.len(), parts.join(", "))
-            }
+        if self.parts.len() == 1 {
+            return one(&self.parts[0]);
         }
+        let m = &self.mix;
+        let total: u64 = m.weights.iter().sum();
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .zip(&m.weights)
+            .map(|(p, &q)| format!("{} x{:.3}", one(p), q as f64 / total as f64))
+            .collect();
+        format!("a mix of {} windows: {}", m.len(), parts.join(", "))
     }
     fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
         Ok(Box::new(NoSamples))
@@ -263,17 +259,12 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
     }
     let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
     // The mix's schedule is computed off the tokio workers, as the windows are.
-    let mix = match weights {
-        None => None,
-        Some(q) => {
-            let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
-            Some(
-                tokio::task::spawn_blocking(move || Mix::new(sizes, q))
-                    .await
-                    .map_err(|e| (ErrorCode::Internal, e.to_string()))?,
-            )
-        }
-    };
+    // One dataset is the mix of one (weight 1: a period of one slot).
+    let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
+    let q = weights.unwrap_or_else(|| vec![1]);
+    let mix = tokio::task::spawn_blocking(move || Mix::new(sizes, q))
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?;
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {
@@ -317,7 +308,6 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
             shape: vec![],
         });
     }
-    let own_order = mix.is_some();
     let windows = Arc::new(TokenWindows {
         parts,
         mix,
@@ -330,8 +320,10 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         specs,
         // Windows do not fail one by one: a token file that cannot be read fails the open.
         skip_errors: false,
-        // A mix keeps its order (every prefix holds the weights) and shuffles inside datasets.
-        own_order,
+        // Token streams order their windows themselves (`TokenWindows::locate`: a mix keeps its
+        // schedule, every prefix holding the weights; windows are shuffled by keyed
+        // permutations), so the sampler's plan is the identity: no table of windows.
+        own_order: true,
         gpu: None,
         order: None,
         reports_order: false,

@@ -15,6 +15,7 @@ mod serve;
 mod shard;
 mod storage;
 mod support;
+mod token_order;
 mod token_vectors;
 mod tokens;
 mod vectors;

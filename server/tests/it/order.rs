@@ -6,9 +6,10 @@
 //! `RINGFEED_BLESS=1 cargo test -p ringfeed --test it order_vectors` regenerates them.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use ringfeed::order::ShardBlocks;
-use ringfeed::sampler::SamplerConfig;
+use ringfeed::sampler::{Order, SamplerConfig};
 use serde_json::{Value, json};
 
 /// (name, order, shard sizes, block, seed, epoch, world_size, rank, drop_last)
@@ -100,11 +101,10 @@ fn plan(case: &Case) -> Vec<u64> {
         world_size: *world,
     };
     match *order {
-        "global" => sampler.plan(*epoch).indices,
+        "global" => sampler.plan(*epoch).indices(),
         _ => {
-            sampler
-                .plan_order(ShardBlocks::new(sizes, *block).permutation(*seed, *epoch), 0)
-                .indices
+            let perm = ShardBlocks::new(sizes, *block).permutation(*seed, *epoch);
+            sampler.plan_order(Order::Table(Arc::new(perm)), 0).indices()
         }
     }
 }

@@ -372,6 +372,8 @@ struct StreamState {
     gpu_floor: Option<f64>,
     /// Intervals the share has stayed as it is with the loop not waiting for data.
     gpu_stable: u32,
+    /// Changes of the share judged so far.
+    gpu_judged: u32,
     /// Intervals to wait before the share may change again.
     gpu_hold: u32,
 }
@@ -841,6 +843,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
     if let Some(t) = st.gpu_trial.take_if(|t| t.after_ns.is_some()) {
         let cycle = t.after_ns.unwrap_or(cycle);
         let grew = cycle / t.before_ns - 1.0;
+        st.gpu_judged += 1;
         let undo = if t.raise {
             grew > cfg.gpu_slowdown
         } else {
@@ -850,7 +853,11 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             st.gpu_hold = cfg.gpu_hold;
             st.gpu_stable = 0;
             let why = if t.raise {
-                st.gpu_ceiling = Some(share);
+                // The first GPU batches of a stream start the client's decoder (its buffers grow
+                // to the batch): the first raise, undone, may be tried again.
+                if st.gpu_judged > 1 {
+                    st.gpu_ceiling = Some(share);
+                }
                 format!(
                     "a batch took {:.2} ms of the training loop with {:.0}% of it decoded on the GPU, {:.2} ms before (its own step {:.2} ms: GPU decode slows the model more than it feeds it)",
                     ms(cycle),
@@ -2082,6 +2089,45 @@ mod tests {
         // (0.375 is where the CPU's part of a batch takes the model's 40 ms: the probes find it.)
         assert!(shares[first..].iter().all(|&s| s >= 0.25), "{shares:?}");
         assert!(shares[30..].iter().all(|&s| s == 0.375), "{shares:?}");
+    }
+
+    #[test]
+    fn a_first_raise_undone_by_the_decoders_start_may_be_tried_again() {
+        // The client's decoder starts with the first GPU batches: for 1.5 s after the first
+        // raise every batch is slow. That raise is undone, but sets no ceiling: the next raise
+        // goes as high, and stays.
+        let mut sim = Sim {
+            step: Duration::from_millis(20),
+            ..Sim::default()
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth, mut slow_left) = (6, 3, 3);
+        let mut shares = Vec::new();
+        for _ in 0..40 {
+            let mut delta = sim.interval(threads, TICK);
+            if sim.share > 0.0 && slow_left > 0 {
+                // Two steps ended in the interval, each much longer than the model's.
+                slow_left -= 1;
+                delta.compute_ns += 1_000_000_000;
+                delta.steps = 2;
+            }
+            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
+            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
+            let d = tuner.tick(TICK, 6, 64, &[o]).remove(0);
+            (threads, depth) = (d.threads, d.depth);
+            if let Some(s) = d.gpu_share {
+                sim.share = s;
+            }
+            shares.push(sim.share);
+        }
+        let first = shares.iter().position(|&s| s > 0.0).unwrap();
+        let undone = first
+            + shares[first..]
+                .iter()
+                .position(|&s| s == 0.0)
+                .unwrap_or_else(|| panic!("the first raise is undone: {shares:?}"));
+        let top = shares[..undone].iter().copied().fold(0.0, f64::max);
+        assert!(shares[30..].iter().all(|&s| s >= top - 1e-9), "{shares:?}");
     }
 
     #[test]

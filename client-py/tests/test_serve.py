@@ -124,26 +124,32 @@ def test_resume_mid_epoch_in_a_new_loader(dataset: Path, sock: str) -> None:
         assert torch.equal(x["image"], y["image"])
 
 
-def test_resume_with_another_world_size_restripes_the_rest(tmp_path: Path, sock: str) -> None:
+@pytest.mark.parametrize("order", ["global", "shard_blocks"])
+def test_resume_with_another_world_size_restripes_the_rest(tmp_path: Path, sock: str, order: str) -> None:
     """Four ranks take 4 batches each; the job resumes from their state at world 2, at world 3 and at world 3
     with another batch size: every sample of the epoch is delivered exactly once, and each sample's pixels
-    are those it has in an epoch that was never interrupted (its augmentation is drawn by its index)."""
+    are those it has in an epoch that was never interrupted (its augmentation is drawn by its index). For
+    both orders (shard_blocks over small shards, two to a block)."""
     n = 68  # 32 consumed, then 36 = 9 batches of 2 ranks x 2, 6 of 3 x 2, 4 of 3 x 3
     for i in range(n):
         p = tmp_path / "src" / f"c{i % 2}" / f"{i:03d}.jpg"
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(jpeg(40 + i % 13, 30 + i % 7, i))
     r = subprocess.run(
-        [ringfeed_bin(), "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--progress", "none"],
+        [ringfeed_bin(), "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--progress", "none"]
+        + (["--shard-size", "8KiB"] if order == "shard_blocks" else []),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert r.returncode == 0, r.stderr
+    if order == "shard_blocks":
+        assert len(list((tmp_path / "ds").glob("*.rfs"))) >= 4, "several shards, so that blocks mean something"
     pixels: dict[int, torch.Tensor] = {}
+    opts = {"order": "shard_blocks", "order_block": 2} if order == "shard_blocks" else {}
 
     def make(**kw: Any) -> ringfeed.Loader:
-        ld = loader(tmp_path / "ds", sock, **kw)
+        ld = loader(tmp_path / "ds", sock, **opts, **kw)
         ld.set_epoch(3)
         return ld
 

@@ -112,22 +112,6 @@ tuned)
   timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 600 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -24 || echo "r18-15 rc $?"
   ;;
-reuse)
-  # nvImageCodec images decoded into again rather than freed (RINGFEED_GPU_REUSE): ResNet-18 on 6
-  # threads at a pinned share, with and without, on a fresh machine (no DALI).
-  cp .carry/bin/ringfeed /tmp/rf/ringfeed
-  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
-    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1 ) > /tmp/data.log 2>&1 &
-  timeout 120 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py 2>&1 | tail -3 || echo "pytest rc $?"
-  wait; cat /tmp/data.log
-  mkdir -p "$out"
-  for r in 1 0; do
-    l=ringfeed-share-${SHARE:-0.625}; [ $r = 1 ] && l=ceiling,$l,ringfeed-hybrid
-    RINGFEED_GPU_REUSE=$r timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-      --loaders $l --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6-reuse$r" 2>&1 | grep "^| resnet" || echo "reuse$r rc $?"
-  done
-  ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null

@@ -273,14 +273,7 @@ class Finisher:
         # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
         # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
         # released only then, and at most `slots` batches are in flight).
-        self._keep: collections.deque[list[Any]] = collections.deque()
-        self._slots = slots
-        #: nvImageCodec images no batch needs any more, decoded into again (``decode(images=)``)
-        #: instead of freed: freeing an image is a ``cudaFree``, which waits for the whole device,
-        #: the model's queued work included. Filled by the caller's thread, emptied by the decode
-        #: thread (a deque's append and popleft are atomic). ``RINGFEED_GPU_REUSE=0`` turns it off.
-        self._free: collections.deque[Any] = collections.deque()
-        self.reuse = backend == "nvimgcodec" and os.environ.get("RINGFEED_GPU_REUSE", "1") != "0"
+        self._keep: collections.deque[list[Any]] = collections.deque(maxlen=slots + 1)
         #: Whether decodes can run ahead in a thread of their own (:meth:`submit`): nvImageCodec's
         #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
         self.background = backend in ("nvimgcodec", "host")
@@ -309,18 +302,8 @@ class Finisher:
         def run() -> tuple[Any, ...]:
             places = None
             if self.backend == "nvimgcodec":
-                kw: dict[str, Any] = {} if stream is None else {"cuda_stream": stream.cuda_stream}
-                if self.reuse and len(self._free) >= len(datas):
-                    kw["images"] = [self._free.popleft() for _ in datas]
-                try:
-                    got = list(self._decoder.decode(datas, **kw))
-                except TypeError as e:  # an nvImageCodec without decode(images=)
-                    if "images" not in kw:
-                        raise
-                    self.reuse = False
-                    log.warning("ringfeed: nvImageCodec cannot decode into given images (%s); it allocates each", e)
-                    del kw["images"]
-                    got = list(self._decoder.decode(datas, **kw))
+                kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
+                got = list(self._decoder.decode(datas, **kw))
                 # Where each image lies, read here rather than in the training loop's thread:
                 # per-image Python there is what the loop waits for (benches/results/2026-12-01-h200-kernel).
                 if self._kernel is not None:
@@ -421,12 +404,6 @@ class Finisher:
             return []
         images, failed, fallbacks = self._decode(datas, stream, decoded)
         self._keep.append(images)
-        while len(self._keep) > self._slots + 1:
-            # Read by the GPU before that batch's copy event, which has completed (its slot was
-            # released, and at most `slots` batches are in flight).
-            old = self._keep.popleft()
-            if self.reuse:
-                self._free.extend(i for i in old if i is not None and not hasattr(i, "data_ptr"))
         ok = [i for i in range(len(pos)) if images[i] is not None]
         # Where each image lies (read ahead in the decode thread for the kernel; here for images
         # the host decoded instead). A decoded image of another size than the server probed is

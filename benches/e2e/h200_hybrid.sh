@@ -9,6 +9,8 @@
 #           ringfeed (CPU only), ringfeed with hybrid decode, and DALI, against the ceiling.
 #   kernel  the Triton finishing kernel (RINGFEED_GPU_FINISH=triton) against the matrix products:
 #           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
+#   step    what each part of the client's GPU work (host side, hardware or CUDA decode, the kernel)
+#           costs ResNet-18's step, each beside the model in a thread of its own (hybrid_step.py).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -111,6 +113,17 @@ tuned)
     --batches 40 --out "$out/feed" 2>&1 | grep -v "^{" | tail -14 || echo "feed rc $?"
   timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 600 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -24 || echo "r18-15 rc $?"
+  ;;
+step)
+  # What each part of the client's GPU work costs the model's step (hybrid_step.py; no DALI).
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  if [ ! -d /tmp/packed ]; then
+    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-2000} >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+  fi
+  mkdir -p "$out"
+  timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""What GPU decode costs a training step, one part at a time (issue 11's open gap).
+
+    python3 benches/e2e/hybrid_step.py --packed DIR [--model resnet18] [--per-step 160]
+        [--seconds 6] [--out DIR]
+
+With hybrid decode at a share of 0.625, ResNet-18's step on the H200 grows from 19.3 ms to
+23-26 ms and the run reaches 64-68 % of its ceiling where DALI reaches 77-80 %, although the feed
+alone beats DALI (benches/results/2026-12-01-h200-kernel). This measures the model's step (CUDA
+events on the default stream, data already on the GPU, bf16 autocast, channels_last, batch 256)
+while a second thread does one part of the client's GPU work per step period, as fast as it can
+up to `--per-step` images per model step:
+
+- alone: nothing beside the model (the reference step);
+- host: the host side only, on images decoded once (slices of the arena, reading where each
+  image lies, building the table): the GIL and the host thread;
+- decode-hw: nvImageCodec's batched decode with the hardware backend only, on its own stream;
+- decode-gpu: the same with the CUDA backend only (no hardware decoder);
+- finish: the Triton finishing kernel alone over images decoded once, on its own stream;
+- decode+finish: what the client does (hardware decode, then the kernel).
+
+For each: the model's mean step (ms), its growth over `alone`, and the images per second the
+second thread got through. Writes hybrid_step.json/.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchvision
+
+BATCH = 256
+
+
+def model_steps(model, opt, x, y, stop: threading.Event, steps: list[float]) -> None:
+    """Trains on one fixed batch until `stop`; appends each step's GPU time (ms) to `steps`."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    while not stop.is_set():
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        b.record()
+        b.synchronize()
+        steps.append(a.elapsed_time(b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--per-step", type=int, default=160, help="images the second thread handles per model step")
+    ap.add_argument("--seconds", type=float, default=6.0, help="per condition")
+    ap.add_argument("--parts", default="alone,host,decode-hw,decode-gpu,finish,decode+finish")
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+
+    from nvidia import nvimgcodec
+
+    from ringfeed import PackedDataset, _finish_kernel, _hybrid
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    n = a.per_step
+    with PackedDataset(a.packed) as ds:
+        datas = [np.frombuffer(bytes(ds.sample(i).data), dtype=np.uint8).copy() for i in range(n)]
+    arena = np.concatenate(datas)
+    offsets = np.cumsum([0] + [len(d) for d in datas[:-1]])
+
+    def decoder(kind):
+        return nvimgcodec.Decoder(device_id=0, backends=[nvimgcodec.Backend(kind)])
+
+    hw, gpu = decoder(nvimgcodec.BackendKind.HW_GPU_ONLY), decoder(nvimgcodec.BackendKind.GPU_ONLY)
+    side = torch.cuda.Stream()
+    once = hw.decode(datas, cuda_stream=side.cuda_stream)
+    torch.cuda.synchronize()
+    if any(i is None for i in once):
+        raise SystemExit("the hardware decoder refused some of these JPEGs; pick a dataset it decodes")
+    out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
+    _finish_kernel.warm(dev, "NHWC", (224, 224))
+
+    def table(images) -> torch.Tensor:
+        """One row per image: its place, then a RandomResizedCrop-like record (the centre square
+        of the image down to 224, bilinear with antialias, no flip)."""
+        rows = []
+        for k, img in enumerate(images):
+            addr, h, w, sy, sx, sc = _hybrid._place(img)
+            side_len = min(h, w)
+            left, top = (w - side_len) // 2, (h - side_len) // 2
+            flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
+            rows.append([addr, sy, sx, sc, left, top, side_len, side_len, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, k])
+        t = torch.tensor(rows, dtype=torch.int64)
+        return t.pin_memory().to(dev, non_blocking=True)
+
+    def host() -> None:
+        [arena[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
+        table(once)
+
+    def decode_hw() -> None:
+        hw.decode(datas, cuda_stream=side.cuda_stream)
+        side.synchronize()
+
+    def decode_gpu() -> None:
+        gpu.decode(datas, cuda_stream=side.cuda_stream)
+        side.synchronize()
+
+    def finish() -> None:
+        with torch.cuda.stream(side):
+            _finish_kernel.finish(table(once), out, "NHWC")
+        side.synchronize()
+
+    def both() -> None:
+        imgs = hw.decode(datas, cuda_stream=side.cuda_stream)
+        with torch.cuda.stream(side):
+            _finish_kernel.finish(table(imgs), out, "NHWC")
+        side.synchronize()
+
+    work = {"host": host, "decode-hw": decode_hw, "decode-gpu": decode_gpu, "finish": finish, "decode+finish": both}
+
+    model = getattr(torchvision.models, a.model)().to(dev, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(BATCH, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (BATCH,), device=dev)
+    warm: list[float] = []
+    stop = threading.Event()
+    t = threading.Thread(target=model_steps, args=(model, opt, x, y, stop, warm))
+    t.start()
+    time.sleep(3.0)
+    stop.set()
+    t.join()
+
+    rows = []
+    for part in a.parts.split(","):
+        steps: list[float] = []
+        stop = threading.Event()
+        done = [0]
+
+        def second(fn, stop: threading.Event, steps: list[float], done: list[int]) -> None:
+            if fn is None:
+                return
+            while not stop.is_set():
+                # At most `per_step` images per model step: the rate the client would need.
+                if done[0] >= (len(steps) + 1) * n:
+                    time.sleep(0.0005)
+                    continue
+                fn()
+                done[0] += n
+
+        m = threading.Thread(target=model_steps, args=(model, opt, x, y, stop, steps))
+        s = threading.Thread(target=second, args=(work.get(part), stop, steps, done))
+        m.start()
+        s.start()
+        t0 = time.perf_counter()
+        time.sleep(a.seconds)
+        stop.set()
+        m.join()
+        s.join()
+        wall = time.perf_counter() - t0
+        tail = steps[len(steps) // 5 :]  # the first fifth settles
+        rows.append(
+            {
+                "part": part,
+                "step_ms": float(np.mean(tail)),
+                "step_p90_ms": float(np.percentile(tail, 90)),
+                "steps": len(steps),
+                "images_per_s": done[0] / wall,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+
+    base = rows[0]["step_ms"] if rows and rows[0]["part"] == "alone" else None
+    lines = [
+        f"# What GPU decode costs {a.model}'s training step ({torch.cuda.get_device_name()})",
+        "",
+        f"`{' '.join(sys.argv)}`",
+        "",
+        "| beside the model | step ms | p90 ms | growth | second thread img/s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        growth = f"{(r['step_ms'] / base - 1) * 100:+.1f} %" if base else "n/a"
+        lines.append(
+            f"| {r['part']} | {r['step_ms']:.2f} | {r['step_p90_ms']:.2f} | {growth} | {r['images_per_s']:.0f} |"
+        )
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "hybrid_step.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    (a.out / "hybrid_step.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1963,11 +1963,23 @@ mod tests {
     /// Runs a hybrid-decode stream whose share the tuner sets, under a `budget` of threads;
     /// returns (threads, share, wait) per tick.
     fn drive_gpu(sim: &mut Sim, budget: u32, ticks: usize) -> Vec<(u32, f64, f64)> {
+        drive_gpu_with(sim, budget, ticks, |_, _| {})
+    }
+
+    /// The same, with `tamper(counters, share)` changing each interval's counters before the
+    /// tuner reads them (a slow interval, say).
+    fn drive_gpu_with(
+        sim: &mut Sim,
+        budget: u32,
+        ticks: usize,
+        mut tamper: impl FnMut(&mut Counters, f64),
+    ) -> Vec<(u32, f64, f64)> {
         let mut tuner = Tuner::new(Config::default());
         let (mut threads, mut depth) = (budget, 3);
         let mut out = Vec::new();
         for _ in 0..ticks {
-            let delta = sim.interval(threads, TICK);
+            let mut delta = sim.interval(threads, TICK);
+            tamper(&mut delta, sim.share);
             let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
             o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
             let d = tuner.tick(TICK, budget, 64, &[o]).remove(0);
@@ -2065,25 +2077,15 @@ mod tests {
             step: Duration::from_millis(40),
             ..Sim::default()
         };
-        let mut tuner = Tuner::new(Config::default());
-        let (mut threads, mut depth, mut spiked) = (6, 3, false);
-        let mut shares = Vec::new();
-        for _ in 0..40 {
-            let mut delta = sim.interval(threads, TICK);
-            if sim.share > 0.0 && !spiked {
+        let mut spiked = false;
+        let run = drive_gpu_with(&mut sim, 6, 40, |delta, share| {
+            if share > 0.0 && !spiked {
                 spiked = true;
                 delta.compute_ns += 3_000_000_000;
                 delta.steps = delta.steps.max(1);
             }
-            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
-            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
-            let d = tuner.tick(TICK, 6, 64, &[o]).remove(0);
-            (threads, depth) = (d.threads, d.depth);
-            if let Some(s) = d.gpu_share {
-                sim.share = s;
-            }
-            shares.push(sim.share);
-        }
+        });
+        let shares: Vec<f64> = run.iter().map(|r| r.1).collect();
         assert!(spiked);
         let first = shares.iter().position(|&s| s > 0.0).unwrap();
         // (0.375 is where the CPU's part of a batch takes the model's 40 ms: the probes find it.)
@@ -2100,26 +2102,16 @@ mod tests {
             step: Duration::from_millis(20),
             ..Sim::default()
         };
-        let mut tuner = Tuner::new(Config::default());
-        let (mut threads, mut depth, mut slow_left) = (6, 3, 3);
-        let mut shares = Vec::new();
-        for _ in 0..40 {
-            let mut delta = sim.interval(threads, TICK);
-            if sim.share > 0.0 && slow_left > 0 {
+        let mut slow_left = 3;
+        let run = drive_gpu_with(&mut sim, 6, 40, |delta, share| {
+            if share > 0.0 && slow_left > 0 {
                 // Two steps ended in the interval, each much longer than the model's.
                 slow_left -= 1;
                 delta.compute_ns += 1_000_000_000;
                 delta.steps = 2;
             }
-            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
-            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
-            let d = tuner.tick(TICK, 6, 64, &[o]).remove(0);
-            (threads, depth) = (d.threads, d.depth);
-            if let Some(s) = d.gpu_share {
-                sim.share = s;
-            }
-            shares.push(sim.share);
-        }
+        });
+        let shares: Vec<f64> = run.iter().map(|r| r.1).collect();
         let first = shares.iter().position(|&s| s > 0.0).unwrap();
         let undone = first
             + shares[first..]

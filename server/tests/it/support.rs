@@ -83,3 +83,23 @@ pub fn write_tree(root: &Path, files: &[(&str, Vec<u8>)]) {
         std::fs::write(p, data).unwrap();
     }
 }
+
+/// Whether this run regenerates the committed vectors (`RINGFEED_BLESS=1`).
+pub fn blessing() -> bool {
+    std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
+}
+
+/// Writes `content` to `path` in bless mode, then checks the committed file equals it.
+pub fn pinned(path: &Path, content: &[u8]) {
+    if blessing() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    let committed =
+        std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}; run this test with RINGFEED_BLESS=1", path.display()));
+    assert!(
+        committed == content,
+        "{} is stale; if the change is deliberate, rerun this test with RINGFEED_BLESS=1 and commit the file",
+        path.display()
+    );
+}

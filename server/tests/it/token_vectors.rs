@@ -10,12 +10,10 @@ use ringfeed::tokens::packing::{self, PACK_HEADER_LEN, Packing};
 use ringfeed::tokens::{Layout, TOKENS_FILE, TokenFile, TokenWriter, TokenWriterOptions, verify_tokens};
 use serde_json::{Value, json};
 
+use crate::support::blessing;
+
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/vectors/tokens")
-}
-
-fn blessing() -> bool {
-    std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
 }
 
 /// One vector dataset: its writer options, documents (tokens, prompt length) and the seq_lens

@@ -10,14 +10,10 @@ use std::path::{Path, PathBuf};
 use ringfeed::shard::{Dataset, VerifyOptions, verify};
 use serde_json::{Value, json};
 
-use crate::support::{dataset_files, small_options, small_specs, write_dataset};
+use crate::support::{blessing, dataset_files, small_options, small_specs, write_dataset};
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/vectors/shard")
-}
-
-fn blessing() -> bool {
-    std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
 }
 
 fn hex(b: &[u8]) -> String {

@@ -11,30 +11,14 @@ use ringfeed::control::{ClientMessage, ServerMessage, decode_frame, encode_frame
 use ringfeed::ring::{DType, FieldSpec, RingLayout, SegmentHeader, SlotHeader};
 use serde_json::{Value, json};
 
+use crate::support::pinned;
+
 fn vectors() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto/vectors")
 }
 
-fn blessing() -> bool {
-    std::env::var_os("RINGFEED_BLESS").is_some_and(|v| v == "1")
-}
-
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Writes `content` in bless mode, then checks the committed file equals it.
-fn pinned(path: &Path, content: &[u8]) {
-    if blessing() {
-        fs::create_dir_all(path.parent().unwrap()).unwrap();
-        fs::write(path, content).unwrap();
-    }
-    let committed = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}; run with RINGFEED_BLESS=1", path.display()));
-    assert!(
-        committed == content,
-        "{} is stale; if the change is deliberate, run `RINGFEED_BLESS=1 cargo test -p ringfeed --test it wire_vectors` and commit proto/vectors",
-        path.display()
-    );
 }
 
 fn messages() -> Vec<(&'static str, Value)> {

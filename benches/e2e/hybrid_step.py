@@ -17,7 +17,8 @@ up to `--per-step` images per model step:
 - decode-hw: nvImageCodec's batched decode with the hardware backend only, on its own stream;
 - decode-gpu: the same with the CUDA backend only (no hardware decoder);
 - finish: the Triton finishing kernel alone over images decoded once, on its own stream;
-- decode+finish: what the client does (hardware decode, then the kernel).
+- decode+finish: what the client does (hardware decode, then the kernel);
+- the GPU parts again with "@hi": on a stream of the highest priority.
 
 For each: the model's mean step (ms), its growth over `alone`, and the images per second the
 second thread got through. Writes hybrid_step.json/.md into --out.
@@ -61,7 +62,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--per-step", type=int, default=160, help="images the second thread handles per model step")
     ap.add_argument("--seconds", type=float, default=6.0, help="per condition")
-    ap.add_argument("--parts", default="alone,host,decode-hw,decode-gpu,finish,decode+finish")
+    parts_all = "alone,host,decode-hw,decode-gpu,finish,decode+finish,decode-hw@hi,finish@hi,decode+finish@hi"
+    ap.add_argument("--parts", default=parts_all)
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -90,8 +92,8 @@ def main() -> None:
     _finish_kernel.warm(dev, "NHWC", (224, 224))
 
     def table(images) -> torch.Tensor:
-        """One row per image: its place, then a RandomResizedCrop-like record (the centre square
-        of the image down to 224, bilinear with antialias, no flip)."""
+        """One row per image (host memory, pinned): its place, then a RandomResizedCrop-like record
+        (the centre square of the image down to 224, bilinear with antialias, no flip)."""
         rows = []
         for k, img in enumerate(images):
             addr, h, w, sy, sx, sc = _hybrid._place(img)
@@ -99,33 +101,36 @@ def main() -> None:
             left, top = (w - side_len) // 2, (h - side_len) // 2
             flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
             rows.append([addr, sy, sx, sc, left, top, side_len, side_len, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, k])
-        t = torch.tensor(rows, dtype=torch.int64)
-        return t.pin_memory().to(dev, non_blocking=True)
+        return torch.tensor(rows, dtype=torch.int64).pin_memory()
 
     def host() -> None:
         [arena[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
         table(once)
 
-    def decode_hw() -> None:
-        hw.decode(datas, cuda_stream=side.cuda_stream)
-        side.synchronize()
+    def parts(stream: torch.cuda.Stream) -> dict:
+        """The GPU parts, on `stream`."""
 
-    def decode_gpu() -> None:
-        gpu.decode(datas, cuda_stream=side.cuda_stream)
-        side.synchronize()
+        def decode_with(dec) -> None:
+            dec.decode(datas, cuda_stream=stream.cuda_stream)
+            stream.synchronize()
 
-    def finish() -> None:
-        with torch.cuda.stream(side):
-            _finish_kernel.finish(table(once), out, "NHWC")
-        side.synchronize()
+        def finish(images) -> None:
+            t = table(images)
+            with torch.cuda.stream(stream):
+                _finish_kernel.finish(t.to(dev, non_blocking=True), out, "NHWC")
+            stream.synchronize()
 
-    def both() -> None:
-        imgs = hw.decode(datas, cuda_stream=side.cuda_stream)
-        with torch.cuda.stream(side):
-            _finish_kernel.finish(table(imgs), out, "NHWC")
-        side.synchronize()
+        return {
+            "decode-hw": lambda: decode_with(hw),
+            "decode-gpu": lambda: decode_with(gpu),
+            "finish": lambda: finish(once),
+            "decode+finish": lambda: finish(hw.decode(datas, cuda_stream=stream.cuda_stream)),
+        }
 
-    work = {"host": host, "decode-hw": decode_hw, "decode-gpu": decode_gpu, "finish": finish, "decode+finish": both}
+    # The same parts on a stream of the highest priority ("@hi"): whether the decode's and the
+    # kernel's blocks waiting behind the model's is what slows them (and so the loop).
+    high = torch.cuda.Stream(priority=-100)
+    work = {"host": host, **parts(side), **{f"{k}@hi": v for k, v in parts(high).items()}}
 
     model = getattr(torchvision.models, a.model)().to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -139,6 +144,9 @@ def main() -> None:
     stop.set()
     t.join()
 
+    unknown = [p for p in a.parts.split(",") if p != "alone" and p not in work]
+    if unknown:
+        raise SystemExit(f"unknown --parts {unknown}: choose from alone, {', '.join(work)}")
     rows = []
     for part in a.parts.split(","):
         steps: list[float] = []

@@ -49,6 +49,9 @@ pub struct StreamStats {
     pub max_threads: Option<u32>,
     /// Training processes on the node, as the client reported.
     pub local_world_size: Option<u32>,
+    /// The threads the stream's kind starts with (token streams: 1; None: the budget), which
+    /// the tuner keeps until the client reports its loop.
+    pub start_threads: Option<u32>,
 
     // Knobs: written by the tuner (or fixed at open), read by the pool and the stream's task.
     /// Decode threads the stream may occupy at once.
@@ -214,6 +217,7 @@ impl StreamStats {
             autotune,
             max_threads,
             local_world_size,
+            start_threads: None,
             threads: AtomicU32::new(threads),
             depth: AtomicU32::new(depth),
             wake: tokio::sync::Notify::new(),

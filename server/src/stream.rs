@@ -542,6 +542,7 @@ async fn open_stream(
         threads,
         depth,
     );
+    stats.start_threads = prepared.start_threads;
     if let Some(g) = &prepared.gpu {
         let auto = g.share.is_none() && open.autotune != Some(false);
         stats.gpu = Some(if auto {

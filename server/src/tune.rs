@@ -186,6 +186,9 @@ pub struct Observation {
     pub autotune: bool,
     /// The client's bound on threads (autotune) or its pinned value.
     pub max_threads: Option<u32>,
+    /// The threads the stream's kind starts with (None: the budget): kept until the client
+    /// reports its loop.
+    pub start_threads: Option<u32>,
     pub batch_size: u32,
     pub slots: u32,
     /// Settings in force over the interval.
@@ -527,14 +530,19 @@ impl Tuner {
             let mut reason = None;
             let mut limit = Limit::Unmeasured;
             let want = match (o.reported, st.cost_ns, st.step_ns) {
-                (false, _, _) => {
-                    if o.threads != cap {
-                        reason = Some(format!(
-                            "the client sends no stats: all {cap} decode threads of the budget"
-                        ));
+                (false, _, _) => match o.start_threads {
+                    // A kind that starts small (tokens: reading, not decoding) stays there until
+                    // the loop says it waits.
+                    Some(start) => start.min(cap),
+                    None => {
+                        if o.threads != cap {
+                            reason = Some(format!(
+                                "the client sends no stats: all {cap} decode threads of the budget"
+                            ));
+                        }
+                        cap
                     }
-                    cap
-                }
+                },
                 (true, Some(cost), Some(step)) => {
                     let busy = signals.busy;
                     let need = f64::from(o.batch_size) * cost / step.max(1.0);
@@ -1136,6 +1144,7 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
                 id: s.id,
                 autotune: s.autotune,
                 max_threads: s.max_threads,
+                start_threads: s.start_threads,
                 batch_size: s.batch_size,
                 slots: s.slots,
                 threads: s.threads.load(Ordering::Relaxed),
@@ -1318,6 +1327,7 @@ mod tests {
             id,
             autotune: true,
             max_threads: None,
+            start_threads: None,
             batch_size: batch,
             slots,
             threads,
@@ -2120,6 +2130,32 @@ mod tests {
                 .unwrap_or_else(|| panic!("the first raise is undone: {shares:?}"));
         let top = shares[..undone].iter().copied().fold(0.0, f64::max);
         assert!(shares[30..].iter().all(|&s| s >= top - 1e-9), "{shares:?}");
+    }
+
+    #[test]
+    fn a_stream_that_starts_small_keeps_its_start_until_the_client_reports() {
+        // A token stream starts at one thread; before its first stats it is not given the
+        // budget (an image stream is), and once the loop reports, the rules take over.
+        let mut tuner = Tuner::new(Config::default());
+        let idle = Counters::default();
+        let mut tok = obs(1, 1, 3, idle, 16, 8);
+        tok.reported = false;
+        tok.start_threads = Some(1);
+        let mut img = obs(2, 1, 3, idle, 256, 8);
+        img.reported = false;
+        let d = tuner.tick(TICK, 12, 16, &[tok, img]);
+        assert_eq!((d[0].threads, d[1].threads), (1, 11), "{d:?}");
+        // Reported: a loop that waits with its one thread saturated gets more.
+        let mut sim = Sim::default();
+        let mut tok = obs(1, 1, 3, sim.interval(1, TICK), 16, 8);
+        tok.start_threads = Some(1);
+        let mut threads = 1;
+        for _ in 0..6 {
+            tok.threads = threads;
+            tok.delta = sim.interval(threads, TICK);
+            threads = tuner.tick(TICK, 12, 16, std::slice::from_ref(&tok))[0].threads;
+        }
+        assert!(threads > 1, "{threads}");
     }
 
     #[test]

@@ -99,6 +99,17 @@ def layout(token_count: int, doc_count: int, width: int, prompts: bool, chunk_by
     )
 
 
+def _map(path: str) -> Any:
+    """The file mapped read-only (``b""`` when empty: an empty mapping is an error); an I/O
+    failure as a ``FormatError`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            return mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
+    except OSError as e:
+        raise FormatError("io", path, None, f"{path}: {e.strerror or e}") from e
+
+
 class TokenDataset:
     """An open token dataset (``DATASET/tokens.rft``), read in O(1) at open.
 
@@ -109,15 +120,7 @@ class TokenDataset:
     def __init__(self, path: str | os.PathLike[str], *, buffer: bytes | None = None) -> None:
         p = Path(path)
         self.path = str(p / TOKENS_FILE) if buffer is None and p.is_dir() else str(p)
-        if buffer is None:
-            try:
-                with open(self.path, "rb") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    buf: Any = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
-            except OSError as e:
-                raise FormatError("io", self.path, None, f"{self.path}: {e.strerror or e}") from e
-        else:
-            buf = buffer
+        buf: Any = _map(self.path) if buffer is None else buffer
         self._buf = buf
         b = memoryview(buf)
         n = len(b)
@@ -253,12 +256,7 @@ class Packing:
 
     def __init__(self, ds: TokenDataset, seq_len: int) -> None:
         self.path = str(Path(ds.path).parent / packing_name(seq_len))
-        try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                raw: Any = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if size else b""
-        except OSError as e:
-            raise FormatError("io", self.path, None, f"{self.path}: {e.strerror or e}") from e
+        raw = _map(self.path)
         n = len(raw)
         if n < PACK_HEADER.size:
             raise FormatError.truncated(

@@ -31,12 +31,16 @@ busy share, depth, the wait the autotuner acts on, and its reading (`limit`) and
 Each run also reports CPU milliseconds per image and CPU cores busy: user + system time of the
 bench's whole process tree over the timed steps (benches/e2e/_cpu.py), so the loop's own thread,
 DataLoader workers, DALI's threads and the sidecar alike.
+`--trace N` profiles N more steps after the timed ones (torch.profiler, CPU and CUDA) and writes
+each run's Chrome trace to --out as trace-<model>-<loader>.json.gz (the timed figures do not include
+them; `benches/e2e/trace_summary.py` reads the traces).
 Writes gpu.json and gpu.md into --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import platform
@@ -114,8 +118,11 @@ class Watch:
         return self.timeline
 
 
-def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> dict:
-    """Runs WARMUP + steps steps from `batches` (an iterator of (x, y) on the GPU)."""
+def train(
+    model: nn.Module, batches, steps: int, watch: Watch | None = None, trace: tuple[int, Path] | None = None
+) -> dict:
+    """Runs WARMUP + steps steps from `batches` (an iterator of (x, y) on the GPU); with `trace`
+    `(n, path)`, n more under torch.profiler, whose Chrome trace goes to `path` (gzip)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     wait = 0.0
@@ -176,6 +183,24 @@ def train(model: nn.Module, batches, steps: int, watch: Watch | None = None) -> 
         last = next((e for e in reversed(timeline) if "limit" in e), None)
         if last is not None:
             out["server_last"] = last
+    if trace is not None:
+        n, path = trace
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                x, y = next(batches)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = loss_fn(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            torch.cuda.synchronize()
+        raw = path.with_suffix("")  # .json
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as f, gzip.open(path, "wb") as g:
+            shutil.copyfileobj(f, g)
+        raw.unlink()
     return out
 
 
@@ -284,6 +309,7 @@ def main() -> None:
         help="rrc: RandomResizedCrop + flip; full: + TrivialAugmentWide + Normalize + RandomErasing(0.25)",
     )
     ap.add_argument("--out", type=Path, default=Path())
+    ap.add_argument("--trace", type=int, default=0, help="profile this many steps after the timed ones (Chrome traces)")
     ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), the autotuner's bound")
     ap.add_argument(
         "--serve-arg",
@@ -330,7 +356,8 @@ def main() -> None:
                     "dali": lambda: dali_batches(a.images, a.threads_cap or a.workers),
                 }[loader]()
                 watch = Watch(sock) if loader.startswith("ringfeed") else None
-                r = train(model, batches, a.steps, watch)
+                trace = (a.trace, a.out / f"trace-{name}-{loader}.json.gz") if a.trace else None
+                r = train(model, batches, a.steps, watch, trace)
                 LOADERS.clear()
                 r.update(
                     {

@@ -11,6 +11,8 @@
 #           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
 #   step    what each part of the client's GPU work (host side, hardware or CUDA decode, the kernel)
 #           costs ResNet-18's step, each beside the model in a thread of its own (hybrid_step.py).
+#   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
+#           by 30 steps under torch.profiler (gpu_train.py --trace; trace_summary.py reads them).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -124,6 +126,20 @@ step)
   fi
   mkdir -p "$out"
   timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
+  ;;
+trace)
+  # The real loop under torch.profiler (gpu_train.py --trace): ResNet-18 on 6 threads alone, fed
+  # by ringfeed on the CPU and with a pinned share (benches/e2e/trace_summary.py reads the traces).
+  [ -f /tmp/rf/ringfeed ] || cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  if [ ! -d /tmp/packed ]; then
+    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-8000} >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+  fi
+  mkdir -p "$out"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-share-${SHARE:-0.625} --workers 15 --threads-cap 6 --steps 300 --trace 30 \
+    --out "$out/trace" 2>&1 | grep -v "^{" | tail -16 || echo "trace rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -125,7 +125,7 @@ step)
     "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
   fi
   mkdir -p "$out"
-  timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
+  timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" ${STEP_ARGS:-} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
   ;;
 trace)
   # The real loop under torch.profiler (gpu_train.py --trace): ResNet-18 on 6 threads alone, fed

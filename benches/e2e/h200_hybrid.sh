@@ -11,6 +11,8 @@
 #           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
 #   step    what each part of the client's GPU work (host side, hardware or CUDA decode, the kernel)
 #           costs ResNet-18's step, each beside the model in a thread of its own (hybrid_step.py).
+#   nvjpeg  nvJPEG's batched hardware decoder against nvImageCodec's per-image decode: GPU tests,
+#           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
 #           by 30 steps under torch.profiler (gpu_train.py --trace; trace_summary.py reads them).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
@@ -126,6 +128,27 @@ step)
   fi
   mkdir -p "$out"
   timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" ${STEP_ARGS:-} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
+  ;;
+nvjpeg)
+  # nvJPEG's batched hardware decoder (ringfeed._nvjpeg, one call a batch without the GIL) against
+  # nvImageCodec's per-image Python decode: the GPU tests, what each costs ResNet-18's step, and
+  # ResNet-18 on 6 threads with pinned and autotuned shares (no DALI needed).
+  cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1 ) > /tmp/data.log 2>&1 &
+  timeout 240 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
+    client-py/tests/test_finish_kernel.py 2>&1 | tail -12 || echo "pytest rc $?"
+  wait; cat /tmp/data.log
+  mkdir -p "$out"
+  timeout 150 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" \
+    --parts alone,decode-hw,decode-nvjpeg,decode-nvjpeg+finish,finish,alone 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -10
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 600 \
+    --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -16 || echo "r18-6 rc $?"
+  RINGFEED_GPU_DECODER=nvimgcodec timeout 100 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed \
+    --models resnet18 --loaders ceiling,ringfeed-share-0.625 --workers 15 --threads-cap 6 --steps 600 \
+    --out "$out/r18-6-nvimgcodec" 2>&1 | grep -v "^{" | tail -8 || echo "r18-6-nvimgcodec rc $?"
   ;;
 trace)
   # The real loop under torch.profiler (gpu_train.py --trace): ResNet-18 on 6 threads alone, fed

@@ -16,6 +16,9 @@ up to `--per-step` images per model step:
   image lies, building the table): the GIL and the host thread;
 - decode-hw: nvImageCodec's batched decode with the hardware backend only, on its own stream;
 - decode-gpu: the same with the CUDA backend only (no hardware decoder);
+- decode-nvjpeg: nvJPEG's batched hardware decoder through ringfeed._nvjpeg (one call a batch,
+  without the GIL, into one buffer), what the Finisher uses by default; decode-nvjpeg+finish: it
+  and the kernel;
 - decode-hw/pinned: the hardware decode of the same bytes in pinned memory (as the ring is);
 - decode-hw/tN: the hardware decode with nvImageCodec's own CPU threads capped at N (its
   default is one per core);
@@ -97,11 +100,21 @@ def main() -> None:
     pinned_np = pinned.numpy()
     pinned_datas = [pinned_np[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
     few = {t: decoder(nvimgcodec.BackendKind.HW_GPU_ONLY, t) for t in (1, 2, 4)}
+    # nvJPEG's batched hardware decoder (what the Finisher uses by default): one call, no GIL.
+    from ringfeed import _nvjpeg
+
+    batched = _nvjpeg.HardwareDecoder(dev)
+    lens = np.array([len(d) for d in datas], dtype=np.uint64)
+    in_ptrs = pinned.data_ptr() + offsets.astype(np.uint64)
     side = torch.cuda.Stream()
     once = hw.decode(datas, cuda_stream=side.cuda_stream)
     torch.cuda.synchronize()
     if any(i is None for i in once):
         raise SystemExit("the hardware decoder refused some of these JPEGs; pick a dataset it decodes")
+    hw_sizes = [(int(img.shape[1]), int(img.shape[0])) for img in once]
+    out_size = np.array([w * h * 3 for w, h in hw_sizes], dtype=np.uint64)
+    out_offs = np.concatenate([[0], np.cumsum(out_size[:-1])]).astype(np.uint64)
+    pitches = np.array([w * 3 for w, _ in hw_sizes], dtype=np.uint64)
     out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
     _finish_kernel.warm(dev, "NHWC", (224, 224))
 
@@ -134,7 +147,20 @@ def main() -> None:
                 _finish_kernel.finish(t.to(dev, non_blocking=True), out, "NHWC")
             stream.synchronize()
 
+        def nvjpeg_batch() -> list[torch.Tensor]:
+            with torch.cuda.stream(stream):
+                buf = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
+            batched.decode(in_ptrs, lens, buf.data_ptr() + out_offs, pitches, stream.cuda_stream)
+            parts = zip(out_offs, out_size, hw_sizes, strict=True)
+            return [buf[int(o) : int(o) + int(n)].view(h, w, 3) for o, n, (w, h) in parts]
+
+        def nvjpeg_only() -> None:
+            nvjpeg_batch()
+            stream.synchronize()
+
         return {
+            "decode-nvjpeg": nvjpeg_only,
+            "decode-nvjpeg+finish": lambda: finish(nvjpeg_batch()),
             "decode-hw": lambda: decode_with(hw),
             **({} if gpu is None else {"decode-gpu": lambda: decode_with(gpu)}),
             "decode-hw/pinned": lambda: decode_with(hw, pinned_datas),

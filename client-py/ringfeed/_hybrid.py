@@ -270,6 +270,14 @@ class Finisher:
                     nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
                 ],
             )
+        #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`), opened in the decode thread
+        #: on first use; ``None`` where it cannot run (then nvImageCodec decodes, image by image).
+        self._hw: Any = None
+        self._hw_state = "unopened" if backend == "nvimgcodec" else "off"
+        #: Why the batched hardware decoder is not in use (``None`` while it is, or before it opens).
+        self.hw_reason: str | None = None if backend == "nvimgcodec" else "the GPU decoder is not nvImageCodec"
+        self._hw_refused_logged = False
+        self._hw_done: Any = None  # the event after the last batched decode (its state is reused)
         # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
         # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
         # released only then, and at most `slots` batches are in flight).
@@ -301,7 +309,11 @@ class Finisher:
 
         def run() -> tuple[Any, ...]:
             places = None
-            if self.backend == "nvimgcodec":
+            hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" else None
+            if hw is not None:
+                buf, places = hw
+                got = [buf] * len(pos)
+            elif self.backend == "nvimgcodec":
                 kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
                 got = list(self._decoder.decode(datas, **kw))
                 # Where each image lies, read here rather than in the training loop's thread:
@@ -324,6 +336,65 @@ class Finisher:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        hw, self._hw = self._hw, None
+        if hw is not None:
+            if self._hw_done is not None:
+                self._hw_done.synchronize()
+            hw.close()
+
+    def _hw_decode(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[Any, np.ndarray] | None:
+        """Decodes a batch's GPU samples (their ``rec`` records, bytes in ``arena``) in one call of
+        nvJPEG's hardware decoder into one device buffer: ``(buffer, places)`` (``places`` as
+        :func:`_place` gives them, a row per sample), or ``None`` where that decoder is not in
+        use or refused the batch (then nvImageCodec decodes it)."""
+        import torch
+
+        from . import _nvjpeg
+
+        if self._hw_state == "unopened":
+            self._hw, why = _nvjpeg.open_hardware(self.device)
+            self._hw_state = "on" if self._hw is not None else "off"
+            self.hw_reason = None if self._hw is not None else why
+            if self._hw is None:
+                log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
+        if self._hw is None or self._kernel is None or len(rec) == 0:
+            return None
+        w, h = rec[:, _C["src_width"]], rec[:, _C["src_height"]]
+        # Each image's rows start 256-byte aligned in one buffer of the batch.
+        size = (w * h * 3 + 255) // 256 * 256
+        off = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.int64)
+        cuda_stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(cuda_stream):
+            # From the caching allocator, on the stream that writes and reads it.
+            buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=self.device)
+        if self._hw_done is not None:
+            # The decode state's buffers are the last batch's until its decode has run.
+            self._hw_done.synchronize()
+        base = buf.data_ptr()
+        try:
+            with torch.cuda.device(self.device):
+                self._hw.decode(
+                    (arena.ctypes.data + rec[:, _C["offset"]]).astype(np.uint64),
+                    rec[:, _C["length"]],
+                    (base + off).astype(np.uint64),
+                    (w * 3).astype(np.uint64),
+                    cuda_stream.cuda_stream,
+                )
+        except _nvjpeg.HardwareRefusedError as e:
+            if not self._hw_refused_logged:
+                self._hw_refused_logged = True
+                log.warning(
+                    "ringfeed: nvJPEG's hardware decoder refused a batch (%s); such batches are decoded by "
+                    "nvImageCodec image by image (logged once)",
+                    e,
+                )
+            return None
+        done = torch.cuda.Event()
+        done.record(cuda_stream)
+        self._hw_done = done
+        ones = np.ones_like(w)
+        places = np.stack([base + off, h, w, w * 3, 3 * ones, ones], axis=1).astype(np.int64)
+        return buf, places
 
     def take_counts(self) -> tuple[int, int, int]:
         """``(samples, host ns, fallbacks)`` since the last call (for ``stats``, 1.3)."""
@@ -399,20 +470,32 @@ class Finisher:
             rec = jobs[pos].astype(np.int64)
             datas = [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
             decoded = None
+            hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" and len(pos) else None
+            if hw is not None:
+                decoded, ahead_places = [hw[0]] * len(pos), hw[1]
         if len(pos) == 0:
             self.last_call_ns = 0
             return []
-        images, failed, fallbacks = self._decode(datas, stream, decoded)
+        if ahead_places is not None and not isinstance(ahead_places, list):
+            # One batched hardware decode into one buffer: every sample decoded, its place known.
+            images: list[Any] = list(decoded)  # type: ignore[arg-type]
+            failed: list[tuple[int, str]] = []
+            fallbacks = 0
+        else:
+            images, failed, fallbacks = self._decode(datas, stream, decoded)
         self._keep.append(images)
         ok = [i for i in range(len(pos)) if images[i] is not None]
         # Where each image lies (read ahead in the decode thread for the kernel; here for images
         # the host decoded instead). A decoded image of another size than the server probed is
         # refused like a failed decode.
-        places = list(ahead_places) if ahead_places is not None else [None] * len(pos)
-        for i in ok:
-            if places[i] is None:
-                places[i] = _place(images[i])
-        at = np.array([p if p is not None else (0,) * 6 for p in places], dtype=np.int64).reshape(-1, 6)
+        if ahead_places is not None and not isinstance(ahead_places, list):
+            at = ahead_places
+        else:
+            places = list(ahead_places) if ahead_places is not None else [None] * len(pos)
+            for i in ok:
+                if places[i] is None:
+                    places[i] = _place(images[i])
+            at = np.array([p if p is not None else (0,) * 6 for p in places], dtype=np.int64).reshape(-1, 6)
         wrong = (at[:, 2] != rec[:, _C["src_width"]]) | (at[:, 1] != rec[:, _C["src_height"]])
         for i in [i for i in ok if wrong[i]]:
             failed.append(

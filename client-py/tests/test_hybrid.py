@@ -271,13 +271,16 @@ def test_axis_weights_reproduce_torch_antialiased_resize() -> None:
 
 
 def _gpu_backends() -> list[str]:
+    """The GPU decoders to test here: nvImageCodec's batch through nvJPEG's batched hardware
+    decoder (``nvimgcodec``, the default) and image by image (``nvimgcodec/images``), then
+    torchvision's."""
     if not torch.cuda.is_available():
         return []
     out = ["torchvision"]
     try:
         from nvidia import nvimgcodec  # noqa: F401
 
-        out.insert(0, "nvimgcodec")
+        out[:0] = ["nvimgcodec", "nvimgcodec/images"]
     except ImportError:
         pass
     return out
@@ -301,6 +304,13 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
     afterwards; no sample fell back to the host; the slot bytes the decoder read were not
     released early (the same epoch twice gives the same batches)."""
     monkeypatch.setenv("RINGFEED_GPU_FINISH", geometry)
+    batched = False
+    if backend.startswith("nvimgcodec"):
+        # The batched hardware decoder needs the kernel's addresses; with the matrix products
+        # nvImageCodec decodes image by image either way.
+        batched = backend == "nvimgcodec" and geometry == "triton"
+        monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvjpeg" if batched else "nvimgcodec")
+        backend = "nvimgcodec"
     root, kinds = folder
     recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
     cpu, _ = _epoch(root, sock, False, recipe, layout=layout)
@@ -323,6 +333,8 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             batches = [{k: v.clone() for k, v in b.items()} for b in ld]
             torch.cuda.synchronize()
             runs.append((batches, ld.stats()))
+            hw_used = ld._finisher is not None and ld._finisher._hw is not None
+            assert hw_used == batched, ld._finisher.hw_reason if ld._finisher is not None else "no finisher"
     (gpu, stats), (again, _) = runs
     order = sorted(kinds)
     plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"].cpu())

@@ -1,0 +1,207 @@
+"""nvJPEG's hardware decoder, one call per batch, without holding the GIL (hybrid decode).
+
+nvImageCodec's Python ``Decoder.decode`` makes a Python object, a code stream and a device
+allocation per image, and hands the GIL back and forth for each: beside a training step in the
+same process, every hand-off waits for the training thread to let go of the GIL, and the training
+thread then waits for it back. On the H200 that cost ResNet-18's step 35-42 % at 160 GPU images per
+step whatever nvImageCodec's CPU threads or the input's memory (``benches/e2e/hybrid_step.py``,
+``benches/results/2026-12-01-h200-step``), although the model's kernels took no longer: the gaps
+were on the host. This module calls ``nvjpegDecodeBatched`` of nvJPEG's hardware backend through
+``ctypes``, which releases the GIL for the whole call: one batched decode of every image into one
+device buffer that the caller allocates (PyTorch's caching allocator, so no ``cudaMalloc`` in the
+steady state), with no Python per image.
+
+The hardware backend decodes baseline JPEGs of one scan, 4:4:4, 4:2:2, 4:2:0, 4:4:0 or grey. A
+batch it refuses (an extended-sequential or 4:1:1 file, a corrupt one) raises :class:`HardwareRefusedError`
+and the caller decodes that batch with nvImageCodec, image by image. ``libnvjpeg.so.13`` (the
+``nvidia-nvjpeg`` wheel of CUDA 13, which ``ringfeed[gpu-cu13]`` installs) is the only version
+whose ``nvjpegImage_t`` layout this module was checked against (``size_t`` pitches); with another,
+:func:`open_hardware` says why it is not used and hybrid decode keeps nvImageCodec's decoder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: nvjpeg.h (13.0): nvjpegBackend_t, nvjpegOutputFormat_t, nvjpegChromaSubsampling_t, libraryPropertyType.
+BACKEND_HARDWARE = 3
+OUTPUT_RGBI = 5
+CSS_420 = 2
+MAJOR_VERSION = 0
+STATUS = {
+    0: "success",
+    1: "not initialized",
+    2: "invalid parameter",
+    3: "bad JPEG",
+    4: "JPEG not supported",
+    5: "allocator failure",
+    6: "execution failed",
+    7: "architecture mismatch",
+    8: "internal error",
+    9: "implementation not supported",
+    10: "incomplete bitstream",
+}
+#: ``nvjpegImage_t`` of nvJPEG 13: ``unsigned char *channel[4]; size_t pitch[4];`` (64 bytes).
+IMAGE_DTYPE = np.dtype([("channel", "<u8", (4,)), ("pitch", "<u8", (4,))])
+assert IMAGE_DTYPE.itemsize == 64
+#: The nvJPEG major versions whose ``nvjpegImage_t`` is :data:`IMAGE_DTYPE`.
+CHECKED_MAJORS = (13,)
+
+
+class NvjpegError(RuntimeError):
+    """An nvJPEG call failed: ``status`` is its ``nvjpegStatus_t``."""
+
+    def __init__(self, call: str, status: int) -> None:
+        super().__init__(f"{call} failed: nvJPEG status {status} ({STATUS.get(status, 'unknown')})")
+        self.call = call
+        self.status = status
+
+
+class HardwareRefusedError(NvjpegError):
+    """The hardware decoder refused a batch (decode it another way)."""
+
+
+def _library_paths() -> list[str]:
+    """Where ``libnvjpeg.so.13`` may be: ``RINGFEED_NVJPEG_LIB``, the ``nvidia`` wheels' folders,
+    then the loader's search path."""
+    env = os.environ.get("RINGFEED_NVJPEG_LIB")
+    if env:
+        return [env]
+    found: list[str] = []
+    try:
+        import nvidia
+
+        for root in list(getattr(nvidia, "__path__", [])):
+            found += sorted(str(p) for p in Path(root).glob("*/lib/libnvjpeg.so.*"))
+    except ImportError:
+        pass
+    return [*found, "libnvjpeg.so.13"]
+
+
+def _load() -> tuple[Any, str]:
+    errors = []
+    for path in _library_paths():
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+    raise OSError(
+        "libnvjpeg.so.13 not found (`pip install nvidia-nvjpeg`, or RINGFEED_NVJPEG_LIB): " + "; ".join(errors)
+    )
+
+
+class HardwareDecoder:
+    """One nvJPEG handle on the hardware backend, with its decode state; used from one thread.
+
+    Args:
+        device: the CUDA device (a ``torch.device``); :meth:`decode`'s caller must have it current.
+    """
+
+    def __init__(self, device: Any) -> None:
+        lib, self.path = _load()
+        self._lib = lib
+        vp, i32, u32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)
+        for name, args in {
+            "nvjpegGetProperty": [i32, ctypes.POINTER(i32)],
+            "nvjpegCreateEx": [i32, vp, vp, ctypes.c_uint, ctypes.POINTER(vp)],
+            "nvjpegGetHardwareDecoderInfo": [vp, u32p, u32p],
+            "nvjpegJpegStateCreate": [vp, ctypes.POINTER(vp)],
+            "nvjpegDecodeBatchedPreAllocate": [vp, vp, i32, i32, i32, i32, i32],
+            "nvjpegDecodeBatchedInitialize": [vp, vp, i32, i32, i32],
+            "nvjpegDecodeBatched": [vp, vp, vp, vp, vp, vp],
+            "nvjpegJpegStateDestroy": [vp],
+            "nvjpegDestroy": [vp],
+        }.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, i32
+        major = ctypes.c_int()
+        self._check("nvjpegGetProperty", lib.nvjpegGetProperty(MAJOR_VERSION, ctypes.byref(major)))
+        if major.value not in CHECKED_MAJORS:
+            raise OSError(f"{self.path} is nvJPEG {major.value}; ringfeed's batched path knows nvJPEG {CHECKED_MAJORS}")
+        import torch
+
+        self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
+        with torch.cuda.device(device):
+            self._open()
+
+    def _open(self) -> None:
+        lib = self._lib
+        self._check("nvjpegCreateEx", lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(self._handle)))
+        engines, cores = ctypes.c_uint(), ctypes.c_uint()
+        status = lib.nvjpegGetHardwareDecoderInfo(self._handle, ctypes.byref(engines), ctypes.byref(cores))
+        if status != 0 or engines.value == 0:
+            self.close()
+            raise OSError(f"this GPU has no hardware JPEG decoder (nvjpegGetHardwareDecoderInfo: status {status})")
+        self.engines, self.cores = engines.value, cores.value
+        self._check("nvjpegJpegStateCreate", lib.nvjpegJpegStateCreate(self._handle, ctypes.byref(self._state)))
+        # The decoder's memory pool (as nvImageCodec does): buffers are kept and grown, not
+        # allocated and freed per batch (cudaFree waits for the whole device).
+        self._check(
+            "nvjpegDecodeBatchedPreAllocate",
+            lib.nvjpegDecodeBatchedPreAllocate(self._handle, self._state, 1, 1, 1, CSS_420, OUTPUT_RGBI),
+        )
+
+    @staticmethod
+    def _check(call: str, status: int) -> None:
+        if status != 0:
+            raise NvjpegError(call, status)
+
+    def decode(self, data: np.ndarray, lengths: np.ndarray, out: np.ndarray, pitch: np.ndarray, stream: int) -> None:
+        """Decodes ``len(data)`` JPEGs to interleaved RGB, on ``stream`` (a ``cudaStream_t``).
+
+        ``data``: host addresses of the encoded images (uint64; memory that stays valid, pinned
+        for speed); ``lengths``: their sizes; ``out``: device addresses of their outputs, each
+        ``pitch`` bytes a row (``3·width`` or more) times the image's height. The call returns once
+        the work is queued on ``stream``.
+
+        Raises:
+            HardwareRefusedError: the hardware decoder refused the batch (nothing was written that
+                the caller may use; decode the batch another way).
+        """
+        n = len(data)
+        dst = np.zeros(n, dtype=IMAGE_DTYPE)
+        dst["channel"][:, 0] = out
+        dst["pitch"][:, 0] = pitch
+        ptrs = np.ascontiguousarray(data, dtype=np.uint64)
+        sizes = np.ascontiguousarray(lengths, dtype=np.uint64)
+        lib = self._lib
+        self._check(
+            "nvjpegDecodeBatchedInitialize",
+            lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, OUTPUT_RGBI),
+        )
+        # ctypes releases the GIL for the call: the whole batch decodes without it.
+        status = lib.nvjpegDecodeBatched(
+            self._handle, self._state, ptrs.ctypes.data, sizes.ctypes.data, dst.ctypes.data, ctypes.c_void_p(stream)
+        )
+        if status != 0:
+            raise HardwareRefusedError("nvjpegDecodeBatched", status)
+
+    def close(self) -> None:
+        """Frees the state and the handle. Idempotent."""
+        lib = self._lib
+        if getattr(self, "_state", None) is not None and self._state.value:
+            lib.nvjpegJpegStateDestroy(self._state)
+            self._state = ctypes.c_void_p()
+        if getattr(self, "_handle", None) is not None and self._handle.value:
+            lib.nvjpegDestroy(self._handle)
+            self._handle = ctypes.c_void_p()
+
+
+def open_hardware(device: Any) -> tuple[HardwareDecoder | None, str]:
+    """``(decoder, why)``: nvJPEG's batched hardware decoder on ``device``, or ``None`` and the reason."""
+    choice = os.environ.get("RINGFEED_GPU_DECODER", "auto")
+    if choice not in ("auto", "nvjpeg", "nvimgcodec"):
+        raise ValueError(f"RINGFEED_GPU_DECODER must be 'auto', 'nvjpeg' or 'nvimgcodec', not {choice!r}")
+    if choice == "nvimgcodec":
+        return None, "RINGFEED_GPU_DECODER=nvimgcodec"
+    try:
+        return HardwareDecoder(device), "nvJPEG's batched hardware decoder"
+    except (OSError, NvjpegError, AttributeError) as e:
+        if choice == "nvjpeg":
+            raise ValueError(f"RINGFEED_GPU_DECODER=nvjpeg: nvJPEG's hardware decoder cannot run here ({e})") from e
+        return None, str(e)

@@ -1,0 +1,123 @@
+"""nvJPEG's batched hardware decoder (``ringfeed._nvjpeg``): how it is chosen, and on a GPU with a
+hardware JPEG decoder, that its pixels are nvImageCodec's and a batch it refuses is named."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ringfeed import _nvjpeg
+
+
+def test_an_unknown_decoder_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvdec")
+    with pytest.raises(ValueError, match="RINGFEED_GPU_DECODER must be 'auto', 'nvjpeg' or 'nvimgcodec'"):
+        _nvjpeg.open_hardware(torch.device("cpu"))
+
+
+def test_without_the_library_auto_says_why_and_nvjpeg_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    missing = str(tmp_path / "libnvjpeg.so.13")
+    monkeypatch.setenv("RINGFEED_NVJPEG_LIB", missing)
+    dec, why = _nvjpeg.open_hardware(torch.device("cpu"))
+    assert dec is None
+    assert missing in why
+    assert "RINGFEED_NVJPEG_LIB" in why
+    monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvjpeg")
+    with pytest.raises(ValueError, match="RINGFEED_GPU_DECODER=nvjpeg: nvJPEG's hardware decoder cannot run here"):
+        _nvjpeg.open_hardware(torch.device("cpu"))
+    monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvimgcodec")
+    assert _nvjpeg.open_hardware(torch.device("cpu")) == (None, "RINGFEED_GPU_DECODER=nvimgcodec")
+
+
+def test_the_image_record_is_nvjpeg_13s() -> None:
+    """``nvjpegImage_t`` of nvjpeg.h 13.0: four channel pointers, then four ``size_t`` pitches."""
+    assert _nvjpeg.IMAGE_DTYPE.itemsize == 64
+    assert _nvjpeg.IMAGE_DTYPE.fields["pitch"][1] == 32
+    assert _nvjpeg.CHECKED_MAJORS == (13,)
+
+
+def _hardware() -> _nvjpeg.HardwareDecoder | None:
+    if not torch.cuda.is_available():
+        return None
+    dec, _ = _nvjpeg.open_hardware(torch.device("cuda"))
+    return dec
+
+
+def _jpeg(seed: int, w: int, h: int, **kw: object) -> bytes:
+    rng = np.random.default_rng(seed)
+    # Smooth content (as photos are), so that subsampling and the IDCT differ by little.
+    base = rng.integers(0, 255, (h // 8 + 1, w // 8 + 1, 3), dtype=np.uint8)
+    img = Image.fromarray(base).resize((w, h), Image.BILINEAR)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90, **kw)
+    return out.getvalue()
+
+
+@pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")
+def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
+    """Baseline 4:2:0, 4:4:4 and grey JPEGs of several sizes in one batch, decoded into one buffer
+    at their pitches, equal nvImageCodec's hardware decode of each (the same engine) within a level,
+    and Pillow's within a few."""
+    from nvidia import nvimgcodec
+
+    cases = [
+        _jpeg(1, 64, 48),
+        _jpeg(2, 333, 250, subsampling=0),
+        _jpeg(3, 500, 375),
+        _jpeg(4, 120, 200, subsampling=2),
+    ]
+    grey = io.BytesIO()
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (40, 56), dtype=np.uint8)).save(grey, "JPEG")
+    cases.append(grey.getvalue())
+    arena = torch.from_numpy(np.frombuffer(b"".join(cases), dtype=np.uint8).copy()).pin_memory()
+    lens = np.array([len(c) for c in cases], dtype=np.uint64)
+    offs = np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.uint64)
+    sizes = [Image.open(io.BytesIO(c)).size for c in cases]
+    out_offs = np.concatenate([[0], np.cumsum([w * h * 3 for w, h in sizes[:-1]])]).astype(np.uint64)
+    buf = torch.zeros(sum(w * h * 3 for w, h in sizes), dtype=torch.uint8, device="cuda")
+    dec = _hardware()
+    assert dec is not None
+    stream = torch.cuda.current_stream()
+    dec.decode(
+        arena.data_ptr() + offs,
+        lens,
+        buf.data_ptr() + out_offs,
+        np.array([w * 3 for w, _ in sizes], dtype=np.uint64),
+        stream.cuda_stream,
+    )
+    torch.cuda.synchronize()
+    ref = nvimgcodec.Decoder(backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+    for k, ((w, h), data) in enumerate(zip(sizes, cases, strict=True)):
+        ours = buf[int(out_offs[k]) : int(out_offs[k]) + w * h * 3].view(h, w, 3).cpu().int()
+        theirs = torch.as_tensor(ref.decode(data), device="cuda").cpu().int()
+        pil = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))).int()
+        assert int((ours - theirs).abs().max()) <= 1, k
+        assert float((ours - pil).abs().float().mean()) < 3.0, k
+    dec.close()
+    dec.close()
+
+
+@pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")
+def test_a_batch_with_a_progressive_jpeg_is_refused_by_name() -> None:
+    """The hardware decoder takes baseline JPEGs only: a batch holding a progressive one raises
+    HardwareRefusedError naming the call and nvJPEG's status (the Finisher then decodes that batch
+    with nvImageCodec)."""
+    cases = [_jpeg(1, 64, 48), _jpeg(2, 64, 48, progressive=True)]
+    arena = torch.from_numpy(np.frombuffer(b"".join(cases), dtype=np.uint8).copy()).pin_memory()
+    lens = np.array([len(c) for c in cases], dtype=np.uint64)
+    buf = torch.zeros(2 * 64 * 48 * 3, dtype=torch.uint8, device="cuda")
+    dec = _hardware()
+    assert dec is not None
+    with pytest.raises(_nvjpeg.HardwareRefusedError, match=r"nvjpegDecodeBatched failed: nvJPEG status \d+"):
+        dec.decode(
+            np.array([arena.data_ptr(), arena.data_ptr() + len(cases[0])], dtype=np.uint64),
+            lens,
+            np.array([buf.data_ptr(), buf.data_ptr() + 64 * 48 * 3], dtype=np.uint64),
+            np.array([64 * 3, 64 * 3], dtype=np.uint64),
+            torch.cuda.current_stream().cuda_stream,
+        )
+    dec.close()

@@ -11,6 +11,8 @@
 #           tests, feed rate and ResNet-18 on 6 threads (no DALI needed).
 #   step    what each part of the client's GPU work (host side, hardware or CUDA decode, the kernel)
 #           costs ResNet-18's step, each beside the model in a thread of its own (hybrid_step.py).
+#   final   after setup and piece1..3: ResNet-18 on 6 and 15 threads, ResNet-50 on 3, and the feed
+#           rate at 6 threads, each beside DALI in the same call.
 #   nvjpeg  nvJPEG's batched hardware decoder against nvImageCodec's per-image decode: GPU tests,
 #           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
@@ -58,7 +60,7 @@ PY
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
     echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
-  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | tail -25 || echo "pytest rc $?"
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | tail -25 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
   ;;
@@ -128,6 +130,24 @@ step)
   fi
   mkdir -p "$out"
   timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" ${STEP_ARGS:-} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
+  ;;
+final)
+  # After setup and piece1..3 (this call carries .carry/dali3): every training and feed row of
+  # issue 11 with DALI in the same run, the Finisher on nvJPEG's batched hardware decoder.
+  dali_unpack
+  mkdir -p "$out"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-share-0.75,ringfeed-hybrid,dali --workers 15 --threads-cap 6 --steps 600 \
+    --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -18 || echo "r18-6 rc $?"
+  timeout 130 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
+    --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6 --loaders triton,dali --shares 0.75,0.875 \
+    --batches 40 --out "$out/feed" 2>&1 | grep -v "^{" | tail -12 || echo "feed rc $?"
+  timeout 130 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 600 --out "$out/r18-15" 2>&1 \
+    | grep -v "^{" | tail -18 || echo "r18-15 rc $?"
+  timeout 110 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
+    --loaders ceiling,ringfeed-hybrid,dali --workers 15 --threads-cap 3 --steps 200 --out "$out/r50-3" 2>&1 \
+    | grep -v "^{" | tail -14 || echo "r50-3 rc $?"
   ;;
 nvjpeg)
   # nvJPEG's batched hardware decoder (ringfeed._nvjpeg, one call a batch without the GIL) against

@@ -217,6 +217,7 @@ class Finisher:
     ) -> None:
         import collections
         import os
+        import threading
 
         import torch
 
@@ -270,14 +271,21 @@ class Finisher:
                     nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
                 ],
             )
-        #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`), opened in the decode thread
-        #: on first use; ``None`` where it cannot run (then nvImageCodec decodes, image by image).
-        self._hw: Any = None
-        self._hw_state = "unopened" if backend == "nvimgcodec" else "off"
+        #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
+        #: has its own decode state, so two batches decode at once), opened on first use; "off"
+        #: where it cannot run (then nvImageCodec decodes, image by image).
+        self._hw_state = "unopened" if backend == "nvimgcodec" and self._kernel is not None else "off"
         #: Why the batched hardware decoder is not in use (``None`` while it is, or before it opens).
-        self.hw_reason: str | None = None if backend == "nvimgcodec" else "the GPU decoder is not nvImageCodec"
+        self.hw_reason: str | None = None
+        if backend != "nvimgcodec":
+            self.hw_reason = "the GPU decoder is not nvImageCodec"
+        elif self._kernel is None:
+            self.hw_reason = "the matrix products need one image per sample (RINGFEED_GPU_FINISH=bmm)"
+        self._hw_all: list[Any] = []  # every decoder opened, for close()
+        self._hw_lock = threading.Lock()
+        self._tls = threading.local()  # this thread's decoder and the event after its last decode
+        self._nv_lock = threading.Lock()  # nvImageCodec's decoder, one caller at a time
         self._hw_refused_logged = False
-        self._hw_done: Any = None  # the event after the last batched decode (its state is reused)
         # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
         # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
         # released only then, and at most `slots` batches are in flight).
@@ -301,7 +309,10 @@ class Finisher:
         import concurrent.futures
 
         if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ringfeed-gpu-decode")
+            # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
+            # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
+            workers = 2 if self._hw_state != "off" else 1
+            self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ringfeed-gpu-decode")
         t0 = time.perf_counter_ns()
         pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
         rec = jobs[pos].astype(np.int64)
@@ -315,7 +326,8 @@ class Finisher:
                 got = [buf] * len(pos)
             elif self.backend == "nvimgcodec":
                 kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
-                got = list(self._decoder.decode(datas, **kw))
+                with self._nv_lock:
+                    got = list(self._decoder.decode(datas, **kw))
                 # Where each image lies, read here rather than in the training loop's thread:
                 # per-image Python there is what the loop waits for (benches/results/2026-12-01-h200-kernel).
                 if self._kernel is not None:
@@ -336,11 +348,43 @@ class Finisher:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        hw, self._hw = self._hw, None
-        if hw is not None:
-            if self._hw_done is not None:
-                self._hw_done.synchronize()
-            hw.close()
+        with self._hw_lock:
+            decoders, self._hw_all = self._hw_all, []
+            self._hw_state = "off"
+        if decoders:
+            import torch
+
+            torch.cuda.synchronize(self.device)  # every decode queued has run
+        for dec in decoders:
+            dec.close()
+
+    @property
+    def hw_decoders(self) -> int:
+        """How many batched hardware decoders are open (one per decode thread that used one)."""
+        return len(self._hw_all)
+
+    def _thread_decoder(self) -> Any:
+        """This thread's batched hardware decoder, opened on first use; ``None`` where it is off."""
+        from . import _nvjpeg
+
+        dec = getattr(self._tls, "hw", None)
+        if dec is not None:
+            return dec or None
+        with self._hw_lock:
+            if self._hw_state == "off":
+                return None
+            dec, why = _nvjpeg.open_hardware(self.device)
+            if dec is None:
+                if not self._hw_all:  # none could open: off for good
+                    self._hw_state = "off"
+                    self.hw_reason = why
+                    log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
+                self._tls.hw = False
+                return None
+            self._hw_all.append(dec)
+            self._hw_state = "on"
+        self._tls.hw, self._tls.done = dec, None
+        return dec
 
     def _hw_decode(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[Any, np.ndarray] | None:
         """Decodes a batch's GPU samples (their ``rec`` records, bytes in ``arena``) in one call of
@@ -351,13 +395,10 @@ class Finisher:
 
         from . import _nvjpeg
 
-        if self._hw_state == "unopened":
-            self._hw, why = _nvjpeg.open_hardware(self.device)
-            self._hw_state = "on" if self._hw is not None else "off"
-            self.hw_reason = None if self._hw is not None else why
-            if self._hw is None:
-                log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
-        if self._hw is None or self._kernel is None or len(rec) == 0:
+        if self._hw_state == "off" or len(rec) == 0:
+            return None
+        dec = self._thread_decoder()
+        if dec is None:
             return None
         w, h = rec[:, _C["src_width"]], rec[:, _C["src_height"]]
         # Each image's rows start 256-byte aligned in one buffer of the batch.
@@ -367,13 +408,13 @@ class Finisher:
         with torch.cuda.stream(cuda_stream):
             # From the caching allocator, on the stream that writes and reads it.
             buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=self.device)
-        if self._hw_done is not None:
-            # The decode state's buffers are the last batch's until its decode has run.
-            self._hw_done.synchronize()
+        if self._tls.done is not None:
+            # This thread's decode state holds its last batch's buffers until that decode has run.
+            self._tls.done.synchronize()
         base = buf.data_ptr()
         try:
             with torch.cuda.device(self.device):
-                self._hw.decode(
+                dec.decode(
                     (arena.ctypes.data + rec[:, _C["offset"]]).astype(np.uint64),
                     rec[:, _C["length"]],
                     (base + off).astype(np.uint64),
@@ -391,7 +432,7 @@ class Finisher:
             return None
         done = torch.cuda.Event()
         done.record(cuda_stream)
-        self._hw_done = done
+        self._tls.done = done
         ones = np.ones_like(w)
         places = np.stack([base + off, h, w, w * 3, 3 * ones, ones], axis=1).astype(np.int64)
         return buf, places
@@ -414,7 +455,11 @@ class Finisher:
         refused: list[int] = []
         if self.backend == "nvimgcodec":
             kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
-            got = decoded if decoded is not None else self._decoder.decode(datas, **kw)
+            if decoded is not None:
+                got = decoded
+            else:
+                with self._nv_lock:
+                    got = self._decoder.decode(datas, **kw)
             for i, img in enumerate(got):
                 if img is None:
                     refused.append(i)

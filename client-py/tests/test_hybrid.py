@@ -333,7 +333,7 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             batches = [{k: v.clone() for k, v in b.items()} for b in ld]
             torch.cuda.synchronize()
             runs.append((batches, ld.stats()))
-            hw_used = ld._finisher is not None and ld._finisher._hw is not None
+            hw_used = ld._finisher is not None and ld._finisher.hw_decoders > 0
             assert hw_used == batched, ld._finisher.hw_reason if ld._finisher is not None else "no finisher"
     (gpu, stats), (again, _) = runs
     order = sorted(kinds)

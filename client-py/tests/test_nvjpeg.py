@@ -94,7 +94,7 @@ def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
     for k, ((w, h), data) in enumerate(zip(sizes, cases, strict=True)):
         ours = buf[int(out_offs[k]) : int(out_offs[k]) + w * h * 3].view(h, w, 3).cpu().int()
         theirs = torch.as_tensor(ref.decode(data), device="cuda").cpu().int()
-        pil = torch.from_numpy(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))).int()
+        pil = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).int()
         assert int((ours - theirs).abs().max()) <= 1, k
         assert float((ours - pil).abs().float().mean()) < 3.0, k
     dec.close()

@@ -63,6 +63,12 @@ PY
   [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | tail -25 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
+  if [ -n "${QUICK:-}" ]; then
+    mkdir -p "$out"
+    timeout 100 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+      --loaders ceiling,ringfeed-share-0.75 --workers 15 --threads-cap 6 --steps 400 --out "$out/quick" 2>&1 \
+      | grep -v "^{" | sed -n 5,9p || echo "quick rc $?"
+  fi
   ;;
 piece*)
   n=${step#piece}
@@ -148,6 +154,9 @@ final)
   timeout 110 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
     --loaders ceiling,ringfeed-hybrid,dali --workers 15 --threads-cap 3 --steps 200 --out "$out/r50-3" 2>&1 \
     | grep -v "^{" | tail -14 || echo "r50-3 rc $?"
+  RINGFEED_GPU_DECODE_THREADS=1 timeout 60 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed \
+    --models resnet18 --loaders ringfeed-share-0.75 --workers 15 --threads-cap 6 --steps 600 --out "$out/r18-6-1thread" \
+    2>&1 | grep -v "^{" | sed -n 5,8p || echo "r18-6-1thread rc $?"
   ;;
 nvjpeg)
   # nvJPEG's batched hardware decoder (ringfeed._nvjpeg, one call a batch without the GIL) against

@@ -124,24 +124,26 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
     wsum = tl.zeros([block], dtype=tl.float32)
     # `while`, not `range`: Triton 3.6's interpreter (with NumPy 2.5) cannot take a loaded
     # value as a range's bound (its scalars are one-element arrays); compiled, both are one loop.
-    ty = 0
-    while ty < ny:
-        jy = ylo + ty
-        wy = tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0)
-        src_row = base + (pre_t + jy) * sy
-        tx = 0
-        while tx < nx_max:
-            jx = xlo + tx
-            m = tx < nx
-            wx = tl.where(xf, _kern((jx.to(tl.float32) + 0.5 - xc) / xw, cubic, a), 1.0)
-            w = tl.where(m, wx * wy, 0.0)
-            p = src_row + (pre_l + jx) * sx
+    # Columns outside, rows inside: a column tap's weights are a vector (one per output pixel),
+    # a row tap's one scalar for the program, so each vector of weights is computed once.
+    tx = 0
+    while tx < nx_max:
+        jx = xlo + tx
+        m = tx < nx
+        wx = tl.where(m, tl.where(xf, _kern((jx.to(tl.float32) + 0.5 - xc) / xw, cubic, a), 1.0), 0.0)
+        col = base + (pre_l + jx) * sx
+        ty = 0
+        while ty < ny:
+            jy = ylo + ty
+            wy = tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0)
+            w = wx * wy
+            p = col + (pre_t + jy) * sy
             acc0 += w * tl.load(p, mask=m, other=0).to(tl.float32)
             acc1 += w * tl.load(p + sc, mask=m, other=0).to(tl.float32)
             acc2 += w * tl.load(p + 2 * sc, mask=m, other=0).to(tl.float32)
             wsum += w
-            tx += 1
-        ty += 1
+            ty += 1
+        tx += 1
 
     # No tap (a one-hot source outside the crop) gives 0, as a zero row of weights does.
     inv = tl.where(wsum > 0.0, 1.0 / tl.where(wsum > 0.0, wsum, 1.0), 0.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 import warnings
 from typing import Any
@@ -187,6 +188,18 @@ def _place(img: Any) -> tuple[int, int, int, int, int, int]:
     return cai["data"][0], h, w, sy, sx, sc
 
 
+def _decode_threads() -> int:
+    """Decode threads for the batched hardware decoder: ``RINGFEED_GPU_DECODE_THREADS``, default 2."""
+    raw = os.environ.get("RINGFEED_GPU_DECODE_THREADS", "2")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 8:
+        raise ValueError(f"RINGFEED_GPU_DECODE_THREADS must be a whole number from 1 to 8, not {raw!r}")
+    return n
+
+
 class DecodeError(Exception):
     """Samples that neither the GPU nor the host fallback could decode: ``(batch position, reason)``."""
 
@@ -216,7 +229,6 @@ class Finisher:
         geometry: str | None = None,
     ) -> None:
         import collections
-        import os
         import threading
 
         import torch
@@ -311,7 +323,7 @@ class Finisher:
         if self._pool is None:
             # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
             # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
-            workers = 2 if self._hw_state != "off" else 1
+            workers = _decode_threads() if self._hw_state != "off" else 1
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ringfeed-gpu-decode")
         t0 = time.perf_counter_ns()
         pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]

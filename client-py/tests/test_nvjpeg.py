@@ -33,6 +33,19 @@ def test_without_the_library_auto_says_why_and_nvjpeg_raises(monkeypatch: pytest
     assert _nvjpeg.open_hardware(torch.device("cpu")) == (None, "RINGFEED_GPU_DECODER=nvimgcodec")
 
 
+@pytest.mark.parametrize("raw", ["0", "9", "two"])
+def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from ringfeed import _hybrid
+
+    monkeypatch.setenv("RINGFEED_GPU_DECODE_THREADS", raw)
+    with pytest.raises(
+        ValueError, match=f"RINGFEED_GPU_DECODE_THREADS must be a whole number from 1 to 8, not '{raw}'"
+    ):  # noqa: E501
+        _hybrid._decode_threads()
+    monkeypatch.setenv("RINGFEED_GPU_DECODE_THREADS", "3")
+    assert _hybrid._decode_threads() == 3
+
+
 def test_the_image_record_is_nvjpeg_13s() -> None:
     """``nvjpegImage_t`` of nvjpeg.h 13.0: four channel pointers, then four ``size_t`` pitches."""
     assert _nvjpeg.IMAGE_DTYPE.itemsize == 64

@@ -190,7 +190,7 @@ trace)
   fi
   mkdir -p "$out"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed,ringfeed-share-${SHARE:-0.625} --workers 15 --threads-cap 6 --steps 300 --trace 30 \
+    --loaders ${TRACE_LOADERS:-ceiling,ringfeed,ringfeed-share-${SHARE:-0.625}} --workers 15 --threads-cap 6 --steps 300 --trace 30 \
     --out "$out/trace" 2>&1 | grep -v "^{" | tail -16 || echo "trace rc $?"
   ;;
 quick)

@@ -37,6 +37,10 @@ import triton.language as tl
 TABLE_LEN = 19
 #: Output pixels per program.
 BLOCK = 64
+#: Warps per program: one output pixel per thread (4 warps would hold each pixel twice over).
+WARPS = 2
+#: Row taps whose loads are issued together.
+ROWS: tl.constexpr = tl.constexpr(4)
 
 
 @triton.jit
@@ -134,15 +138,20 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
         col = base + (pre_l + jx) * sx
         ty = 0
         while ty < ny:
-            jy = ylo + ty
-            wy = tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0)
-            w = wx * wy
-            p = col + (pre_t + jy) * sy
-            acc0 += w * tl.load(p, mask=m, other=0).to(tl.float32)
-            acc1 += w * tl.load(p + sc, mask=m, other=0).to(tl.float32)
-            acc2 += w * tl.load(p + 2 * sc, mask=m, other=0).to(tl.float32)
-            wsum += w
-            ty += 1
+            # ROWS row taps at once (masked past `ny`: their weight is 0), so that their loads
+            # are in flight together instead of one memory latency per tap.
+            for u in tl.static_range(ROWS):
+                t = ty + u
+                jy = ylo + t
+                wy = tl.where(t < ny, tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0), 0.0)
+                w = wx * wy
+                p = col + (pre_t + jy) * sy
+                mm = tl.where(t < ny, m, False)
+                acc0 += w * tl.load(p, mask=mm, other=0).to(tl.float32)
+                acc1 += w * tl.load(p + sc, mask=mm, other=0).to(tl.float32)
+                acc2 += w * tl.load(p + 2 * sc, mask=mm, other=0).to(tl.float32)
+                wsum += w
+            ty += ROWS
         tx += 1
 
     # No tap (a one-hot source outside the crop) gives 0, as a zero row of weights does.
@@ -189,4 +198,4 @@ def finish(table: Any, image: Any, layout: str) -> None:
         _, _, oh, ow = image.shape
         s_b, s_c, s_y, s_x = image.stride()
     grid = (k, oh, triton.cdiv(ow, BLOCK))
-    _finish_kernel[grid](table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, block=BLOCK)
+    _finish_kernel[grid](table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, block=BLOCK, num_warps=WARPS)

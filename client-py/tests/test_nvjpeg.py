@@ -72,16 +72,15 @@ def _jpeg(seed: int, w: int, h: int, **kw: object) -> bytes:
 
 @pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")
 def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
-    """Baseline 4:2:0, 4:4:4 and grey JPEGs of several sizes in one batch, decoded into one buffer
-    at their pitches, are nvImageCodec's hardware decode of each and Pillow's within a level or
-    two on average."""
+    """Baseline 4:2:0, 4:4:4, 4:2:2 and grey JPEGs of several sizes in one batch, decoded into one
+    buffer at their pitches, are Pillow's pixels (and nvImageCodec's) within a level or two."""
     from nvidia import nvimgcodec
 
     cases = [
         _jpeg(1, 64, 48),
         _jpeg(2, 333, 250, subsampling=0),
         _jpeg(3, 500, 375),
-        _jpeg(4, 120, 200, subsampling=2),
+        _jpeg(4, 120, 200, subsampling=1),
     ]
     grey = io.BytesIO()
     Image.fromarray(np.random.default_rng(5).integers(0, 255, (40, 56), dtype=np.uint8)).save(grey, "JPEG")
@@ -108,10 +107,12 @@ def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
         ours = buf[int(out_offs[k]) : int(out_offs[k]) + w * h * 3].view(h, w, 3).cpu().int()
         theirs = torch.as_tensor(ref.decode(data), device="cuda").cpu().int()
         pil = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).int()
-        # nvImageCodec may take another path for some (it differs from both by tens of levels
-        # at a few chroma edges of the 64x48 one on the H200): means, not maxima.
-        assert float((ours - theirs).abs().float().mean()) < 1.5, k
-        assert float((ours - pil).abs().float().mean()) < 3.0, k
+        # With interpolated chroma upsampling (libjpeg's "fancy" upsampling) the hardware decoder
+        # gives Pillow's pixels within a level (on the H200: means 0.00, maxima 1); replicated
+        # chroma was 3-5 levels off on average and up to 37.
+        assert float((ours - pil).abs().float().mean()) < 0.25, k
+        assert int((ours - pil).abs().max()) <= 2, k
+        assert float((ours - theirs).abs().float().mean()) < 0.25, k
     dec.close()
     dec.close()
 

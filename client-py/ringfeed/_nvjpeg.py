@@ -105,9 +105,10 @@ class HardwareDecoder:
 
     Args:
         device: the CUDA device (a ``torch.device``); :meth:`decode`'s caller must have it current.
+        flags: ``nvjpegCreateEx``'s flags (interpolated chroma upsampling, as the CPU path's).
     """
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, flags: int = FLAGS_UPSAMPLING_WITH_INTERPOLATION) -> None:
         lib, self.path = _load()
         self._lib = lib
         vp, i32, u32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)
@@ -132,11 +133,10 @@ class HardwareDecoder:
 
         self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
         with torch.cuda.device(device):
-            self._open()
+            self._open(flags)
 
-    def _open(self) -> None:
+    def _open(self, flags: int) -> None:
         lib = self._lib
-        flags = FLAGS_UPSAMPLING_WITH_INTERPOLATION
         self._check(
             "nvjpegCreateEx", lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, flags, ctypes.byref(self._handle))
         )

@@ -118,6 +118,15 @@ class Watch:
         return self.timeline
 
 
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn: nn.Module, x, y) -> None:
+    """One bf16-autocast SGD step."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = loss_fn(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def train(
     model: nn.Module, batches, steps: int, watch: Watch | None = None, trace: tuple[int, Path] | None = None
 ) -> dict:
@@ -146,11 +155,7 @@ def train(
             begin.record()
             if last_end is not None:
                 gaps.append((last_end, begin))
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(model, opt, loss_fn, x, y)
         if start is not None:
             last_end = torch.cuda.Event(enable_timing=True)
             last_end.record()
@@ -189,12 +194,7 @@ def train(
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
-                x, y = next(batches)
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    loss = loss_fn(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                train_step(model, opt, loss_fn, *next(batches))
             torch.cuda.synchronize()
         raw = path.with_suffix("")  # .json
         prof.export_chrome_trace(str(raw))

@@ -165,7 +165,11 @@ class HardwareDecoder:
         ``data``: host addresses of the encoded images (uint64; memory that stays valid, pinned
         for speed); ``lengths``: their sizes; ``out``: device addresses of their outputs, each
         ``pitch`` bytes a row (``3·width`` or more) times the image's height. The call returns once
-        the work is queued on ``stream``.
+        the work is queued on ``stream``. What may be read or written after it returns: the encoded
+        bytes are copied to the device by copies queued on ``stream`` (they must stay valid until
+        the stream's work up to here has run: the loader holds the slot until the batch's copy
+        event, which follows), and the outputs are written before the stream's next work (nvJPEG's
+        own streams join ``stream``); the address arrays are read during the call only.
 
         Raises:
             HardwareRefusedError: the hardware decoder refused the batch (nothing was written that

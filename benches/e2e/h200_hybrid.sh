@@ -39,6 +39,14 @@ dali_unpack() {
   fi
   python3 -c "import nvidia.dali as d; print('dali', d.__version__)"
 }
+gpu_prep() {  # the carried binary, nvImageCodec + nvJPEG, and the corpus ($1 photos) packed, where absent
+  [ ! -f .carry/bin/ringfeed ] || cp .carry/bin/ringfeed /tmp/rf/ringfeed
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
+  if [ ! -d /tmp/packed ]; then
+    python3 .carry/datasets/make_photos.py /tmp/photos --count "$1" >/dev/null
+    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
+  fi
+}
 step=$1
 out=${OUT:-/tmp/out}
 mkdir -p /tmp/rf
@@ -84,12 +92,7 @@ feed)
     --big-images /tmp/big --big-packed /tmp/bigpacked --threads 6,15 --batches 40 --out "$out/feed" 2>&1 | tail -30 || echo "feed rc $?"
   ;;
 profile)
-  cp .carry/bin/ringfeed /tmp/rf/ringfeed
-  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  if [ ! -d /tmp/packed ]; then
-    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-2000} >/dev/null
-    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
-  fi
+  gpu_prep "${COUNT:-2000}"
   timeout 300 python3 benches/e2e/hybrid_profile.py --images /tmp/photos --packed /tmp/packed --threads ${THREADS:-6} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -70
   ;;
 train2)
@@ -130,12 +133,7 @@ tuned)
   ;;
 step)
   # What each part of the client's GPU work costs the model's step (hybrid_step.py; no DALI).
-  cp .carry/bin/ringfeed /tmp/rf/ringfeed
-  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  if [ ! -d /tmp/packed ]; then
-    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-2000} >/dev/null
-    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
-  fi
+  gpu_prep "${COUNT:-2000}"
   mkdir -p "$out"
   timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" ${STEP_ARGS:-} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -14
   ;;
@@ -202,12 +200,7 @@ nvjpeg)
 trace)
   # The real loop under torch.profiler (gpu_train.py --trace): ResNet-18 on 6 threads alone, fed
   # by ringfeed on the CPU and with a pinned share (benches/e2e/trace_summary.py reads the traces).
-  [ -f /tmp/rf/ringfeed ] || cp .carry/bin/ringfeed /tmp/rf/ringfeed
-  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  if [ ! -d /tmp/packed ]; then
-    python3 .carry/datasets/make_photos.py /tmp/photos --count ${COUNT:-8000} >/dev/null
-    "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
-  fi
+  gpu_prep "${COUNT:-8000}"
   mkdir -p "$out"
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ${TRACE_LOADERS:-ceiling,ringfeed,ringfeed-share-${SHARE:-0.625}} --workers 15 --threads-cap 6 --steps 300 --trace 30 \

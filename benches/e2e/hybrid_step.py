@@ -22,7 +22,8 @@ up to `--per-step` images per model step:
 - decode-hw/pinned: the hardware decode of the same bytes in pinned memory (as the ring is);
 - decode-hw/tN: the hardware decode with nvImageCodec's own CPU threads capped at N (its
   default is one per core);
-- finish: the Triton finishing kernel alone over images decoded once, on its own stream;
+- finish: the Triton finishing kernel alone over images decoded once (their table built once),
+  on its own stream;
 - decode+finish: what the client does (hardware decode, then the kernel);
 - the GPU parts again with "@hi": on a stream of the highest priority.
 
@@ -118,17 +119,29 @@ def main() -> None:
     out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
     _finish_kernel.warm(dev, "NHWC", (224, 224))
 
+    def table_of(places: np.ndarray) -> torch.Tensor:
+        """The kernel's table (host memory, pinned) for images at `places` (`_hybrid._place`'s
+        columns, a row each), each with a RandomResizedCrop-like record: the centre square of the
+        image down to 224, bilinear with antialias, no flip. No Python per image, as the
+        Finisher builds it."""
+        k = len(places)
+        h, w = places[:, 1], places[:, 2]
+        side_len = np.minimum(h, w)
+        const = lambda v: np.full(k, v, dtype=np.int64)  # noqa: E731
+        flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
+        cols = [places[:, 0], places[:, 3], places[:, 4], places[:, 5], (w - side_len) // 2, (h - side_len) // 2]
+        cols += [side_len, side_len, const(224), const(224), *[const(0)] * 4, const(224), const(224)]
+        cols += [const(flags), const(0), np.arange(k, dtype=np.int64)]
+        return torch.from_numpy(np.stack(cols, axis=1).astype(np.int64)).pin_memory()
+
     def table(images) -> torch.Tensor:
-        """One row per image (host memory, pinned): its place, then a RandomResizedCrop-like record
-        (the centre square of the image down to 224, bilinear with antialias, no flip)."""
-        rows = []
-        for k, img in enumerate(images):
-            addr, h, w, sy, sx, sc = _hybrid._place(img)
-            side_len = min(h, w)
-            left, top = (w - side_len) // 2, (h - side_len) // 2
-            flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
-            rows.append([addr, sy, sx, sc, left, top, side_len, side_len, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, k])
-        return torch.tensor(rows, dtype=torch.int64).pin_memory()
+        """The same for decoded image objects: where each lies read per image (in Python)."""
+        return table_of(np.array([_hybrid._place(img) for img in images], dtype=np.int64))
+
+    # The images decoded once lie where they lie: their table is built once.
+    once_table = table(once)
+    # nvJPEG's outputs: one buffer a batch, each image at its offset, rows of 3·width bytes.
+    nv_places = np.array([(0, h, w, w * 3, 3, 1) for w, h in hw_sizes], dtype=np.int64)
 
     def host() -> None:
         [arena[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
@@ -141,32 +154,36 @@ def main() -> None:
             dec.decode(src, cuda_stream=stream.cuda_stream)
             stream.synchronize()
 
-        def finish(images) -> None:
-            t = table(images)
+        def finish(t: torch.Tensor) -> None:
             with torch.cuda.stream(stream):
                 _finish_kernel.finish(t.to(dev, non_blocking=True), out, "NHWC")
             stream.synchronize()
 
-        def nvjpeg_batch() -> list[torch.Tensor]:
+        def nvjpeg_batch() -> torch.Tensor:
             with torch.cuda.stream(stream):
                 buf = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
             batched.decode(in_ptrs, lens, buf.data_ptr() + out_offs, pitches, stream.cuda_stream)
-            parts = zip(out_offs, out_size, hw_sizes, strict=True)
-            return [buf[int(o) : int(o) + int(n)].view(h, w, 3) for o, n, (w, h) in parts]
+            return buf
 
         def nvjpeg_only() -> None:
             nvjpeg_batch()
             stream.synchronize()
 
+        def nvjpeg_finish() -> None:
+            buf = nvjpeg_batch()  # alive until finish() has synchronised
+            places = nv_places.copy()
+            places[:, 0] = buf.data_ptr() + out_offs.astype(np.int64)
+            finish(table_of(places))
+
         return {
             "decode-nvjpeg": nvjpeg_only,
-            "decode-nvjpeg+finish": lambda: finish(nvjpeg_batch()),
+            "decode-nvjpeg+finish": nvjpeg_finish,
             "decode-hw": lambda: decode_with(hw),
             **({} if gpu is None else {"decode-gpu": lambda: decode_with(gpu)}),
             "decode-hw/pinned": lambda: decode_with(hw, pinned_datas),
             **{f"decode-hw/t{t}": (lambda d=d: decode_with(d)) for t, d in few.items()},
-            "finish": lambda: finish(once),
-            "decode+finish": lambda: finish(hw.decode(datas, cuda_stream=stream.cuda_stream)),
+            "finish": lambda: finish(once_table),
+            "decode+finish": lambda: finish(table(hw.decode(datas, cuda_stream=stream.cuda_stream))),
         }
 
     # The same parts on a stream of the highest priority ("@hi"): whether the decode's and the

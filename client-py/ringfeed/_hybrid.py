@@ -284,9 +284,9 @@ class Finisher:
                 ],
             )
         #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
-        #: has its own decode state, so two batches decode at once), opened on first use; "off"
+        #: has its own decode state, so two batches decode at once), opened on first use; off
         #: where it cannot run (then nvImageCodec decodes, image by image).
-        self._hw_state = "unopened" if backend == "nvimgcodec" and self._kernel is not None else "off"
+        self._hw_off = backend != "nvimgcodec" or self._kernel is None
         #: Why the batched hardware decoder is not in use (``None`` while it is, or before it opens).
         self.hw_reason: str | None = None
         if backend != "nvimgcodec":
@@ -323,7 +323,7 @@ class Finisher:
         if self._pool is None:
             # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
             # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
-            workers = _decode_threads() if self._hw_state != "off" else 1
+            workers = 1 if self._hw_off else _decode_threads()
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ringfeed-gpu-decode")
         t0 = time.perf_counter_ns()
         pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
@@ -362,7 +362,7 @@ class Finisher:
             pool.shutdown(wait=True)
         with self._hw_lock:
             decoders, self._hw_all = self._hw_all, []
-            self._hw_state = "off"
+            self._hw_off = True
         if decoders:
             import torch
 
@@ -383,18 +383,17 @@ class Finisher:
         if dec is not None:
             return dec or None
         with self._hw_lock:
-            if self._hw_state == "off":
+            if self._hw_off:
                 return None
             dec, why = _nvjpeg.open_hardware(self.device)
             if dec is None:
                 if not self._hw_all:  # none could open: off for good
-                    self._hw_state = "off"
+                    self._hw_off = True
                     self.hw_reason = why
                     log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
                 self._tls.hw = False
                 return None
             self._hw_all.append(dec)
-            self._hw_state = "on"
         self._tls.hw, self._tls.done = dec, None
         return dec
 
@@ -407,7 +406,7 @@ class Finisher:
 
         from . import _nvjpeg
 
-        if self._hw_state == "off" or len(rec) == 0:
+        if self._hw_off or len(rec) == 0:
             return None
         dec = self._thread_decoder()
         if dec is None:
@@ -533,8 +532,10 @@ class Finisher:
         if len(pos) == 0:
             self.last_call_ns = 0
             return []
-        if ahead_places is not None and not isinstance(ahead_places, list):
-            # One batched hardware decode into one buffer: every sample decoded, its place known.
+        # One batched hardware decode into one buffer (its places an array, computed with the
+        # decode): every sample decoded, its place known.
+        batched = isinstance(ahead_places, np.ndarray)
+        if batched:
             images: list[Any] = list(decoded)  # type: ignore[arg-type]
             failed: list[tuple[int, str]] = []
             fallbacks = 0
@@ -545,7 +546,7 @@ class Finisher:
         # Where each image lies (read ahead in the decode thread for the kernel; here for images
         # the host decoded instead). A decoded image of another size than the server probed is
         # refused like a failed decode.
-        if ahead_places is not None and not isinstance(ahead_places, list):
+        if batched:
             at = ahead_places
         else:
             places = list(ahead_places) if ahead_places is not None else [None] * len(pos)

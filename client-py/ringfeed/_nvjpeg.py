@@ -5,7 +5,7 @@ allocation per image, and hands the GIL back and forth for each: beside a traini
 same process, every hand-off waits for the training thread to let go of the GIL, and the training
 thread then waits for it back. On the H200 that cost ResNet-18's step 35-42 % at 160 GPU images per
 step whatever nvImageCodec's CPU threads or the input's memory (``benches/e2e/hybrid_step.py``,
-``benches/results/2026-12-01-h200-step``), although the model's kernels took no longer: the gaps
+``benches/results/2026-12-01-h200-nvjpeg``), although the model's kernels took no longer: the gaps
 were on the host. This module calls ``nvjpegDecodeBatched`` of nvJPEG's hardware backend through
 ``ctypes``, which releases the GIL for the whole call: one batched decode of every image into one
 device buffer that the caller allocates (PyTorch's caching allocator, so no ``cudaMalloc`` in the

@@ -368,8 +368,8 @@ struct StreamState {
     last_cycle_ns: Option<f64>,
     /// Hybrid decode: the change of the share being judged.
     gpu_trial: Option<GpuTrial>,
-    /// A share that made a batch slower than the one below it: never raised to it again in this
-    /// regime.
+    /// A share never raised to again in this regime: one that made a batch slower than the one
+    /// below it, or one a probe left without a batch getting slower.
     gpu_ceiling: Option<f64>,
     /// A share the one below which made a batch slower: never lowered below it again in this
     /// regime.

@@ -11,7 +11,7 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
 - ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
   channels_last on the GPU, `--workers` decode threads in a sidecar started for the run;
   ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
-  with the share pinned at S;
+  with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6);
 - dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
   `--threads-cap` (else `--workers`) CPU threads.
 Each run skips 20 warm-up steps, then times `--steps` steps, and reports two shares of the total:
@@ -264,7 +264,12 @@ def dali_batches(images: Path, threads: int):
 
 
 def ringfeed_batches(
-    packed: str, sock: str, recipe: str = "rrc", threads: int | None = None, gpu_decode: object = False
+    packed: str,
+    sock: str,
+    recipe: str = "rrc",
+    threads: int | None = None,
+    gpu_decode: object = False,
+    slots: int = 6,
 ):
     import ringfeed
 
@@ -282,7 +287,7 @@ def ringfeed_batches(
         dtype=torch.bfloat16,
         socket=sock,
         layout="NHWC",
-        slots=6,
+        slots=slots,
         threads=threads,
         gpu_decode=gpu_decode,
     )
@@ -340,7 +345,9 @@ def main() -> None:
             for loader in a.loaders.split(","):
                 torch.manual_seed(0)
                 model = make_model(name)
-                share = float(loader.removeprefix("ringfeed-share-")) if loader.startswith("ringfeed-share-") else None
+                kind, _, opt = loader.partition("@")
+                slots = int(opt.removeprefix("slots")) if opt.startswith("slots") else 6
+                share = float(kind.removeprefix("ringfeed-share-")) if kind.startswith("ringfeed-share-") else None
                 batches = {
                     f"ringfeed-share-{share}": lambda: ringfeed_batches(
                         a.packed,
@@ -348,13 +355,14 @@ def main() -> None:
                         a.recipe,
                         a.threads_cap,
                         share,  # noqa: B023 - called at once
+                        slots,  # noqa: B023
                     ),
                     "ceiling": lambda: ceiling_batches(),
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
-                    "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap),
-                    "ringfeed-hybrid": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, "auto"),
+                    "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, False, slots),  # noqa: B023
+                    "ringfeed-hybrid": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, "auto", slots),  # noqa: B023
                     "dali": lambda: dali_batches(a.images, a.threads_cap or a.workers),
-                }[loader]()
+                }[kind]()
                 watch = Watch(sock) if loader.startswith("ringfeed") else None
                 trace = (a.trace, a.out / f"trace-{name}-{loader}.json.gz") if a.trace else None
                 r = train(model, batches, a.steps, watch, trace)

@@ -19,6 +19,8 @@
 #           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
 #           by 30 steps under torch.profiler (gpu_train.py --trace; trace_summary.py reads them).
+#   probe   the GPU tests, then the client's GPU work alone on an idle GPU (nvjpeg_probe.py: nvJPEG's
+#           decode per output format, the finishing kernel) and beside the model (hybrid_step.py).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -205,6 +207,15 @@ trace)
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ${TRACE_LOADERS:-ceiling,ringfeed,ringfeed-share-${SHARE:-0.625}} --workers 15 --threads-cap 6 --steps 300 --trace 30 \
     --out "$out/trace" 2>&1 | grep -v "^{" | tail -16 || echo "trace rc $?"
+  ;;
+probe)
+  gpu_prep "${COUNT:-2000}"
+  mkdir -p "$out"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
+    client-py/tests/test_finish_kernel.py 2>&1 | tail -8 || echo "pytest rc $?"
+  timeout 120 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --out "$out/probe" 2>&1 | grep -v "^{" | tail -16 || echo "probe rc $?"
+  timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" \
+    --parts ${PARTS:-alone,finish,decode-nvjpeg,decode-nvjpeg+finish,alone} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -10
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -19,6 +19,8 @@ up to `--per-step` images per model step:
 - decode-nvjpeg: nvJPEG's batched hardware decoder through ringfeed._nvjpeg (one call a batch,
   without the GIL, into one buffer), what the Finisher uses by default; decode-nvjpeg+finish: it
   and the kernel;
+- decode-nvjpeg/replicated: the same without interpolated chroma upsampling (the hardware
+  replicates chroma); decode-nvjpeg/planar: planar YCbCr output, no colour conversion;
 - decode-hw/pinned: the hardware decode of the same bytes in pinned memory (as the ring is);
 - decode-hw/tN: the hardware decode with nvImageCodec's own CPU threads capped at N (its
   default is one per core);
@@ -47,8 +49,16 @@ import torchvision
 BATCH = 256
 
 
+#: The stream the model trains on: None, the default (legacy) stream as a training loop's; or a
+#: stream of its own (--model-stream side), to tell implicit synchronisation with the legacy
+#: stream from competition for the GPU.
+MODEL_STREAM: list = [None]
+
+
 def model_steps(model, opt, x, y, stop: threading.Event, steps: list[float]) -> None:
     """Trains on one fixed batch until `stop`; appends each step's GPU time (ms) to `steps`."""
+    if MODEL_STREAM[0] is not None:
+        torch.cuda.set_stream(MODEL_STREAM[0])
     loss_fn = torch.nn.CrossEntropyLoss()
     while not stop.is_set():
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -71,6 +81,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="per condition")
     parts_all = "alone,host,decode-hw,decode-gpu,finish,decode+finish,decode-hw@hi,finish@hi,decode+finish@hi"
     ap.add_argument("--parts", default=parts_all)
+    ap.add_argument("--model-stream", choices=("default", "side"), default="default")
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -105,6 +116,10 @@ def main() -> None:
     from ringfeed import _nvjpeg
 
     batched = _nvjpeg.HardwareDecoder(dev)
+    # The same without interpolated chroma upsampling (the hardware replicates chroma), and
+    # planar YCbCr output (no colour conversion by nvJPEG: the planes at their own sizes).
+    replicated = _nvjpeg.HardwareDecoder(dev, flags=0)
+    planar = _nvjpeg.HardwareDecoder(dev)
     lens = np.array([len(d) for d in datas], dtype=np.uint64)
     in_ptrs = pinned.data_ptr() + offsets.astype(np.uint64)
     side = torch.cuda.Stream()
@@ -116,6 +131,25 @@ def main() -> None:
     out_size = np.array([w * h * 3 for w, h in hw_sizes], dtype=np.uint64)
     out_offs = np.concatenate([[0], np.cumsum(out_size[:-1])]).astype(np.uint64)
     pitches = np.array([w * 3 for w, _ in hw_sizes], dtype=np.uint64)
+    import io
+
+    from PIL import Image, JpegImagePlugin
+
+    def chroma(d: np.ndarray) -> tuple[int, int]:
+        with Image.open(io.BytesIO(d.tobytes())) as im:
+            if im.mode == "L":
+                return 0, 0
+            return {0: (1, 1), 1: (2, 1), 2: (2, 2)}[JpegImagePlugin.get_sampling(im)]
+
+    fac = np.array([chroma(d) for d in datas], dtype=np.int64)
+    yw, yh = np.array([w for w, _ in hw_sizes]), np.array([h for _, h in hw_sizes])
+    cw = np.where(fac[:, 0] > 0, -(-yw // np.maximum(fac[:, 0], 1)), 0)
+    ch = np.where(fac[:, 1] > 0, -(-yh // np.maximum(fac[:, 1], 1)), 0)
+    ysz, csz = (yw * yh + 255) // 256 * 256, (cw * ch + 255) // 256 * 256
+    yuv_size = ysz + 2 * csz
+    yuv_offs = np.concatenate([[0], np.cumsum(yuv_size[:-1])])
+    yuv_planes = np.stack([yuv_offs, yuv_offs + ysz, yuv_offs + ysz + csz], 1).astype(np.uint64)
+    yuv_pitches = np.stack([yw, np.maximum(cw, 1), np.maximum(cw, 1)], 1).astype(np.uint64)
     out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
     _finish_kernel.warm(dev, "NHWC", (224, 224))
 
@@ -169,6 +203,20 @@ def main() -> None:
             nvjpeg_batch()
             stream.synchronize()
 
+        def nvjpeg_replicated() -> None:
+            with torch.cuda.stream(stream):
+                buf = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
+            replicated.decode(in_ptrs, lens, buf.data_ptr() + out_offs, pitches, stream.cuda_stream)
+            stream.synchronize()
+
+        def nvjpeg_planar() -> None:
+            with torch.cuda.stream(stream):
+                buf = torch.empty(int(yuv_size.sum()), dtype=torch.uint8, device=dev)
+            planar.decode(
+                in_ptrs, lens, buf.data_ptr() + yuv_planes, yuv_pitches, stream.cuda_stream, output=_nvjpeg.OUTPUT_YUV
+            )
+            stream.synchronize()
+
         def nvjpeg_finish() -> None:
             buf = nvjpeg_batch()  # alive until finish() has synchronised
             places = nv_places.copy()
@@ -178,6 +226,8 @@ def main() -> None:
         return {
             "decode-nvjpeg": nvjpeg_only,
             "decode-nvjpeg+finish": nvjpeg_finish,
+            "decode-nvjpeg/replicated": nvjpeg_replicated,
+            "decode-nvjpeg/planar": nvjpeg_planar,
             "decode-hw": lambda: decode_with(hw),
             **({} if gpu is None else {"decode-gpu": lambda: decode_with(gpu)}),
             "decode-hw/pinned": lambda: decode_with(hw, pinned_datas),
@@ -191,10 +241,13 @@ def main() -> None:
     high = torch.cuda.Stream(priority=-100)
     work = {"host": host, **parts(side), **{f"{k}@hi": v for k, v in parts(high).items()}}
 
+    if a.model_stream == "side":
+        MODEL_STREAM[0] = torch.cuda.Stream()
     model = getattr(torchvision.models, a.model)().to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x = torch.randn(BATCH, 3, 224, 224, device=dev).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (BATCH,), device=dev)
+    torch.cuda.synchronize()  # the model's stream may be another one
     warm: list[float] = []
     stop = threading.Event()
     t = threading.Thread(target=model_steps, args=(model, opt, x, y, stop, warm))

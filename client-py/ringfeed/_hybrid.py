@@ -283,6 +283,10 @@ class Finisher:
                     nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
                 ],
             )
+        if backend == "nvimgcodec":
+            from . import _nvjpeg
+
+            _nvjpeg.chroma_flags()  # a bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread
         #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
         #: has its own decode state, so two batches decode at once), opened on first use; off
         #: where it cannot run (then nvImageCodec decodes, image by image).

@@ -30,12 +30,20 @@ import numpy as np
 
 #: nvjpeg.h (13.0): nvjpegBackend_t, nvjpegOutputFormat_t, nvjpegChromaSubsampling_t, libraryPropertyType.
 BACKEND_HARDWARE = 3
+OUTPUT_YUV = 1
 OUTPUT_RGBI = 5
 #: nvjpeg.h's NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled as libjpeg's "fancy"
 #: upsampling does (Pillow's and the server's decoder). Without it the hardware decoder replicates
 #: chroma: 4.7 levels off Pillow on average and up to 37 on a 4:2:0 photo, against 0.00 and 1 with
-#: it (H200, benches/e2e/nvjpeg_upsampling.py).
+#: it (H200, benches/e2e/nvjpeg_upsampling.py). But with it nvJPEG takes another path (the engine
+#: writes planar YCbCr, then a kernel per image converts it), and that path slows a model training
+#: beside it: ResNet-18's step by 36-42 % at 160 images a step, against 4 % for replicated chroma,
+#: whichever stream the model is on, with only 0.6 ms of GPU work a batch of its own
+#: (benches/results/2026-12-01-h200-chroma). So :data:`CHROMA` chooses, and replicated is the default.
 FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
+#: ``RINGFEED_GPU_CHROMA`` values -> ``nvjpegCreateEx`` flags: ``replicate`` (the default: the
+#: hardware's own chroma, fast beside a model) or ``interpolate`` (Pillow's pixels, slow beside one).
+CHROMA = {"replicate": 0, "interpolate": FLAGS_UPSAMPLING_WITH_INTERPOLATION}
 CSS_420 = 2
 MAJOR_VERSION = 0
 STATUS = {
@@ -105,10 +113,12 @@ class HardwareDecoder:
 
     Args:
         device: the CUDA device (a ``torch.device``); :meth:`decode`'s caller must have it current.
-        flags: ``nvjpegCreateEx``'s flags (interpolated chroma upsampling, as the CPU path's).
+        flags: ``nvjpegCreateEx``'s flags; by default :func:`chroma_flags`'s.
     """
 
-    def __init__(self, device: Any, flags: int = FLAGS_UPSAMPLING_WITH_INTERPOLATION) -> None:
+    def __init__(self, device: Any, flags: int | None = None) -> None:
+        if flags is None:
+            flags = chroma_flags()
         lib, self.path = _load()
         self._lib = lib
         vp, i32, u32p = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint)
@@ -159,32 +169,45 @@ class HardwareDecoder:
         if status != 0:
             raise NvjpegError(call, status)
 
-    def decode(self, data: np.ndarray, lengths: np.ndarray, out: np.ndarray, pitch: np.ndarray, stream: int) -> None:
-        """Decodes ``len(data)`` JPEGs to interleaved RGB, on ``stream`` (a ``cudaStream_t``).
+    def decode(
+        self,
+        data: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+        pitch: np.ndarray,
+        stream: int,
+        output: int = OUTPUT_RGBI,
+    ) -> None:
+        """Decodes ``len(data)`` JPEGs to ``output`` (interleaved RGB, or planar Y, Cb, Cr at their
+        own sizes with :data:`OUTPUT_YUV`), on ``stream`` (a ``cudaStream_t``).
 
         ``data``: host addresses of the encoded images (uint64; memory that stays valid, pinned
-        for speed); ``lengths``: their sizes; ``out``: device addresses of their outputs, each
-        ``pitch`` bytes a row (``3·width`` or more) times the image's height. The call returns once
-        the work is queued on ``stream``. What may be read or written after it returns: the encoded
-        bytes are copied to the device by copies queued on ``stream`` (they must stay valid until
-        the stream's work up to here has run: the loader holds the slot until the batch's copy
-        event, which follows), and the outputs are written before the stream's next work (nvJPEG's
-        own streams join ``stream``); the address arrays are read during the call only.
+        for speed); ``lengths``: their sizes; ``out``: device addresses of their outputs, and
+        ``pitch`` their bytes a row: ``[n]`` for the one interleaved plane (``3·width`` or more
+        times the height), ``[n, k]`` for ``k`` planes. The call returns once the work is queued
+        on ``stream``. What may be read or written after it returns: the encoded bytes are copied
+        to the device by copies queued on ``stream`` (they must stay valid until the stream's work
+        up to here has run: the loader holds the slot until the batch's copy event, which
+        follows), and the outputs are written before the stream's next work (nvJPEG's own streams
+        join ``stream``); the address arrays are read during the call only.
 
         Raises:
             HardwareRefusedError: the hardware decoder refused the batch (nothing was written that
                 the caller may use; decode the batch another way).
         """
         n = len(data)
+        planes = np.asarray(out, dtype=np.uint64).reshape(n, -1)
+        pitches = np.asarray(pitch, dtype=np.uint64).reshape(n, -1)
+        k = planes.shape[1]
         dst = np.zeros(n, dtype=IMAGE_DTYPE)
-        dst["channel"][:, 0] = out
-        dst["pitch"][:, 0] = pitch
+        dst["channel"][:, :k] = planes
+        dst["pitch"][:, :k] = pitches
         ptrs = np.ascontiguousarray(data, dtype=np.uint64)
         sizes = np.ascontiguousarray(lengths, dtype=np.uint64)
         lib = self._lib
         self._check(
             "nvjpegDecodeBatchedInitialize",
-            lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, OUTPUT_RGBI),
+            lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, output),
         )
         # ctypes releases the GIL for the call: the whole batch decodes without it.
         status = lib.nvjpegDecodeBatched(
@@ -204,6 +227,14 @@ class HardwareDecoder:
             self._handle = ctypes.c_void_p()
 
 
+def chroma_flags() -> int:
+    """The flags ``RINGFEED_GPU_CHROMA`` asks for (:data:`CHROMA`)."""
+    choice = os.environ.get("RINGFEED_GPU_CHROMA", "replicate")
+    if choice not in CHROMA:
+        raise ValueError(f"RINGFEED_GPU_CHROMA must be 'replicate' or 'interpolate', not {choice!r}")
+    return CHROMA[choice]
+
+
 def open_hardware(device: Any) -> tuple[HardwareDecoder | None, str]:
     """``(decoder, why)``: nvJPEG's batched hardware decoder on ``device``, or ``None`` and the reason."""
     choice = os.environ.get("RINGFEED_GPU_DECODER", "auto")
@@ -211,6 +242,7 @@ def open_hardware(device: Any) -> tuple[HardwareDecoder | None, str]:
         raise ValueError(f"RINGFEED_GPU_DECODER must be 'auto', 'nvjpeg' or 'nvimgcodec', not {choice!r}")
     if choice == "nvimgcodec":
         return None, "RINGFEED_GPU_DECODER=nvimgcodec"
+    chroma_flags()  # a bad setting is an error whatever the library
     try:
         return HardwareDecoder(device), "nvJPEG's batched hardware decoder"
     except (OSError, NvjpegError, AttributeError) as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -346,6 +347,11 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
         assert b["image"].device.type == "cuda"
         diff = (a["image"] - b["image"].float().cpu()).abs() * 0.25 * 255
         assert float(diff.mean()) < 2.0, float(diff.mean())
+        # Issue 11's fidelity bound for GPU-decoded samples: PSNR >= 40 dB against the CPU path's
+        # (torchvision's pixels), with the hardware decoder's default replicated chroma.
+        mse = float((diff**2).mean())
+        psnr = 10 * math.log10(255**2 / max(mse, 1e-12))
+        assert psnr >= 40.0, (backend, psnr)
         assert torch.equal(b["image"], c["image"])
 
 

@@ -46,6 +46,20 @@ def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, r
     assert _hybrid._decode_threads() == 3
 
 
+def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RINGFEED_GPU_CHROMA``: unset or ``replicate`` asks nvJPEG for no flags, ``interpolate`` for
+    interpolated upsampling; anything else is refused by name, before any library is looked for."""
+    monkeypatch.delenv("RINGFEED_GPU_CHROMA", raising=False)
+    assert _nvjpeg.chroma_flags() == 0
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "replicate")
+    assert _nvjpeg.chroma_flags() == 0
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
+    assert _nvjpeg.chroma_flags() == _nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION == 32
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "fancy")
+    with pytest.raises(ValueError, match="RINGFEED_GPU_CHROMA must be 'replicate' or 'interpolate', not 'fancy'"):
+        _nvjpeg.open_hardware(torch.device("cpu"))
+
+
 def test_the_image_record_is_nvjpeg_13s() -> None:
     """``nvjpegImage_t`` of nvjpeg.h 13.0: four channel pointers, then four ``size_t`` pitches."""
     assert _nvjpeg.IMAGE_DTYPE.itemsize == 64
@@ -71,10 +85,14 @@ def _jpeg(seed: int, w: int, h: int, **kw: object) -> bytes:
 
 
 @pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")
-def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
+def test_one_batched_call_gives_nvimgcodecs_pixels(monkeypatch: pytest.MonkeyPatch) -> None:
     """Baseline 4:2:0, 4:4:4, 4:2:2 and grey JPEGs of several sizes in one batch, decoded into one
-    buffer at their pitches, are Pillow's pixels (and nvImageCodec's) within a level or two."""
+    buffer at their pitches, are Pillow's pixels (and nvImageCodec's) within a level or two with
+    ``RINGFEED_GPU_CHROMA=interpolate``; the default, replicated chroma, gives the same pixels
+    for 4:4:4 and grey and differs from Pillow's only where chroma is subsampled."""
     from nvidia import nvimgcodec
+
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
 
     cases = [
         _jpeg(1, 64, 48),
@@ -91,30 +109,44 @@ def test_one_batched_call_gives_nvimgcodecs_pixels() -> None:
     sizes = [Image.open(io.BytesIO(c)).size for c in cases]
     out_offs = np.concatenate([[0], np.cumsum([w * h * 3 for w, h in sizes[:-1]])]).astype(np.uint64)
     buf = torch.zeros(sum(w * h * 3 for w, h in sizes), dtype=torch.uint8, device="cuda")
+
+    def decode_all(dec: _nvjpeg.HardwareDecoder | None) -> None:
+        assert dec is not None
+        buf.zero_()
+        pitches = np.array([w * 3 for w, _ in sizes], dtype=np.uint64)
+        stream = torch.cuda.current_stream().cuda_stream
+        dec.decode(arena.data_ptr() + offs, lens, buf.data_ptr() + out_offs, pitches, stream)
+        torch.cuda.synchronize()
+
     dec = _hardware()
-    assert dec is not None
-    stream = torch.cuda.current_stream()
-    dec.decode(
-        arena.data_ptr() + offs,
-        lens,
-        buf.data_ptr() + out_offs,
-        np.array([w * 3 for w, _ in sizes], dtype=np.uint64),
-        stream.cuda_stream,
-    )
-    torch.cuda.synchronize()
+    decode_all(dec)
     ref = nvimgcodec.Decoder(backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
     for k, ((w, h), data) in enumerate(zip(sizes, cases, strict=True)):
         ours = buf[int(out_offs[k]) : int(out_offs[k]) + w * h * 3].view(h, w, 3).cpu().int()
         theirs = torch.as_tensor(ref.decode(data), device="cuda").cpu().int()
         pil = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).int()
         # With interpolated chroma upsampling (libjpeg's "fancy" upsampling) the hardware decoder
-        # gives Pillow's pixels within a level (on the H200: means 0.00, maxima 1); replicated
-        # chroma was 3-5 levels off on average and up to 37.
+        # gives Pillow's pixels within a level (on the H200: means 0.00, maxima 1), as
+        # nvImageCodec's does; replicated chroma was 3-5 levels off on average and up to 37.
         assert float((ours - pil).abs().float().mean()) < 0.25, k
         assert int((ours - pil).abs().max()) <= 2, k
         assert float((ours - theirs).abs().float().mean()) < 0.25, k
+    assert dec is not None
     dec.close()
     dec.close()
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "replicate")
+    rep = _hardware()
+    decode_all(rep)
+    for k, ((w, h), data) in enumerate(zip(sizes, cases, strict=True)):
+        ours = buf[int(out_offs[k]) : int(out_offs[k]) + w * h * 3].view(h, w, 3).cpu().int()
+        pil = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).int()
+        off = float((ours - pil).abs().float().mean())
+        if k in (1, 4):  # 4:4:4 and grey: nothing to upsample
+            assert off < 0.25, k
+        else:
+            assert 0.25 < off < 8.0, (k, off)
+    assert rep is not None
+    rep.close()
 
 
 @pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")

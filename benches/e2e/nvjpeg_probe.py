@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""What the client's GPU work costs the GPU by itself: nvJPEG's batched hardware decode per output
+format and the finishing kernel, each alone on an idle GPU.
+
+    python3 benches/e2e/nvjpeg_probe.py --packed DIR [--count 192] [--out DIR]
+
+A trace of the training loop (benches/results/2026-12-01-h200-nvjpeg, trace-nvjpeg.md) shows the
+client's kernels beside the model's, where each lasts as long as the model lets it: it cannot
+say what each costs alone. This decodes the first `--count` samples of a packed dataset (the
+standard corpus) with ``ringfeed._nvjpeg`` in one call a batch, for interleaved RGB (what the
+Finisher asks for) and planar YCbCr, each with and without interpolated chroma upsampling, and
+reports per batch: the wall time (the GPU synchronised), and under ``torch.profiler`` each GPU
+kernel's and copy's time by name. For the planar output it also checks the planes: converted to
+RGB on the host as libjpeg does (fancy upsampling, its fixed-point colour conversion,
+``_yuv_reference``), they should equal Pillow's decode of the same files. Then the Triton finishing
+kernel alone over the decoded batch (RandomResizedCrop(224) parameters drawn as torchvision draws
+them, bilinear antialias, random flips): its time per batch from CUDA events.
+Writes nvjpeg_probe.json/.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: PIL's JpegImagePlugin.get_sampling codes -> chroma (horizontal, vertical) factors.
+SAMPLING = {0: (1, 1), 1: (2, 1), 2: (2, 2)}
+
+
+def fancy_up(c: np.ndarray, fh: int, fv: int, w: int, h: int) -> np.ndarray:
+    """libjpeg's "fancy" chroma upsampling (jdsample.c: h2v1, h1v2, h2v2) of plane ``c`` to
+    ``h x w``: a triangle filter, 3/4 of the nearer sample and 1/4 of the farther, edges
+    replicated, rounded with libjpeg's alternating biases."""
+    c = c.astype(np.int32)
+    if fv == 2:
+        up = np.vstack([c[:1], c[:-1]])  # the row above (replicated at the top)
+        dn = np.vstack([c[1:], c[-1:]])
+        near_far = np.empty((2 * c.shape[0], c.shape[1]), dtype=np.int32)
+        near_far[0::2] = 3 * c + up
+        near_far[1::2] = 3 * c + dn
+        c = near_far  # column sums, scaled by 4
+        scale = 4
+    else:
+        scale = 1
+    if fh == 2:
+        lf = np.hstack([c[:, :1], c[:, :-1]])
+        rt = np.hstack([c[:, 1:], c[:, -1:]])
+        out = np.empty((c.shape[0], 2 * c.shape[1]), dtype=np.int32)
+        if scale == 4:
+            out[:, 0::2] = (3 * c + lf + 8) >> 4
+            out[:, 1::2] = (3 * c + rt + 7) >> 4
+        else:
+            out[:, 0::2] = (3 * c + lf + 1) >> 2
+            out[:, 1::2] = (3 * c + rt + 2) >> 2
+        c = out
+    elif scale == 4:  # h1v2: libjpeg-turbo's biases 1 and 2 on the upper and lower row
+        out = np.empty_like(c)
+        out[0::2] = (c[0::2] + 1) >> 2
+        out[1::2] = (c[1::2] + 2) >> 2
+        c = out
+    return c[:h, :w]
+
+
+def ycc_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
+    """libjpeg's jdcolor.c YCbCr -> RGB: 16-bit fixed point, rounded, clamped."""
+
+    def fix(x: float) -> int:
+        return int(x * 65536 + 0.5)
+
+    y = y.astype(np.int64)
+    b_ = cb.astype(np.int64) - 128
+    r_ = cr.astype(np.int64) - 128
+    half = 1 << 15
+    r = y + ((fix(1.40200) * r_ + half) >> 16)
+    b = y + ((fix(1.77200) * b_ + half) >> 16)
+    g = y + ((-fix(0.34414) * b_ - fix(0.71414) * r_ + half) >> 16)
+    return np.clip(np.stack([r, g, b], -1), 0, 255).astype(np.uint8)
+
+
+def kernel_times(prof) -> list[dict]:
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0)
+        if t and e.device_type is not None and "cuda" in str(e.device_type).lower():
+            rows.append({"name": e.key[:90], "calls": e.count, "us": t})
+    rows.sort(key=lambda r: -r["us"])
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--count", type=int, default=192)
+    ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+
+    from PIL import Image, JpegImagePlugin
+
+    from ringfeed import PackedDataset, _finish_kernel, _nvjpeg
+
+    dev = torch.device("cuda")
+    with PackedDataset(a.packed) as ds:
+        datas = [bytes(ds.sample(i).data) for i in range(a.count)]
+    info = []
+    for d in datas:
+        with Image.open(io.BytesIO(d)) as im:
+            info.append((im.width, im.height, im.mode, JpegImagePlugin.get_sampling(im) if im.mode != "L" else -2))
+    modes = sorted({(m, s) for _, _, m, s in info})
+    print(f"{len(datas)} JPEGs, modes/samplings {modes}", flush=True)
+    arena = np.frombuffer(b"".join(datas), dtype=np.uint8)
+    pinned = torch.from_numpy(arena.copy()).pin_memory()
+    lens = np.array([len(d) for d in datas], dtype=np.uint64)
+    offs = np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.uint64)
+    ptrs = pinned.data_ptr() + offs
+    w = np.array([i[0] for i in info], dtype=np.int64)
+    h = np.array([i[1] for i in info], dtype=np.int64)
+    fac = [SAMPLING.get(i[3], (1, 1)) for i in info]
+    grey = np.array([i[2] == "L" for i in info])
+    stream = torch.cuda.Stream()
+    results: dict = {"count": len(datas), "modes": [list(m) for m in modes], "decode": [], "finish": {}}
+
+    def layout(kind: str):
+        """Plane addresses (relative), pitches and the buffer size for `kind`."""
+        if kind == "rgbi":
+            size = (w * h * 3 + 255) // 256 * 256
+            off = np.concatenate([[0], np.cumsum(size[:-1])])
+            return off[:, None], (w * 3)[:, None], int(size.sum())
+        cw = np.array([-(-wi // f[0]) for wi, f in zip(w, fac, strict=True)])
+        ch = np.array([-(-hi // f[1]) for hi, f in zip(h, fac, strict=True)])
+        cw = np.where(grey, 0, cw)
+        ch = np.where(grey, 0, ch)
+        ysz = (w * h + 255) // 256 * 256
+        csz = (cw * ch + 255) // 256 * 256
+        size = ysz + 2 * csz
+        off = np.concatenate([[0], np.cumsum(size[:-1])])
+        planes = np.stack([off, off + ysz, off + ysz + csz], 1)
+        pitches = np.stack([w, np.maximum(cw, 1), np.maximum(cw, 1)], 1)
+        return planes, pitches, int(size.sum())
+
+    rgb_buf = None
+    for kind in ("rgbi", "yuv"):
+        for interp in (True, False):
+            flags = _nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION if interp else 0
+            out_fmt = _nvjpeg.OUTPUT_RGBI if kind == "rgbi" else _nvjpeg.OUTPUT_YUV
+            name = f"{kind}{'' if interp else ', replicated chroma'}"
+            row: dict = {"variant": name}
+            try:
+                dec = _nvjpeg.HardwareDecoder(dev, flags=flags)
+                planes, pitches, total = layout(kind)
+                buf = torch.empty(total, dtype=torch.uint8, device=dev)
+                addr = (buf.data_ptr() + planes).astype(np.uint64)
+
+                def once(dec=dec, addr=addr, pitches=pitches, out_fmt=out_fmt):
+                    dec.decode(ptrs, lens, addr, pitches.astype(np.uint64), stream.cuda_stream, output=out_fmt)
+
+                for _ in range(3):
+                    once()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(a.batches):
+                    once()
+                    torch.cuda.synchronize()
+                row["ms_per_batch"] = (time.perf_counter() - t) / a.batches * 1e3
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        once()
+                    torch.cuda.synchronize()
+                row["gpu"] = [{**r, "us": r["us"] / 3, "calls": r["calls"] / 3} for r in kernel_times(prof)]
+                if kind == "yuv" and interp:
+                    host = buf.cpu().numpy()
+                    diffs = []
+                    for i in range(min(24, len(datas))):
+                        p, q = planes[i], pitches[i]
+                        yp = host[p[0] : p[0] + w[i] * h[i]].reshape(h[i], w[i])
+                        with Image.open(io.BytesIO(datas[i])) as im:
+                            ref = np.asarray(im.convert("RGB"))
+                        if grey[i]:
+                            got = np.repeat(yp[:, :, None], 3, 2)
+                        else:
+                            cw_, ch_ = q[1], -(-h[i] // fac[i][1])
+                            cb = host[p[1] : p[1] + cw_ * ch_].reshape(ch_, cw_)
+                            cr = host[p[2] : p[2] + cw_ * ch_].reshape(ch_, cw_)
+                            got = ycc_to_rgb(yp, fancy_up(cb, *fac[i], w[i], h[i]), fancy_up(cr, *fac[i], w[i], h[i]))
+                        d = np.abs(got.astype(np.int32) - ref.astype(np.int32))
+                        diffs.append((float(d.mean()), int(d.max())))
+                    row["planes_vs_pillow"] = {
+                        "images": len(diffs),
+                        "mean": max(m for m, _ in diffs),
+                        "max": max(x for _, x in diffs),
+                    }
+                if kind == "rgbi" and interp:
+                    rgb_buf = (buf, planes[:, 0])
+                dec.close()
+            except Exception as e:  # one variant's failure is a row
+                row["error"] = f"{type(e).__name__}: {e}"
+            results["decode"].append(row)
+            print(json.dumps(row)[:1500], flush=True)
+
+    if rgb_buf is not None:
+        buf, off = rgb_buf
+        rnd = random.Random(0)
+        recs = []
+        for i in range(len(datas)):
+            wi, hi = int(w[i]), int(h[i])
+            area = wi * hi
+            for _ in range(10):  # torchvision's RandomResizedCrop draw
+                ta = area * rnd.uniform(0.08, 1.0)
+                ar = math.exp(rnd.uniform(math.log(3 / 4), math.log(4 / 3)))
+                cw_, ch_ = round(math.sqrt(ta * ar)), round(math.sqrt(ta / ar))
+                if 0 < cw_ <= wi and 0 < ch_ <= hi:
+                    break
+            else:
+                cw_, ch_ = min(wi, hi), min(wi, hi)
+            left, top = rnd.randint(0, wi - cw_), rnd.randint(0, hi - ch_)
+            flags = 1 * rnd.randint(0, 1) | (1 << 2) | 16
+            place = [buf.data_ptr() + int(off[i]), wi * 3, 3, 1]
+            recs.append([*place, left, top, cw_, ch_, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, i])
+        table = torch.tensor(recs, dtype=torch.int64, device=dev)
+        image = torch.empty((len(datas), 224, 224, 3), dtype=torch.uint8, device=dev)
+        _finish_kernel.warm(dev, "NHWC", (224, 224))
+        for _ in range(3):
+            _finish_kernel.finish(table, image, "NHWC")
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record()
+        for _ in range(20):
+            _finish_kernel.finish(table, image, "NHWC")
+        ev[1].record()
+        torch.cuda.synchronize()
+        results["finish"] = {"kernel": "_finish_kernel (RGB in)", "ms_per_batch": ev[0].elapsed_time(ev[1]) / 20}
+        print(json.dumps(results["finish"]), flush=True)
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "nvjpeg_probe.json").write_text(json.dumps(results, indent=2) + "\n")
+    lines = [
+        f"# The client's GPU work alone: {len(datas)} images of the corpus a batch ({torch.cuda.get_device_name()})",
+        "",
+        "| decode variant | ms per batch (wall) | GPU work per batch (profiler) |",
+        "|---|---:|---|",
+    ]
+    for r in results["decode"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error'][:100]} | |")
+            continue
+        g = "; ".join(f"`{x['name'][:48]}` {x['calls']:.0f}x {x['us']:.0f} us" for x in r["gpu"][:5])
+        lines.append(f"| {r['variant']} | {r['ms_per_batch']:.2f} | {g} |")
+    for r in results["decode"]:
+        if "planes_vs_pillow" in r:
+            p = r["planes_vs_pillow"]
+            lines.append(
+                f"\nPlanar output converted as libjpeg does, against Pillow ({p['images']} images): "
+                f"mean |diff| at most {p['mean']:.3f}, max {p['max']}."
+            )
+    if results["finish"]:
+        lines.append(f"\nFinishing kernel alone: {results['finish']['ms_per_batch']:.3f} ms per batch.")
+    (a.out / "nvjpeg_probe.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

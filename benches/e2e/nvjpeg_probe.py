@@ -14,7 +14,8 @@ kernel's and copy's time by name. For the planar output it also checks the plane
 RGB on the host as libjpeg does (fancy upsampling, its fixed-point colour conversion,
 ``_yuv_reference``), they should equal Pillow's decode of the same files. Then the Triton finishing
 kernel alone over the decoded batch (RandomResizedCrop(224) parameters drawn as torchvision draws
-them, bilinear antialias, random flips): its time per batch from CUDA events.
+them, bilinear antialias, random flips): its time per batch from CUDA events, at its default
+launch shape and at others (pixels per program, warps, column taps per chunk).
 Writes nvjpeg_probe.json/.md into --out.
 """
 
@@ -102,6 +103,11 @@ def main() -> None:
     ap.add_argument("--packed", type=Path, required=True)
     ap.add_argument("--count", type=int, default=192)
     ap.add_argument("--batches", type=int, default=10)
+    ap.add_argument(
+        "--compare",
+        default="",
+        help="a module beside this script with another finishing kernel (same finish()) to time in the same run",
+    )
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -231,16 +237,38 @@ def main() -> None:
         table = torch.tensor(recs, dtype=torch.int64, device=dev)
         image = torch.empty((len(datas), 224, 224, 3), dtype=torch.uint8, device=dev)
         _finish_kernel.warm(dev, "NHWC", (224, 224))
-        for _ in range(3):
-            _finish_kernel.finish(table, image, "NHWC")
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        ev[0].record()
-        for _ in range(20):
-            _finish_kernel.finish(table, image, "NHWC")
-        ev[1].record()
-        torch.cuda.synchronize()
-        results["finish"] = {"kernel": "_finish_kernel (RGB in)", "ms_per_batch": ev[0].elapsed_time(ev[1]) / 20}
-        print(json.dumps(results["finish"]), flush=True)
+        shapes = [(_finish_kernel.BLOCK, _finish_kernel.WARPS, _finish_kernel.TAPS)]
+        shapes += [(b, w, t) for b in (64, 128) for w in (2, 4) for t in (2, 4, 8) if (b, w, t) != shapes[0]]
+        timed = []
+        for block, warps, taps in shapes:
+            kw = {"block": block, "warps": warps, "taps": taps}
+            for _ in range(3):
+                _finish_kernel.finish(table, image, "NHWC", **kw)
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            for _ in range(20):
+                _finish_kernel.finish(table, image, "NHWC", **kw)
+            ev[1].record()
+            torch.cuda.synchronize()
+            timed.append({**kw, "ms_per_batch": ev[0].elapsed_time(ev[1]) / 20})
+        if a.compare:
+            import importlib
+
+            other = importlib.import_module(a.compare)
+            other.warm(dev, "NHWC", (224, 224))
+            for _ in range(3):
+                other.finish(table, image, "NHWC")
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            ev[0].record()
+            for _ in range(20):
+                other.finish(table, image, "NHWC")
+            ev[1].record()
+            torch.cuda.synchronize()
+            results["finish_compare"] = {"module": a.compare, "ms_per_batch": ev[0].elapsed_time(ev[1]) / 20}
+            print(json.dumps(results["finish_compare"]), flush=True)
+        results["finish"] = {"kernel": "_finish_kernel (RGB in)", "ms_per_batch": timed[0]["ms_per_batch"]}
+        results["finish_shapes"] = timed
+        print(json.dumps(results["finish_shapes"]), flush=True)
 
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "nvjpeg_probe.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -264,7 +292,14 @@ def main() -> None:
                 f"mean |diff| at most {p['mean']:.3f}, max {p['max']}."
             )
     if results["finish"]:
-        lines.append(f"\nFinishing kernel alone: {results['finish']['ms_per_batch']:.3f} ms per batch.")
+        lines.append(f"\nFinishing kernel alone: {results['finish']['ms_per_batch']:.3f} ms per batch (default shape).")
+        if "finish_compare" in results:
+            c = results["finish_compare"]
+            lines.append(f"`{c['module']}` (--compare) alone: {c['ms_per_batch']:.3f} ms per batch.")
+        lines += ["", "| block | warps | taps | ms per batch |", "|---:|---:|---:|---:|"]
+        lines += [
+            f"| {r['block']} | {r['warps']} | {r['taps']} | {r['ms_per_batch']:.3f} |" for r in results["finish_shapes"]
+        ]
     (a.out / "nvjpeg_probe.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -8,14 +8,15 @@ per image, from Python, about 50 µs of the training process's host thread per s
 are, through a table of their addresses and strides, and writes the finished pixels straight into
 the batch: one launch per batch, and per sample only the table row the host fills in.
 
-Each program computes ``BLOCK`` output pixels of one output row of one sample. Along each axis it
-finds the source taps of the filter the CPU path uses (PIL's and torchvision's antialiased
-weights: a triangle for bilinear, Keys' cubic with ``a = -0.5`` for bicubic, ``-0.75`` without
-antialias, widened by the downscale factor; one tap for nearest and for no resize) and sums the
-separable products ``w_y * w_x`` over them in float32, normalised by their sum. That is the same
-arithmetic as the matrix products of ``_hybrid.axis_weights`` (each output pixel is
-``sum_y sum_x w_y w_x src``), without the fp16 intermediate. Outside the window's ``valid``
-rectangle the output is the fill.
+Each program computes ``BLOCK`` output pixels of one output row of one sample, its column taps
+``TAPS`` at a time as a second tensor axis (their weights computed once per program) and its row
+taps ``ROWS`` at a time. Along each axis it finds the source taps of the filter the CPU path
+uses (PIL's and torchvision's antialiased weights: a triangle for bilinear, Keys' cubic with
+``a = -0.5`` for bicubic, ``-0.75`` without antialias, widened by the downscale factor; one tap
+for nearest and for no resize) and sums the separable products ``w_y * w_x`` over them in
+float32, normalised by their sum. That is the same arithmetic as the matrix products of
+``_hybrid.axis_weights`` (each output pixel is ``sum_y sum_x w_y w_x src``), without the fp16
+intermediate. Outside the window's ``valid`` rectangle the output is the fill.
 
 The table (int64, ``[k, TABLE_LEN]``): columns 0-3 are the image's address and its strides in
 elements (row, pixel, channel; uint8 HWC or CHW alike); columns 4-17 are the ``gpu_job`` record's
@@ -41,6 +42,8 @@ BLOCK = 64
 WARPS = 2
 #: Row taps whose loads are issued together.
 ROWS: tl.constexpr = tl.constexpr(4)
+#: Column taps per chunk (the second axis of the kernel's tensors; more are taken chunk by chunk).
+TAPS = 4
 
 
 @triton.jit
@@ -81,7 +84,9 @@ def _taps(o, out_n, pre0, pre_n, resize_n, win0, valid0, valid_n, flip, interp, 
 
 
 @triton.jit
-def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr, block: tl.constexpr):
+def _finish_kernel(
+    table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr, block: tl.constexpr, taps: tl.constexpr
+):
     i = tl.program_id(0)
     oy = tl.program_id(1)
     bx = tl.program_id(2)
@@ -126,33 +131,36 @@ def _finish_kernel(table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr
     acc1 = tl.zeros([block], dtype=tl.float32)
     acc2 = tl.zeros([block], dtype=tl.float32)
     wsum = tl.zeros([block], dtype=tl.float32)
+    # Column taps TAPS at a time as the second axis of [block, TAPS] tensors: their weights are
+    # computed once per program and chunk (not once per row tap), and each row tap issues
+    # block x TAPS loads at once. Rows inside, ROWS at a time; a row tap's weight is one scalar.
     # `while`, not `range`: Triton 3.6's interpreter (with NumPy 2.5) cannot take a loaded
     # value as a range's bound (its scalars are one-element arrays); compiled, both are one loop.
-    # Columns outside, rows inside: a column tap's weights are a vector (one per output pixel),
-    # a row tap's one scalar for the program, so each vector of weights is computed once.
-    tx = 0
-    while tx < nx_max:
-        jx = xlo + tx
-        m = tx < nx
-        wx = tl.where(m, tl.where(xf, _kern((jx.to(tl.float32) + 0.5 - xc) / xw, cubic, a), 1.0), 0.0)
+    lane = tl.arange(0, taps)
+    cx = 0
+    while cx < nx_max:
+        t2 = cx + lane[None, :]
+        jx = xlo[:, None] + t2
+        m2 = t2 < nx[:, None]
+        # The filter's width and whether it applies are the sample's (scalars); centres per pixel.
+        wx = _kern((jx.to(tl.float32) + 0.5 - xc[:, None]) / xw, cubic, a)
+        wx = tl.where(m2, tl.where(xf, wx, 1.0), 0.0)
+        wxs = tl.sum(wx, axis=1)
         col = base + (pre_l + jx) * sx
         ty = 0
         while ty < ny:
-            # ROWS row taps at once (masked past `ny`: their weight is 0), so that their loads
-            # are in flight together instead of one memory latency per tap.
             for u in tl.static_range(ROWS):
                 t = ty + u
                 jy = ylo + t
                 wy = tl.where(t < ny, tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0), 0.0)
-                w = wx * wy
                 p = col + (pre_t + jy) * sy
-                mm = tl.where(t < ny, m, False)
-                acc0 += w * tl.load(p, mask=mm, other=0).to(tl.float32)
-                acc1 += w * tl.load(p + sc, mask=mm, other=0).to(tl.float32)
-                acc2 += w * tl.load(p + 2 * sc, mask=mm, other=0).to(tl.float32)
-                wsum += w
+                mm = tl.where(t < ny, m2, False)
+                acc0 += wy * tl.sum(wx * tl.load(p, mask=mm, other=0).to(tl.float32), axis=1)
+                acc1 += wy * tl.sum(wx * tl.load(p + sc, mask=mm, other=0).to(tl.float32), axis=1)
+                acc2 += wy * tl.sum(wx * tl.load(p + 2 * sc, mask=mm, other=0).to(tl.float32), axis=1)
+                wsum += wy * wxs
             ty += ROWS
-        tx += 1
+        cx += taps
 
     # No tap (a one-hot source outside the crop) gives 0, as a zero row of weights does.
     inv = tl.where(wsum > 0.0, 1.0 / tl.where(wsum > 0.0, wsum, 1.0), 0.0)
@@ -184,10 +192,11 @@ def warm(device: Any, layout: str, size: tuple[int, int]) -> None:
     torch.cuda.synchronize(device)
 
 
-def finish(table: Any, image: Any, layout: str) -> None:
+def finish(table: Any, image: Any, layout: str, *, block: int = BLOCK, warps: int = WARPS, taps: int = TAPS) -> None:
     """Runs the kernel over ``table`` (int64 ``[k, TABLE_LEN]`` on ``image``'s device) into
     ``image`` (the uint8 batch, ``NHWC`` or ``NCHW``), on the current stream. The images the table
-    points at must stay alive until the kernel has run (the caller keeps them)."""
+    points at must stay alive until the kernel has run (the caller keeps them). ``block``,
+    ``warps`` and ``taps``: the launch's shape (benches/e2e/nvjpeg_probe.py tries others)."""
     k = table.shape[0]
     if k == 0:
         return
@@ -197,5 +206,7 @@ def finish(table: Any, image: Any, layout: str) -> None:
     else:
         _, _, oh, ow = image.shape
         s_b, s_c, s_y, s_x = image.stride()
-    grid = (k, oh, triton.cdiv(ow, BLOCK))
-    _finish_kernel[grid](table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, block=BLOCK, num_warps=WARPS)
+    grid = (k, oh, triton.cdiv(ow, block))
+    _finish_kernel[grid](
+        table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, block=block, taps=taps, num_warps=warps
+    )

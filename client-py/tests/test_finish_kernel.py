@@ -58,7 +58,10 @@ cases = [
     rec((5, 4, 12, 8), (0, 0), (5, 4), (5, 4, 12, 8), 0),
     # No resize, a window larger than the crop on one side: fill there; flipped.
     rec((5, 4, 10, 8), (0, 0), (4, 4), (5, 4, 10, 8), H.FLIP_X),
+    # A strong downscale (8x), bicubic with antialias: up to 24 column taps, in several chunks.
+    rec((0, 0, 24, 18), (3, 2), (0, 0), (0, 0, 3, 2), (2 << S) | A),
 ]
+N = len(cases)
 rng = np.random.default_rng(7)
 # Real JPEGs in one arena, as a slot carries them: the whole Finisher call runs (decode, the
 # table from the decoded images, the kernel), not the kernel alone.
@@ -73,9 +76,9 @@ arena = np.concatenate(blobs)
 jobs = np.array(cases, dtype=np.int32)
 jobs[:, 0] = np.cumsum([0] + [len(b) for b in blobs[:-1]])
 jobs[:, 1] = [len(b) for b in blobs]
-# Eight samples at batch positions 0, 2, ..., 14 of a batch of 16: the other rows are CPU
+# N samples at batch positions 0, 2, ..., 2N - 2 of a batch of 2N: the other rows are CPU
 # samples, which the finisher must leave alone.
-slot_jobs = np.zeros((16, H.RECORD_LEN), dtype=np.int32)
+slot_jobs = np.zeros((2 * N, H.RECORD_LEN), dtype=np.int32)
 slot_jobs[0::2] = jobs
 # Every other decoded image as torchvision's decoder leaves them: CHW memory seen as HWC.
 host_decode, decoded = H._host_decode, [0]
@@ -86,12 +89,12 @@ def decode(data):
 H._host_decode = decode
 out = {}
 for layout in ("NHWC", "NCHW"):
-    shape = (16, OH, OW, 3) if layout == "NHWC" else (16, 3, OH, OW)
+    shape = (2 * N, OH, OW, 3) if layout == "NHWC" else (2 * N, 3, OH, OW)
     for geom in ("bmm", "triton"):
         f = H.Finisher(torch.device("cpu"), "host", layout, (OH, OW), geometry=geom)
         img = torch.full(shape, 77, dtype=torch.uint8)
         done = f(slot_jobs, arena, img)
-        assert done == list(range(0, 16, 2)), done
+        assert done == list(range(0, 2 * N, 2)), done
         out[f"{layout}-{geom}"] = img.numpy()
 np.savez(sys.argv[1], **out)
 """
@@ -100,7 +103,8 @@ np.savez(sys.argv[1], **out)
 @needs_triton
 def test_kernel_matches_matrix_products(tmp_path: Path) -> None:
     """For every geometry the records carry (bilinear and bicubic with and without antialias,
-    nearest, no resize, windows, fill, both flips), both layouts and both memory orders of the
+    nearest, no resize, windows, fill, both flips, a downscale with more column taps than one
+    chunk of the kernel holds), both layouts and both memory orders of the
     decoded images, a whole finisher call (the slot's JPEGs decoded, the table built from the
     decoded images, one launch) gives the matrix
     products' pixels within one level (rounding of exact halves), and writes only the rows of

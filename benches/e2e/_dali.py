@@ -1,9 +1,11 @@
-"""NVIDIA DALI's standard ResNet-50 training pipeline, the peer the GPU benchmarks measure against.
+"""NVIDIA DALI's standard ResNet-50 pipelines, the peer the GPU benchmarks measure against.
 
-``fn.readers.file`` → ``fn.decoders.image_random_crop(device="mixed")`` (the hardware JPEG decoder)
-→ ``fn.resize(224, antialias)`` → ``fn.crop_mirror_normalize`` (fp16, CHW, a random mirror), as
-DALI's ResNet-50 example builds it. ``batches`` yields ``(images, labels)`` on the GPU for ever,
-images as ``dtype``.
+``batches``, training: ``fn.readers.file`` (shuffled) → ``fn.decoders.image_random_crop(device="mixed")``
+(the hardware JPEG decoder) → ``fn.resize(224, antialias)`` → ``fn.crop_mirror_normalize`` (fp16, CHW,
+a random mirror), as DALI's ResNet-50 example builds it. ``eval_batches``, evaluation (torchvision's
+``Resize(256)`` + ``CenterCrop(224)``): ``fn.readers.file`` (in order) → ``fn.decoders.image(device="mixed")``
+→ ``fn.resize(resize_shorter=256, antialias)`` → ``fn.crop_mirror_normalize`` (a centred 224 crop,
+fp16, CHW, no mirror). Both yield ``(images, labels)`` on the GPU for ever, images as ``dtype``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,42 @@ def batches(
             mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
             std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
             mirror=fn.random.coin_flip(),
+        )
+        return img, labels.gpu()
+
+    p = pipe()
+    p.build()
+    it = DALIGenericIterator(
+        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    while True:
+        for out in it:
+            yield out[0]["x"].to(dtype), out[0]["y"].squeeze(-1).long()
+
+
+def eval_batches(
+    images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16, shard: tuple[int, int] = (0, 1)
+) -> Iterator[tuple[Any, Any]]:
+    """The evaluation pipeline; ``shard`` as in :func:`batches`."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    def pipe() -> Any:
+        jpegs, labels = fn.readers.file(
+            file_root=str(images), random_shuffle=False, shard_id=shard[0], num_shards=shard[1], name="reader"
+        )
+        img = fn.decoders.image(jpegs, device="mixed", output_type=types.RGB)
+        img = fn.resize(img, resize_shorter=256, antialias=True)
+        # crop_pos_x/y default to 0.5: the crop is centred, as torchvision's CenterCrop.
+        img = fn.crop_mirror_normalize(
+            img,
+            crop=(224, 224),
+            dtype=types.FLOAT16,
+            output_layout="CHW",
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mirror=0,
         )
         return img, labels.gpu()
 

@@ -3,21 +3,26 @@
 decoded by the GPU (pinned shares and the autotuner's), and NVIDIA DALI, in the same run.
 
     python3 benches/e2e/hybrid_feed.py --images DIR --packed DIR [--big-images DIR --big-packed DIR]
-        [--threads 6,15] [--batches 40] [--out DIR]
+        [--transforms train,eval] [--threads 6,15] [--batches 40] [--out DIR]
     python3 benches/e2e/hybrid_feed.py --make-big SRC DST --count 2000   # 1.5-3 MP photos from SRC
 
-Every loader delivers RandomResizedCrop(224) + flip, normalised, bf16 NCHW on the GPU, batch 256.
-The rate is batches x 256 over the wall time of `--batches` batches after 10 warm-up batches, with
-the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads` decode
-threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the share
-its own); DALI with `num_threads=threads` and its hardware decoder. `--loaders` picks among
+Every loader delivers 224x224 images normalised with ImageNet's mean and std, bf16 NCHW on the
+GPU, batch 256, for each of `--transforms` on every corpus: `train` is RandomResizedCrop(224) +
+flip (DALI: its training pipeline, `_dali.batches`), `eval` is Resize(256) + CenterCrop(224)
+(DALI: its evaluation pipeline, `_dali.eval_batches`). The rate is batches x 256 over the wall
+time of `--batches` batches (a third of them on the large photos) after 10 warm-up batches, with
+the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads`
+decode threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the
+share its own); DALI with `num_threads=threads` and its hardware decoder. `--loaders` picks among
 ringfeed (CPU only), hybrid (pinned shares), triton (pinned shares, geometry in one Triton kernel:
-RINGFEED_GPU_FINISH=triton), auto and dali. Writes hybrid_feed.json/.md.
+RINGFEED_GPU_FINISH=triton), auto and dali, the same for each transform. Writes
+hybrid_feed.json/.md: a row per corpus, transform, threads and loader.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -31,6 +36,8 @@ import torch
 
 BATCH = 256
 WARMUP = 10
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TRANSFORMS = ("train", "eval")
 
 
 def _big_one(args: tuple[str, str, float]) -> int:
@@ -56,21 +63,36 @@ def make_big(src: Path, dst: Path, count: int) -> None:
     print(f"{len(sizes)} photos, {sum(sizes) / len(sizes) / 1e3:.0f} KB on average")
 
 
-def ringfeed_loader(packed: Path, sock: str, threads: int, share: object, autotune: bool, big: bool):
+def ringfeed_transform(transform: str):
+    """The ringfeed pipeline of `transform` (`train` or `eval`), as torchvision writes it."""
     import ringfeed
 
-    t = ringfeed.Compose(
-        [
-            ringfeed.RandomResizedCrop(224),
-            ringfeed.RandomHorizontalFlip(),
-            ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-        ]
-    )
+    if transform == "train":
+        ops = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
+    elif transform == "eval":
+        ops = [ringfeed.Resize(256), ringfeed.CenterCrop(224)]
+    else:
+        raise ValueError(f"--transforms: {transform!r} is not one of {', '.join(TRANSFORMS)}")
+    return ringfeed.Compose([*ops, ringfeed.Normalize(MEAN, STD)])
+
+
+def ringfeed_loader(
+    packed: Path,
+    sock: str,
+    threads: int,
+    share: object,
+    autotune: bool,
+    big: bool,
+    transform: str = "train",
+    device: str = "cuda",
+):
+    import ringfeed
+
     return ringfeed.Loader(
         packed,
         BATCH,
-        t,
-        device="cuda",
+        ringfeed_transform(transform),
+        device=device,
         dtype=torch.bfloat16,
         socket=sock,
         slots=4,
@@ -89,10 +111,10 @@ def ringfeed_iter(ld):
         epoch += 1
 
 
-def dali_iter(images: Path, threads: int):
+def dali_iter(images: Path, threads: int, transform: str = "train"):
     import _dali
 
-    return _dali.batches(images, threads, BATCH)
+    return (_dali.batches if transform == "train" else _dali.eval_batches)(images, threads, BATCH)
 
 
 def rate(batches, n: int) -> tuple[float, float]:
@@ -107,6 +129,33 @@ def rate(batches, n: int) -> tuple[float, float]:
     return n * BATCH / (time.perf_counter() - t), (_cpu.tree_cpu_seconds() - cpu) / (n * BATCH) * 1e3
 
 
+def measure(
+    run: tuple[str, object, object],
+    images: Path,
+    packed: Path,
+    big: bool,
+    transform: str,
+    threads: int,
+    sock: str,
+    batches: int,
+) -> dict[str, object]:
+    """One row's figures: `run` is `(kind, share, autotune)`; a third of `batches` on large photos."""
+    kind, share, auto = run
+    n = batches if not big else max(batches // 3, 8)
+    r: dict[str, object] = {}
+    if kind == "dali":
+        r["img_per_s"], r["cpu_ms_per_img"] = rate(dali_iter(images, threads, transform), n)
+        return r
+    os.environ["RINGFEED_GPU_FINISH"] = "triton" if kind == "rf-triton" else "bmm"
+    with ringfeed_loader(packed, sock, threads, share, bool(auto), big, transform) as ld:
+        r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n)
+        st = ld.stats()
+        r["gpu_samples"] = st.get("gpu_samples")
+        sv = st.get("server") or {}
+        r["server"] = {k: sv.get(k) for k in ("threads", "gpu_share", "busy", "limit", "tune")}
+    return r
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--make-big", nargs=2, type=Path, metavar=("SRC", "DST"))
@@ -115,6 +164,9 @@ def main() -> None:
     ap.add_argument("--packed", type=Path)
     ap.add_argument("--big-images", type=Path)
     ap.add_argument("--big-packed", type=Path)
+    ap.add_argument(
+        "--transforms", default="train,eval", help="train (RandomResizedCrop + flip), eval (Resize + CenterCrop)"
+    )
     ap.add_argument("--threads", default="6,15")
     ap.add_argument("--shares", default="0.5,0.75,1.0")
     ap.add_argument("--batches", type=int, default=40)
@@ -124,6 +176,10 @@ def main() -> None:
     if a.make_big:
         make_big(*a.make_big, a.count)
         return
+    transforms = a.transforms.split(",")
+    for t in transforms:
+        if t not in TRANSFORMS:
+            ap.error(f"--transforms: {t!r} is not one of {', '.join(TRANSFORMS)}")
     binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
     work = Path(tempfile.mkdtemp(prefix="rfh-", dir="/tmp"))
     sock = str(work / "ringfeed.sock")
@@ -136,45 +192,32 @@ def main() -> None:
     if a.big_packed:
         corpora.append(("1.5-3 MP", a.big_images, a.big_packed, True))
     loaders = a.loaders.split(",")
+    runs: list[tuple[str, tuple[str, object, object]]] = []
+    if "ringfeed" in loaders:
+        runs.append(("ringfeed, CPU only", ("rf", False, False)))
+    if "hybrid" in loaders:
+        runs += [(f"ringfeed, GPU share {s}", ("rf", float(s), False)) for s in a.shares.split(",")]
+    if "triton" in loaders:
+        # The same shares with the geometry in one Triton kernel (_finish_kernel.py).
+        runs += [(f"ringfeed, GPU share {s}, triton", ("rf-triton", float(s), False)) for s in a.shares.split(",")]
+    if "auto" in loaders:
+        runs.append(("ringfeed, autotuned share", ("rf", "auto", True)))
+    if "dali" in loaders:
+        runs.append(("DALI (hardware decoder)", ("dali", None, None)))
     try:
         while not Path(sock).exists():
             time.sleep(0.05)
-        for corpus, images, packed, big in corpora:
-            n = a.batches if not big else max(a.batches // 3, 8)
-            for threads in (int(t) for t in a.threads.split(",")):
-                runs: list[tuple[str, object]] = []
-                if "ringfeed" in loaders:
-                    runs.append(("ringfeed, CPU only", ("rf", False, False)))
-                if "hybrid" in loaders:
-                    runs += [(f"ringfeed, GPU share {s}", ("rf", float(s), False)) for s in a.shares.split(",")]
-                if "triton" in loaders:
-                    # The same shares with the geometry in one Triton kernel (_finish_kernel.py).
-                    runs += [
-                        (f"ringfeed, GPU share {s}, triton", ("rf-triton", float(s), False))
-                        for s in a.shares.split(",")
-                    ]
-                if "auto" in loaders:
-                    runs.append(("ringfeed, autotuned share", ("rf", "auto", True)))
-                if "dali" in loaders:
-                    runs.append(("DALI (hardware decoder)", ("dali", None, None)))
-                for name, (kind, share, auto) in runs:
-                    r: dict[str, object] = {"corpus": corpus, "threads": threads, "loader": name}
-                    try:
-                        if kind == "dali":
-                            r["img_per_s"], r["cpu_ms_per_img"] = rate(dali_iter(images, threads), n)
-                        else:
-                            os.environ["RINGFEED_GPU_FINISH"] = "triton" if kind == "rf-triton" else "bmm"
-                            with ringfeed_loader(packed, sock, threads, share, auto, big) as ld:
-                                r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n)
-                                st = ld.stats()
-                                r["gpu_samples"] = st.get("gpu_samples")
-                                sv = st.get("server") or {}
-                                r["server"] = {k: sv.get(k) for k in ("threads", "gpu_share", "busy", "limit", "tune")}
-                    except Exception as e:  # one loader's failure is a row, not the end of the run
-                        r["error"] = f"{type(e).__name__}: {e}"
-                    results.append(r)
-                    print(json.dumps(r), flush=True)
-                    torch.cuda.empty_cache()
+        for (corpus, images, packed, big), transform, threads, (name, run) in itertools.product(
+            corpora, transforms, [int(t) for t in a.threads.split(",")], runs
+        ):
+            r: dict[str, object] = {"corpus": corpus, "transform": transform, "threads": threads, "loader": name}
+            try:
+                r.update(measure(run, images, packed, big, transform, threads, sock, a.batches))
+            except Exception as e:  # one loader's failure is a row, not the end of the run
+                r["error"] = f"{type(e).__name__}: {e}"
+            results.append(r)
+            print(json.dumps(r), flush=True)
+            torch.cuda.empty_cache()
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -182,20 +225,24 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "hybrid_feed.json").write_text(json.dumps({"runs": results}, indent=2) + "\n")
     lines = [
-        "# Feed rate, no model: RandomResizedCrop(224) + flip, normalised bf16 on the GPU, batch 256",
+        "# Feed rate, no model: normalised bf16 224x224 on the GPU, batch 256",
+        "",
+        "Transforms: train = RandomResizedCrop(224) + flip (DALI: its training pipeline), "
+        "eval = Resize(256) + CenterCrop(224) (DALI: its evaluation pipeline).",
         "",
         f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores; {a.batches} timed batches "
         f"(a third on the large photos) after {WARMUP} warm-up batches.",
         "",
-        "| corpus | threads | loader | img/s | CPU ms per image | GPU share (end) |",
-        "|---|---:|---|---:|---:|---:|",
+        "| corpus | transform | threads | loader | img/s | CPU ms per image | GPU share (end) |",
+        "|---|---|---:|---|---:|---:|---:|",
     ]
     for r in results:
         val = f"{r['img_per_s']:.0f}" if "img_per_s" in r else f"failed: {r.get('error', '')[:80]}"
         cpu = f"{r['cpu_ms_per_img']:.3f}" if "cpu_ms_per_img" in r else "-"
         share = (r.get("server") or {}).get("gpu_share")
         lines.append(
-            f"| {r['corpus']} | {r['threads']} | {r['loader']} | {val} | {cpu} | {'-' if share is None else share} |"
+            f"| {r['corpus']} | {r['transform']} | {r['threads']} | {r['loader']} | {val} | {cpu} "
+            f"| {'-' if share is None else share} |"
         )
     (a.out / "hybrid_feed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

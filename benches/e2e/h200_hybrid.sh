@@ -15,6 +15,10 @@
 #           rate at 6 threads, each beside DALI in the same call.
 #   final2  piece3, then ResNet-18 on 6 and 15 threads and ResNet-50 on 3 beside DALI (at most 8
 #           files come back from a call).
+#   final3  piece3, then every row of issue 11 beside DALI in one call: ResNet-18 on 6 threads
+#           (pinned 0.625, autotuned, autotuned with 12 slots), ResNet-50 on 3, the feed at 15
+#           threads (train and eval transforms, both corpora), ResNet-18 on 15 (CPU only,
+#           autotuned, autotuned with 12 slots). At most 8 files come back: no server logs.
 #   nvjpeg  nvJPEG's batched hardware decoder against nvImageCodec's per-image decode: GPU tests,
 #           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
@@ -72,7 +76,7 @@ PY
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
     echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
-  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | tail -25 || echo "pytest rc $?"
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | grep "PSNR\|passed\|failed\|FAILED\|Error" | tail -40 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
   if [ -n "${QUICK:-}" ]; then
@@ -176,6 +180,24 @@ final2)
   timeout 120 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 \
     | grep -v "^{" | sed -n 5,10p || echo "r18-15 rc $?"
+  rm -f "$out"/*/serve.log
+  ;;
+final3)
+  mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/
+  dali_unpack
+  mkdir -p "$out"
+  timeout 160 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-share-0.625,ringfeed-hybrid,ringfeed-hybrid@slots12,dali --workers 15 --threads-cap 6 \
+    --steps 400 --out "$out/r18-6" 2>&1 | grep -v "^{" | sed -n 5,11p || echo "r18-6 rc $?"
+  timeout 110 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
+    --loaders ceiling,ringfeed-hybrid,dali --workers 15 --threads-cap 3 --steps 200 --out "$out/r50-3" 2>&1 \
+    | grep -v "^{" | sed -n 5,9p || echo "r50-3 rc $?"
+  timeout 150 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
+    --big-images /tmp/big --big-packed /tmp/bigpacked --threads 15 --loaders ringfeed,triton,dali --shares 0.75 \
+    --transforms train,eval --batches 30 --out "$out/feed" 2>&1 | grep -v "^{" | tail -16 || echo "feed rc $?"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-hybrid@slots12,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 \
+    | grep -v "^{" | sed -n 5,11p || echo "r18-15 rc $?"
   rm -f "$out"/*/serve.log
   ;;
 nvjpeg)

@@ -14,9 +14,10 @@ time of `--batches` batches (a third of them on the large photos) after 10 warm-
 the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads`
 decode threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the
 share its own); DALI with `num_threads=threads` and its hardware decoder. `--loaders` picks among
-ringfeed (CPU only), hybrid (pinned shares), triton (pinned shares, geometry in one Triton kernel:
-RINGFEED_GPU_FINISH=triton), auto and dali, the same for each transform. Writes
-hybrid_feed.json/.md: a row per corpus, transform, threads and loader.
+ringfeed (CPU only), hybrid (pinned shares, the geometry as matrix products and nvImageCodec image
+by image: RINGFEED_GPU_FINISH=bmm), triton (pinned shares, the default path: nvJPEG's batched
+decoder and the Triton kernel), auto (the autotuned share, the default path) and dali, the same
+for each transform. Writes hybrid_feed.json/.md: a row per corpus, transform, threads and loader.
 """
 
 from __future__ import annotations
@@ -146,7 +147,8 @@ def measure(
     if kind == "dali":
         r["img_per_s"], r["cpu_ms_per_img"] = rate(dali_iter(images, threads, transform), n)
         return r
-    os.environ["RINGFEED_GPU_FINISH"] = "triton" if kind == "rf-triton" else "bmm"
+    # The default geometry (the Triton kernel, with nvJPEG's batched decoder) but for `hybrid`.
+    os.environ["RINGFEED_GPU_FINISH"] = "bmm" if kind == "rf-bmm" else "auto"
     with ringfeed_loader(packed, sock, threads, share, bool(auto), big, transform) as ld:
         r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n)
         st = ld.stats()
@@ -196,7 +198,7 @@ def main() -> None:
     if "ringfeed" in loaders:
         runs.append(("ringfeed, CPU only", ("rf", False, False)))
     if "hybrid" in loaders:
-        runs += [(f"ringfeed, GPU share {s}", ("rf", float(s), False)) for s in a.shares.split(",")]
+        runs += [(f"ringfeed, GPU share {s}, bmm", ("rf-bmm", float(s), False)) for s in a.shares.split(",")]
     if "triton" in loaders:
         # The same shares with the geometry in one Triton kernel (_finish_kernel.py).
         runs += [(f"ringfeed, GPU share {s}, triton", ("rf-triton", float(s), False)) for s in a.shares.split(",")]

@@ -37,13 +37,13 @@ import triton.language as tl
 #: int64 values per table row (see the module's docstring).
 TABLE_LEN = 19
 #: Output pixels per program.
-BLOCK = 64
+BLOCK = 128
 #: Warps per program: one output pixel per thread (4 warps would hold each pixel twice over).
 WARPS = 2
 #: Row taps whose loads are issued together.
 ROWS: tl.constexpr = tl.constexpr(4)
 #: Column taps per chunk (the second axis of the kernel's tensors; more are taken chunk by chunk).
-TAPS = 4
+TAPS = 2
 
 
 @triton.jit

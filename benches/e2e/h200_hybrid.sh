@@ -25,6 +25,8 @@
 #           by 30 steps under torch.profiler (gpu_train.py --trace; trace_summary.py reads them).
 #   probe   the GPU tests, then the client's GPU work alone on an idle GPU (nvjpeg_probe.py: nvJPEG's
 #           decode per output format, the finishing kernel) and beside the model (hybrid_step.py).
+#   fidelity  replicated against interpolated chroma on COUNT photos of the corpus, full size and
+#           finished, against Pillow and torchvision (chroma_fidelity.py).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -238,6 +240,12 @@ probe)
   timeout 120 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --out "$out/probe" 2>&1 | grep -v "^{" | tail -16 || echo "probe rc $?"
   timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" \
     --parts ${PARTS:-alone,finish,decode-nvjpeg,decode-nvjpeg+finish,alone} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -10
+  ;;
+fidelity)
+  gpu_prep "${COUNT:-500}"
+  mkdir -p "$out"
+  timeout 100 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
+    | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -6
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -86,6 +86,31 @@ def ycc_to_rgb(y: np.ndarray, cb: np.ndarray, cr: np.ndarray) -> np.ndarray:
     return np.clip(np.stack([r, g, b], -1), 0, 255).astype(np.uint8)
 
 
+def rrc_records(addr, w, h, seed: int = 0) -> list[list[int]]:
+    """The finishing kernel's table (``_finish_kernel``'s columns) for images of sizes ``w`` x
+    ``h`` at device addresses ``addr`` (interleaved RGB rows of ``3 w`` bytes): a
+    RandomResizedCrop(224) drawn as torchvision draws it, bilinear with antialias, a random flip;
+    image ``i`` to batch row ``i``."""
+    rnd = random.Random(seed)
+    recs = []
+    for i in range(len(w)):
+        wi, hi = int(w[i]), int(h[i])
+        area = wi * hi
+        for _ in range(10):  # torchvision's RandomResizedCrop draw
+            ta = area * rnd.uniform(0.08, 1.0)
+            ar = math.exp(rnd.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw_, ch_ = round(math.sqrt(ta * ar)), round(math.sqrt(ta / ar))
+            if 0 < cw_ <= wi and 0 < ch_ <= hi:
+                break
+        else:
+            cw_, ch_ = min(wi, hi), min(wi, hi)
+        left, top = rnd.randint(0, wi - cw_), rnd.randint(0, hi - ch_)
+        flags = 1 * rnd.randint(0, 1) | (1 << 2) | 16
+        place = [int(addr[i]), wi * 3, 3, 1]
+        recs.append([*place, left, top, cw_, ch_, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, i])
+    return recs
+
+
 def kernel_times(prof) -> list[dict]:
     rows = []
     for e in prof.key_averages():
@@ -217,24 +242,7 @@ def main() -> None:
 
     if rgb_buf is not None:
         buf, off = rgb_buf
-        rnd = random.Random(0)
-        recs = []
-        for i in range(len(datas)):
-            wi, hi = int(w[i]), int(h[i])
-            area = wi * hi
-            for _ in range(10):  # torchvision's RandomResizedCrop draw
-                ta = area * rnd.uniform(0.08, 1.0)
-                ar = math.exp(rnd.uniform(math.log(3 / 4), math.log(4 / 3)))
-                cw_, ch_ = round(math.sqrt(ta * ar)), round(math.sqrt(ta / ar))
-                if 0 < cw_ <= wi and 0 < ch_ <= hi:
-                    break
-            else:
-                cw_, ch_ = min(wi, hi), min(wi, hi)
-            left, top = rnd.randint(0, wi - cw_), rnd.randint(0, hi - ch_)
-            flags = 1 * rnd.randint(0, 1) | (1 << 2) | 16
-            place = [buf.data_ptr() + int(off[i]), wi * 3, 3, 1]
-            recs.append([*place, left, top, cw_, ch_, 224, 224, 0, 0, 0, 0, 224, 224, flags, 0, i])
-        table = torch.tensor(recs, dtype=torch.int64, device=dev)
+        table = torch.tensor(rrc_records(buf.data_ptr() + off, w, h), dtype=torch.int64, device=dev)
         image = torch.empty((len(datas), 224, 224, 3), dtype=torch.uint8, device=dev)
         _finish_kernel.warm(dev, "NHWC", (224, 224))
         shapes = [(_finish_kernel.BLOCK, _finish_kernel.WARPS, _finish_kernel.TAPS)]

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""How far replicated chroma takes hybrid decode's pixels from torchvision's, on the corpus.
+
+    python3 benches/e2e/chroma_fidelity.py --packed DIR [--count 128] [--out DIR]
+
+nvJPEG's hardware decoder replicates chroma by default (fast beside a model) and interpolates it
+as libjpeg does with ``RINGFEED_GPU_CHROMA=interpolate`` (Pillow's pixels, slow beside a model:
+benches/results/2026-12-01-h200-chroma). The GPU tests' photos have sharp colour edges everywhere;
+this measures the corpus instead: the first ``--count`` samples of a packed dataset, decoded by
+the batched hardware decoder both ways and finished by the Triton kernel with the same
+RandomResizedCrop(224) + flip draws (``nvjpeg_probe.rrc_records``), against torchvision's
+``resized_crop`` (bilinear, antialias) of Pillow's decode with the same parameters. Reports the
+PSNR over all the images, full size (against Pillow) and finished (against torchvision).
+Writes chroma_fidelity.json/.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packed", type=Path, required=True)
+    ap.add_argument("--count", type=int, default=128)
+    ap.add_argument("--out", type=Path, default=Path())
+    a = ap.parse_args()
+
+    from nvjpeg_probe import rrc_records
+    from PIL import Image
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2.functional import resized_crop
+
+    from ringfeed import PackedDataset, _finish_kernel, _nvjpeg
+
+    dev = torch.device("cuda")
+    with PackedDataset(a.packed) as ds:
+        datas = [bytes(ds.sample(i).data) for i in range(a.count)]
+    pil = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in datas]
+    h = np.array([p.shape[0] for p in pil], dtype=np.int64)
+    w = np.array([p.shape[1] for p in pil], dtype=np.int64)
+    arena = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()
+    lens = np.array([len(d) for d in datas], dtype=np.uint64)
+    offs = np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.uint64)
+    size = w * h * 3
+    out_offs = np.concatenate([[0], np.cumsum(size[:-1])])
+    stream = torch.cuda.current_stream().cuda_stream
+    recs = None
+    got: dict[str, dict] = {}
+    full: dict[str, list] = {}
+    for name, flags in _nvjpeg.CHROMA.items():
+        dec = _nvjpeg.HardwareDecoder(dev, flags=flags)
+        buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=dev)
+        dec.decode(
+            arena.data_ptr() + offs,
+            lens,
+            (buf.data_ptr() + out_offs).astype(np.uint64),
+            (w * 3).astype(np.uint64),
+            stream,
+        )
+        recs = rrc_records(buf.data_ptr() + out_offs, w, h)
+        image = torch.empty((a.count, 224, 224, 3), dtype=torch.uint8, device=dev)
+        _finish_kernel.finish(torch.tensor(recs, dtype=torch.int64, device=dev), image, "NHWC")
+        torch.cuda.synchronize()
+        host = buf.cpu().numpy()
+        full[name] = [host[o : o + s].reshape(hh, ww, 3) for o, s, hh, ww in zip(out_offs, size, h, w, strict=True)]
+        got[name] = {"finished": image.cpu().numpy()}
+        dec.close()
+    assert recs is not None
+    ref = []
+    for i, r in enumerate(recs):
+        left, top, cw, ch, flags = r[4], r[5], r[6], r[7], r[16]
+        t = torch.from_numpy(pil[i].copy()).permute(2, 0, 1)
+        y = resized_crop(t, top, left, ch, cw, [224, 224], interpolation=InterpolationMode.BILINEAR, antialias=True)
+        if flags & 1:
+            y = y.flip(-1)
+        ref.append(y.permute(1, 2, 0).numpy())
+    ref_a = np.stack(ref)
+    rows = []
+    for name in got:
+        fr = np.concatenate([f.reshape(-1) for f in full[name]])
+        pr = np.concatenate([p.reshape(-1) for p in pil])
+        fin = got[name]["finished"]
+        rows.append(
+            {
+                "chroma": name,
+                "full_psnr_vs_pillow": psnr(fr, pr),
+                "full_mean_abs": float(np.abs(fr.astype(int) - pr.astype(int)).mean()),
+                "finished_psnr_vs_torchvision": psnr(fin, ref_a),
+                "finished_mean_abs": float(np.abs(fin.astype(int) - ref_a.astype(int)).mean()),
+                "finished_max_abs": int(np.abs(fin.astype(int) - ref_a.astype(int)).max()),
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "chroma_fidelity.json").write_text(json.dumps({"count": a.count, "rows": rows}, indent=2) + "\n")
+    lines = [
+        f"# Replicated against interpolated chroma on {a.count} images of the corpus ({torch.cuda.get_device_name()})",
+        "",
+        "| chroma | full size: PSNR vs Pillow | mean abs | finished 224: PSNR vs torchvision | mean abs | max abs |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['chroma']} | {r['full_psnr_vs_pillow']:.2f} dB | {r['full_mean_abs']:.3f} "
+            f"| {r['finished_psnr_vs_torchvision']:.2f} dB | {r['finished_mean_abs']:.3f} | {r['finished_max_abs']} |"
+        )
+    (a.out / "chroma_fidelity.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -37,6 +37,26 @@ FLIP_X = 1
 FLIP_Y = 2
 INTERPOLATION_SHIFT = 2
 ANTIALIAS = 16
+#: ``gpu_job[16]`` bits 5-7 (ring.md, 1.4): the JPEG's chroma sampling, by code: its name and the
+#: chroma block's ``(width, height)`` in pixels where chroma is subsampled by two (what a rebuild
+#: of replicated chroma needs), ``None`` otherwise. Code 0: not said (a 1.3 server).
+CHROMA_SHIFT = 5
+CHROMA = {
+    0: ("not said", None),
+    1: ("grey", None),
+    2: ("4:4:4", None),
+    3: ("4:2:2", (2, 1)),
+    4: ("4:2:0", (2, 2)),
+    5: ("4:4:0", (1, 2)),
+    6: ("other", None),
+}
+
+
+def chroma_of(flags: Any) -> Any:
+    """The chroma code of ``gpu_job[16]`` values (an int or an array of them)."""
+    return (flags >> CHROMA_SHIFT) & 7
+
+
 #: ``gpu_job`` columns, by name (ring.md).
 COLUMNS = (
     "offset",

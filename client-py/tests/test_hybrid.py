@@ -109,6 +109,25 @@ def test_offered_positions_match_the_vectors() -> None:
         assert dict(zip(_hybrid.COLUMNS, case["record"], strict=True)) == case["fields"]
 
 
+def test_chroma_codes_match_the_vectors() -> None:
+    """``gpu_job[16]`` bits 5-7 (1.4): the client's chroma table names every code the server
+    writes as the spec's vectors do, and reads each code out of the flags (the records' chroma
+    bits sit beside their geometry bits, which keep their meaning)."""
+    vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
+    assert [c["code"] for c in vectors["chroma"]] == [1, 2, 3, 4, 5, 6]
+    for case in vectors["chroma"]:
+        assert _hybrid.CHROMA[case["code"]][0] == case["name"], case
+        assert _hybrid.chroma_of(case["flags_bits"]) == case["code"]
+        assert _hybrid.chroma_of(case["flags_bits"] | 0x1F) == case["code"]
+    assert _hybrid.CHROMA[0] == ("not said", None)
+    flags = np.array([r["fields"]["flags"] for r in vectors["records"]])
+    assert [_hybrid.CHROMA[int(c)][0] for c in _hybrid.chroma_of(flags)] == ["4:2:0", "4:2:2"]
+    # The geometry bits of the same records, read as the finishers read them.
+    assert list((flags >> _hybrid.INTERPOLATION_SHIFT) & 3) == [1, 0]
+    assert list(flags & _hybrid.FLIP_X) == [1, 0]
+    assert list(flags & _hybrid.ANTIALIAS) == [16, 0]
+
+
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize(
     "transform",
@@ -245,11 +264,11 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_ringfeed_binary_speaks_1_3() -> None:
-    """The server binary and the client agree on protocol 1.3."""
+def test_ringfeed_binary_speaks_1_4() -> None:
+    """The server binary and the client agree on protocol 1.4."""
     out = subprocess.run([ringfeed_bin(), "--version"], capture_output=True, text=True, check=True, timeout=30)
     assert out.returncode == 0
-    assert ringfeed.PROTOCOL == (1, 3)
+    assert ringfeed.PROTOCOL == (1, 4)
 
 
 def test_axis_weights_reproduce_torch_antialiased_resize() -> None:

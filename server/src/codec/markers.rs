@@ -15,6 +15,46 @@
 //! understand makes it stop and answer conservatively (orientation 1, not self-contained);
 //! libjpeg-turbo then gives the authoritative verdict on the data.
 
+/// How a JPEG's frame samples chroma, from its components' sampling factors (the SOF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chroma {
+    /// One component.
+    Gray,
+    /// Three components, the chroma ones at full resolution (4:4:4).
+    Full,
+    /// Chroma at half the horizontal resolution (4:2:2, h2v1).
+    HalfWidth,
+    /// Chroma at half the resolution both ways (4:2:0, h2v2).
+    Half,
+    /// Chroma at half the vertical resolution (4:4:0, h1v2).
+    HalfHeight,
+    /// Anything else (4:1:1, 4:4:1, two chroma components sampled differently, four components).
+    Other,
+}
+
+impl Chroma {
+    /// The chroma of a frame of `nf` components whose first three sampling factors `(h, v)` are
+    /// `factors`.
+    fn of(nf: u8, factors: &[(u8, u8)]) -> Chroma {
+        match (nf, factors) {
+            (1, _) => Chroma::Gray,
+            (3, &[(h0, v0), (h1, v1), (h2, v2)]) if (h1, v1) == (h2, v2) && h1 > 0 && v1 > 0 => {
+                if h0 % h1 != 0 || v0 % v1 != 0 {
+                    return Chroma::Other;
+                }
+                match (h0 / h1, v0 / v1) {
+                    (1, 1) => Chroma::Full,
+                    (2, 1) => Chroma::HalfWidth,
+                    (2, 2) => Chroma::Half,
+                    (1, 2) => Chroma::HalfHeight,
+                    _ => Chroma::Other,
+                }
+            }
+            _ => Chroma::Other,
+        }
+    }
+}
+
 /// What the walk found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct JpegMarkers {
@@ -27,6 +67,8 @@ pub(super) struct JpegMarkers {
     /// Offset of the first byte after the first SOS segment (where entropy-coded data starts);
     /// 0 if the walk did not reach a scan.
     pub(super) scan_data: usize,
+    /// The frame's chroma sampling; `None` without a frame header.
+    pub(super) chroma: Option<Chroma>,
     /// The MCU grid and restart interval of a self-contained, sequential, single-scan,
     /// Huffman-coded image (what `restart.rs` can cut, given restart markers, and what
     /// `tj3Transform` can give restart markers); `None` for anything else.
@@ -82,6 +124,7 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
         self_contained: false,
         scan_data: 0,
         layout: None,
+        chroma: None,
     };
     if !data.starts_with(&[0xFF, 0xD8]) {
         return found;
@@ -136,6 +179,8 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
                 }
                 let Some(&nf) = seg.get(5) else { break };
                 let (mut hmax, mut vmax) = (0u32, 0u32);
+                let mut factors = [(0u8, 0u8); 3];
+                let mut read = 0;
                 for c in 0..usize::from(nf) {
                     let (Some(&hv), Some(&tq)) = (seg.get(6 + 3 * c + 1), seg.get(6 + 3 * c + 2)) else {
                         break;
@@ -143,7 +188,16 @@ pub(super) fn walk(data: &[u8]) -> JpegMarkers {
                     used.quant |= slot_bit(tq);
                     hmax = hmax.max(u32::from(hv >> 4));
                     vmax = vmax.max(u32::from(hv & 0x0F));
+                    if let Some(f) = factors.get_mut(c) {
+                        *f = (hv >> 4, hv & 0x0F);
+                    }
+                    read += 1;
                 }
+                found.chroma = Some(if read == usize::from(nf) {
+                    Chroma::of(nf, &factors[..usize::from(nf).min(3)])
+                } else {
+                    Chroma::Other
+                });
                 if let (Some(h), Some(w)) = (be16(seg, 1), be16(seg, 3)) {
                     geometry = Some((seg_at, u32::from(w), u32::from(h), hmax, vmax));
                 }
@@ -314,6 +368,21 @@ mod tests {
         }
         w32(&mut t, 0);
         t
+    }
+
+    #[test]
+    fn chroma_from_sampling_factors() {
+        assert_eq!(Chroma::of(1, &[(1, 1)]), Chroma::Gray);
+        assert_eq!(Chroma::of(3, &[(1, 1), (1, 1), (1, 1)]), Chroma::Full);
+        assert_eq!(Chroma::of(3, &[(2, 2), (2, 2), (2, 2)]), Chroma::Full);
+        assert_eq!(Chroma::of(3, &[(2, 1), (1, 1), (1, 1)]), Chroma::HalfWidth);
+        assert_eq!(Chroma::of(3, &[(2, 2), (1, 1), (1, 1)]), Chroma::Half);
+        assert_eq!(Chroma::of(3, &[(1, 2), (1, 1), (1, 1)]), Chroma::HalfHeight);
+        assert_eq!(Chroma::of(3, &[(4, 1), (1, 1), (1, 1)]), Chroma::Other);
+        assert_eq!(Chroma::of(3, &[(2, 2), (1, 1), (2, 1)]), Chroma::Other);
+        assert_eq!(Chroma::of(3, &[(3, 2), (2, 1), (2, 1)]), Chroma::Other);
+        assert_eq!(Chroma::of(3, &[(2, 2), (0, 1), (0, 1)]), Chroma::Other);
+        assert_eq!(Chroma::of(4, &[(1, 1), (1, 1), (1, 1)]), Chroma::Other);
     }
 
     #[test]

@@ -52,6 +52,7 @@ mod sniff;
 
 use std::fmt;
 
+pub use markers::Chroma;
 pub use sniff::{Format, sniff};
 
 /// Whether `data` is a self-contained, sequential, single-scan, Huffman-coded JPEG (SOF0/SOF1
@@ -59,6 +60,13 @@ pub use sniff::{Format, sniff};
 /// decode"). A bounded header walk; the entropy-coded data is not read.
 pub fn sequential_huffman(data: &[u8]) -> bool {
     markers::walk(data).layout.is_some()
+}
+
+/// The chroma sampling of a JPEG that [`sequential_huffman`] accepts (from its frame header), or
+/// `None` for one it does not.
+pub fn sequential_huffman_chroma(data: &[u8]) -> Option<Chroma> {
+    let m = markers::walk(data);
+    m.layout.and(m.chroma)
 }
 
 /// PIL's `Image.MAX_IMAGE_PIXELS`: `1024 * 1024 * 1024 // 4 // 3`.

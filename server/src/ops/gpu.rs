@@ -11,7 +11,7 @@
 use super::plan::{self, Fused};
 use super::spec::{Interpolation, Op, Pipeline};
 use super::{OpError, Processor, SampleRng, Sink, Trace, crop_of, erasing_box};
-use crate::codec::{ColorKind, Format, Rect};
+use crate::codec::{Chroma, ColorKind, Format, Rect};
 
 /// Values of `gpu_job` (ring.md), one int32 each.
 pub const RECORD_LEN: usize = 18;
@@ -26,6 +26,21 @@ pub mod flags {
     pub const INTERPOLATION_SHIFT: i32 = 2;
     /// Antialias.
     pub const ANTIALIAS: i32 = 16;
+    /// The JPEG's chroma sampling, bits 5–7 ([`super::chroma_code`]; 1.4; 0 from a 1.3 server).
+    pub const CHROMA_SHIFT: i32 = 5;
+}
+
+/// `gpu_job[16]` bits 5–7 (ring.md, 1.4): how the sample's JPEG samples chroma, so that the
+/// client can rebuild the chroma its GPU decoder replicated. 0 is "not said" (a 1.3 server).
+pub fn chroma_code(c: Chroma) -> i32 {
+    match c {
+        Chroma::Gray => 1,
+        Chroma::Full => 2,
+        Chroma::HalfWidth => 3,
+        Chroma::Half => 4,
+        Chroma::HalfHeight => 5,
+        Chroma::Other => 6,
+    }
 }
 
 /// What the client needs to finish one sample from its decoded pixels (ring.md, `gpu_job`).
@@ -41,10 +56,12 @@ pub struct GpuJob {
     pub win: (i64, i64),
     /// The part of the base that holds pixels, in base pixels.
     pub valid: (i64, i64, u32, u32),
-    /// `gpu_job[16]`.
+    /// `gpu_job[16]`'s geometry bits (flips, interpolation, antialias).
     pub flags: i32,
     /// The fill colour.
     pub fill: [u8; 3],
+    /// How the JPEG samples chroma (`gpu_job[16]` bits 5–7).
+    pub chroma: Chroma,
 }
 
 impl GpuJob {
@@ -72,12 +89,12 @@ impl GpuJob {
             c(self.valid.1),
             u(self.valid.2),
             u(self.valid.3),
-            self.flags,
+            self.flags | chroma_code(self.chroma) << flags::CHROMA_SHIFT,
             fill,
         ]
     }
 
-    fn of(f: &Fused, src: (u32, u32)) -> GpuJob {
+    fn of(f: &Fused, src: (u32, u32), chroma: Chroma) -> GpuJob {
         let mut flags = (i32::from(f.flip_x) * flags::FLIP_X) | (i32::from(f.flip_y) * flags::FLIP_Y);
         let valid = (f.valid.left, f.valid.top, f.valid.width, f.valid.height);
         let (pre, resize) = match f.resize {
@@ -121,6 +138,7 @@ impl GpuJob {
             valid,
             flags,
             fill: f.fill,
+            chroma,
         }
     }
 }
@@ -198,11 +216,15 @@ impl Processor {
         let plain = matches!(info.color, ColorKind::Gray | ColorKind::Rgb)
             && info.bits_per_channel == 8
             && info.orientation == 1
-            && !info.progressive
-            && crate::codec::sequential_huffman(data);
-        if !plain || info.width == 0 || info.height == 0 {
+            && !info.progressive;
+        let chroma = if plain {
+            crate::codec::sequential_huffman_chroma(data)
+        } else {
+            None
+        };
+        let Some(chroma) = chroma.filter(|_| info.width > 0 && info.height > 0) else {
             return Ok(None);
-        }
+        };
         let mut g = rng;
         let f = plan::plan(&view.ops, info.width, info.height, &mut g, trace);
         if f.consumed != view.ops.len() || f.out_size() != (view.size.1, view.size.0) {
@@ -216,7 +238,7 @@ impl Processor {
             }
             sink.erase(0, 0, &self.boxes);
         }
-        Ok(Some((GpuJob::of(&f, (info.width, info.height)), crop_of(&f))))
+        Ok(Some((GpuJob::of(&f, (info.width, info.height), chroma), crop_of(&f))))
     }
 }
 
@@ -235,6 +257,36 @@ mod tests {
         assert_eq!((0..8).filter(|&p| offered(p, 0.5)).collect::<Vec<_>>(), [1, 3, 5, 7]);
         assert!((0..8).all(|p| offered(p, 1.0)));
         assert!(!(0..8).any(|p| offered(p, 0.0)));
+    }
+
+    #[test]
+    fn a_record_carries_the_chroma_beside_the_geometry_bits() {
+        let job = GpuJob {
+            src: (64, 48),
+            pre: Rect::full(64, 48),
+            resize: (32, 24),
+            win: (0, 0),
+            valid: (0, 0, 32, 24),
+            flags: flags::FLIP_X | (2 << flags::INTERPOLATION_SHIFT) | flags::ANTIALIAS,
+            fill: [1, 2, 3],
+            chroma: Chroma::Half,
+        };
+        let f = job.record(0, 10)[16];
+        assert_eq!(f & 0x1F, job.flags);
+        assert_eq!(f >> flags::CHROMA_SHIFT, 4);
+        let codes: Vec<i32> = [
+            Chroma::Gray,
+            Chroma::Full,
+            Chroma::HalfWidth,
+            Chroma::Half,
+            Chroma::HalfHeight,
+            Chroma::Other,
+        ]
+        .into_iter()
+        .map(chroma_code)
+        .collect();
+        // Distinct, non-zero (0 is a 1.3 server's "not said"), within bits 5-7.
+        assert_eq!(codes, [1, 2, 3, 4, 5, 6]);
     }
 
     #[test]

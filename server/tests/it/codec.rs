@@ -113,6 +113,44 @@ fn jpeg_variants_match_libjpeg_turbo_rgb() {
 }
 
 #[test]
+fn chroma_sampling_is_read_from_the_frame_header() {
+    use ringfeed::codec::{Chroma, sequential_huffman_chroma};
+    let (w, h) = (45, 33);
+    let src = images::photo(w, h, 4);
+    for (subsamp, want) in [
+        (Subsamp::None, Chroma::Full),
+        (Subsamp::Sub2x1, Chroma::HalfWidth),
+        (Subsamp::Sub2x2, Chroma::Half),
+        (Subsamp::Sub1x2, Chroma::HalfHeight),
+        (Subsamp::Sub4x1, Chroma::Other),
+    ] {
+        let jpeg = images::jpeg_rgb(
+            &src,
+            w,
+            h,
+            &JpegOpts {
+                subsamp,
+                ..JpegOpts::default()
+            },
+        );
+        assert_eq!(sequential_huffman_chroma(&jpeg), Some(want), "{subsamp:?}");
+        let progressive = JpegOpts {
+            subsamp,
+            progressive: true,
+            ..JpegOpts::default()
+        };
+        // A JPEG the GPU path does not take has no chroma to say.
+        assert_eq!(
+            sequential_huffman_chroma(&images::jpeg_rgb(&src, w, h, &progressive)),
+            None
+        );
+    }
+    let gray = images::jpeg_gray(&vec![128u8; (w * h) as usize], w, h);
+    assert_eq!(sequential_huffman_chroma(&gray), Some(Chroma::Gray));
+    assert_eq!(sequential_huffman_chroma(b"not a jpeg"), None);
+}
+
+#[test]
 fn grayscale_jpeg_is_replicated() {
     let (w, h) = (40, 30);
     let gray: Vec<u8> = images::photo(w, h, 2).chunks(3).map(|p| p[0]).collect();

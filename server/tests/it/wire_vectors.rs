@@ -384,8 +384,8 @@ fn protocol_version_is_the_specs() {
 /// Python client reads with its own column table.
 #[test]
 fn hybrid_vectors() {
-    use ringfeed::codec::Rect;
-    use ringfeed::ops::gpu::{GpuJob, RECORD_LEN, flags, offered};
+    use ringfeed::codec::{Chroma, Rect};
+    use ringfeed::ops::gpu::{GpuJob, RECORD_LEN, chroma_code, flags, offered};
 
     let mut cases = Vec::new();
     for (share, batch) in [
@@ -438,6 +438,7 @@ fn hybrid_vectors() {
                 valid: (0, 0, 224, 224),
                 flags: flags::FLIP_X | (1 << flags::INTERPOLATION_SHIFT) | flags::ANTIALIAS,
                 fill: [0, 0, 0],
+                chroma: Chroma::Half,
             },
             (1_048_576, 110_233),
         ),
@@ -456,6 +457,7 @@ fn hybrid_vectors() {
                 valid: (0, 0, 60, 50),
                 flags: flags::FLIP_Y,
                 fill: [124, 116, 104],
+                chroma: Chroma::HalfWidth,
             },
             (0, 4_017),
         ),
@@ -469,6 +471,19 @@ fn hybrid_vectors() {
             json!({"record": r.to_vec(), "fields": fields})
         })
         .collect();
+    // Every chroma code of `gpu_job[16]` bits 5-7 (1.4), by the name ring.md gives it: the client
+    // reads them with its own table.
+    let chroma: Vec<Value> = [
+        (Chroma::Gray, "grey"),
+        (Chroma::Full, "4:4:4"),
+        (Chroma::HalfWidth, "4:2:2"),
+        (Chroma::Half, "4:2:0"),
+        (Chroma::HalfHeight, "4:4:0"),
+        (Chroma::Other, "other"),
+    ]
+    .into_iter()
+    .map(|(c, name)| json!({"name": name, "code": chroma_code(c), "flags_bits": chroma_code(c) << flags::CHROMA_SHIFT}))
+    .collect();
     // Which pipelines the GPU can finish (`gpu::finishable`): the client decides `gpu_decode="auto"`
     // from the same rule before it asks (loader.py, `_gpu_pipeline_problem`), and its tests read
     // these verdicts.
@@ -498,6 +513,7 @@ fn hybrid_vectors() {
         "description": "hybrid decode (control.md, \"Hybrid decode\"; ring.md, gpu_job), written by server/tests/it/wire_vectors.rs",
         "offered": cases,
         "records": records,
+        "chroma": chroma,
         "finishable": finishable,
     });
     let mut text = serde_json::to_string_pretty(&doc).unwrap();

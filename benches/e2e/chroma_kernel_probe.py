@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the chroma rebuild kernels (``ringfeed._chroma_kernel``) cost by themselves, on an idle GPU.
 
-    PYTHONPATH=client-py python3 benches/e2e/chroma_kernel_probe.py [--count 192] [--size 500x375] \
+    PYTHONPATH=client-py python3 benches/e2e/chroma_kernel_probe.py [--count 192] [--size 500x375]
         [--factors 2x2] [--out DIR]
 
 Makes ``--count`` replicated-chroma decodes of ``--size`` (width x height) from known planes with

@@ -58,39 +58,53 @@ def down2(c: np.ndarray) -> np.ndarray:
     return (s + bias[None, :]) >> 2
 
 
-def rebuild(rep: np.ndarray) -> np.ndarray:
-    """A replicated-chroma 4:2:0 decode -> an estimate of the interpolated one (see the docstring)."""
+def rebuild(rep: np.ndarray, fh: int = 2, fv: int = 2) -> np.ndarray:
+    """A replicated-chroma decode -> an estimate of the interpolated one (see the docstring).
+
+    ``fh, fv``: the chroma factors, each 1 or 2 ((2, 2) 4:2:0, (2, 1) 4:2:2, (1, 2) 4:4:0; (1, 1)
+    gives ``rep`` back). Along an axis of factor 1 nothing is interpolated. This is the reference
+    of the GPU kernel ``ringfeed._chroma_kernel`` (``client-py/tests/test_chroma_kernel.py``)."""
     h, w, _ = rep.shape
+    if (fh, fv) == (1, 1):
+        return rep.copy()
     x = rep.astype(np.float64)
     # The chroma projection (JFIF): independent of luma, so constant over a block but for rounding
     # and clamping; clamped pixels (a channel at 0 or 255) are left out of the block's mean.
     cb = -0.168736 * x[..., 0] - 0.331264 * x[..., 1] + 0.5 * x[..., 2]
     cr = 0.5 * x[..., 0] - 0.418688 * x[..., 1] - 0.081312 * x[..., 2]
     ok = ((rep > 0) & (rep < 255)).all(-1).astype(np.float64)
-    ph, pw = h + h % 2, w + w % 2
+    # A partial last block (odd size) is padded with its edge pixels, as libjpeg's downsampling
+    # pads: each of its own pixels then counts equally, so its mean is the mean of those.
+    eh, ew = (-h) % fv, (-w) % fh
+    ph, pw = h + eh, w + ew
 
     def blocks(v: np.ndarray) -> np.ndarray:
-        v = np.pad(v, ((0, h % 2), (0, w % 2)), mode="edge")
-        return v.reshape(ph // 2, 2, pw // 2, 2).sum((1, 3))
+        v = np.pad(v, ((0, eh), (0, ew)), mode="edge")
+        return v.reshape(ph // fv, fv, pw // fh, fh).sum((1, 3))
 
     n = blocks(ok)
-    cb_b = np.where(n > 0, blocks(cb * ok) / np.maximum(n, 1), blocks(cb) / 4)
-    cr_b = np.where(n > 0, blocks(cr * ok) / np.maximum(n, 1), blocks(cr) / 4)
+    cb_b = np.where(n > 0, blocks(cb * ok) / np.maximum(n, 1), blocks(cb) / (fh * fv))
+    cr_b = np.where(n > 0, blocks(cr * ok) / np.maximum(n, 1), blocks(cr) / (fh * fv))
 
     def interp(c: np.ndarray) -> np.ndarray:
-        # libjpeg's triangle filter in float: per axis 3/4 nearer, 1/4 farther, edges replicated.
-        up = np.vstack([c[:1], c[:-1]])
-        dn = np.vstack([c[1:], c[-1:]])
-        rows = np.empty((2 * c.shape[0], c.shape[1]))
-        rows[0::2], rows[1::2] = (3 * c + up) / 4, (3 * c + dn) / 4
-        lf = np.hstack([rows[:, :1], rows[:, :-1]])
-        rt = np.hstack([rows[:, 1:], rows[:, -1:]])
-        out = np.empty((rows.shape[0], 2 * rows.shape[1]))
-        out[:, 0::2], out[:, 1::2] = (3 * rows + lf) / 4, (3 * rows + rt) / 4
+        # libjpeg's triangle filter in float: per subsampled axis 3/4 nearer, 1/4 farther, edges
+        # replicated.
+        rows = c
+        if fv == 2:
+            up = np.vstack([c[:1], c[:-1]])
+            dn = np.vstack([c[1:], c[-1:]])
+            rows = np.empty((2 * c.shape[0], c.shape[1]))
+            rows[0::2], rows[1::2] = (3 * c + up) / 4, (3 * c + dn) / 4
+        out = rows
+        if fh == 2:
+            lf = np.hstack([rows[:, :1], rows[:, :-1]])
+            rt = np.hstack([rows[:, 1:], rows[:, -1:]])
+            out = np.empty((rows.shape[0], 2 * rows.shape[1]))
+            out[:, 0::2], out[:, 1::2] = (3 * rows + lf) / 4, (3 * rows + rt) / 4
         return out[:h, :w]
 
-    d_cb = interp(cb_b) - np.repeat(np.repeat(cb_b, 2, 0), 2, 1)[:h, :w]
-    d_cr = interp(cr_b) - np.repeat(np.repeat(cr_b, 2, 0), 2, 1)[:h, :w]
+    d_cb = interp(cb_b) - np.repeat(np.repeat(cb_b, fv, 0), fh, 1)[:h, :w]
+    d_cr = interp(cr_b) - np.repeat(np.repeat(cr_b, fv, 0), fh, 1)[:h, :w]
     delta = np.stack([1.402 * d_cr, -0.344136 * d_cb - 0.714136 * d_cr, 1.772 * d_cb], -1)
     return np.clip(np.floor(x + delta + 0.5), 0, 255).astype(np.uint8)
 

@@ -7,7 +7,9 @@ nvJPEG's hardware decoder replicates chroma by default (fast beside a model) and
 as libjpeg does with ``RINGFEED_GPU_CHROMA=interpolate`` (Pillow's pixels, slow beside a model:
 benches/results/2026-12-01-h200-chroma). The GPU tests' photos have sharp colour edges everywhere;
 this measures the corpus instead: the first ``--count`` samples of a packed dataset, decoded by
-the batched hardware decoder both ways and finished by the Triton kernel with the same
+the batched hardware decoder in each ``RINGFEED_GPU_CHROMA`` mode (``rebuild``: replicated, then
+``_chroma_kernel.rebuild`` with each JPEG's chroma block as Pillow reads it) and finished by the
+Triton kernel with the same
 RandomResizedCrop(224) + flip draws (``nvjpeg_probe.rrc_records``), against torchvision's
 ``resized_crop`` (bilinear, antialias) of Pillow's decode with the same parameters. Reports the
 PSNR over all the images, full size (against Pillow) and finished (against torchvision).
@@ -39,16 +41,22 @@ def main() -> None:
     a = ap.parse_args()
 
     from nvjpeg_probe import rrc_records
-    from PIL import Image
+    from PIL import Image, JpegImagePlugin
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2.functional import resized_crop
 
-    from ringfeed import PackedDataset, _finish_kernel, _nvjpeg
+    from ringfeed import PackedDataset, _chroma_kernel, _finish_kernel, _nvjpeg
 
     dev = torch.device("cuda")
     with PackedDataset(a.packed) as ds:
         datas = [bytes(ds.sample(i).data) for i in range(a.count)]
     pil = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in datas]
+    # Each JPEG's chroma block (what a 1.4 server says in gpu_job): Pillow's sampling code.
+    blocks = []
+    for d in datas:
+        with Image.open(io.BytesIO(d)) as im:
+            code = -1 if im.mode == "L" else JpegImagePlugin.get_sampling(im)
+        blocks.append({1: (2, 1), 2: (2, 2)}.get(code, (1, 1)))
     h = np.array([p.shape[0] for p in pil], dtype=np.int64)
     w = np.array([p.shape[1] for p in pil], dtype=np.int64)
     arena = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()
@@ -70,6 +78,12 @@ def main() -> None:
             (w * 3).astype(np.uint64),
             stream,
         )
+        if name == "rebuild":  # the replicated decode, then the client's rebuild (_chroma_kernel)
+            rows = [
+                [buf.data_ptr() + int(o), int(hh), int(ww), int(ww) * 3, *b]
+                for o, hh, ww, b in zip(out_offs, h, w, blocks, strict=True)
+            ]
+            _chroma_kernel.rebuild(torch.tensor(rows, dtype=torch.int64, device=dev), rows)
         recs = rrc_records(buf.data_ptr() + out_offs, w, h)
         image = torch.empty((a.count, 224, 224, 3), dtype=torch.uint8, device=dev)
         _finish_kernel.finish(torch.tensor(recs, dtype=torch.int64, device=dev), image, "NHWC")

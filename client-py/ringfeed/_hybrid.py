@@ -52,6 +52,10 @@ CHROMA = {
 }
 
 
+#: Each chroma code's block ``(width, height)``, ``(1, 1)`` where chroma is not subsampled by two.
+_BLOCKS = np.array([(CHROMA.get(c, ("", None))[1] or (1, 1)) for c in range(8)], dtype=np.int64)
+
+
 def chroma_of(flags: Any) -> Any:
     """The chroma code of ``gpu_job[16]`` values (an int or an array of them)."""
     return (flags >> CHROMA_SHIFT) & 7
@@ -303,10 +307,25 @@ class Finisher:
                     nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
                 ],
             )
-        if backend == "nvimgcodec":
+        #: The chroma rebuild (:mod:`ringfeed._chroma_kernel`) for the batched hardware decoder's
+        #: replicated chroma, with ``RINGFEED_GPU_CHROMA=rebuild``; ``None`` otherwise.
+        self._chroma: Any = None
+        if backend == "nvimgcodec" or os.environ.get("RINGFEED_GPU_CHROMA"):
             from . import _nvjpeg
 
-            _nvjpeg.chroma_flags()  # a bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread
+            # A bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread.
+            if _nvjpeg.chroma_mode() == "rebuild":
+                try:
+                    from . import _chroma_kernel
+
+                    if device.type == "cuda":
+                        _chroma_kernel.warm(device)
+                    self._chroma = _chroma_kernel
+                except Exception as e:  # any failure to import or to compile it
+                    raise ValueError(
+                        f"RINGFEED_GPU_CHROMA=rebuild: the chroma rebuild kernels cannot run here ({e!r}); "
+                        "set RINGFEED_GPU_CHROMA=replicate or interpolate"
+                    ) from e
         #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
         #: has its own decode state, so two batches decode at once), opened on first use; off
         #: where it cannot run (then nvImageCodec decodes, image by image).
@@ -584,6 +603,8 @@ class Finisher:
                 (i, f"the GPU decoder made a {at[i, 2]}x{at[i, 1]} image where the header says {rec[i, 2]}x{rec[i, 3]}")
             )
             ok.remove(i)
+        if ok and batched and self._chroma is not None:
+            self.rebuild_chroma(rec[ok], at[ok])
         if ok and self._kernel is not None:
             table = np.concatenate([at[ok][:, [0, 3, 4, 5]], rec[ok, 4:], pos[ok].astype(np.int64)[:, None]], axis=1)
             self._kernel.finish(self._upload(table), image, self.layout)
@@ -602,6 +623,21 @@ class Finisher:
         if failed:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])
         return [int(p) for p in pos]
+
+    def rebuild_chroma(self, rec: np.ndarray, at: np.ndarray) -> int:
+        """Rebuilds interpolated chroma in place (``RINGFEED_GPU_CHROMA=rebuild``) in the decoded
+        images at ``at`` (:func:`_place`'s columns; interleaved RGB) of the records ``rec``, on the
+        current stream, for those whose JPEG subsamples chroma by two (``gpu_job[16]`` bits 5-7,
+        1.4; a 1.3 server's "not said" is left as decoded). Returns how many it rebuilt."""
+        codes = chroma_of(rec[:, _C["flags"]].astype(np.int64))
+        fh, fv = _BLOCKS[codes, 0], _BLOCKS[codes, 1]
+        # The kernels read interleaved RGB (3 bytes a pixel): nvJPEG's batched output is.
+        sub = (fh * fv > 1) & (at[:, 4] == 3) & (at[:, 5] == 1)
+        if not sub.any():
+            return 0
+        rows = np.stack([at[:, 0], at[:, 1], at[:, 2], at[:, 3], fh, fv], axis=1)[sub]
+        self._chroma.rebuild(self._upload(rows), rows)
+        return int(sub.sum())
 
     def _upload(self, a: np.ndarray) -> Any:
         """``a`` on the device without waiting: from pinned memory, asynchronously on the current

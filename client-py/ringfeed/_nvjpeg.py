@@ -42,8 +42,11 @@ OUTPUT_RGBI = 5
 #: (benches/results/2026-12-01-h200-chroma). So :data:`CHROMA` chooses, and replicated is the default.
 FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
 #: ``RINGFEED_GPU_CHROMA`` values -> ``nvjpegCreateEx`` flags: ``replicate`` (the default: the
-#: hardware's own chroma, fast beside a model) or ``interpolate`` (Pillow's pixels, slow beside one).
-CHROMA = {"replicate": 0, "interpolate": FLAGS_UPSAMPLING_WITH_INTERPOLATION}
+#: hardware's own chroma, fast beside a model), ``interpolate`` (Pillow's pixels, slow beside one)
+#: or ``rebuild`` (the hardware's replicated chroma, then interpolated chroma rebuilt from it on the
+#: GPU before the finishing kernel: ``ringfeed._chroma_kernel``; its cost beside a model is not yet
+#: measured).
+CHROMA = {"replicate": 0, "interpolate": FLAGS_UPSAMPLING_WITH_INTERPOLATION, "rebuild": 0}
 CSS_420 = 2
 MAJOR_VERSION = 0
 STATUS = {
@@ -229,10 +232,15 @@ class HardwareDecoder:
 
 def chroma_flags() -> int:
     """The flags ``RINGFEED_GPU_CHROMA`` asks for (:data:`CHROMA`)."""
+    return CHROMA[chroma_mode()]
+
+
+def chroma_mode() -> str:
+    """``RINGFEED_GPU_CHROMA`` (a key of :data:`CHROMA`), ``replicate`` when unset."""
     choice = os.environ.get("RINGFEED_GPU_CHROMA", "replicate")
     if choice not in CHROMA:
-        raise ValueError(f"RINGFEED_GPU_CHROMA must be 'replicate' or 'interpolate', not {choice!r}")
-    return CHROMA[choice]
+        raise ValueError(f"RINGFEED_GPU_CHROMA must be 'replicate', 'interpolate' or 'rebuild', not {choice!r}")
+    return choice
 
 
 def open_hardware(device: Any) -> tuple[HardwareDecoder | None, str]:

@@ -154,3 +154,72 @@ def test_factors_are_checked() -> None:
 
     with pytest.raises(ValueError, match="image 1 of the table has fh=4"):
         _chroma_kernel.extent([[0, 8, 8, 24, 2, 2], [0, 8, 8, 24, 4, 1]])
+
+
+# A Finisher with RINGFEED_GPU_CHROMA=rebuild rebuilds, from the records' chroma codes, the
+# images at argv[1]'s places (npz: arena, places with offsets, flags); writes the arena to argv[2]
+# and the count it rebuilt to argv[3].
+FINISHER_CHILD = r"""
+import sys
+import numpy as np
+import torch
+from ringfeed import _hybrid as H
+
+got = np.load(sys.argv[1])
+arena = torch.from_numpy(got["arena"].copy())
+at = got["places"].copy()
+at[:, 0] += arena.data_ptr()
+rec = np.zeros((len(at), H.RECORD_LEN), dtype=np.int64)
+rec[:, 16] = got["flags"]
+f = H.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8))
+assert f._chroma is not None
+n = f.rebuild_chroma(rec, at)
+np.save(sys.argv[2], arena.numpy())
+open(sys.argv[3], "w").write(str(n))
+"""
+
+
+@needs_triton
+def test_the_finisher_rebuilds_what_the_records_say_is_subsampled(tmp_path: Path) -> None:
+    """With ``RINGFEED_GPU_CHROMA=rebuild`` the Finisher reads each record's chroma code
+    (``gpu_job[16]`` bits 5-7, 1.4) beside its geometry bits and rebuilds exactly the images it
+    names 4:2:0, 4:2:2 or 4:4:0, each with its own block shape (the reference's pixels within one
+    level); a 4:4:4, grey, "other" or "not said" (a 1.3 server's 0) image is left as decoded."""
+    cr_mod, probe = _modules()
+    rng = np.random.default_rng(3)
+    # (code, fh, fv): 4:2:0, 4:2:2, 4:4:0, then codes whose images must stay as they are.
+    cases = [(4, 2, 2), (3, 2, 1), (5, 1, 2), (2, 2, 2), (0, 2, 2), (6, 2, 2), (1, 2, 2)]
+    parts, places, flags, reps = [], [], [], []
+    at = 0
+    for code, fh, fv in cases:
+        h, w = 10, 14
+        y, cb, cr = _planes(rng, h, w, fh, fv)
+        rep = probe.ycc_to_rgb(
+            y, np.repeat(np.repeat(cb, fv, 0), fh, 1)[:h, :w], np.repeat(np.repeat(cr, fv, 0), fh, 1)[:h, :w]
+        )
+        parts.append(rep.reshape(-1))
+        places.append([at, h, w, 3 * w, 3, 1])
+        # Geometry bits set too (a flip, bilinear, antialias): the chroma code sits beside them.
+        flags.append(code << 5 | 1 | 1 << 2 | 16)
+        reps.append((rep, fh, fv))
+        at += rep.size
+    arena = np.concatenate(parts)
+    np.savez(tmp_path / "in.npz", arena=arena, places=np.array(places, dtype=np.int64), flags=np.array(flags))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CLIENT), RINGFEED_GPU_CHROMA="rebuild")
+    out, count = tmp_path / "out.npy", tmp_path / "n.txt"
+    subprocess.run(
+        [sys.executable, "-c", FINISHER_CHILD, str(tmp_path / "in.npz"), str(out), str(count)],
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    got = np.load(out)
+    assert count.read_text() == "3"
+    for (code, _, _), (off, h, w, _, _, _), (rep, fh, fv) in zip(cases, places, reps, strict=True):
+        img = got[off : off + rep.size].reshape(h, w, 3)
+        if code in (3, 4, 5):
+            diff = np.abs(img.astype(int) - cr_mod.rebuild(rep, fh, fv).astype(int))
+            assert diff.max() <= 1, code
+            assert (img != rep).any(), code
+        else:
+            assert (img == rep).all(), code

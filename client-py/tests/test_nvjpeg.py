@@ -47,16 +47,22 @@ def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, r
 
 
 def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``RINGFEED_GPU_CHROMA``: unset or ``replicate`` asks nvJPEG for no flags, ``interpolate`` for
-    interpolated upsampling; anything else is refused by name, before any library is looked for."""
+    """``RINGFEED_GPU_CHROMA``: unset, ``replicate`` or ``rebuild`` asks nvJPEG for no flags,
+    ``interpolate`` for interpolated upsampling; anything else is refused by name, before any
+    library is looked for."""
     monkeypatch.delenv("RINGFEED_GPU_CHROMA", raising=False)
     assert _nvjpeg.chroma_flags() == 0
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "replicate")
     assert _nvjpeg.chroma_flags() == 0
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
     assert _nvjpeg.chroma_flags() == _nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION == 32
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "rebuild")  # replicated, then rebuilt on the GPU
+    assert _nvjpeg.chroma_flags() == 0
+    assert _nvjpeg.chroma_mode() == "rebuild"
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "fancy")
-    with pytest.raises(ValueError, match="RINGFEED_GPU_CHROMA must be 'replicate' or 'interpolate', not 'fancy'"):
+    with pytest.raises(
+        ValueError, match="RINGFEED_GPU_CHROMA must be 'replicate', 'interpolate' or 'rebuild', not 'fancy'"
+    ):
         _nvjpeg.open_hardware(torch.device("cpu"))
 
 

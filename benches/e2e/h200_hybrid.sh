@@ -27,6 +27,10 @@
 #           decode per output format, the finishing kernel) and beside the model (hybrid_step.py).
 #   fidelity  replicated against interpolated chroma on COUNT photos of the corpus, full size and
 #           finished, against Pillow and torchvision (chroma_fidelity.py).
+#   rebuild RINGFEED_GPU_CHROMA=rebuild, in one call: the GPU tests' PSNRs, the rebuild kernels alone
+#           (chroma_kernel_probe.py), the corpus PSNR of the three modes (chroma_fidelity.py), the
+#           cost beside the model (hybrid_step.py), ResNet-18 on 6 threads with replicated and
+#           rebuilt chroma (needs the binary of protocol 1.4: 1.3 says no chroma).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -246,6 +250,24 @@ fidelity)
   mkdir -p "$out"
   timeout 100 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
     | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -6
+  ;;
+rebuild)
+  gpu_prep "${COUNT:-2000}"
+  mkdir -p "$out"
+  timeout 200 python3 -m pytest -q -s -p no:cacheprovider client-py/tests/test_hybrid.py -k gpu_decoders 2>&1 \
+    | grep "PSNR\|passed\|failed\|FAILED" | sort | uniq -c | tail -12 || echo "pytest rc $?"
+  timeout 60 python3 benches/e2e/chroma_kernel_probe.py --count 192 --size 500x375 --out "$out/kernel" 2>&1 | tail -6
+  timeout 100 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
+    | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -6
+  timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" \
+    --parts alone,decode-nvjpeg+finish,rebuild,decode-nvjpeg+rebuild+finish,alone 2>&1 \
+    | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -8
+  for c in replicate rebuild; do
+    RINGFEED_GPU_CHROMA=$c timeout 100 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed \
+      --models resnet18 --loaders ceiling,ringfeed-share-0.625 --workers 15 --threads-cap 6 --steps 400 \
+      --out "/tmp/r18-$c" 2>&1 | grep -v "^{" | sed -n 5,8p || echo "r18-6-$c rc $?"
+    mkdir -p "$out/r18-6-$c" && cp "/tmp/r18-$c/gpu.md" "$out/r18-6-$c/"
+  done
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -21,6 +21,9 @@ up to `--per-step` images per model step:
   and the kernel;
 - decode-nvjpeg/replicated: the same without interpolated chroma upsampling (the hardware
   replicates chroma); decode-nvjpeg/planar: planar YCbCr output, no colour conversion;
+- rebuild: the chroma rebuild (RINGFEED_GPU_CHROMA=rebuild, ringfeed._chroma_kernel) over a
+  replicated decode, alone; decode-nvjpeg+rebuild+finish: the batched decode, the rebuild and
+  the kernel, what that mode does;
 - decode-hw/pinned: the hardware decode of the same bytes in pinned memory (as the ring is);
 - decode-hw/tN: the hardware decode with nvImageCodec's own CPU threads capped at N (its
   default is one per core);
@@ -151,6 +154,13 @@ def main() -> None:
     yuv_planes = np.stack([yuv_offs, yuv_offs + ysz, yuv_offs + ysz + csz], 1).astype(np.uint64)
     yuv_pitches = np.stack([yw, np.maximum(cw, 1), np.maximum(cw, 1)], 1).astype(np.uint64)
     out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
+    from ringfeed import _chroma_kernel
+
+    _chroma_kernel.warm(dev)
+    # One replicated decode of the batch, for the rebuild alone.
+    once_rep = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
+    replicated.decode(in_ptrs, lens, once_rep.data_ptr() + out_offs, pitches, side.cuda_stream)
+    torch.cuda.synchronize()
     _finish_kernel.warm(dev, "NHWC", (224, 224))
 
     def table_of(places: np.ndarray) -> torch.Tensor:
@@ -223,11 +233,35 @@ def main() -> None:
             places[:, 0] = buf.data_ptr() + out_offs.astype(np.int64)
             finish(table_of(places))
 
+        def rebuild_rows(base: int) -> np.ndarray:
+            """The chroma rebuild's table for a batch decoded at `base` (replicated chroma)."""
+            block = np.where(fac > 0, fac, 1)
+            rows = np.stack([base + out_offs.astype(np.int64), yh, yw, yw * 3, block[:, 0], block[:, 1]], axis=1)
+            return rows.astype(np.int64)
+
+        def rebuild(buf: torch.Tensor) -> None:
+            rows = rebuild_rows(buf.data_ptr())
+            with torch.cuda.stream(stream):
+                _chroma_kernel.rebuild(torch.from_numpy(rows).pin_memory().to(dev, non_blocking=True), rows)
+
+        def rebuild_only() -> None:
+            rebuild(once_rep)  # in place, again and again: the cost, not the pixels
+            stream.synchronize()
+
+        def nvjpeg_rebuild_finish() -> None:
+            buf = nvjpeg_batch()
+            rebuild(buf)
+            places = nv_places.copy()
+            places[:, 0] = buf.data_ptr() + out_offs.astype(np.int64)
+            finish(table_of(places))
+
         return {
             "decode-nvjpeg": nvjpeg_only,
             "decode-nvjpeg+finish": nvjpeg_finish,
             "decode-nvjpeg/replicated": nvjpeg_replicated,
             "decode-nvjpeg/planar": nvjpeg_planar,
+            "rebuild": rebuild_only,
+            "decode-nvjpeg+rebuild+finish": nvjpeg_rebuild_finish,
             "decode-hw": lambda: decode_with(hw),
             **({} if gpu is None else {"decode-gpu": lambda: decode_with(gpu)}),
             "decode-hw/pinned": lambda: decode_with(hw, pinned_datas),

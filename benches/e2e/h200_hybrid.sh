@@ -252,7 +252,7 @@ fidelity)
     | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -6
   ;;
 rebuild)
-  gpu_prep "${COUNT:-2000}"
+  gpu_prep "${COUNT:-8000}"
   mkdir -p "$out"
   timeout 200 python3 -m pytest -q -s -p no:cacheprovider client-py/tests/test_hybrid.py -k gpu_decoders 2>&1 \
     | grep "PSNR\|passed\|failed\|FAILED" | sort | uniq -c | tail -12 || echo "pytest rc $?"

@@ -12,7 +12,9 @@ the batched hardware decoder in each ``RINGFEED_GPU_CHROMA`` mode (``rebuild``: 
 Triton kernel with the same
 RandomResizedCrop(224) + flip draws (``nvjpeg_probe.rrc_records``), against torchvision's
 ``resized_crop`` (bilinear, antialias) of Pillow's decode with the same parameters. Reports the
-PSNR over all the images, full size (against Pillow) and finished (against torchvision).
+PSNR over all the images, full size (against Pillow) and finished (against torchvision), and how
+block-constant each decode's chroma is (``block_spread``: the rebuild assumes the hardware's
+replicated chroma is one value a block, as libjpeg's replication is).
 Writes chroma_fidelity.json/.md into --out.
 """
 
@@ -31,6 +33,23 @@ import torch
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
     return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+def block_spread(img: np.ndarray, fh: int, fv: int) -> float:
+    """The mean, over the chroma blocks of ``img`` (whole ones, every pixel unclamped), of the
+    spread (max - min) of the JFIF chroma projection within the block. 0 for libjpeg's
+    replicated chroma (its rounded chroma offsets do not depend on luma), which is what the
+    rebuild (``_chroma_kernel``) assumes; interpolated chroma spreads by several levels."""
+    h, w = img.shape[0] // fv * fv, img.shape[1] // fh * fh
+    x = img[:h, :w].astype(np.float64)
+    cb = -0.168736 * x[..., 0] - 0.331264 * x[..., 1] + 0.5 * x[..., 2]
+    cr = 0.5 * x[..., 0] - 0.418688 * x[..., 1] - 0.081312 * x[..., 2]
+    ok = ((img[:h, :w] > 0) & (img[:h, :w] < 255)).all(-1).reshape(h // fv, fv, w // fh, fh).all((1, 3))
+    spread = []
+    for c in (cb, cr):
+        b = c.reshape(h // fv, fv, w // fh, fh)
+        spread.append((b.max((1, 3)) - b.min((1, 3)))[ok])
+    return float(np.mean(np.concatenate(spread))) if ok.any() else float("nan")
 
 
 def main() -> None:
@@ -115,6 +134,13 @@ def main() -> None:
                 "finished_psnr_vs_torchvision": psnr(fin, ref_a),
                 "finished_mean_abs": float(np.abs(fin.astype(int) - ref_a.astype(int)).mean()),
                 "finished_max_abs": int(np.abs(fin.astype(int) - ref_a.astype(int)).max()),
+                # How block-constant the decode's chroma is, over the subsampled images.
+                "block_chroma_spread": float(
+                    np.nanmean(
+                        [block_spread(f, *b) for f, b in zip(full[name], blocks, strict=True) if b != (1, 1)]
+                        or [float("nan")]
+                    )
+                ),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
@@ -123,13 +149,15 @@ def main() -> None:
     lines = [
         f"# Replicated against interpolated chroma on {a.count} images of the corpus ({torch.cuda.get_device_name()})",
         "",
-        "| chroma | full size: PSNR vs Pillow | mean abs | finished 224: PSNR vs torchvision | mean abs | max abs |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| chroma | full size: PSNR vs Pillow | mean abs | finished 224: PSNR vs torchvision | mean abs | max abs "
+        "| chroma spread in a block |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['chroma']} | {r['full_psnr_vs_pillow']:.2f} dB | {r['full_mean_abs']:.3f} "
-            f"| {r['finished_psnr_vs_torchvision']:.2f} dB | {r['finished_mean_abs']:.3f} | {r['finished_max_abs']} |"
+            f"| {r['finished_psnr_vs_torchvision']:.2f} dB | {r['finished_mean_abs']:.3f} | {r['finished_max_abs']} "
+            f"| {r['block_chroma_spread']:.2f} |"
         )
     (a.out / "chroma_fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -16,13 +16,29 @@ from typing import Any
 
 import torch
 
+#: ImageNet's mean and std on DALI's 0..255 scale.
+MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
+STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
+
+
+def _run(p: Any, dtype: Any) -> Iterator[tuple[Any, Any]]:
+    """Builds pipeline ``p`` (its reader named ``reader``) and yields its batches for ever."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    p.build()
+    it = DALIGenericIterator(
+        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
+    )
+    while True:
+        for out in it:
+            yield out[0]["x"].to(dtype), out[0]["y"].squeeze(-1).long()
+
 
 def batches(
     images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16, shard: tuple[int, int] = (0, 1)
 ) -> Iterator[tuple[Any, Any]]:
     """``shard``: ``(rank, world)``, the reader's share of the files (DDP: one pipeline per rank)."""
     from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
     def pipe() -> Any:
@@ -35,20 +51,13 @@ def batches(
             img,
             dtype=types.FLOAT16,
             output_layout="CHW",
-            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mean=MEAN,
+            std=STD,
             mirror=fn.random.coin_flip(),
         )
         return img, labels.gpu()
 
-    p = pipe()
-    p.build()
-    it = DALIGenericIterator(
-        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-    )
-    while True:
-        for out in it:
-            yield out[0]["x"].to(dtype), out[0]["y"].squeeze(-1).long()
+    yield from _run(pipe(), dtype)
 
 
 def eval_batches(
@@ -56,7 +65,6 @@ def eval_batches(
 ) -> Iterator[tuple[Any, Any]]:
     """The evaluation pipeline; ``shard`` as in :func:`batches`."""
     from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
     def pipe() -> Any:
@@ -71,17 +79,10 @@ def eval_batches(
             crop=(224, 224),
             dtype=types.FLOAT16,
             output_layout="CHW",
-            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mean=MEAN,
+            std=STD,
             mirror=0,
         )
         return img, labels.gpu()
 
-    p = pipe()
-    p.build()
-    it = DALIGenericIterator(
-        p, ["x", "y"], reader_name="reader", last_batch_policy=LastBatchPolicy.DROP, auto_reset=True
-    )
-    while True:
-        for out in it:
-            yield out[0]["x"].to(dtype), out[0]["y"].squeeze(-1).long()
+    yield from _run(pipe(), dtype)

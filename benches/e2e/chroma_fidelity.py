@@ -23,16 +23,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
 
 
 def block_spread(img: np.ndarray, fh: int, fv: int) -> float:
@@ -59,8 +53,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
-    from nvjpeg_probe import rrc_records
-    from PIL import Image, JpegImagePlugin
+    from nvjpeg_probe import chroma_block, psnr, rrc_records
+    from PIL import Image
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2.functional import resized_crop
 
@@ -71,11 +65,7 @@ def main() -> None:
         datas = [bytes(ds.sample(i).data) for i in range(a.count)]
     pil = [np.asarray(Image.open(io.BytesIO(d)).convert("RGB")) for d in datas]
     # Each JPEG's chroma block (what a 1.4 server says in gpu_job): Pillow's sampling code.
-    blocks = []
-    for d in datas:
-        with Image.open(io.BytesIO(d)) as im:
-            code = -1 if im.mode == "L" else JpegImagePlugin.get_sampling(im)
-        blocks.append({1: (2, 1), 2: (2, 2)}.get(code, (1, 1)))
+    blocks = [chroma_block(d) or (1, 1) for d in datas]
     h = np.array([p.shape[0] for p in pil], dtype=np.int64)
     w = np.array([p.shape[1] for p in pil], dtype=np.int64)
     arena = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from chroma_reconstruct import rebuild as reference
-from nvjpeg_probe import fancy_up, ycc_to_rgb
+from nvjpeg_probe import decodes, psnr
 
 from ringfeed import _chroma_kernel
 
@@ -42,11 +41,6 @@ def planes(rng: np.random.Generator, h: int, w: int, fh: int, fv: int) -> tuple[
     cb = 128 + 50 * np.sin(cx / 5.0) * np.cos(cy / 7.0) + rng.normal(0, 6, (ch, cw))
     cr = 128 + 50 * np.cos(cx / 6.0 + cy / 4.0) + rng.normal(0, 6, (ch, cw))
     return tuple(np.clip(np.rint(p), 0, 255).astype(np.int64) for p in (y, cb, cr))
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
 
 
 def main() -> None:
@@ -67,10 +61,7 @@ def main() -> None:
     for j in range(min(a.count, max(a.check, 3))):
         fh, fv = kinds[j % len(kinds)]
         y, cb, cr = planes(rng, h, w, fh, fv)
-        rep = ycc_to_rgb(
-            y, np.repeat(np.repeat(cb, fv, 0), fh, 1)[:h, :w], np.repeat(np.repeat(cr, fv, 0), fh, 1)[:h, :w]
-        )
-        interp = ycc_to_rgb(y, fancy_up(cb, fh, fv, w, h), fancy_up(cr, fh, fv, w, h))
+        rep, interp = decodes(y, cb, cr, fh, fv)
         distinct.append((fh, fv, rep, interp))
     pick = [distinct[j % len(distinct)] for j in range(a.count)]
     host = np.stack([p[2] for p in pick])

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
-from nvjpeg_probe import fancy_up, ycc_to_rgb
+from nvjpeg_probe import decodes, psnr
 from PIL import Image
 
 
@@ -109,11 +108,6 @@ def rebuild(rep: np.ndarray, fh: int = 2, fv: int = 2) -> np.ndarray:
     return np.clip(np.floor(x + delta + 0.5), 0, 255).astype(np.uint8)
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
-
-
 def half(img: np.ndarray) -> np.ndarray:
     t = torch.from_numpy(img).permute(2, 0, 1)[None].float()
     size = (img.shape[0] // 2, img.shape[1] // 2)
@@ -133,12 +127,8 @@ def main() -> None:
         with Image.open(f) as im:
             rgb = np.asarray(im.convert("RGB"))
         y, cb, cr = rgb_to_ycc(rgb)
-        h, w = y.shape
         cb2, cr2 = down2(cb), down2(cr)
-        interp = ycc_to_rgb(y, fancy_up(cb2, 2, 2, w, h), fancy_up(cr2, 2, 2, w, h))
-        rep = ycc_to_rgb(
-            y, np.repeat(np.repeat(cb2, 2, 0), 2, 1)[:h, :w], np.repeat(np.repeat(cr2, 2, 0), 2, 1)[:h, :w]
-        )
+        rep, interp = decodes(y, cb2, cr2, 2, 2)
         rebuilt = rebuild(rep)
         for k, v in (("interp", interp), ("rep", rep), ("rebuilt", rebuilt)):
             acc[k].append(v.reshape(-1))

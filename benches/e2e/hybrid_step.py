@@ -134,17 +134,10 @@ def main() -> None:
     out_size = np.array([w * h * 3 for w, h in hw_sizes], dtype=np.uint64)
     out_offs = np.concatenate([[0], np.cumsum(out_size[:-1])]).astype(np.uint64)
     pitches = np.array([w * 3 for w, _ in hw_sizes], dtype=np.uint64)
-    import io
+    from nvjpeg_probe import chroma_block
 
-    from PIL import Image, JpegImagePlugin
-
-    def chroma(d: np.ndarray) -> tuple[int, int]:
-        with Image.open(io.BytesIO(d.tobytes())) as im:
-            if im.mode == "L":
-                return 0, 0
-            return {0: (1, 1), 1: (2, 1), 2: (2, 2)}[JpegImagePlugin.get_sampling(im)]
-
-    fac = np.array([chroma(d) for d in datas], dtype=np.int64)
+    # Each image's chroma factors; (0, 0) for a grey one (no chroma planes).
+    fac = np.array([chroma_block(d.tobytes()) or (0, 0) for d in datas], dtype=np.int64)
     yw, yh = np.array([w for w, _ in hw_sizes]), np.array([h for _, h in hw_sizes])
     cw = np.where(fac[:, 0] > 0, -(-yw // np.maximum(fac[:, 0], 1)), 0)
     ch = np.where(fac[:, 1] > 0, -(-yh // np.maximum(fac[:, 1], 1)), 0)

@@ -36,6 +36,35 @@ import torch
 SAMPLING = {0: (1, 1), 1: (2, 1), 2: (2, 2)}
 
 
+def chroma_block(data: bytes) -> tuple[int, int] | None:
+    """A JPEG's chroma factors ``(fh, fv)`` as Pillow reads its header (``(1, 1)`` for 4:4:4 and
+    samplings Pillow does not name), ``None`` for a grey one."""
+    from PIL import Image, JpegImagePlugin
+
+    with Image.open(io.BytesIO(data)) as im:
+        if im.mode == "L":
+            return None
+        return SAMPLING.get(JpegImagePlugin.get_sampling(im), (1, 1))
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR of ``a`` against ``b`` (8-bit values), in dB."""
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return 10 * math.log10(255**2 / max(mse, 1e-12))
+
+
+def decodes(y: np.ndarray, cb: np.ndarray, cr: np.ndarray, fh: int, fv: int) -> tuple[np.ndarray, np.ndarray]:
+    """The RGB decodes of luma ``y`` and chroma planes ``cb``, ``cr`` subsampled by ``(fh, fv)``,
+    with libjpeg's arithmetic: ``(replicated chroma, interpolated chroma)``."""
+    h, w = y.shape
+
+    def rep(c: np.ndarray) -> np.ndarray:
+        return np.repeat(np.repeat(c, fv, 0), fh, 1)[:h, :w]
+
+    replicated = ycc_to_rgb(y, rep(cb), rep(cr))
+    return replicated, ycc_to_rgb(y, fancy_up(cb, fh, fv, w, h), fancy_up(cr, fh, fv, w, h))
+
+
 def fancy_up(c: np.ndarray, fh: int, fv: int, w: int, h: int) -> np.ndarray:
     """libjpeg's "fancy" chroma upsampling (jdsample.c: h2v1, h1v2, h2v2) of plane ``c`` to
     ``h x w``: a triangle filter, 3/4 of the nearer sample and 1/4 of the farther, edges
@@ -136,7 +165,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
-    from PIL import Image, JpegImagePlugin
+    from PIL import Image
 
     from ringfeed import PackedDataset, _finish_kernel, _nvjpeg
 
@@ -146,9 +175,9 @@ def main() -> None:
     info = []
     for d in datas:
         with Image.open(io.BytesIO(d)) as im:
-            info.append((im.width, im.height, im.mode, JpegImagePlugin.get_sampling(im) if im.mode != "L" else -2))
-    modes = sorted({(m, s) for _, _, m, s in info})
-    print(f"{len(datas)} JPEGs, modes/samplings {modes}", flush=True)
+            info.append((im.width, im.height, chroma_block(d)))
+    modes = sorted({str(b) for _, _, b in info})
+    print(f"{len(datas)} JPEGs, chroma blocks {modes}", flush=True)
     arena = np.frombuffer(b"".join(datas), dtype=np.uint8)
     pinned = torch.from_numpy(arena.copy()).pin_memory()
     lens = np.array([len(d) for d in datas], dtype=np.uint64)
@@ -156,10 +185,10 @@ def main() -> None:
     ptrs = pinned.data_ptr() + offs
     w = np.array([i[0] for i in info], dtype=np.int64)
     h = np.array([i[1] for i in info], dtype=np.int64)
-    fac = [SAMPLING.get(i[3], (1, 1)) for i in info]
-    grey = np.array([i[2] == "L" for i in info])
+    fac = [i[2] or (1, 1) for i in info]
+    grey = np.array([i[2] is None for i in info])
     stream = torch.cuda.Stream()
-    results: dict = {"count": len(datas), "modes": [list(m) for m in modes], "decode": [], "finish": {}}
+    results: dict = {"count": len(datas), "chroma_blocks": modes, "decode": [], "finish": {}}
 
     def layout(kind: str):
         """Plane addresses (relative), pitches and the buffer size for `kind`."""

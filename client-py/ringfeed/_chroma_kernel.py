@@ -60,11 +60,9 @@ WARPS = 4
 
 
 @triton.jit
-def _blocks(table, scratch, s_img, s_row, row_len: tl.constexpr, block: tl.constexpr):
-    """Pass 1: the chroma (Cb', Cr') of ``block`` blocks of one block row of one image, into
-    ``scratch[i, block row, block column, 0:2]`` (float32)."""
-    i = tl.program_id(0)
-    by = tl.program_id(1)
+def _image(table, i, row_len: tl.constexpr):
+    """Image ``i``'s table row: its pixels' address, height, width, pitch, chroma factors, and its
+    count of block rows and block columns."""
     row = table + i * row_len
     base = tl.load(row).to(tl.pointer_type(tl.uint8))
     h = tl.load(row + 1)
@@ -72,8 +70,16 @@ def _blocks(table, scratch, s_img, s_row, row_len: tl.constexpr, block: tl.const
     pitch = tl.load(row + 3)
     fh = tl.load(row + 4)
     fv = tl.load(row + 5)
-    bh = (h + fv - 1) // fv
-    bw = (w + fh - 1) // fh
+    return base, h, w, pitch, fh, fv, (h + fv - 1) // fv, (w + fh - 1) // fh
+
+
+@triton.jit
+def _blocks(table, scratch, s_img, s_row, row_len: tl.constexpr, block: tl.constexpr):
+    """Pass 1: the chroma (Cb', Cr') of ``block`` blocks of one block row of one image, into
+    ``scratch[i, block row, block column, 0:2]`` (float32)."""
+    i = tl.program_id(0)
+    by = tl.program_id(1)
+    base, h, w, pitch, fh, fv, bh, bw = _image(table, i, row_len)
     bx = tl.program_id(2) * block + tl.arange(0, block)
     # Scalar conditions through `where`: Triton's interpreter (3.9, NumPy 2.4) turns `vector & scalar`
     # of booleans into int64, which it then refuses as a mask.
@@ -138,15 +144,7 @@ def _correct(table, scratch, s_img, s_row, row_len: tl.constexpr, block: tl.cons
     """Pass 2: ``block`` pixels of one row of one image, corrected in place from the scratch."""
     i = tl.program_id(0)
     y = tl.program_id(1)
-    row = table + i * row_len
-    base = tl.load(row).to(tl.pointer_type(tl.uint8))
-    h = tl.load(row + 1)
-    w = tl.load(row + 2)
-    pitch = tl.load(row + 3)
-    fh = tl.load(row + 4)
-    fv = tl.load(row + 5)
-    bh = (h + fv - 1) // fv
-    bw = (w + fh - 1) // fh
+    base, h, w, pitch, fh, fv, bh, bw = _image(table, i, row_len)
     x = tl.program_id(2) * block + tl.arange(0, block)
     live = tl.where((y < h) & (fh * fv > 1), x < w, False)
 

@@ -310,22 +310,21 @@ class Finisher:
         #: The chroma rebuild (:mod:`ringfeed._chroma_kernel`) for the batched hardware decoder's
         #: replicated chroma, with ``RINGFEED_GPU_CHROMA=rebuild``; ``None`` otherwise.
         self._chroma: Any = None
-        if backend == "nvimgcodec" or os.environ.get("RINGFEED_GPU_CHROMA"):
-            from . import _nvjpeg
+        from . import _nvjpeg
 
-            # A bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread.
-            if _nvjpeg.chroma_mode() == "rebuild":
-                try:
-                    from . import _chroma_kernel
+        # A bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread.
+        if _nvjpeg.chroma_mode() == "rebuild":
+            try:
+                from . import _chroma_kernel
 
-                    if device.type == "cuda":
-                        _chroma_kernel.warm(device)
-                    self._chroma = _chroma_kernel
-                except Exception as e:  # any failure to import or to compile it
-                    raise ValueError(
-                        f"RINGFEED_GPU_CHROMA=rebuild: the chroma rebuild kernels cannot run here ({e!r}); "
-                        "set RINGFEED_GPU_CHROMA=replicate or interpolate"
-                    ) from e
+                if device.type == "cuda":
+                    _chroma_kernel.warm(device)
+                self._chroma = _chroma_kernel
+            except Exception as e:  # any failure to import or to compile it
+                raise ValueError(
+                    f"RINGFEED_GPU_CHROMA=rebuild: the chroma rebuild kernels cannot run here ({e!r}); "
+                    "set RINGFEED_GPU_CHROMA=replicate or interpolate"
+                ) from e
         #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
         #: has its own decode state, so two batches decode at once), opened on first use; off
         #: where it cannot run (then nvImageCodec decodes, image by image).

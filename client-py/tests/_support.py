@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +13,27 @@ import pytest
 from _fleet import binary
 
 REPO = Path(__file__).resolve().parents[2]
+
+try:
+    import triton  # noqa: F401
+
+    HAVE_TRITON = True
+except ImportError:
+    HAVE_TRITON = False
+
+#: For the tests of the Triton kernels, which run them under Triton's interpreter on the CPU.
+needs_triton = pytest.mark.skipif(
+    not HAVE_TRITON and os.environ.get("CI") != "true",
+    reason="triton is not installed (PyPI's torch wheels bring it; CI fails instead of skipping)",
+)
+
+
+def interpreted(code: str, *args: object, **env: str) -> None:
+    """Runs ``code`` with ``args`` in a child Python under Triton's interpreter
+    (``TRITON_INTERPRET=1``, chosen when a kernel is defined, hence the child), with the client on
+    its path and ``env`` added; raises if it fails."""
+    full = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO / "client-py"), **env)
+    subprocess.run([sys.executable, "-c", code, *map(str, args)], env=full, check=True, timeout=600)
 
 
 def ringfeed_bin() -> str:

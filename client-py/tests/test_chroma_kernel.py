@@ -10,30 +10,17 @@ stand for (``nvjpeg_probe.fancy_up``) is known too.
 
 from __future__ import annotations
 
-import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _support import interpreted, needs_triton
 
 CLIENT = Path(__file__).resolve().parents[1]
 E2E = CLIENT.parent / "benches" / "e2e"
 
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
-
-needs_triton = pytest.mark.skipif(
-    not HAVE_TRITON and os.environ.get("CI") != "true",
-    reason="triton is not installed (PyPI's torch wheels bring it; CI fails instead of skipping)",
-)
 
 # Loads argv[1] (npz: the arena, the table with addresses as offsets into it), rebuilds the
 # images in place through their addresses and writes the arena back to argv[2].
@@ -89,11 +76,6 @@ def _planes(rng: np.random.Generator, h: int, w: int, fh: int, fv: int) -> tuple
     return tuple(np.clip(np.rint(p), 0, 255).astype(np.int64) for p in (y, cb, cr))
 
 
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
-    return 10 * math.log10(255**2 / max(mse, 1e-12))
-
-
 @needs_triton
 def test_kernel_matches_reference_and_approaches_interpolated(tmp_path: Path) -> None:
     """For 4:2:0, 4:2:2 and 4:4:0 images of even and odd sizes (partial blocks), with clamped
@@ -108,10 +90,7 @@ def test_kernel_matches_reference_and_approaches_interpolated(tmp_path: Path) ->
     at = 0
     for h, w, fh, fv, pad in CASES:
         y, cb, cr = _planes(rng, h, w, fh, fv)
-        rep = probe.ycc_to_rgb(
-            y, np.repeat(np.repeat(cb, fv, 0), fh, 1)[:h, :w], np.repeat(np.repeat(cr, fv, 0), fh, 1)[:h, :w]
-        )
-        interp = probe.ycc_to_rgb(y, probe.fancy_up(cb, fh, fv, w, h), probe.fancy_up(cr, fh, fv, w, h))
+        rep, interp = probe.decodes(y, cb, cr, fh, fv)
         pitch = 3 * w + pad
         buf = rng.integers(0, 256, (h, pitch), dtype=np.uint8)  # the padding: random bytes
         buf[:, : 3 * w] = rep.reshape(h, 3 * w)
@@ -121,9 +100,8 @@ def test_kernel_matches_reference_and_approaches_interpolated(tmp_path: Path) ->
         at += h * pitch + gap
     arena = np.concatenate(parts)
     np.savez(tmp_path / "in.npz", arena=arena, table=np.array(table, dtype=np.int64))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CLIENT))
     out = tmp_path / "out.npy"
-    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "in.npz"), str(out)], env=env, check=True, timeout=600)
+    interpreted(CHILD, tmp_path / "in.npz", out)
     got = np.load(out)
 
     touched = np.zeros(arena.shape, dtype=bool)
@@ -142,7 +120,8 @@ def test_kernel_matches_reference_and_approaches_interpolated(tmp_path: Path) ->
         assert diff.mean() < 0.01, (case, diff.mean())
         # Not vacuous: the rebuild changed pixels, and brought them nearer the interpolated decode.
         assert (out_img != rep).mean() > 0.2, case
-        assert _psnr(out_img, interp) > _psnr(rep, interp) + 1.0, (case, _psnr(out_img, interp), _psnr(rep, interp))
+        before, after = probe.psnr(rep, interp), probe.psnr(out_img, interp)
+        assert after > before + 1.0, (case, after, before)
         # The inputs exercise clamping: pixels at 0 or 255 inside the blocks.
         assert ((rep == 0) | (rep == 255)).any(-1).mean() > 0.1, case
     assert (got[~touched] == arena[~touched]).all(), "bytes outside the images' pixels were written"
@@ -194,9 +173,7 @@ def test_the_finisher_rebuilds_what_the_records_say_is_subsampled(tmp_path: Path
     for code, fh, fv in cases:
         h, w = 10, 14
         y, cb, cr = _planes(rng, h, w, fh, fv)
-        rep = probe.ycc_to_rgb(
-            y, np.repeat(np.repeat(cb, fv, 0), fh, 1)[:h, :w], np.repeat(np.repeat(cr, fv, 0), fh, 1)[:h, :w]
-        )
+        rep, _ = probe.decodes(y, cb, cr, fh, fv)
         parts.append(rep.reshape(-1))
         places.append([at, h, w, 3 * w, 3, 1])
         # Geometry bits set too (a flip, bilinear, antialias): the chroma code sits beside them.
@@ -205,14 +182,8 @@ def test_the_finisher_rebuilds_what_the_records_say_is_subsampled(tmp_path: Path
         at += rep.size
     arena = np.concatenate(parts)
     np.savez(tmp_path / "in.npz", arena=arena, places=np.array(places, dtype=np.int64), flags=np.array(flags))
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CLIENT), RINGFEED_GPU_CHROMA="rebuild")
     out, count = tmp_path / "out.npy", tmp_path / "n.txt"
-    subprocess.run(
-        [sys.executable, "-c", FINISHER_CHILD, str(tmp_path / "in.npz"), str(out), str(count)],
-        env=env,
-        check=True,
-        timeout=600,
-    )
+    interpreted(FINISHER_CHILD, tmp_path / "in.npz", out, count, RINGFEED_GPU_CHROMA="rebuild")
     got = np.load(out)
     assert count.read_text() == "3"
     for (code, _, _), (off, h, w, _, _, _), (rep, fh, fv) in zip(cases, places, reps, strict=True):

@@ -8,27 +8,11 @@ matrix-product path is itself pinned to torchvision and to the server's CPU path
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-CLIENT = Path(__file__).resolve().parents[1]
-
-try:
-    import triton  # noqa: F401
-
-    HAVE_TRITON = True
-except ImportError:
-    HAVE_TRITON = False
-
-needs_triton = pytest.mark.skipif(
-    not HAVE_TRITON and os.environ.get("CI") != "true",
-    reason="triton is not installed (PyPI's torch wheels bring it; CI fails instead of skipping)",
-)
+from _support import interpreted, needs_triton
 
 # Runs both paths over the same records and images; writes their outputs to argv[1] (npz).
 CHILD = r"""
@@ -110,8 +94,7 @@ def test_kernel_matches_matrix_products(tmp_path: Path) -> None:
     products' pixels within one level (rounding of exact halves), and writes only the rows of
     the GPU samples."""
     out = tmp_path / "out.npz"
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(CLIENT))
-    subprocess.run([sys.executable, "-c", CHILD, str(out)], env=env, check=True, timeout=600)
+    interpreted(CHILD, out)
     got = np.load(out)
     for layout in ("NHWC", "NCHW"):
         bmm = got[f"{layout}-bmm"].astype(int)

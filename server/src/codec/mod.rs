@@ -55,15 +55,10 @@ use std::fmt;
 pub use markers::Chroma;
 pub use sniff::{Format, sniff};
 
-/// Whether `data` is a self-contained, sequential, single-scan, Huffman-coded JPEG (SOF0/SOF1
-/// with every table it uses): what a GPU's hardware decoder takes (control.md, "Hybrid
-/// decode"). A bounded header walk; the entropy-coded data is not read.
-pub fn sequential_huffman(data: &[u8]) -> bool {
-    markers::walk(data).layout.is_some()
-}
-
-/// The chroma sampling of a JPEG that [`sequential_huffman`] accepts (from its frame header), or
-/// `None` for one it does not.
+/// For a self-contained, sequential, single-scan, Huffman-coded JPEG (SOF0/SOF1 with every
+/// table it uses: what a GPU's hardware decoder takes, control.md "Hybrid decode"), its chroma
+/// sampling from its frame header; `None` for anything else. A bounded header walk; the
+/// entropy-coded data is not read.
 pub fn sequential_huffman_chroma(data: &[u8]) -> Option<Chroma> {
     let m = markers::walk(data);
     m.layout.and(m.chroma)

@@ -31,6 +31,9 @@
 #           (chroma_kernel_probe.py), the corpus PSNR of the three modes (chroma_fidelity.py), the
 #           cost beside the model (hybrid_step.py), ResNet-18 on 6 threads with replicated and
 #           rebuilt chroma (needs the binary of protocol 1.4: 1.3 says no chroma).
+#   tiled   the tiled finishing kernel against the direct one, and the chroma rebuild: GPU tests,
+#           both kernels alone and beside the model, the corpus PSNR of the chroma modes,
+#           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -268,6 +271,28 @@ rebuild)
       --out "/tmp/r18-$c" 2>&1 | grep -v "^{" | sed -n 5,8p || echo "r18-6-$c rc $?"
     mkdir -p "$out/r18-6-$c" && cp "/tmp/r18-$c/gpu.md" "$out/r18-6-$c/"
   done
+  ;;
+tiled)
+  # The tiled finishing kernel (tensor-core products) against the direct one of 970c170, and
+  # the chroma rebuild, in one call: GPU tests (PSNRs), both kernels alone and their pixels
+  # (nvjpeg_probe.py --compare), each beside the model (hybrid_step.py), the corpus PSNR of the
+  # chroma modes, ResNet-18 on 6 threads at pinned shares and autotuned.
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  timeout 200 python3 -m pytest -q -s -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
+    client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
+    | grep "PSNR\|passed\|failed\|FAILED\|Error" | sort | uniq -c | tail -24 > "$out/tests.txt" || echo "pytest rc $?"
+  cat "$out/tests.txt"
+  timeout 90 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --compare _finish_kernel_before \
+    --out "$out/probe" 2>&1 | grep -v "^{\|^\[" | tail -20 || echo "probe rc $?"
+  timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" --seconds 4 \
+    --parts ${PARTS:-alone,finish,finish/before,decode-nvjpeg/replicated,decode-nvjpeg+finish,decode-nvjpeg+rebuild+finish,alone} 2>&1 \
+    | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -10
+  timeout 60 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
+    | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -8 || echo "fidelity rc $?"
+  [ -n "${NOTRAIN:-}" ] || timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 400 \
+    --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -12 || echo "r18-6 rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -28,7 +28,8 @@ up to `--per-step` images per model step:
 - decode-hw/tN: the hardware decode with nvImageCodec's own CPU threads capped at N (its
   default is one per core);
 - finish: the Triton finishing kernel alone over images decoded once (their table built once),
-  on its own stream;
+  on its own stream; finish/before: the same with the direct kernel of 970c170
+  (benches/e2e/_finish_kernel_before.py), the tiled kernel's baseline;
 - decode+finish: what the client does (hardware decode, then the kernel);
 - the GPU parts again with "@hi": on a stream of the highest priority.
 
@@ -155,6 +156,10 @@ def main() -> None:
     replicated.decode(in_ptrs, lens, once_rep.data_ptr() + out_offs, pitches, side.cuda_stream)
     torch.cuda.synchronize()
     _finish_kernel.warm(dev, "NHWC", (224, 224))
+    # The direct kernel of 970c170, for "finish/before" (the tiled kernel's baseline, same run).
+    import _finish_kernel_before as before
+
+    before.warm(dev, "NHWC", (224, 224))
 
     def table_of(places: np.ndarray) -> torch.Tensor:
         """The kernel's table (host memory, pinned) for images at `places` (`_hybrid._place`'s
@@ -191,9 +196,9 @@ def main() -> None:
             dec.decode(src, cuda_stream=stream.cuda_stream)
             stream.synchronize()
 
-        def finish(t: torch.Tensor) -> None:
+        def finish(t: torch.Tensor, kernel=_finish_kernel) -> None:
             with torch.cuda.stream(stream):
-                _finish_kernel.finish(t.to(dev, non_blocking=True), out, "NHWC")
+                kernel.finish(t.to(dev, non_blocking=True), out, "NHWC")
             stream.synchronize()
 
         def nvjpeg_batch() -> torch.Tensor:
@@ -260,6 +265,7 @@ def main() -> None:
             "decode-hw/pinned": lambda: decode_with(hw, pinned_datas),
             **{f"decode-hw/t{t}": (lambda d=d: decode_with(d)) for t, d in few.items()},
             "finish": lambda: finish(once_table),
+            "finish/before": lambda: finish(once_table, before),
             "decode+finish": lambda: finish(table(hw.decode(datas, cuda_stream=stream.cuda_stream))),
         }
 

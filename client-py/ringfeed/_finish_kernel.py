@@ -8,15 +8,20 @@ per image, from Python, about 50 µs of the training process's host thread per s
 are, through a table of their addresses and strides, and writes the finished pixels straight into
 the batch: one launch per batch, and per sample only the table row the host fills in.
 
-Each program computes ``BLOCK`` output pixels of one output row of one sample, its column taps
-``TAPS`` at a time as a second tensor axis (their weights computed once per program) and its row
-taps ``ROWS`` at a time. Along each axis it finds the source taps of the filter the CPU path
+Each program computes a ``TY x TX`` tile of one sample's output as two matrix products on the
+tensor cores, ``out = Wy @ src @ Wx``, over the tile's source rectangle in ``CHUNK x CHUNK``
+pieces: each source pixel the tile needs is loaded once (a 2D load, coalesced along the row),
+where a per-pixel gather loads it once per output pixel whose filter covers it (the kernel of
+970c170, about 48 byte loads per output pixel at ImageNet's downscales;
+``benches/e2e/_finish_kernel_before.py``). The weight matrices hold the filter the CPU path
 uses (PIL's and torchvision's antialiased weights: a triangle for bilinear, Keys' cubic with
 ``a = -0.5`` for bicubic, ``-0.75`` without antialias, widened by the downscale factor; one tap
-for nearest and for no resize) and sums the separable products ``w_y * w_x`` over them in
-float32, normalised by their sum. That is the same arithmetic as the matrix products of
-``_hybrid.axis_weights`` (each output pixel is ``sum_y sum_x w_y w_x src``), without the fp16
-intermediate. Outside the window's ``valid`` rectangle the output is the fill.
+for nearest and for no resize), each output's weights normalised by their sum along its axis,
+as ``_hybrid.axis_weights`` builds them for the matrix-product path; zero outside a tap's
+window. Operands are fp16 (0..255 are exact in it, weights carry 11 bits) with fp32
+accumulation, as the matrix-product path's; the row products are rounded to fp16 for the second
+product, a relative error of 2^-11 (at most an eighth of a level). Outside the window's
+``valid`` rectangle the output is the fill.
 
 The table (int64, ``[k, TABLE_LEN]``): columns 0-3 are the image's address and its strides in
 elements (row, pixel, channel; uint8 HWC or CHW alike); columns 4-17 are the ``gpu_job`` record's
@@ -36,14 +41,13 @@ import triton.language as tl
 
 #: int64 values per table row (see the module's docstring).
 TABLE_LEN = 19
-#: Output pixels per program.
-BLOCK = 128
-#: Warps per program: one output pixel per thread (4 warps would hold each pixel twice over).
-WARPS = 2
-#: Row taps whose loads are issued together.
-ROWS: tl.constexpr = tl.constexpr(4)
-#: Column taps per chunk (the second axis of the kernel's tensors; more are taken chunk by chunk).
-TAPS = 2
+#: Output tile: rows and columns per program (224 = 7 x 32: no tile hangs over a 224 output).
+TY = 32
+TX = 32
+#: Source rows and columns per piece of the tile's source rectangle (the products' inner size).
+CHUNK = 32
+#: Warps per program.
+WARPS = 4
 
 
 @triton.jit
@@ -59,9 +63,9 @@ def _kern(x, cubic, a):
 
 @triton.jit
 def _taps(o, out_n, pre0, pre_n, resize_n, win0, valid0, valid_n, flip, interp, antialias):
-    """Along one axis, for output index ``o`` (scalar or vector): the first crop pixel of its taps,
-    their count, the filter's centre and width, whether a filter applies (else one tap of weight
-    1), and whether ``o`` lies in ``valid``. The same geometry as ``_hybrid.axis_weights``."""
+    """Along one axis, for output indices ``o``: the first crop pixel of their taps, their count,
+    the filter's centre and width, whether a filter applies (else one tap of weight 1), and
+    whether ``o`` lies in ``valid``. The same geometry as ``_hybrid.axis_weights``."""
     oo = tl.where(flip, out_n - 1 - o, o)
     b = (win0 + oo).to(tl.float32)
     valid = (b >= valid0.to(tl.float32)) & (b < (valid0 + valid_n).to(tl.float32))
@@ -84,31 +88,65 @@ def _taps(o, out_n, pre0, pre_n, resize_n, win0, valid0, valid_n, flip, interp, 
 
 
 @triton.jit
+def _weights(j, lo, n, center, widen, filt, cubic, a):
+    """Unnormalised weight of crop pixel ``j`` in the filter of the output whose taps are
+    (``lo``, ``n``, ``center``, ``widen``); ``j`` and the rest broadcast against each other."""
+    inside = (j >= lo) & (j < lo + n)
+    w = tl.where(filt, _kern((j.to(tl.float32) + 0.5 - center) / widen, cubic, a), 1.0)
+    return tl.where(inside, w, 0.0)
+
+
+@triton.jit
+def _norm(lo, n, center, widen, filt, cubic, a):
+    """1 / the sum of each output's weights (0 where it has none: it gives 0, as a zero row of
+    weights does); the taps counted one at a time, every output at once."""
+    total = tl.zeros(lo.shape, dtype=tl.float32)
+    top = tl.max(n, 0)
+    t = 0
+    while t < top:
+        total += _weights(lo + t, lo, n, center, widen, filt, cubic, a)
+        t += 1
+    return tl.where(total != 0.0, 1.0 / tl.where(total != 0.0, total, 1.0), 0.0)
+
+
+@triton.jit
 def _finish_kernel(
-    table, out, s_b, s_y, s_x, s_c, oh, ow, row_len: tl.constexpr, block: tl.constexpr, taps: tl.constexpr
+    table,
+    out,
+    s_b,
+    s_y,
+    s_x,
+    s_c,
+    oh,
+    ow,
+    row_len: tl.constexpr,
+    ty: tl.constexpr,
+    tx: tl.constexpr,
+    chunk: tl.constexpr,
 ):
     i = tl.program_id(0)
-    oy = tl.program_id(1)
-    bx = tl.program_id(2)
+    tile_y = tl.program_id(1)
+    tile_x = tl.program_id(2)
     row = table + i * row_len
     base = tl.load(row).to(tl.pointer_type(tl.uint8))
-    sy = tl.load(row + 1)
-    sx = tl.load(row + 2)
-    sc = tl.load(row + 3)
-    pre_l = tl.load(row + 4)
-    pre_t = tl.load(row + 5)
-    pre_w = tl.load(row + 6)
-    pre_h = tl.load(row + 7)
-    rs_w = tl.load(row + 8)
-    rs_h = tl.load(row + 9)
-    win_l = tl.load(row + 10)
-    win_t = tl.load(row + 11)
-    val_l = tl.load(row + 12)
-    val_t = tl.load(row + 13)
-    val_w = tl.load(row + 14)
-    val_h = tl.load(row + 15)
-    flags = tl.load(row + 16)
-    fill = tl.load(row + 17)
+    # Offsets within one image fit 32 bits (a decoded image is far below 2 GiB).
+    sy = tl.load(row + 1).to(tl.int32)
+    sx = tl.load(row + 2).to(tl.int32)
+    sc = tl.load(row + 3).to(tl.int32)
+    pre_l = tl.load(row + 4).to(tl.int32)
+    pre_t = tl.load(row + 5).to(tl.int32)
+    pre_w = tl.load(row + 6).to(tl.int32)
+    pre_h = tl.load(row + 7).to(tl.int32)
+    rs_w = tl.load(row + 8).to(tl.int32)
+    rs_h = tl.load(row + 9).to(tl.int32)
+    win_l = tl.load(row + 10).to(tl.int32)
+    win_t = tl.load(row + 11).to(tl.int32)
+    val_l = tl.load(row + 12).to(tl.int32)
+    val_t = tl.load(row + 13).to(tl.int32)
+    val_w = tl.load(row + 14).to(tl.int32)
+    val_h = tl.load(row + 15).to(tl.int32)
+    flags = tl.load(row + 16).to(tl.int32)
+    fill = tl.load(row + 17).to(tl.int32)
     dest = tl.load(row + 18)
 
     interp = (flags >> 2) & 3
@@ -116,62 +154,68 @@ def _finish_kernel(
     cubic = interp == 2
     a = tl.where(antialias, -0.5, -0.75)
 
-    ylo, ny, yc, yw, yf, yv = _taps(
+    oy = tile_y * ty + tl.arange(0, ty)
+    ox = tile_x * tx + tl.arange(0, tx)
+    rows = oy < oh
+    cols = ox < ow
+    ylo, yn, yc, yw, yf, yv = _taps(
         oy, oh, pre_t, pre_h, rs_h, win_t, val_t, val_h, (flags & 2) != 0, interp, antialias
     )
-    ox = bx * block + tl.arange(0, block)
-    cols = ox < ow
-    xlo, nx, xc, xw, xf, xv = _taps(
+    xlo, xn, xc, xw, xf, xv = _taps(
         ox, ow, pre_l, pre_w, rs_w, win_l, val_l, val_w, (flags & 1) != 0, interp, antialias
     )
-    nx = tl.where(cols, nx, 0)
-    nx_max = tl.max(nx, 0)
+    yn = tl.where(rows, yn, 0)
+    xn = tl.where(cols, xn, 0)
+    ynorm = _norm(ylo, yn, yc, yw, yf, cubic, a)
+    xnorm = _norm(xlo, xn, xc, xw, xf, cubic, a)
+    # The tile's source rectangle: every tap of its outputs (none: an empty range).
+    big = 1 << 30
+    y0 = tl.min(tl.where(yn > 0, ylo, big), 0)
+    y1 = tl.max(tl.where(yn > 0, ylo + yn, 0), 0)
+    x0 = tl.min(tl.where(xn > 0, xlo, big), 0)
+    x1 = tl.max(tl.where(xn > 0, xlo + xn, 0), 0)
 
-    acc0 = tl.zeros([block], dtype=tl.float32)
-    acc1 = tl.zeros([block], dtype=tl.float32)
-    acc2 = tl.zeros([block], dtype=tl.float32)
-    wsum = tl.zeros([block], dtype=tl.float32)
-    # Column taps TAPS at a time as the second axis of [block, TAPS] tensors: their weights are
-    # computed once per program and chunk (not once per row tap), and each row tap issues
-    # block x TAPS loads at once. Rows inside, ROWS at a time; a row tap's weight is one scalar.
-    # `while`, not `range`: Triton 3.6's interpreter (with NumPy 2.5) cannot take a loaded
-    # value as a range's bound (its scalars are one-element arrays); compiled, both are one loop.
-    lane = tl.arange(0, taps)
-    cx = 0
-    while cx < nx_max:
-        t2 = cx + lane[None, :]
-        jx = xlo[:, None] + t2
-        m2 = t2 < nx[:, None]
-        # The filter's width and whether it applies are the sample's (scalars); centres per pixel.
-        wx = _kern((jx.to(tl.float32) + 0.5 - xc[:, None]) / xw, cubic, a)
-        wx = tl.where(m2, tl.where(xf, wx, 1.0), 0.0)
-        wxs = tl.sum(wx, axis=1)
-        col = base + (pre_l + jx) * sx
-        ty = 0
-        while ty < ny:
-            for u in tl.static_range(ROWS):
-                t = ty + u
-                jy = ylo + t
-                wy = tl.where(t < ny, tl.where(yf, _kern((jy.to(tl.float32) + 0.5 - yc) / yw, cubic, a), 1.0), 0.0)
-                p = col + (pre_t + jy) * sy
-                mm = tl.where(t < ny, m2, False)
-                acc0 += wy * tl.sum(wx * tl.load(p, mask=mm, other=0).to(tl.float32), axis=1)
-                acc1 += wy * tl.sum(wx * tl.load(p + sc, mask=mm, other=0).to(tl.float32), axis=1)
-                acc2 += wy * tl.sum(wx * tl.load(p + 2 * sc, mask=mm, other=0).to(tl.float32), axis=1)
-                wsum += wy * wxs
-            ty += ROWS
-        cx += taps
+    acc0 = tl.zeros([ty, tx], dtype=tl.float32)
+    acc1 = tl.zeros([ty, tx], dtype=tl.float32)
+    acc2 = tl.zeros([ty, tx], dtype=tl.float32)
+    lane = tl.arange(0, chunk)
+    # `while`, not `range`: Triton 3.6's interpreter (with NumPy 2.5) cannot take a loaded value
+    # as a range's bound (its scalars are one-element arrays); compiled, both are one loop.
+    r0 = y0
+    while r0 < y1:
+        jy = r0 + lane
+        # [ty, chunk]: the tile's output rows against this piece's source rows.
+        wy = _weights(jy[None, :], ylo[:, None], yn[:, None], yc[:, None], yw, yf, cubic, a) * ynorm[:, None]
+        wy = wy.to(tl.float16)
+        h0 = tl.zeros([chunk, tx], dtype=tl.float32)
+        h1 = tl.zeros([chunk, tx], dtype=tl.float32)
+        h2 = tl.zeros([chunk, tx], dtype=tl.float32)
+        c0 = x0
+        while c0 < x1:
+            jx = c0 + lane
+            # [chunk, tx]: this piece's source columns against the tile's output columns.
+            wx = _weights(jx[:, None], xlo[None, :], xn[None, :], xc[None, :], xw, xf, cubic, a) * xnorm[None, :]
+            wx = wx.to(tl.float16)
+            m = ((jy < pre_h)[:, None]) & ((jx < pre_w)[None, :])
+            p = base + ((pre_t + jy) * sy)[:, None] + ((pre_l + jx) * sx)[None, :]
+            h0 = tl.dot(tl.load(p, mask=m, other=0).to(tl.float16), wx, h0)
+            h1 = tl.dot(tl.load(p + sc, mask=m, other=0).to(tl.float16), wx, h1)
+            h2 = tl.dot(tl.load(p + 2 * sc, mask=m, other=0).to(tl.float16), wx, h2)
+            c0 += chunk
+        acc0 = tl.dot(wy, h0.to(tl.float16), acc0)
+        acc1 = tl.dot(wy, h1.to(tl.float16), acc1)
+        acc2 = tl.dot(wy, h2.to(tl.float16), acc2)
+        r0 += chunk
 
-    # No tap (a one-hot source outside the crop) gives 0, as a zero row of weights does.
-    inv = tl.where(wsum > 0.0, 1.0 / tl.where(wsum > 0.0, wsum, 1.0), 0.0)
-    valid = tl.where(yv, xv, False)
-    v0 = tl.where(valid, acc0 * inv, (fill & 255).to(tl.float32))
-    v1 = tl.where(valid, acc1 * inv, ((fill >> 8) & 255).to(tl.float32))
-    v2 = tl.where(valid, acc2 * inv, ((fill >> 16) & 255).to(tl.float32))
-    q = out + dest * s_b + oy * s_y + ox * s_x
-    tl.store(q, tl.minimum(tl.maximum(tl.floor(v0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
-    tl.store(q + s_c, tl.minimum(tl.maximum(tl.floor(v1 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
-    tl.store(q + 2 * s_c, tl.minimum(tl.maximum(tl.floor(v2 + 0.5), 0.0), 255.0).to(tl.uint8), mask=cols)
+    valid = yv[:, None] & xv[None, :]
+    v0 = tl.where(valid, acc0, (fill & 255).to(tl.float32))
+    v1 = tl.where(valid, acc1, ((fill >> 8) & 255).to(tl.float32))
+    v2 = tl.where(valid, acc2, ((fill >> 16) & 255).to(tl.float32))
+    q = out + dest * s_b + (oy * s_y)[:, None] + (ox * s_x)[None, :]
+    m = rows[:, None] & cols[None, :]
+    tl.store(q, tl.minimum(tl.maximum(tl.floor(v0 + 0.5), 0.0), 255.0).to(tl.uint8), mask=m)
+    tl.store(q + s_c, tl.minimum(tl.maximum(tl.floor(v1 + 0.5), 0.0), 255.0).to(tl.uint8), mask=m)
+    tl.store(q + 2 * s_c, tl.minimum(tl.maximum(tl.floor(v2 + 0.5), 0.0), 255.0).to(tl.uint8), mask=m)
 
 
 def warm(device: Any, layout: str, size: tuple[int, int]) -> None:
@@ -192,11 +236,14 @@ def warm(device: Any, layout: str, size: tuple[int, int]) -> None:
     torch.cuda.synchronize(device)
 
 
-def finish(table: Any, image: Any, layout: str, *, block: int = BLOCK, warps: int = WARPS, taps: int = TAPS) -> None:
+def finish(
+    table: Any, image: Any, layout: str, *, ty: int = TY, tx: int = TX, chunk: int = CHUNK, warps: int = WARPS
+) -> None:
     """Runs the kernel over ``table`` (int64 ``[k, TABLE_LEN]`` on ``image``'s device) into
     ``image`` (the uint8 batch, ``NHWC`` or ``NCHW``), on the current stream. The images the table
-    points at must stay alive until the kernel has run (the caller keeps them). ``block``,
-    ``warps`` and ``taps``: the launch's shape (benches/e2e/nvjpeg_probe.py tries others)."""
+    points at must stay alive until the kernel has run (the caller keeps them). ``ty``, ``tx``,
+    ``chunk`` and ``warps``: the launch's shape (powers of two, at least 16;
+    benches/e2e/nvjpeg_probe.py tries others)."""
     k = table.shape[0]
     if k == 0:
         return
@@ -206,7 +253,7 @@ def finish(table: Any, image: Any, layout: str, *, block: int = BLOCK, warps: in
     else:
         _, _, oh, ow = image.shape
         s_b, s_c, s_y, s_x = image.stride()
-    grid = (k, oh, triton.cdiv(ow, block))
+    grid = (k, triton.cdiv(oh, ty), triton.cdiv(ow, tx))
     _finish_kernel[grid](
-        table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, block=block, taps=taps, num_warps=warps
+        table, image, s_b, s_y, s_x, s_c, oh, ow, row_len=TABLE_LEN, ty=ty, tx=tx, chunk=chunk, num_warps=warps
     )

@@ -336,8 +336,18 @@ class Finisher:
         elif self._kernel is None:
             self.hw_reason = "the matrix products need one image per sample (RINGFEED_GPU_FINISH=bmm)"
         self._hw_all: list[Any] = []  # every decoder opened, for close()
+        self._hw_free: list[Any] = []  # opened and warmed here, not yet taken by a decode thread
         self._hw_lock = threading.Lock()
         self._tls = threading.local()  # this thread's decoder and the event after its last decode
+        if not self._hw_off and device.type == "cuda":
+            # One per decode thread, opened and warmed now: a handle's opening and first decode
+            # take hundreds of milliseconds, which inside the first batches read as a slow step
+            # (the tuner would blame GPU decode for them).
+            for _ in range(_decode_threads()):
+                dec = self._open_decoder()
+                if dec is None:
+                    break
+                self._hw_free.append(dec)
         self._nv_lock = threading.Lock()  # nvImageCodec's decoder, one caller at a time
         self._hw_refused_logged = False
         # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
@@ -403,7 +413,7 @@ class Finisher:
         if pool is not None:
             pool.shutdown(wait=True)
         with self._hw_lock:
-            decoders, self._hw_all = self._hw_all, []
+            decoders, self._hw_all, self._hw_free = self._hw_all, [], []
             self._hw_off = True
         if decoders:
             import torch
@@ -418,25 +428,38 @@ class Finisher:
         return len(self._hw_all)
 
     def _thread_decoder(self) -> Any:
-        """This thread's batched hardware decoder, opened on first use; ``None`` where it is off."""
-        from . import _nvjpeg
-
+        """This thread's batched hardware decoder: one opened at construction, else one opened now;
+        ``None`` where it is off."""
         dec = getattr(self._tls, "hw", None)
         if dec is not None:
             return dec or None
         with self._hw_lock:
             if self._hw_off:
                 return None
-            dec, why = _nvjpeg.open_hardware(self.device)
-            if dec is None:
-                if not self._hw_all:  # none could open: off for good
-                    self._hw_off = True
-                    self.hw_reason = why
-                    log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
-                self._tls.hw = False
-                return None
-            self._hw_all.append(dec)
-        self._tls.hw, self._tls.done = dec, None
+            dec = self._hw_free.pop() if self._hw_free else self._open_decoder()
+        self._tls.hw, self._tls.done = (dec if dec is not None else False), None
+        return dec
+
+    def _open_decoder(self) -> Any:
+        """Opens and warms one batched hardware decoder (callers hold ``_hw_lock``, or construct);
+        ``None`` where none can open (then, if none is open at all, the decoder is off for good
+        and :attr:`hw_reason` says why)."""
+        from . import _nvjpeg
+
+        dec, why = _nvjpeg.open_hardware(self.device)
+        if dec is not None:
+            try:
+                dec.warm()
+            except _nvjpeg.NvjpegError as e:
+                dec.close()
+                dec, why = None, f"nvJPEG's hardware decoder failed its first decode ({e})"
+        if dec is None:
+            if not self._hw_all:  # none could open: off for good
+                self._hw_off = True
+                self.hw_reason = why
+                log.info("ringfeed: GPU samples are decoded by nvImageCodec image by image (%s)", why)
+            return None
+        self._hw_all.append(dec)
         return dec
 
     def _hw_decode(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[Any, np.ndarray] | None:

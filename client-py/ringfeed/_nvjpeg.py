@@ -21,6 +21,7 @@ whose ``nvjpegImage_t`` layout this module was checked against (``size_t`` pitch
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import os
 from pathlib import Path
@@ -111,6 +112,27 @@ def _load() -> tuple[Any, str]:
     )
 
 
+#: A 64x64 baseline 4:2:0 JPEG (colour ramps, Pillow at quality 75): what :meth:`HardwareDecoder.warm`
+#: decodes, so that the engine's first decode and its buffers happen at construction.
+WARM_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwc"
+    "KDcpLDAxNDQ0Hyc5PTgyPC4zNDL/2wBDAQkJCQwLDBgNDRgyIRwhMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIyMjIy"
+    "MjIyMjIyMjIyMjIyMjIyMjIyMjL/wAARCABAAEADASIAAhEBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAAAAECAwQFBgcI"
+    "CQoL/8QAtRAAAgEDAwIEAwUFBAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0KxwRVS0fAkM2JyggkKFhcYGRol"
+    "JicoKSo0NTY3ODk6Q0RFRkdISUpTVFVWV1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWGh4iJipKTlJWWl5iZmqKjpKWmp6ip"
+    "qrKztLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi4+Tl5ufo6erx8vP09fb3+Pn6/8QAHwEAAwEBAQEBAQEBAQAAAAAA"
+    "AAECAwQFBgcICQoL/8QAtREAAgECBAQDBAcFBAQAAQJ3AAECAxEEBSExBhJBUQdhcRMiMoEIFEKRobHBCSMzUvAVYnLR"
+    "ChYkNOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hpanN0dXZ3eHl6goOEhYaHiImKkpOUlZaX"
+    "mJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk5ebn6Onq8vP09fb3+Pn6/9oADAMBAAIRAxEA"
+    "PwDw2O39qtx2/tVqO39qtx2/tQmFCuVo7f2q3Hb+1WY7f2q5Hb+1apntUK5Wjt/arcdv7VZjt/arkdv7Vome1QrlWO39"
+    "quR2/tVmO39qtx2/tWqZ7WHrnCR2/tVyO39qsx2/tVuO39q8xM/F6FcrR2/tVuO39qtR2/tVuO39q1TPaoVytHb+1W47"
+    "f2qzHb+1XI7f2rVM9qhXK0dv7Vbjt/arMdv7Vcjt/atEz2qFc4OO39quR2/tVmO39qtx2/tXmpn4vQrlaO39quR2/tVm"
+    "O39qtx2/tWiZ7VCuVo7f2q3Hb+1Wo7f2q3Hb+1apntUK5Wjt/arcdv7VZjt/arkdv7Vqme1QrnCR2/tVuO39qsx2/tVy"
+    "O39q8xM/F8PXKsdv7Vcjt/arMdv7Vbjt/atUz2qFcrR2/tVyO39qsx2/tVuO39q0TPaoVytHb+1W47f2q1Hb+1W47f2r"
+    "VM9qhXP/2Q=="
+)
+
+
 class HardwareDecoder:
     """One nvJPEG handle on the hardware backend, with its decode state; used from one thread.
 
@@ -144,6 +166,7 @@ class HardwareDecoder:
             raise OSError(f"{self.path} is nvJPEG {major.value}; ringfeed's batched path knows nvJPEG {CHECKED_MAJORS}")
         import torch
 
+        self.device = device
         self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
         with torch.cuda.device(device):
             self._open(flags)
@@ -218,6 +241,21 @@ class HardwareDecoder:
         )
         if status != 0:
             raise HardwareRefusedError("nvjpegDecodeBatched", status)
+
+    def warm(self) -> None:
+        """Decodes :data:`WARM_JPEG` on a stream of its own and waits: the first decode of a handle
+        (the engine's set-up, its buffers' first allocation) costs hundreds of milliseconds on
+        the H200 (``benches/results/2026-12-01-h200-chroma``), which inside a training run's
+        first batches reads as slow GPU decode. Raises as :meth:`decode` does."""
+        import torch
+
+        data = np.frombuffer(WARM_JPEG, dtype=np.uint8)
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.Stream()
+            out = torch.empty(64 * 64 * 3, dtype=torch.uint8, device=self.device)
+            ptrs = np.array([data.ctypes.data], dtype=np.uint64)
+            self.decode(ptrs, np.array([len(data)]), np.array([out.data_ptr()]), np.array([64 * 3]), stream.cuda_stream)
+            stream.synchronize()
 
     def close(self) -> None:
         """Frees the state and the handle. Idempotent."""

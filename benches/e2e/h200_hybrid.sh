@@ -279,10 +279,10 @@ tiled)
   # chroma modes, ResNet-18 on 6 threads at pinned shares and autotuned.
   gpu_prep "${COUNT:-8000}"
   mkdir -p "$out"
-  timeout 200 python3 -m pytest -q -s -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
-    client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
-    | grep "PSNR\|passed\|failed\|FAILED\|Error" | sort | uniq -c | tail -24 > "$out/tests.txt" || echo "pytest rc $?"
-  cat "$out/tests.txt"
+  timeout 200 python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
+    client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
+    > "$out/tests.log" || echo "pytest rc $?"
+  grep "PSNR\|passed\|failed\|FAILED\|Error\|WARNING" "$out/tests.log" | tail -30
   timeout 90 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --compare _finish_kernel_before \
     --out "$out/probe" 2>&1 | grep -v "^{\|^\[" | tail -20 || echo "probe rc $?"
   timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" --seconds 4 \

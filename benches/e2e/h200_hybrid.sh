@@ -279,6 +279,7 @@ tiled)
   # chroma modes, ResNet-18 on 6 threads at pinned shares and autotuned.
   gpu_prep "${COUNT:-8000}"
   mkdir -p "$out"
+  timeout 90 python3 benches/e2e/nvjpeg_open_probe.py --out "$out/open" 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -6 || echo "open probe rc $?"
   timeout 200 python3 -m pytest -v -s -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
     client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
     > "$out/tests.log" || echo "pytest rc $?"
@@ -288,10 +289,10 @@ tiled)
   timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" --seconds 4 \
     --parts ${PARTS:-alone,finish,finish/before,decode-nvjpeg/replicated,decode-nvjpeg+finish,decode-nvjpeg+rebuild+finish,alone} 2>&1 \
     | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -10
-  timeout 60 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
+  [ -n "${NOFID:-}" ] || timeout 60 python3 benches/e2e/chroma_fidelity.py --packed /tmp/packed --count 128 --out "$out/fidelity" 2>&1 \
     | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | tail -8 || echo "fidelity rc $?"
   [ -n "${NOTRAIN:-}" ] || timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 400 \
+    --loaders ${LOADERS:-ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid} --workers 15 --threads-cap 6 --steps 400 \
     --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -12 || echo "r18-6 rc $?"
   ;;
 quick)

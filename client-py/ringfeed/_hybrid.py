@@ -253,6 +253,7 @@ class Finisher:
         geometry: str | None = None,
     ) -> None:
         import collections
+        import contextlib
         import threading
 
         import torch
@@ -336,18 +337,8 @@ class Finisher:
         elif self._kernel is None:
             self.hw_reason = "the matrix products need one image per sample (RINGFEED_GPU_FINISH=bmm)"
         self._hw_all: list[Any] = []  # every decoder opened, for close()
-        self._hw_free: list[Any] = []  # opened and warmed here, not yet taken by a decode thread
         self._hw_lock = threading.Lock()
         self._tls = threading.local()  # this thread's decoder and the event after its last decode
-        if not self._hw_off and device.type == "cuda":
-            # One per decode thread, opened and warmed now: a handle's opening and first decode
-            # take hundreds of milliseconds, which inside the first batches read as a slow step
-            # (the tuner would blame GPU decode for them).
-            for _ in range(_decode_threads()):
-                dec = self._open_decoder()
-                if dec is None:
-                    break
-                self._hw_free.append(dec)
         self._nv_lock = threading.Lock()  # nvImageCodec's decoder, one caller at a time
         self._hw_refused_logged = False
         # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
@@ -358,6 +349,7 @@ class Finisher:
         #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
         self.background = backend in ("nvimgcodec", "host")
         self._pool: Any = None
+        self._workers = 0
         #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks.
         self._counts = [0, 0, 0]
         #: The same since construction.
@@ -365,18 +357,39 @@ class Finisher:
         #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
         #: the wait for data, never as time behind the GPU).
         self.last_call_ns = 0
+        if not self._hw_off and device.type == "cuda":
+            # Each decode thread opens and warms its decoder now, while the server starts: a
+            # handle's opening and first decode take from hundreds of milliseconds to seconds
+            # beside a busy GPU, which inside the first batches read as slow steps (and the tuner
+            # would blame GPU decode). The batches submitted later queue behind these.
+            pool = self._start_pool()
+            gate = threading.Barrier(self._workers)
 
-    def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
-        """Starts decoding a batch's GPU samples in the finisher's thread; a future for
-        :meth:`__call__`'s ``pending``. ``jobs`` and ``arena`` must stay valid (the slot held)
-        until the future is done."""
+            def open_here() -> None:
+                self._thread_decoder()
+                # Every thread takes one of these (none takes two), or a minute passes.
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    gate.wait(timeout=60)
+
+            for _ in range(self._workers):
+                pool.submit(open_here)
+
+    def _start_pool(self) -> Any:
+        """The decode threads' pool, started on first use."""
         import concurrent.futures
 
         if self._pool is None:
             # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
             # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
-            workers = 1 if self._hw_off else _decode_threads()
-            self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ringfeed-gpu-decode")
+            self._workers = 1 if self._hw_off else _decode_threads()
+            self._pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="ringfeed-gpu-decode")
+        return self._pool
+
+    def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
+        """Starts decoding a batch's GPU samples in the finisher's thread; a future for
+        :meth:`__call__`'s ``pending``. ``jobs`` and ``arena`` must stay valid (the slot held)
+        until the future is done."""
+        pool = self._start_pool()
         t0 = time.perf_counter_ns()
         pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
         rec = jobs[pos].astype(np.int64)
@@ -405,7 +418,7 @@ class Finisher:
                         got.append(None)
             return pos, rec, datas, got, places, time.perf_counter_ns() - t0
 
-        return self._pool.submit(run)
+        return pool.submit(run)
 
     def close(self) -> None:
         """Waits for decodes in flight and stops the thread. Idempotent."""
@@ -413,7 +426,7 @@ class Finisher:
         if pool is not None:
             pool.shutdown(wait=True)
         with self._hw_lock:
-            decoders, self._hw_all, self._hw_free = self._hw_all, [], []
+            decoders, self._hw_all = self._hw_all, []
             self._hw_off = True
         if decoders:
             import torch
@@ -428,22 +441,22 @@ class Finisher:
         return len(self._hw_all)
 
     def _thread_decoder(self) -> Any:
-        """This thread's batched hardware decoder: one opened at construction, else one opened now;
-        ``None`` where it is off."""
+        """This thread's batched hardware decoder, opened on first use (at construction, see
+        ``__init__``); ``None`` where it is off."""
         dec = getattr(self._tls, "hw", None)
         if dec is not None:
             return dec or None
         with self._hw_lock:
             if self._hw_off:
                 return None
-            dec = self._hw_free.pop() if self._hw_free else self._open_decoder()
+            dec = self._open_decoder()
         self._tls.hw, self._tls.done = (dec if dec is not None else False), None
         return dec
 
     def _open_decoder(self) -> Any:
-        """Opens and warms one batched hardware decoder (callers hold ``_hw_lock``, or construct);
-        ``None`` where none can open (then, if none is open at all, the decoder is off for good
-        and :attr:`hw_reason` says why)."""
+        """Opens and warms one batched hardware decoder (the caller holds ``_hw_lock``); ``None``
+        where none can open (then, if none is open at all, the decoder is off for good and
+        :attr:`hw_reason` says why)."""
         from . import _nvjpeg
 
         dec, why = _nvjpeg.open_hardware(self.device)

@@ -162,6 +162,11 @@ def main() -> None:
         default="",
         help="a module beside this script with another finishing kernel (same finish()) to time in the same run",
     )
+    ap.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="one decode (the kernels' input), then the finishing kernel's shapes: no decode variants",
+    )
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -209,8 +214,8 @@ def main() -> None:
         return planes, pitches, int(size.sum())
 
     rgb_buf = None
-    for kind in ("rgbi", "yuv"):
-        for interp in (True, False):
+    for kind in ("rgbi",) if a.kernels_only else ("rgbi", "yuv"):
+        for interp in (True,) if a.kernels_only else (True, False):
             flags = _nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION if interp else 0
             out_fmt = _nvjpeg.OUTPUT_RGBI if kind == "rgbi" else _nvjpeg.OUTPUT_YUV
             name = f"{kind}{'' if interp else ', replicated chroma'}"

@@ -284,7 +284,7 @@ tiled)
     client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
     > "$out/tests.log" || echo "pytest rc $?"
   grep "PSNR\|passed\|failed\|FAILED\|Error\|WARNING" "$out/tests.log" | tail -30
-  timeout 90 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --compare _finish_kernel_before \
+  timeout 90 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --kernels-only --compare _finish_kernel_before \
     --out "$out/probe" 2>&1 | grep -v "^{\|^\[" | tail -20 || echo "probe rc $?"
   timeout 120 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --out "$out/step" --seconds 4 \
     --parts ${PARTS:-alone,finish,finish/before,decode-nvjpeg/replicated,decode-nvjpeg+finish,decode-nvjpeg+rebuild+finish,alone} 2>&1 \
@@ -294,20 +294,8 @@ tiled)
   [ -n "${NOTRAIN:-}" ] || timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ${LOADERS:-ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid} --workers 15 --threads-cap 6 --steps 400 \
     --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -12 || echo "r18-6 rc $?"
-  ;;
-prio)
-  # The tiled kernel's launch shapes alone, then ResNet-18 on 6 threads at pinned shares with the
-  # side stream at normal and at high priority (RINGFEED_GPU_STREAM_PRIORITY).
-  gpu_prep "${COUNT:-8000}"
-  mkdir -p "$out"
-  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --kernels-only \
-    --compare _finish_kernel_before --out "$out/probe" 2>&1 | grep -v "^{\|^\[" | tail -20 || echo "probe rc $?"
-  for p in normal high; do
-    RINGFEED_GPU_STREAM_PRIORITY=$p timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed \
-      --models resnet18 --loaders ${LOADERS:-ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid} --workers 15 \
-      --threads-cap 6 --steps 400 --out "$out/r18-6-$p" 2>&1 | grep -v "^{" | sed -n 5,12p || echo "r18-6-$p rc $?"
-    rm -f "$out/r18-6-$p/serve.log"
-  done
+  [ -z "${R15:-}" ] || timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ringfeed,ringfeed-hybrid --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -12 || echo "r18-15 rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

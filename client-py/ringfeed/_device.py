@@ -21,7 +21,6 @@ Invariants of ``CudaCopier``:
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -30,15 +29,6 @@ from typing import Any
 from ._errors import RingfeedError
 
 __all__ = ["CudaCopier", "Normalizer"]
-
-
-def _stream_priority() -> int:
-    """The side stream's priority: ``RINGFEED_GPU_STREAM_PRIORITY``, ``normal`` (0, PyTorch's
-    default) or ``high`` (the device's greatest; PyTorch clamps -100 to it)."""
-    raw = os.environ.get("RINGFEED_GPU_STREAM_PRIORITY", "normal")
-    if raw not in ("normal", "high"):
-        raise ValueError(f"RINGFEED_GPU_STREAM_PRIORITY must be 'normal' or 'high', not {raw!r}")
-    return -100 if raw == "high" else 0
 
 
 class Normalizer:
@@ -114,10 +104,10 @@ class CudaCopier:
         self.ptr, self.size = whole.data_ptr(), whole.numel()
         del whole
         with torch.cuda.device(device):
-            #: The side stream: copies, GPU decode, the finishing kernel and the batch ops.
-            #: ``RINGFEED_GPU_STREAM_PRIORITY=high`` (experimental) makes it the device's highest
-            #: priority, so that its kernels jump the model's queued blocks.
-            self.stream = torch.cuda.Stream(device=device, priority=_stream_priority())  # type: ignore[no-untyped-call]
+            # The side stream: copies, GPU decode, the finishing kernel and the batch ops, at
+            # PyTorch's default priority. The device's highest (its kernels jumping the model's
+            # queued blocks) fed ResNet-18 no faster (benches/results/2026-12-02-h200-tiled, "prio").
+            self.stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
             status = int(self._cudart.cudaHostRegister(self.ptr, self.size, 0))
         #: Whether the registration succeeded; without it copies still work, from pageable memory.
         self.pinned = status == 0

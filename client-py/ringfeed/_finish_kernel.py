@@ -41,12 +41,13 @@ import triton.language as tl
 
 #: int64 values per table row (see the module's docstring).
 TABLE_LEN = 19
-#: Output tile: rows and columns per program (224 = 14 x 16: no tile hangs over a 224 output).
-#: The shape is the fastest of those ``nvjpeg_probe.py`` tried on the H200, 192 corpus images a
-#: batch (benches/results/2026-12-02-h200-tiled): 16/16/16 with 2 warps 0.476 ms, 32/32/32 with 4
-#: warps 0.686 ms, the direct kernel of 970c170 0.821 ms.
+#: Output tile: rows and columns per program (224 = 14 x 16 = 7 x 32: no tile hangs over a 224
+#: output). The shape is the fastest of eleven ``nvjpeg_probe.py`` timed on the H200, 192 corpus
+#: images a batch (benches/results/2026-12-02-h200-tiled, "prio/probe"): 16 x 32 tiles, pieces of
+#: 16, 2 warps 0.416 ms; 16/16/16 0.474 ms; 32/32/32 with 4 warps 0.683 ms; the direct kernel of
+#: 970c170 0.820 ms in the same run.
 TY = 16
-TX = 16
+TX = 32
 #: Source rows and columns per piece of the tile's source rectangle (the products' inner size).
 CHUNK = 16
 #: Warps per program.

@@ -46,20 +46,6 @@ def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, r
     assert _hybrid._decode_threads() == 3
 
 
-def test_side_stream_priority_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``RINGFEED_GPU_STREAM_PRIORITY``: unset or ``normal`` is PyTorch's default priority, ``high``
-    the device's greatest (PyTorch clamps -100 to it); anything else is refused by name."""
-    from ringfeed import _device
-
-    monkeypatch.delenv("RINGFEED_GPU_STREAM_PRIORITY", raising=False)
-    assert _device._stream_priority() == 0
-    monkeypatch.setenv("RINGFEED_GPU_STREAM_PRIORITY", "high")
-    assert _device._stream_priority() == -100
-    monkeypatch.setenv("RINGFEED_GPU_STREAM_PRIORITY", "urgent")
-    with pytest.raises(ValueError, match="RINGFEED_GPU_STREAM_PRIORITY must be 'normal' or 'high', not 'urgent'"):
-        _device._stream_priority()
-
-
 def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """``RINGFEED_GPU_CHROMA``: unset, ``replicate`` or ``rebuild`` asks nvJPEG for no flags,
     ``interpolate`` for interpolated upsampling; anything else is refused by name, before any

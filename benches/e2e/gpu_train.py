@@ -177,13 +177,15 @@ def train(
         if client0 is not None:
             c1 = LOADERS[0].stats(server=False)
             keys = ["wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches"]
-            keys += [k for k in ("gpu_samples", "gpu_fallbacks") if k in c1]
+            keys += [k for k in ("gpu_samples", "gpu_fallbacks", "gpu_decode_wait_s") if k in c1]
             d = {k: c1[k] - client0[k] for k in keys}
             whole = max(d["wait_s"] + d["compute_s"], 1e-9)
             out["loader_stats"] = d | {
                 "data_wait_share": d["data_wait_s"] / whole,
                 "gpu_wait_share": d["gpu_wait_s"] / whole,
             }
+            if "gpu_decode_wait_s" in d:
+                out["loader_stats"]["gpu_decode_wait_share"] = d["gpu_decode_wait_s"] / whole
         out["server_timeline"] = timeline
         last = next((e for e in reversed(timeline) if "limit" in e), None)
         if last is not None:
@@ -426,15 +428,16 @@ def main() -> None:
             "",
             "## ringfeed: what the loader and the server measured (timed steps)",
             "",
-            "| model | next(): waiting for data | next(): behind the GPU | server: threads | busy | wait (tuner) "
-            "| GPU wait | samples/s | GPU share | GPU-decoded |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| model | next(): waiting for data | of it for GPU decodes | next(): behind the GPU | server: threads "
+            "| busy | wait (tuner) | GPU wait | samples/s | GPU share | GPU-decoded |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         pct = lambda v: "-" if v is None else f"{v * 100:.1f} %"  # noqa: E731
         for r in signals:
             ld, sv = r.get("loader_stats", {}), r.get("server_last", {})
             lines.append(
-                f"| {r['model']} {r['loader']} | {pct(ld.get('data_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
+                f"| {r['model']} {r['loader']} | {pct(ld.get('data_wait_share'))} "
+                f"| {pct(ld.get('gpu_decode_wait_share'))} | {pct(ld.get('gpu_wait_share'))} "
                 f"| {sv.get('threads', '-')} | {pct(sv.get('busy'))} | {pct(sv.get('wait'))} "
                 f"| {pct(sv.get('gpu_wait'))} "
                 f"| {sv.get('samples_per_s', '-')} | {pct(sv.get('gpu_share'))} "

@@ -341,9 +341,12 @@ class Finisher:
         self._tls = threading.local()  # this thread's decoder and the event after its last decode
         self._nv_lock = threading.Lock()  # nvImageCodec's decoder, one caller at a time
         self._hw_refused_logged = False
-        # The decoder's images of the last batches: the GPU reads them after `__call__` returns,
-        # until the batch's copy event; a batch `slots` batches old has completed it (its slot was
-        # released only then, and at most `slots` batches are in flight).
+        # nvImageCodec's and torchvision's images of the last batches (memory of their own
+        # allocators or streams): the GPU reads them after `__call__` returns, until the batch's
+        # copy event; a batch `slots` batches old has completed it (its slot was released only
+        # then, and at most `slots` batches are in flight). The batched decoder's buffer is not
+        # kept: the caching allocator gave it on the side stream, where the decode writes it and
+        # the kernel reads it, so a later allocation of the same block is ordered after both.
         self._keep: collections.deque[list[Any]] = collections.deque(maxlen=slots + 1)
         #: Whether decodes can run ahead in a thread of their own (:meth:`submit`): nvImageCodec's
         #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
@@ -354,6 +357,9 @@ class Finisher:
         self._counts = [0, 0, 0]
         #: The same since construction.
         self.totals = [0, 0, 0]
+        #: Host ns :meth:`__call__`'s callers have waited, since construction, for decodes started
+        #: ahead (:meth:`submit`) to return: whether the decode threads keep up with the loop.
+        self.ahead_wait_ns = 0
         #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
         #: the wait for data, never as time behind the GPU).
         self.last_call_ns = 0
@@ -599,6 +605,7 @@ class Finisher:
         ahead_places = None
         if pending is not None:
             pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
+            self.ahead_wait_ns += time.perf_counter_ns() - t0
         else:
             pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
             rec = jobs[pos].astype(np.int64)
@@ -619,7 +626,7 @@ class Finisher:
             fallbacks = 0
         else:
             images, failed, fallbacks = self._decode(datas, stream, decoded)
-        self._keep.append(images)
+            self._keep.append(images)
         ok = [i for i in range(len(pos)) if images[i] is not None]
         # Where each image lies (read ahead in the decode thread for the kernel; here for images
         # the host decoded instead). A decoded image of another size than the server probed is

@@ -1344,8 +1344,11 @@ class Loader:
         server's data), ``compute_s`` (time between batches), ``skipped`` (samples left out under
         ``on_error="skip"``), and the shares of ``wait_s + compute_s``: ``wait_share``,
         ``data_wait_share``, ``gpu_wait_share``. With hybrid decode also ``gpu_samples`` (samples
-        this process finished on its GPU), ``gpu_decode_s`` (its host time on them) and
-        ``gpu_fallbacks`` (those the GPU decoder refused, decoded on the host instead).
+        this process finished on its GPU), ``gpu_decode_s`` (its host time on them),
+        ``gpu_fallbacks`` (those the GPU decoder refused, decoded on the host instead) and
+        ``gpu_decode_wait_s`` (the part of ``data_wait_s`` spent waiting for GPU decodes started
+        ahead to leave the decode threads: where it grows, the decode threads, not the server,
+        hold the loop back).
 
         With ``server`` (and a 1.1 server), ``"server"`` holds what the server measures for this
         stream, as ``ringfeed top`` shows it: ``threads``, ``depth``, ``slots``, ``samples_per_s``,
@@ -1365,6 +1368,7 @@ class Loader:
         if self._finisher is not None:
             samples, ns, fallbacks = self._finisher.totals
             out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
+            out["gpu_decode_wait_s"] = self._finisher.ahead_wait_ns / 1e9
         if server:
             out["server"] = self._server_view()
         return out

@@ -168,6 +168,7 @@ def test_hybrid_batches_are_the_cpu_batches(
     assert stats["gpu_fallbacks"] == 0
     assert stats["server"]["gpu_share"] == 1.0
     assert stats["server"]["gpu_samples"] >= plain
+    assert 0.0 <= stats["gpu_decode_wait_s"] <= stats["data_wait_s"] + 1e-6
 
 
 def test_a_share_hands_over_that_part_and_pixels_follow_the_share(
@@ -269,6 +270,41 @@ def test_ringfeed_binary_speaks_1_4() -> None:
     out = subprocess.run([ringfeed_bin(), "--version"], capture_output=True, text=True, check=True, timeout=30)
     assert out.returncode == 0
     assert ringfeed.PROTOCOL == (1, 4)
+
+
+def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Finisher.ahead_wait_ns`` (``stats()["gpu_decode_wait_s"]``) counts the time a caller blocks
+    on a decode started ahead, and only that: a decode still running when its batch is finished
+    adds its remaining time, one already done adds next to nothing."""
+    import time
+
+    real = _hybrid._host_decode
+
+    def slow(data: np.ndarray) -> torch.Tensor:
+        time.sleep(0.2)
+        return real(data)
+
+    monkeypatch.setattr(_hybrid, "_host_decode", slow)
+    buf = io.BytesIO()
+    photo(24, 18, 3).save(buf, "JPEG", quality=90)
+    arena = np.frombuffer(buf.getvalue(), dtype=np.uint8)
+    flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
+    jobs = np.zeros((2, _hybrid.RECORD_LEN), dtype=np.int32)
+    jobs[0] = [0, len(arena), 24, 18, 0, 0, 24, 18, 8, 8, 0, 0, 0, 0, 8, 8, flags, 0]
+    image = torch.zeros((2, 8, 8, 3), dtype=torch.uint8)
+    f = _hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
+    try:
+        assert f.ahead_wait_ns == 0
+        assert f(jobs, arena, image, pending=f.submit(jobs, arena)) == [0]
+        waited = f.ahead_wait_ns
+        assert 0.1e9 < waited < 5e9, waited
+        assert int(image[0].float().std()) > 0, "the sample was finished"
+        done = f.submit(jobs, arena)
+        done.result()
+        f(jobs, arena, image, pending=done)
+        assert f.ahead_wait_ns - waited < 0.05e9, f.ahead_wait_ns - waited
+    finally:
+        f.close()
 
 
 def test_axis_weights_reproduce_torch_antialiased_resize() -> None:

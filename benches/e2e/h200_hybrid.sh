@@ -34,6 +34,8 @@
 #   tiled   the tiled finishing kernel against the direct one, and the chroma rebuild: GPU tests,
 #           both kernels alone and beside the model, the corpus PSNR of the chroma modes,
 #           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
+#   threads ResNet-18 on 6 threads at a share of 0.75 with 2, 3 and 4 GPU decode threads, 6 and 10
+#           slots: whether the decode threads are what holds the GPU path back.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -296,6 +298,20 @@ tiled)
     --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -12 || echo "r18-6 rc $?"
   [ -z "${R15:-}" ] || timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ringfeed,ringfeed-hybrid --workers 15 --steps 400 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -12 || echo "r18-15 rc $?"
+  ;;
+threads)
+  # Whether the GPU path's decode threads hold ResNet-18 back at a share of 0.75 (6 CPU threads;
+  # 2026-12-02: "latency, every slot in flight" there, 81-82 %): 2, 3 and 4 decode threads (the
+  # loader takes as many batches ahead), 6 and 10 slots; gpu_train.py's table shows the loop's
+  # wait for those decodes ("of it for GPU decodes").
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  for t in ${DECODE_THREADS:-2 3 4}; do
+    RINGFEED_GPU_DECODE_THREADS=$t timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed \
+      --models resnet18 --loaders ${LOADERS:-ringfeed-share-0.75,ringfeed-share-0.75@slots10,ringfeed-hybrid@slots10} \
+      --workers 15 --threads-cap 6 --steps 400 --out "$out/r18-6-t$t" 2>&1 | grep -v "^{" | sed -n 5,24p || echo "t$t rc $?"
+    rm -f "$out/r18-6-t$t/serve.log"
+  done
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

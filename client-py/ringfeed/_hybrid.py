@@ -387,7 +387,7 @@ class Finisher:
         if self._pool is None:
             # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
             # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
-            self._workers = 1 if self._hw_off else _decode_threads()
+            self._workers = self.decode_threads
             self._pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="ringfeed-gpu-decode")
         return self._pool
 
@@ -440,6 +440,12 @@ class Finisher:
             torch.cuda.synchronize(self.device)  # every decode queued has run
         for dec in decoders:
             dec.close()
+
+    @property
+    def decode_threads(self) -> int:
+        """Threads that decode batches ahead (:meth:`submit`): ``RINGFEED_GPU_DECODE_THREADS`` with
+        the batched hardware decoder, else one."""
+        return 1 if self._hw_off else _decode_threads()
 
     @property
     def hw_decoders(self) -> int:

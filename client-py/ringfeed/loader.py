@@ -840,8 +840,9 @@ class Loader:
             return
         segment = self._res.segment
         assert segment is not None
-        # Two ahead at most (decoding one while the other is finished), leaving the server slots.
-        most = max(0, min(2, segment.slot_count - 2))
+        # As many ahead as the finisher has decode threads, two at least (decoding one while the
+        # other is finished), leaving the server two slots.
+        most = max(0, min(max(2, self._finisher.decode_threads), segment.slot_count - 2))
         try:
             while len(self._ahead) < most:
                 got = self._recv(poll=True)

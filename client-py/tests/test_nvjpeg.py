@@ -44,6 +44,11 @@ def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, r
         _hybrid._decode_threads()
     monkeypatch.setenv("RINGFEED_GPU_DECODE_THREADS", "3")
     assert _hybrid._decode_threads() == 3
+    # Only the batched hardware decoder decodes in several threads (and the loader takes that
+    # many batches ahead); the host and nvImageCodec image by image use one.
+    f = _hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
+    assert f.decode_threads == 1
+    f.close()
 
 
 def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:

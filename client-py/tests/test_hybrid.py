@@ -366,13 +366,13 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
     afterwards; no sample fell back to the host; the slot bytes the decoder read were not
     released early (the same epoch twice gives the same batches). The GPU samples' PSNR against
     the CPU path's (torchvision's pixels) is at least issue 11's 40 dB where chroma is
-    interpolated (nvImageCodec image by image, ``RINGFEED_GPU_CHROMA=interpolate``), and at least
-    :data:`REPLICATED_PSNR` where the decoder replicates it (the batched default, torchvision's
-    CUDA decoder: a deliberate difference, docs/hybrid-decode.md "Chroma"), or replicates it and
-    the client rebuilds it (``RINGFEED_GPU_CHROMA=rebuild``: its PSNR is printed, not yet pinned
-    higher)."""
+    interpolated (nvImageCodec image by image, ``RINGFEED_GPU_CHROMA=interpolate``) or where the
+    decoder replicates it and the client rebuilds it (``RINGFEED_GPU_CHROMA=rebuild``: 53.0-53.8 dB
+    on the H200, benches/results/2026-12-02-h200-tiled), and at least :data:`REPLICATED_PSNR`
+    where the decoder replicates it (the batched default, torchvision's CUDA decoder: a
+    deliberate difference, docs/hybrid-decode.md "Chroma")."""
     monkeypatch.setenv("RINGFEED_GPU_FINISH", geometry)
-    batched = False
+    batched = rebuilt = False
     interpolated = backend != "torchvision"
     if backend.startswith("nvimgcodec"):
         # The batched hardware decoder needs the kernel's addresses; with the matrix products
@@ -382,6 +382,8 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
         monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvjpeg" if batched else "nvimgcodec")
         mode = backend.partition("/")[2]
         monkeypatch.setenv("RINGFEED_GPU_CHROMA", mode if mode in ("interpolate", "rebuild") else "replicate")
+        # The rebuild runs on the batched decoder's replicated chroma (image by image it interpolates).
+        rebuilt = batched and mode == "rebuild"
         backend = "nvimgcodec"
     root, kinds = folder
     recipe = ringfeed.Compose([RRC, ringfeed.Normalize([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])])
@@ -425,7 +427,7 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
         assert torch.equal(b["image"], c["image"])
     psnr = 10 * math.log10(255**2 / max(sq / n, 1e-12))
     print(f"GPU samples' PSNR, {backend} (batched {batched}, chroma interpolated {interpolated}): {psnr:.2f} dB")
-    assert psnr >= (40.0 if interpolated else REPLICATED_PSNR), (backend, batched, psnr)
+    assert psnr >= (40.0 if interpolated or rebuilt else REPLICATED_PSNR), (backend, batched, psnr)
 
 
 def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, dict[str, str]], sock: str) -> None:

@@ -66,7 +66,9 @@
 //!   more than the wait it saves); a lower share after which a batch takes more than
 //!   [`Config::gpu_probe_tolerance`] longer is undone, and not tried again; one that is kept sets a
 //!   ceiling at the share it left (whether or not the CPU is now the limit: a CPU-limited batch can
-//!   still be the faster one). It is carried in [`Decision::gpu_share`] like `depth`.
+//!   still be the faster one). A regime is the loop's step at the share the tuner settled on
+//!   after learning a bound: back at that share with a step more than 20 % away, the bounds are
+//!   dropped and the share is searched again. It is carried in [`Decision::gpu_share`] like `depth`.
 //!
 //! - **Downloads at once (remote datasets).** Server-wide, not per stream: [`FetchTuner`] raises
 //!   the number of shard downloads at once while a loop waits for data and the decoders wait for
@@ -380,6 +382,10 @@ struct StreamState {
     gpu_judged: u32,
     /// Intervals to wait before the share may change again.
     gpu_hold: u32,
+    /// The share and the loop's step (ns) where the tuner first settled after learning
+    /// `gpu_ceiling` or `gpu_floor`: back at that share with a step more than 20 % away, the
+    /// model's regime changed, and the bounds are dropped.
+    gpu_bounds_at: Option<(f64, f64)>,
 }
 
 /// A change of the GPU share, judged once its effect shows.
@@ -849,10 +855,29 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         return None;
     }
     let ms = |ns: f64| ns / 1e6;
+    // The bounds belong to the regime they were learned in. Recorded once the tuner has settled
+    // after learning them (no change being judged, the hold over): the share and the loop's
+    // step there. At that share again with a step more than 20 % away (the step also grows with
+    // the share, so only the same share compares), the model's cost beside GPU decode is not
+    // what it was (another phase, another model): the bounds go.
+    if st.gpu_trial.is_none() && (st.gpu_ceiling.is_some() || st.gpu_floor.is_some()) {
+        match st.gpu_bounds_at {
+            None => st.gpu_bounds_at = Some((share, step)),
+            Some((at, was)) if (at - share).abs() < 1e-9 && (step / was - 1.0).abs() > 0.2 => {
+                st.gpu_ceiling = None;
+                st.gpu_floor = None;
+                st.gpu_bounds_at = None;
+            }
+            Some(_) => {}
+        }
+    }
     if let Some(t) = st.gpu_trial.take_if(|t| t.after_ns.is_some()) {
         let cycle = t.after_ns.unwrap_or(cycle);
         let grew = cycle / t.before_ns - 1.0;
         st.gpu_judged += 1;
+        // Whatever the outcome, the share where the tuner settles next is where the bounds'
+        // regime is recorded.
+        st.gpu_bounds_at = None;
         // A lower share is judged by the time per batch alone: with the CPU now the limit a batch
         // may still be faster (on the H200, ResNet-18 on 6 threads ran 82 % of its ceiling at a
         // share of 0.625 with the CPU the limit, 78 % at 0.75 with it not).
@@ -2007,6 +2032,57 @@ mod tests {
             out.push((threads, sim.share, (delta.wait_ns - delta.gpu_wait_ns) as f64 / total));
         }
         out
+    }
+
+    /// Runs one hybrid-decode stream for `ticks` under one tuner, calling `phase(tick, sim)`
+    /// before each interval (to change the model's regime mid-run); returns the shares.
+    fn drive_gpu_phases(sim: &mut Sim, budget: u32, ticks: usize, mut phase: impl FnMut(usize, &mut Sim)) -> Vec<f64> {
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth) = (budget, 3);
+        let mut out = Vec::new();
+        for tick in 0..ticks {
+            phase(tick, sim);
+            let delta = sim.interval(threads, TICK);
+            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
+            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
+            let d = tuner.tick(TICK, budget, 64, &[o]).remove(0);
+            threads = d.threads;
+            depth = d.depth;
+            if let Some(s) = d.gpu_share {
+                sim.share = s;
+            }
+            out.push(sim.share);
+        }
+        out
+    }
+
+    #[test]
+    fn the_gpu_shares_bounds_belong_to_their_regime() {
+        // First GPU decode costs the model 300 µs a sample (the share settles low, with a bound
+        // learned above it); then the model's regime changes (its decode no longer competes:
+        // 10 µs), so that at the settled share its step is less than half what it was. The
+        // bounds learned in the first regime no longer hold: the share rises to where the CPU
+        // can feed the loop (at least 0.69, as with no competition from the start).
+        let mut sim = Sim {
+            step: Duration::from_millis(20),
+            slow: Duration::from_micros(300),
+            ..Sim::default()
+        };
+        let run = drive_gpu_phases(&mut sim, 6, 240, |tick, sim| {
+            if tick == 120 {
+                sim.slow = Duration::from_micros(10);
+            }
+        });
+        assert!(
+            run[90..120].iter().all(|&s| (0.25 - 1e-9..=0.5 + 1e-9).contains(&s)),
+            "{run:?}"
+        );
+        let best = (0..=8)
+            .map(|k| pinned_rate(&sim, 6, f64::from(k) / 8.0))
+            .fold(0.0, f64::max);
+        let end = *run.last().unwrap();
+        assert!(end >= 0.625 - 1e-9, "stuck at {end}: {:?}", &run[110..]);
+        assert!(pinned_rate(&sim, 6, end) >= 0.95 * best, "{end}: {:?}", &run[110..]);
     }
 
     #[test]

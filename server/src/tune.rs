@@ -2012,12 +2012,25 @@ mod tests {
         sim: &mut Sim,
         budget: u32,
         ticks: usize,
+        tamper: impl FnMut(&mut Counters, f64),
+    ) -> Vec<(u32, f64, f64)> {
+        drive_gpu_phases(sim, budget, ticks, |_, _| {}, tamper)
+    }
+
+    /// The same under one tuner, with `phase(tick, sim)` called before each interval (to change
+    /// the model's regime mid-run).
+    fn drive_gpu_phases(
+        sim: &mut Sim,
+        budget: u32,
+        ticks: usize,
+        mut phase: impl FnMut(usize, &mut Sim),
         mut tamper: impl FnMut(&mut Counters, f64),
     ) -> Vec<(u32, f64, f64)> {
         let mut tuner = Tuner::new(Config::default());
         let (mut threads, mut depth) = (budget, 3);
         let mut out = Vec::new();
-        for _ in 0..ticks {
+        for tick in 0..ticks {
+            phase(tick, sim);
             let mut delta = sim.interval(threads, TICK);
             tamper(&mut delta, sim.share);
             let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
@@ -2034,28 +2047,6 @@ mod tests {
         out
     }
 
-    /// Runs one hybrid-decode stream for `ticks` under one tuner, calling `phase(tick, sim)`
-    /// before each interval (to change the model's regime mid-run); returns the shares.
-    fn drive_gpu_phases(sim: &mut Sim, budget: u32, ticks: usize, mut phase: impl FnMut(usize, &mut Sim)) -> Vec<f64> {
-        let mut tuner = Tuner::new(Config::default());
-        let (mut threads, mut depth) = (budget, 3);
-        let mut out = Vec::new();
-        for tick in 0..ticks {
-            phase(tick, sim);
-            let delta = sim.interval(threads, TICK);
-            let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
-            o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
-            let d = tuner.tick(TICK, budget, 64, &[o]).remove(0);
-            threads = d.threads;
-            depth = d.depth;
-            if let Some(s) = d.gpu_share {
-                sim.share = s;
-            }
-            out.push(sim.share);
-        }
-        out
-    }
-
     #[test]
     fn the_gpu_shares_bounds_belong_to_their_regime() {
         // First GPU decode costs the model 300 µs a sample (the share settles low, with a bound
@@ -2068,11 +2059,20 @@ mod tests {
             slow: Duration::from_micros(300),
             ..Sim::default()
         };
-        let run = drive_gpu_phases(&mut sim, 6, 240, |tick, sim| {
-            if tick == 120 {
-                sim.slow = Duration::from_micros(10);
-            }
-        });
+        let run: Vec<f64> = drive_gpu_phases(
+            &mut sim,
+            6,
+            240,
+            |tick, sim| {
+                if tick == 120 {
+                    sim.slow = Duration::from_micros(10);
+                }
+            },
+            |_, _| {},
+        )
+        .iter()
+        .map(|r| r.1)
+        .collect();
         assert!(
             run[90..120].iter().all(|&s| (0.25 - 1e-9..=0.5 + 1e-9).contains(&s)),
             "{run:?}"

@@ -36,6 +36,8 @@
 #           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
 #   threads ResNet-18 on 6 threads at a share of 0.75 with 2, 3 and 4 GPU decode threads, 6 and 10
 #           slots: whether the decode threads are what holds the GPU path back.
+#   scale   the hardware's own downscale and region decode (nvjpegDecodeBatchedEx): the nvJPEG tests,
+#           then nvjpeg_probe.py --ex on the corpus and on 1.5-3 MP photos.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -312,6 +314,22 @@ threads)
       --workers 15 --threads-cap 6 --steps 400 --out "$out/r18-6-t$t" 2>&1 | grep -v "^{" | sed -n 5,24p || echo "t$t rc $?"
     rm -f "$out/r18-6-t$t/serve.log"
   done
+  ;;
+scale)
+  # What the hardware's own downscale and region decode (nvjpegDecodeBatchedEx) cost the engine
+  # and its kernels, on the corpus and on 1.5-3 MP photos (where the engine is the limit): the
+  # nvJPEG tests (decode_ex's pixels), then nvjpeg_probe.py --ex on both.
+  gpu_prep "${COUNT:-2000}"
+  if [ ! -d /tmp/bigpacked ]; then
+    python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count "${BIG:-600}" | tail -1
+    "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
+  fi
+  mkdir -p "$out"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py 2>&1 | tail -4 || echo "pytest rc $?"
+  timeout 120 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --ex --out "$out/probe" 2>&1 \
+    | grep -v "^{\|^\[" | tail -16 || echo "probe rc $?"
+  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/bigpacked --count 96 --batches 3 --ex --out "$out/probe-big" 2>&1 \
+    | grep -v "^{\|^\[" | tail -16 || echo "probe-big rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -167,6 +167,11 @@ def main() -> None:
         action="store_true",
         help="one decode (the kernels' input), then the finishing kernel's shapes: no decode variants",
     )
+    ap.add_argument(
+        "--ex",
+        action="store_true",
+        help="also nvjpegDecodeBatchedEx: whole, the hardware's downscale by 2 and 4, a centre region",
+    )
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -213,6 +218,25 @@ def main() -> None:
         pitches = np.stack([w, np.maximum(cw, 1), np.maximum(cw, 1)], 1)
         return planes, pitches, int(size.sum())
 
+    def measure(once) -> dict:
+        """Wall ms per batch of `once` (synchronised each time) and its GPU work (profiler)."""
+        for _ in range(3):
+            once()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(a.batches):
+            once()
+            torch.cuda.synchronize()
+        row = {"ms_per_batch": (time.perf_counter() - t) / a.batches * 1e3}
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                once()
+            torch.cuda.synchronize()
+        row["gpu"] = [{**r, "us": r["us"] / 3, "calls": r["calls"] / 3} for r in kernel_times(prof)]
+        return row
+
     rgb_buf = None
     for kind in ("rgbi",) if a.kernels_only else ("rgbi", "yuv"):
         for interp in (True,) if a.kernels_only else (True, False):
@@ -229,21 +253,7 @@ def main() -> None:
                 def once(dec=dec, addr=addr, pitches=pitches, out_fmt=out_fmt):
                     dec.decode(ptrs, lens, addr, pitches.astype(np.uint64), stream.cuda_stream, output=out_fmt)
 
-                for _ in range(3):
-                    once()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(a.batches):
-                    once()
-                    torch.cuda.synchronize()
-                row["ms_per_batch"] = (time.perf_counter() - t) / a.batches * 1e3
-                from torch.profiler import ProfilerActivity, profile
-
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(3):
-                        once()
-                    torch.cuda.synchronize()
-                row["gpu"] = [{**r, "us": r["us"] / 3, "calls": r["calls"] / 3} for r in kernel_times(prof)]
+                row |= measure(once)
                 if kind == "yuv" and interp:
                     host = buf.cpu().numpy()
                     diffs = []
@@ -273,6 +283,37 @@ def main() -> None:
                 row["error"] = f"{type(e).__name__}: {e}"
             results["decode"].append(row)
             print(json.dumps(row)[:1500], flush=True)
+
+    if a.ex:
+        # nvjpegDecodeBatchedEx with per-image parameters, replicated chroma: the whole image, the
+        # hardware's downscale by 2 and 4, and the centre region of half the width and height
+        # (about a RandomResizedCrop's mean area): what each costs the engine and its kernels.
+        dec = _nvjpeg.HardwareDecoder(dev, flags=0)
+        n = len(datas)
+        centre = np.stack([w // 4, h // 4, w // 2, h // 2], axis=1)
+        for name, kw, ow, oh in [
+            ("ex, whole", {"roi": np.tile([0, 0, -1, -1], (n, 1))}, w, h),
+            ("ex, scale 1/2", {"scale": np.full(n, 2)}, -(-w // 2), -(-h // 2)),
+            ("ex, scale 1/4", {"scale": np.full(n, 4)}, -(-w // 4), -(-h // 4)),
+            ("ex, centre region", {"roi": centre}, centre[:, 2], centre[:, 3]),
+        ]:
+            row = {"variant": name}
+            try:
+                size = (ow * oh * 3 + 255) // 256 * 256
+                off = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.uint64)
+                buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=dev)
+
+                def once(kw=kw, buf=buf, off=off, ow=ow):
+                    dec.decode_ex(
+                        ptrs, lens, buf.data_ptr() + off, (ow * 3).astype(np.uint64), stream.cuda_stream, **kw
+                    )
+
+                row |= measure(once)
+            except Exception as e:  # one variant's failure is a row
+                row["error"] = f"{type(e).__name__}: {e}"
+            results["decode"].append(row)
+            print(json.dumps(row)[:1500], flush=True)
+        dec.close()
 
     if rgb_buf is not None:
         buf, off = rgb_buf

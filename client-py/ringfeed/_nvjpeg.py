@@ -33,6 +33,11 @@ import numpy as np
 BACKEND_HARDWARE = 3
 OUTPUT_YUV = 1
 OUTPUT_RGBI = 5
+#: Two planes: Y, then Cb and Cr interleaved at half the width and height (4:2:0 only).
+OUTPUT_NV12 = 8
+#: ``nvjpegScaleFactor_t`` by divisor: the hardware decoder's own downscale (its IDCT at 1/2,
+#: 1/4 or 1/8, as libjpeg's DCT scaling), for :meth:`HardwareDecoder.decode_ex`.
+SCALES = {1: 0, 2: 1, 4: 2, 8: 3}
 #: nvjpeg.h's NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled as libjpeg's "fancy"
 #: upsampling does (Pillow's and the server's decoder). Without it the hardware decoder replicates
 #: chroma: 4.7 levels off Pillow on average and up to 37 on a 4:2:0 photo, against 0.00 and 1 with
@@ -45,8 +50,8 @@ FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
 #: ``RINGFEED_GPU_CHROMA`` values -> ``nvjpegCreateEx`` flags: ``replicate`` (the default: the
 #: hardware's own chroma, fast beside a model), ``interpolate`` (Pillow's pixels, slow beside one)
 #: or ``rebuild`` (the hardware's replicated chroma, then interpolated chroma rebuilt from it on the
-#: GPU before the finishing kernel: ``ringfeed._chroma_kernel``; its cost beside a model is not yet
-#: measured).
+#: GPU before the finishing kernel: ``ringfeed._chroma_kernel``; beside ResNet-18 on the H200 the
+#: decode, the rebuild and the kernel slowed its step by 15.5 %, benches/results/2026-12-02-h200-tiled).
 CHROMA = {"replicate": 0, "interpolate": FLAGS_UPSAMPLING_WITH_INTERPOLATION, "rebuild": 0}
 CSS_420 = 2
 MAJOR_VERSION = 0
@@ -155,6 +160,12 @@ class HardwareDecoder:
             "nvjpegDecodeBatchedPreAllocate": [vp, vp, i32, i32, i32, i32, i32],
             "nvjpegDecodeBatchedInitialize": [vp, vp, i32, i32, i32],
             "nvjpegDecodeBatched": [vp, vp, vp, vp, vp, vp],
+            "nvjpegDecodeBatchedEx": [vp, vp, vp, vp, vp, vp, vp],
+            "nvjpegDecodeParamsCreate": [vp, ctypes.POINTER(vp)],
+            "nvjpegDecodeParamsDestroy": [vp],
+            "nvjpegDecodeParamsSetOutputFormat": [vp, i32],
+            "nvjpegDecodeParamsSetROI": [vp, i32, i32, i32, i32],
+            "nvjpegDecodeParamsSetScaleFactor": [vp, i32],
             "nvjpegJpegStateDestroy": [vp],
             "nvjpegDestroy": [vp],
         }.items():
@@ -168,6 +179,8 @@ class HardwareDecoder:
 
         self.device = device
         self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
+        #: ``nvjpegDecodeParams_t`` for :meth:`decode_ex`, one per image of the largest batch yet.
+        self._params: list[ctypes.c_void_p] = []
         with torch.cuda.device(device):
             self._open(flags)
 
@@ -221,6 +234,66 @@ class HardwareDecoder:
             HardwareRefusedError: the hardware decoder refused the batch (nothing was written that
                 the caller may use; decode the batch another way).
         """
+        dst, ptrs, sizes = self._prepare(data, lengths, out, pitch, output)
+        # ctypes releases the GIL for the call: the whole batch decodes without it.
+        status = self._lib.nvjpegDecodeBatched(
+            self._handle, self._state, ptrs.ctypes.data, sizes.ctypes.data, dst.ctypes.data, ctypes.c_void_p(stream)
+        )
+        if status != 0:
+            raise HardwareRefusedError("nvjpegDecodeBatched", status)
+
+    def decode_ex(
+        self,
+        data: np.ndarray,
+        lengths: np.ndarray,
+        out: np.ndarray,
+        pitch: np.ndarray,
+        stream: int,
+        output: int = OUTPUT_RGBI,
+        *,
+        scale: np.ndarray | None = None,
+        roi: np.ndarray | None = None,
+    ) -> None:
+        """:meth:`decode` through ``nvjpegDecodeBatchedEx``, with per-image parameters: ``scale``
+        (``[n]`` divisors of :data:`SCALES`: the hardware's own downscale; the output is then
+        the image, or the region, divided by it, rounded up) and ``roi`` (``[n, 4]``: left, top,
+        width, height in full-size pixels; a width of -1 decodes the whole image). Not used by the
+        loader yet: ``benches/e2e/nvjpeg_probe.py`` measures what each costs the engine first.
+        Raises as :meth:`decode` does."""
+        n = len(data)
+        dst, ptrs, sizes = self._prepare(data, lengths, out, pitch, output)
+        lib = self._lib
+        while len(self._params) < n:
+            p = ctypes.c_void_p()
+            self._check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)))
+            self._params.append(p)
+        for i in range(n):
+            p = self._params[i]
+            self._check("nvjpegDecodeParamsSetOutputFormat", lib.nvjpegDecodeParamsSetOutputFormat(p, output))
+            x, y, w, h = (0, 0, -1, -1) if roi is None else (int(v) for v in roi[i])
+            self._check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, x, y, w, h))
+            f = 1 if scale is None else int(scale[i])
+            if f not in SCALES:
+                raise ValueError(f"the hardware decoder scales by 1, 2, 4 or 8, not {f}")
+            self._check("nvjpegDecodeParamsSetScaleFactor", lib.nvjpegDecodeParamsSetScaleFactor(p, SCALES[f]))
+        params = (ctypes.c_void_p * n)(*[p.value for p in self._params[:n]])
+        status = lib.nvjpegDecodeBatchedEx(
+            self._handle,
+            self._state,
+            ptrs.ctypes.data,
+            sizes.ctypes.data,
+            dst.ctypes.data,
+            params,
+            ctypes.c_void_p(stream),
+        )
+        if status != 0:
+            raise HardwareRefusedError("nvjpegDecodeBatchedEx", status)
+
+    def _prepare(
+        self, data: np.ndarray, lengths: np.ndarray, out: np.ndarray, pitch: np.ndarray, output: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The batch's ``nvjpegImage_t`` array, its addresses and sizes, after
+        ``nvjpegDecodeBatchedInitialize`` for ``len(data)`` images in ``output``."""
         n = len(data)
         planes = np.asarray(out, dtype=np.uint64).reshape(n, -1)
         pitches = np.asarray(pitch, dtype=np.uint64).reshape(n, -1)
@@ -230,17 +303,11 @@ class HardwareDecoder:
         dst["pitch"][:, :k] = pitches
         ptrs = np.ascontiguousarray(data, dtype=np.uint64)
         sizes = np.ascontiguousarray(lengths, dtype=np.uint64)
-        lib = self._lib
         self._check(
             "nvjpegDecodeBatchedInitialize",
-            lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, output),
+            self._lib.nvjpegDecodeBatchedInitialize(self._handle, self._state, n, 1, output),
         )
-        # ctypes releases the GIL for the call: the whole batch decodes without it.
-        status = lib.nvjpegDecodeBatched(
-            self._handle, self._state, ptrs.ctypes.data, sizes.ctypes.data, dst.ctypes.data, ctypes.c_void_p(stream)
-        )
-        if status != 0:
-            raise HardwareRefusedError("nvjpegDecodeBatched", status)
+        return dst, ptrs, sizes
 
     def warm(self) -> None:
         """Decodes :data:`WARM_JPEG` on a stream of its own and waits: the first decode of a handle
@@ -260,6 +327,9 @@ class HardwareDecoder:
     def close(self) -> None:
         """Frees the state and the handle. Idempotent."""
         lib = self._lib
+        for p in getattr(self, "_params", []):
+            lib.nvjpegDecodeParamsDestroy(p)
+        self._params = []
         if getattr(self, "_state", None) is not None and self._state.value:
             lib.nvjpegJpegStateDestroy(self._state)
             self._state = ctypes.c_void_p()

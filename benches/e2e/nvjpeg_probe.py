@@ -2,7 +2,8 @@
 """What the client's GPU work costs the GPU by itself: nvJPEG's batched hardware decode per output
 format and the finishing kernel, each alone on an idle GPU.
 
-    python3 benches/e2e/nvjpeg_probe.py --packed DIR [--count 192] [--out DIR]
+    python3 benches/e2e/nvjpeg_probe.py --packed DIR [--count 192] [--kernels-only] [--ex]
+        [--compare MODULE] [--out DIR]
 
 A trace of the training loop (benches/results/2026-12-01-h200-nvjpeg, trace-nvjpeg.md) shows the
 client's kernels beside the model's, where each lasts as long as the model lets it: it cannot
@@ -15,8 +16,11 @@ RGB on the host as libjpeg does (fancy upsampling, its fixed-point colour conver
 ``_yuv_reference``), they should equal Pillow's decode of the same files. Then the Triton finishing
 kernel alone over the decoded batch (RandomResizedCrop(224) parameters drawn as torchvision draws
 them, bilinear antialias, random flips): its time per batch from CUDA events, at its default
-launch shape and at others (pixels per program, warps, column taps per chunk).
-Writes nvjpeg_probe.json/.md into --out.
+launch shape and at others (tile rows and columns, the source pieces, warps), and with
+``--compare`` another kernel module's time and how far its pixels are from the default's.
+``--kernels-only`` decodes one way only (the kernel's input); ``--ex`` adds
+``nvjpegDecodeBatchedEx`` rows: the whole image, the hardware's downscale by 2 and by 4, a
+centre region of half the width and height. Writes nvjpeg_probe.json/.md into --out.
 """
 
 from __future__ import annotations

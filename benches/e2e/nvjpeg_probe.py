@@ -19,8 +19,8 @@ them, bilinear antialias, random flips): its time per batch from CUDA events, at
 launch shape and at others (tile rows and columns, the source pieces, warps), and with
 ``--compare`` another kernel module's time and how far its pixels are from the default's.
 ``--kernels-only`` decodes one way only (the kernel's input); ``--ex`` adds
-``nvjpegDecodeBatchedEx`` rows: the whole image, the hardware's downscale by 2 and by 4, a
-centre region of half the width and height. Writes nvjpeg_probe.json/.md into --out.
+``nvjpegDecodeBatchedEx`` rows (the whole image, the hardware's downscale by 2 and by 4, a
+centre region of half the width and height) and an NV12 row. Writes nvjpeg_probe.json/.md into --out.
 """
 
 from __future__ import annotations
@@ -317,6 +317,26 @@ def main() -> None:
                 row["error"] = f"{type(e).__name__}: {e}"
             results["decode"].append(row)
             print(json.dumps(row)[:1500], flush=True)
+        # NV12 (Y, then Cb and Cr interleaved at half size): whether the engine writes it without
+        # a conversion kernel (a kernel reading it could then interpolate chroma itself).
+        row = {"variant": "nv12"}
+        try:
+            yb = (w * h + 255) // 256 * 256
+            uvb = (2 * (-(-w // 2)) * (-(-h // 2)) + 255) // 256 * 256
+            off = np.concatenate([[0], np.cumsum((yb + uvb)[:-1])]).astype(np.int64)
+            buf = torch.empty(int((yb + uvb).sum()), dtype=torch.uint8, device=dev)
+            planes = np.stack([off, off + yb], axis=1)
+            pitches = np.stack([w, 2 * (-(-w // 2))], axis=1).astype(np.uint64)
+
+            def nv12(buf=buf, planes=planes, pitches=pitches):
+                addr = (buf.data_ptr() + planes).astype(np.uint64)
+                dec.decode(ptrs, lens, addr, pitches, stream.cuda_stream, output=_nvjpeg.OUTPUT_NV12)
+
+            row |= measure(nv12)
+        except Exception as e:  # one variant's failure is a row
+            row["error"] = f"{type(e).__name__}: {e}"
+        results["decode"].append(row)
+        print(json.dumps(row)[:1500], flush=True)
         dec.close()
 
     if rgb_buf is not None:

@@ -372,10 +372,14 @@ class Finisher:
             gate = threading.Barrier(self._workers)
 
             def open_here() -> None:
-                self._thread_decoder()
-                # Every thread takes one of these (none takes two), or a minute passes.
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    gate.wait(timeout=60)
+                try:
+                    # An error here (RINGFEED_GPU_DECODER=nvjpeg where it cannot run) is raised
+                    # again by the first batch's decode, which tries to open it once more.
+                    self._thread_decoder()
+                finally:
+                    # Every thread takes one of these (none takes two), or a minute passes.
+                    with contextlib.suppress(threading.BrokenBarrierError):
+                        gate.wait(timeout=60)
 
             for _ in range(self._workers):
                 pool.submit(open_here)

@@ -321,7 +321,7 @@ threads)
 scale)
   # What the hardware's own downscale and region decode (nvjpegDecodeBatchedEx) cost the engine
   # and its kernels, on the corpus and on 1.5-3 MP photos (where the engine is the limit): the
-  # nvJPEG tests (decode_ex's pixels), then nvjpeg_probe.py --ex on both.
+  # nvJPEG tests (the downscale's and the region's pixels), then nvjpeg_probe.py --ex on both.
   gpu_prep "${COUNT:-2000}"
   if [ ! -d /tmp/bigpacked ]; then
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count "${BIG:-600}" | tail -1

@@ -352,7 +352,10 @@ class Finisher:
         #: decode call blocks its thread for the whole decode (and releases the GIL meanwhile).
         self.background = backend in ("nvimgcodec", "host")
         self._pool: Any = None
-        self._workers = 0
+        #: Threads that decode batches ahead (:meth:`submit`): ``RINGFEED_GPU_DECODE_THREADS``
+        #: with the batched hardware decoder (a bad value is refused here), else one. The loader
+        #: takes as many batches ahead.
+        self.decode_threads = 1 if self._hw_off else _decode_threads()
         #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks.
         self._counts = [0, 0, 0]
         #: The same since construction.
@@ -369,7 +372,7 @@ class Finisher:
             # beside a busy GPU, which inside the first batches read as slow steps (and the tuner
             # would blame GPU decode). The batches submitted later queue behind these.
             pool = self._start_pool()
-            gate = threading.Barrier(self._workers)
+            gate = threading.Barrier(self.decode_threads)
 
             def open_here() -> None:
                 try:
@@ -381,7 +384,7 @@ class Finisher:
                     with contextlib.suppress(threading.BrokenBarrierError):
                         gate.wait(timeout=60)
 
-            for _ in range(self._workers):
+            for _ in range(self.decode_threads):
                 pool.submit(open_here)
 
     def _start_pool(self) -> Any:
@@ -391,8 +394,9 @@ class Finisher:
         if self._pool is None:
             # Two with the batched hardware decoder: a decode's kernels wait for the model's blocks, so
             # one batch at a time cannot keep up with a fast model (ResNet-18 on the H200).
-            self._workers = self.decode_threads
-            self._pool = concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="ringfeed-gpu-decode")
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.decode_threads, thread_name_prefix="ringfeed-gpu-decode"
+            )
         return self._pool
 
     def submit(self, jobs: np.ndarray, arena: np.ndarray, stream: Any = None) -> Any:
@@ -444,12 +448,6 @@ class Finisher:
             torch.cuda.synchronize(self.device)  # every decode queued has run
         for dec in decoders:
             dec.close()
-
-    @property
-    def decode_threads(self) -> int:
-        """Threads that decode batches ahead (:meth:`submit`): ``RINGFEED_GPU_DECODE_THREADS`` with
-        the batched hardware decoder, else one."""
-        return 1 if self._hw_off else _decode_threads()
 
     @property
     def hw_decoders(self) -> int:

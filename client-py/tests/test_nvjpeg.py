@@ -183,10 +183,10 @@ def test_a_batch_with_a_progressive_jpeg_is_refused_by_name() -> None:
 
 
 @pytest.mark.skipif(_hardware() is None, reason="needs a GPU with a hardware JPEG decoder and libnvjpeg.so.13")
-def test_decode_ex_scales_and_crops_like_a_whole_decode() -> None:
-    """``decode_ex``: the hardware's own downscale by 2 and 4 gives the whole decode's pixels
+def test_the_hardware_downscale_and_region_are_a_whole_decodes_pixels() -> None:
+    """``decode``'s ``scale`` and ``roi``: the hardware's own downscale by 2 and 4 gives the whole decode's pixels
     averaged over 2x2 and 4x4 blocks within a few levels (another IDCT), and a region is the
-    whole decode's rectangle; the plain call (no parameters) is ``decode``'s pixels exactly."""
+    whole decode's rectangle; the whole image through ``nvjpegDecodeBatchedEx`` is the plain call's pixels exactly."""
     data = _jpeg(7, 512, 384, subsampling=0)
     w, h = 512, 384
     arena = torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy()).pin_memory()
@@ -199,10 +199,7 @@ def test_decode_ex_scales_and_crops_like_a_whole_decode() -> None:
     def run(ow: int, oh: int, **kw: object) -> torch.Tensor:
         out = torch.zeros(oh * ow * 3, dtype=torch.uint8, device="cuda")
         pitch = np.array([ow * 3], dtype=np.uint64)
-        if kw:
-            dec.decode_ex(ptr, lens, np.array([out.data_ptr()], dtype=np.uint64), pitch, stream, **kw)
-        else:
-            dec.decode(ptr, lens, np.array([out.data_ptr()], dtype=np.uint64), pitch, stream)
+        dec.decode(ptr, lens, np.array([out.data_ptr()], dtype=np.uint64), pitch, stream, **kw)
         torch.cuda.synchronize()
         return out.view(oh, ow, 3).cpu().float()
 
@@ -216,5 +213,5 @@ def test_decode_ex_scales_and_crops_like_a_whole_decode() -> None:
     region = run(160, 96, roi=np.array([[64, 32, 160, 96]]))
     assert float((region - whole[32:128, 64:224]).abs().mean()) < 1.0
     with pytest.raises(ValueError, match="scales by 1, 2, 4 or 8, not 3"):
-        dec.decode_ex(ptr, lens, ptr, np.array([3], dtype=np.uint64), stream, scale=np.array([3]))
+        dec.decode(ptr, lens, ptr, np.array([3], dtype=np.uint64), stream, scale=np.array([3]))
     dec.close()

@@ -325,6 +325,14 @@ def main() -> None:
         help="one more argument for the sidecar's `ringfeed serve` (repeat; e.g. --serve-arg=--cache-dir=/tmp/c)",
     )
     a = ap.parse_args()
+    if os.environ.get("BENCH_BLOCKING_SYNC") == "1":
+        # An experiment: every host wait on the GPU in this process blocks instead of spinning
+        # (cudaDeviceScheduleBlockingSync on the primary context, before torch creates it).
+        import ctypes
+
+        cudart = ctypes.CDLL("libcudart.so.13")
+        status = cudart.cudaSetDeviceFlags(4)
+        print(f"cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync): {status}", flush=True)
     torch.backends.cudnn.benchmark = True
 
     binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"

@@ -36,6 +36,13 @@
 #           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
 #   threads ResNet-18 on 6 threads at a share of 0.75 with 2, 3 and 4 GPU decode threads, 6 and 10
 #           slots: whether the decode threads are what holds the GPU path back.
+#   nv12    nvJPEG's NV12 output (4:2:0): its kernels and copies alone and its planes (nvjpeg_probe.py --ex).
+#   kinds   what kind of work beside ResNet-18 costs its step (hybrid_step.py's probes), then
+#           ResNet-18 on 6 threads, pinned 0.625 and 0.75 and autotuned.
+#   pin     the CPU topology, then ResNet-18 fed by ringfeed with the sidecar's threads floating and
+#           with the sidecar and the training process on disjoint cores.
+#   slots   ResNet-18 with autotuned hybrid decode and 6, 10, 14 slots (15 threads; 10 on 6 threads).
+#   contend ResNet-18 at 0.75 with nvJPEG's pipelining off, and with blocking host waits.
 #   scale   the hardware's own downscale and region decode (nvjpegDecodeBatchedEx): the nvJPEG tests,
 #           then nvjpeg_probe.py --ex on the corpus and on 1.5-3 MP photos.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
@@ -333,6 +340,106 @@ scale)
     | grep -v "^{\|^\[" | tail -16 || echo "probe rc $?"
   timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/bigpacked --count 96 --batches 3 --ex --out "$out/probe-big" 2>&1 \
     | grep -v "^{\|^\[" | tail -16 || echo "probe-big rc $?"
+  ;;
+nv12)
+  # Whether nvJPEG's NV12 output lets the engine write 4:2:0 images without its per-image
+  # RGBA-to-RGB kernels: the probe's rows on an idle GPU (kernels and copies by name, the NV12
+  # planes against the planar output). 2026-12-02: the batched hardware decoder refused NV12
+  # (status 6, "execution failed"), so the hybrid_step.py parts this step ran then are gone.
+  gpu_prep "${COUNT:-2000}"
+  mkdir -p "$out"
+  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 5 --ex --out "$out/probe" 2>&1 \
+    | grep -v "^\[" | cut -c1-900 | tail -14 || echo "probe rc $?"
+  if [ -n "${TESTS:-}" ]; then
+    timeout 240 python3 -m pytest -q -s -p no:cacheprovider $TESTS 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \
+      | tee "$out/tests.log" | grep "PSNR\|passed\|failed\|FAILED\|Error" | tail -30 || echo "pytest rc $?"
+  fi
+  ;;
+kinds)
+  # What kind of work beside ResNet-18 costs its step (hybrid_step.py's probes: pure Python, 192
+  # tiny kernels or copies a batch from Python or from a CUDA graph, against nvJPEG's decode),
+  # then ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  timeout 200 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --seconds 5 \
+    --parts ${PARTS:-alone,py-2ms,kernels192,kernels192@graph,copies192,copies192@graph,decode-nvjpeg/replicated,alone} \
+    --out "$out/step" 2>&1 | grep -v "^{" | tail -14 || echo "step rc $?"
+  timeout 240 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ${LOADERS:-ceiling,ringfeed-share-0.625,ringfeed-share-0.75,ringfeed-hybrid} --workers 15 --threads-cap 6 \
+    --steps 400 --out "$out/r18-6" 2>&1 | grep -v "^{" | sed -n 5,24p || echo "r18-6 rc $?"
+  rm -f "$out/r18-6/serve.log"
+  ;;
+pin)
+  # Whether the decode threads slow the training process's own host threads (hyperthread
+  # siblings, shared cores): the topology, then ResNet-18 fed by ringfeed with the sidecar's
+  # threads left to float and with the sidecar and the training process on disjoint cores (the
+  # trainer on the first two physical cores and their siblings).
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  lscpu | grep -i "model name\|^CPU(s)\|thread\|core\|socket\|numa" | tee "$out/lscpu.txt"
+  trainer=$(python3 -c "
+import glob
+sib = sorted({open(f).read().strip() for f in glob.glob('/sys/devices/system/cpu/cpu*/topology/thread_siblings_list')},
+             key=lambda s: int(s.replace('-', ',').split(',')[0]))
+print(','.join(sib[:${TRAINER_CORES:-2}]))")
+  rest=$(python3 -c "
+t = set()
+for part in '$trainer'.split(','):
+    a, _, b = part.partition('-')
+    t |= set(range(int(a), int(b or a) + 1))
+import os
+print(','.join(str(c) for c in sorted(os.sched_getaffinity(0) - t)))")
+  echo "trainer cpus $trainer, sidecar cpus $rest" | tee -a "$out/lscpu.txt"
+  printf '#!/bin/sh\nexec taskset -c %s /tmp/rf/ringfeed "$@"\n' "$rest" > /tmp/rf/pinned && chmod +x /tmp/rf/pinned
+  train() {  # name, cap, loaders, pinned?
+    if [ -n "${4:-}" ]; then
+      RINGFEED_BIN=/tmp/rf/pinned timeout 150 taskset -c "$trainer" python3 benches/e2e/gpu_train.py --images /tmp/photos \
+        --packed /tmp/packed --models resnet18 --loaders "$3" --workers 15 --threads-cap "$2" --steps 400 --out "$out/$1" 2>&1 \
+        | grep "^| resnet18" | head -4 || echo "$1 rc $?"
+    else
+      timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+        --loaders "$3" --workers 15 --threads-cap "$2" --steps 400 --out "$out/$1" 2>&1 | grep "^| resnet18" | head -4 || echo "$1 rc $?"
+    fi
+    rm -f "$out/$1/serve.log"
+  }
+  train free15 15 ceiling,ringfeed
+  train free12 12 ringfeed
+  train pin12 12 ringfeed 1
+  train pin6 6 ringfeed-share-0.625 1
+  ;;
+slots)
+  # Whether the ring's slots hold hybrid decode back ("latency, every slot in flight" with idle
+  # decode threads): ResNet-18 on 15 threads, autotuned hybrid with 6, 10 and 14 slots; on 6
+  # threads, pinned 0.625 and autotuned with 10 slots.
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  timeout 260 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ${LOADERS15:-ceiling,ringfeed-hybrid,ringfeed-hybrid@slots10,ringfeed-hybrid@slots14} --workers 15 \
+    --steps 400 --out "$out/r18-15" 2>&1 | grep "^| resnet18\|^- \|last change" || echo "r18-15 rc $?"
+  rm -f "$out/r18-15/serve.log"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ${LOADERS6:-ceiling,ringfeed-share-0.625@slots10,ringfeed-hybrid@slots10} --workers 15 --threads-cap 6 \
+    --steps 400 --out "$out/r18-6" 2>&1 | grep "^| resnet18\|^- \|last change" || echo "r18-6 rc $?"
+  rm -f "$out/r18-6/serve.log"
+  ;;
+contend)
+  # The trace of 2026-12-02 (2026-12-02-h200-kinds/trace): beside nvJPEG's decode threads the
+  # training thread's launches took 28 µs instead of 10.5. ResNet-18 on 6 threads at a share of
+  # 0.75 with 10 slots: as is, with nvJPEG's hardware pipelining off (RINGFEED_NVJPEG_PIPELINE=0),
+  # with every host wait of the process blocking (BENCH_BLOCKING_SYNC=1); CPU decode alone.
+  gpu_prep "${COUNT:-8000}"
+  mkdir -p "$out"
+  run6() {  # name, loaders, env...
+    local name=$1 loaders=$2
+    shift 2
+    env "$@" timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+      --loaders "$loaders" --workers 15 --threads-cap 6 --steps 400 --out "$out/$name" 2>&1 \
+      | grep "^| resnet18\|last change\|cudaSetDeviceFlags" || echo "$name rc $?"
+    rm -f "$out/$name/serve.log"
+  }
+  run6 base ceiling,ringfeed-share-0.75@slots10 X=1
+  run6 nopipe ringfeed-share-0.75@slots10 RINGFEED_NVJPEG_PIPELINE=0
+  run6 blocking ceiling,ringfeed-share-0.75@slots10 BENCH_BLOCKING_SYNC=1
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

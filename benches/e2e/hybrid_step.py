@@ -31,7 +31,10 @@ up to `--per-step` images per model step:
   on its own stream; finish/before: the same with the direct kernel of 970c170
   (benches/e2e/_finish_kernel_before.py), the tiled kernel's baseline;
 - decode+finish: what the client does (hardware decode, then the kernel);
-- the GPU parts again with "@hi": on a stream of the highest priority.
+- the GPU parts again with "@hi": on a stream of the highest priority;
+- py-2ms, kernels192, kernels192@graph, copies192, copies192@graph: no decoder, only a kind of
+  work per batch: 2 ms of pure Python (the GIL), 192 tiny kernels or 192 small pinned copies
+  launched from Python, or replayed from a CUDA graph (the GPU's side alone).
 
 For each: the model's mean step (ms), its growth over `alone`, the images per second the
 second thread got through, and the process's CPU cores busy. Writes hybrid_step.json/.md into --out.
@@ -272,10 +275,62 @@ def main() -> None:
             "decode+finish": lambda: finish(table(hw.decode(datas, cuda_stream=stream.cuda_stream))),
         }
 
+    # What kind of work beside the model costs its step, without a decoder: 2 ms of pure Python a
+    # batch (the GIL); 192 tiny kernels a batch launched from Python (the GIL, the driver, the
+    # GPU) or replayed from a CUDA graph (the GPU alone: one launch); 192 small host-to-device
+    # copies a batch from pinned memory, from Python or from a graph. nvJPEG's batched hardware
+    # decode does one copy and one kernel per image.
+    tiny = torch.zeros(1024, device=dev)
+    src = torch.zeros((192, 4096), dtype=torch.uint8).pin_memory()
+    dst = torch.empty((192, 4096), dtype=torch.uint8, device=dev)
+
+    def py_burn() -> None:
+        end = time.perf_counter() + 0.002
+        x = 0
+        while time.perf_counter() < end:
+            x += 1
+
+    def kernels192(stream: torch.cuda.Stream) -> None:
+        with torch.cuda.stream(stream):
+            for _ in range(192):
+                tiny.add_(1.0)
+
+    def copies192(stream: torch.cuda.Stream) -> None:
+        with torch.cuda.stream(stream):
+            for i in range(192):
+                dst[i].copy_(src[i], non_blocking=True)
+
+    graphs = {}
+    for name, fn in (("kernels192", kernels192), ("copies192", copies192)):
+        g = torch.cuda.CUDAGraph()
+        cap = torch.cuda.Stream()
+        fn(cap)  # warm
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=cap):
+            fn(cap)
+        graphs[name] = g
+
+    def replay(g: torch.cuda.CUDAGraph) -> None:
+        with torch.cuda.stream(side):
+            g.replay()
+        side.synchronize()
+
+    def eager(fn) -> None:
+        fn(side)
+        side.synchronize()
+
+    probes = {
+        "py-2ms": py_burn,
+        "kernels192": lambda: eager(kernels192),
+        "kernels192@graph": lambda: replay(graphs["kernels192"]),
+        "copies192": lambda: eager(copies192),
+        "copies192@graph": lambda: replay(graphs["copies192"]),
+    }
+
     # The same parts on a stream of the highest priority ("@hi"): whether the decode's and the
     # kernel's blocks waiting behind the model's is what slows them (and so the loop).
     high = torch.cuda.Stream(priority=-100)
-    work = {"host": host, **parts(side), **{f"{k}@hi": v for k, v in parts(high).items()}}
+    work = {"host": host, **probes, **parts(side), **{f"{k}@hi": v for k, v in parts(high).items()}}
 
     if a.model_stream == "side":
         MODEL_STREAM[0] = torch.cuda.Stream()

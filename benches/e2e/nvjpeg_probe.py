@@ -315,22 +315,55 @@ def main() -> None:
                 row["error"] = f"{type(e).__name__}: {e}"
             results["decode"].append(row)
             print(json.dumps(row)[:1500], flush=True)
-        # NV12 (Y, then Cb and Cr interleaved at half size): whether the engine writes it without
-        # a conversion kernel (a kernel reading it could then interpolate chroma itself).
-        row = {"variant": "nv12"}
+        # NV12 (Y, then Cb and Cr interleaved at half size) of the batch's 4:2:0 images (the only
+        # sampling NV12 holds without resampling chroma): whether the engine writes it without a
+        # conversion kernel (a kernel reading it could then interpolate chroma itself), and
+        # whether its planes are the replicated decode's (Y equal, chroma the planar output's).
+        sel = np.array([i for i, f in enumerate(fac) if f == (2, 2) and not grey[i]], dtype=np.int64)
+        row = {"variant": f"nv12 ({len(sel)} 4:2:0 images)"}
         try:
-            yb = (w * h + 255) // 256 * 256
-            uvb = (2 * (-(-w // 2)) * (-(-h // 2)) + 255) // 256 * 256
+            sw, sh = w[sel], h[sel]
+            cw2, ch2 = -(-sw // 2), -(-sh // 2)
+            yb = (sw * sh + 255) // 256 * 256
+            uvb = (2 * cw2 * ch2 + 255) // 256 * 256
             off = np.concatenate([[0], np.cumsum((yb + uvb)[:-1])]).astype(np.int64)
             buf = torch.empty(int((yb + uvb).sum()), dtype=torch.uint8, device=dev)
             planes = np.stack([off, off + yb], axis=1)
-            pitches = np.stack([w, 2 * (-(-w // 2))], axis=1).astype(np.uint64)
+            pitches = np.stack([sw, 2 * cw2], axis=1).astype(np.uint64)
+            sptrs, slens = ptrs[sel], lens[sel]
 
-            def nv12(buf=buf, planes=planes, pitches=pitches):
+            def nv12(buf=buf, planes=planes, pitches=pitches, sptrs=sptrs, slens=slens):
                 addr = (buf.data_ptr() + planes).astype(np.uint64)
-                dec.decode(ptrs, lens, addr, pitches, stream.cuda_stream, output=_nvjpeg.OUTPUT_NV12)
+                dec.decode(sptrs, slens, addr, pitches, stream.cuda_stream, output=_nvjpeg.OUTPUT_NV12)
 
             row |= measure(nv12)
+            # The same images as planar YCbCr (replicated chroma), to compare the planes.
+            ycb = (cw2 * ch2 + 255) // 256 * 256
+            poff = np.concatenate([[0], np.cumsum((yb + 2 * ycb)[:-1])]).astype(np.int64)
+            pbuf = torch.empty(int((yb + 2 * ycb).sum()), dtype=torch.uint8, device=dev)
+            pplanes = np.stack([poff, poff + yb, poff + yb + ycb], axis=1)
+            ppitch = np.stack([sw, cw2, cw2], axis=1).astype(np.uint64)
+            dec.decode(
+                sptrs,
+                slens,
+                (pbuf.data_ptr() + pplanes).astype(np.uint64),
+                ppitch,
+                stream.cuda_stream,
+                output=_nvjpeg.OUTPUT_YUV,
+            )
+            torch.cuda.synchronize()
+            nv, pl = buf.cpu().numpy(), pbuf.cpu().numpy()
+            worst = [0, 0]
+            for k in range(min(32, len(sel))):
+                n_y = int(sw[k] * sh[k])
+                dy = np.abs(nv[off[k] : off[k] + n_y].astype(int) - pl[poff[k] : poff[k] + n_y].astype(int)).max()
+                n_c = int(cw2[k] * ch2[k])
+                uv = nv[off[k] + yb[k] : off[k] + yb[k] + 2 * n_c].reshape(-1, 2).astype(int)
+                cb = pl[poff[k] + yb[k] : poff[k] + yb[k] + n_c].astype(int)
+                cr = pl[poff[k] + yb[k] + ycb[k] : poff[k] + yb[k] + ycb[k] + n_c].astype(int)
+                dc = max(np.abs(uv[:, 0] - cb).max(), np.abs(uv[:, 1] - cr).max())
+                worst = [max(worst[0], int(dy)), max(worst[1], int(dc))]
+            row["nv12_vs_planar"] = {"images": min(32, len(sel)), "max_y": worst[0], "max_chroma": worst[1]}
         except Exception as e:  # one variant's failure is a row
             row["error"] = f"{type(e).__name__}: {e}"
         results["decode"].append(row)

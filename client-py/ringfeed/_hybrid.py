@@ -413,8 +413,8 @@ class Finisher:
             places = None
             hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" else None
             if hw is not None:
-                buf, places = hw
-                got = [buf] * len(pos)
+                buf, places, ready = hw
+                got = [(buf, ready)] * len(pos)
             elif self.backend == "nvimgcodec":
                 kw = {} if stream is None else {"cuda_stream": stream.cuda_stream}
                 with self._nv_lock:
@@ -465,6 +465,13 @@ class Finisher:
                 return None
             dec = self._open_decoder()
         self._tls.hw, self._tls.done = (dec if dec is not None else False), None
+        if dec is not None and self.device.type == "cuda":
+            import torch
+
+            # This thread's decodes run on a stream of their own, not on the copy stream: there
+            # they queued behind every copy and finishing kernel of the batches before (kernels
+            # that wait for the model's blocks), and two decode threads could not overlap.
+            self._tls.stream = torch.cuda.Stream(self.device)
         return dec
 
     def _open_decoder(self) -> Any:
@@ -489,11 +496,13 @@ class Finisher:
         self._hw_all.append(dec)
         return dec
 
-    def _hw_decode(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[Any, np.ndarray] | None:
+    def _hw_decode(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[Any, np.ndarray, Any] | None:
         """Decodes a batch's GPU samples (their ``rec`` records, bytes in ``arena``) in one call of
-        nvJPEG's hardware decoder into one device buffer: ``(buffer, places)`` (``places`` as
-        :func:`_place` gives them, a row per sample), or ``None`` where that decoder is not in
-        use or refused the batch (then nvImageCodec decodes it)."""
+        nvJPEG's hardware decoder into one device buffer: ``(buffer, places, ready)`` (``places``
+        as :func:`_place` gives them, a row per sample; ``ready``, an event after the decode on
+        this thread's decode stream, which the stream that reads the buffer must wait for:
+        :meth:`_adopt`), or ``None`` where that decoder is not in use or refused the batch (then
+        nvImageCodec decodes it)."""
         import torch
 
         from . import _nvjpeg
@@ -507,9 +516,13 @@ class Finisher:
         # Each image's rows start 256-byte aligned in one buffer of the batch.
         size = (w * h * 3 + 255) // 256 * 256
         off = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.int64)
-        cuda_stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+        cuda_stream = getattr(self._tls, "stream", None)
+        if cuda_stream is None:
+            cuda_stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         with torch.cuda.stream(cuda_stream):
-            # From the caching allocator, on the stream that writes and reads it.
+            # From the caching allocator, on the stream that writes it; the stream that reads it
+            # is recorded on it when it adopts the batch (_adopt), so that no later allocation
+            # reuses the block before that stream's reads have run.
             buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=self.device)
         if self._tls.done is not None:
             # This thread's decode state holds its last batch's buffers until that decode has run.
@@ -538,7 +551,20 @@ class Finisher:
         self._tls.done = done
         ones = np.ones_like(w)
         places = np.stack([base + off, h, w, w * 3, 3 * ones, ones], axis=1).astype(np.int64)
-        return buf, places
+        return buf, places, done
+
+    @staticmethod
+    def _adopt(buf: Any, ready: Any, stream: Any) -> None:
+        """Makes ``stream`` (the copy stream, or the current one) wait for a batched decode's
+        ``ready`` event before it reads ``buf``, and tells the caching allocator that ``stream``
+        uses ``buf``: the block is reused only after ``stream``'s work queued so far has run.
+        What becomes visible: everything the decode wrote, to every kernel queued on ``stream``
+        after this call."""
+        import torch
+
+        s = stream if stream is not None else torch.cuda.current_stream(buf.device)
+        s.wait_event(ready)
+        buf.record_stream(s)
 
     def take_counts(self) -> tuple[int, int, int]:
         """``(samples, host ns, fallbacks)`` since the last call (for ``stats``, 1.3)."""
@@ -621,7 +647,7 @@ class Finisher:
             decoded = None
             hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" and len(pos) else None
             if hw is not None:
-                decoded, ahead_places = [hw[0]] * len(pos), hw[1]
+                decoded, ahead_places = [(hw[0], hw[2])] * len(pos), hw[1]
         if len(pos) == 0:
             self.last_call_ns = 0
             return []
@@ -629,7 +655,9 @@ class Finisher:
         # decode): every sample decoded, its place known.
         batched = isinstance(ahead_places, np.ndarray)
         if batched:
-            images: list[Any] = list(decoded)  # type: ignore[arg-type]
+            buf, ready = decoded[0]  # type: ignore[index]
+            self._adopt(buf, ready, stream)
+            images: list[Any] = [buf] * len(pos)
             failed: list[tuple[int, str]] = []
             fallbacks = 0
         else:

@@ -320,9 +320,19 @@ class HardwareDecoder:
             self._handle = ctypes.c_void_p()
 
 
+#: nvjpeg.h's NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE: the hardware decoder without its pipelining.
+FLAGS_HW_DECODE_NO_PIPELINE = 1
+
+
 def chroma_flags() -> int:
-    """The flags ``RINGFEED_GPU_CHROMA`` asks for (:data:`CHROMA`)."""
-    return CHROMA[chroma_mode()]
+    """The flags ``RINGFEED_GPU_CHROMA`` asks for (:data:`CHROMA`), with
+    :data:`FLAGS_HW_DECODE_NO_PIPELINE` where ``RINGFEED_NVJPEG_PIPELINE=0`` (an experiment:
+    whether nvJPEG's pipelined hardware decode, a copy, an event and a sync per image, is what
+    slows the training thread's launches beside it)."""
+    pipeline = os.environ.get("RINGFEED_NVJPEG_PIPELINE", "1")
+    if pipeline not in ("0", "1"):
+        raise ValueError(f"RINGFEED_NVJPEG_PIPELINE must be 0 or 1, not {pipeline!r}")
+    return CHROMA[chroma_mode()] | (FLAGS_HW_DECODE_NO_PIPELINE if pipeline == "0" else 0)
 
 
 def chroma_mode() -> str:

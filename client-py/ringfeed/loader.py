@@ -781,6 +781,7 @@ class Loader:
             if self._ahead:
                 slot, header, pending = self._ahead.popleft()
                 batch = self._make_batch(slot, header, pending)
+                self._release_copied()
                 self._look_ahead()
                 self._reconnects_in_row = 0
                 self._count_step(t0)
@@ -792,6 +793,7 @@ class Loader:
                 if got is None:
                     continue
                 batch = self._make_batch(*got)
+                self._release_copied()
                 self._look_ahead()
                 self._reconnects_in_row = 0
                 self._count_step(t0)
@@ -1006,6 +1008,15 @@ class Loader:
         res = self._res
         while len(self._yielded) >= self.hold:
             res.release(self._yielded.popleft()[0])
+        self._release_copied()
+
+    def _release_copied(self) -> None:
+        """CUDA mode: hands back the slots whose copies (and GPU finishing) have completed since
+        the last look, before the training step runs (never blocks). Without it a slot whose copy
+        completes during the step stays held until the next ``next()``: with hybrid decode, where
+        the loop also holds the batches decoding ahead, the server was left too few slots to keep
+        its threads busy ("latency, every slot in flight")."""
+        res = self._res
         if res.cuda is not None:
             for slot in self._behind_gpu(res.cuda.completed):
                 res.release(slot)

@@ -71,6 +71,23 @@ def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pyt
         _nvjpeg.open_hardware(torch.device("cpu"))
 
 
+def test_the_pipelining_experiment_adds_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RINGFEED_NVJPEG_PIPELINE=0`` adds nvJPEG's ``NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE`` (1) to
+    the chroma mode's flags; unset or 1 adds nothing; anything else is refused by name."""
+    monkeypatch.delenv("RINGFEED_GPU_CHROMA", raising=False)
+    monkeypatch.delenv("RINGFEED_NVJPEG_PIPELINE", raising=False)
+    assert _nvjpeg.chroma_flags() == 0
+    monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "0")
+    assert _nvjpeg.chroma_flags() == _nvjpeg.FLAGS_HW_DECODE_NO_PIPELINE == 1
+    monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
+    assert _nvjpeg.chroma_flags() == 33
+    monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "1")
+    assert _nvjpeg.chroma_flags() == 32
+    monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "off")
+    with pytest.raises(ValueError, match="RINGFEED_NVJPEG_PIPELINE must be 0 or 1, not 'off'"):
+        _nvjpeg.open_hardware(torch.device("cpu"))
+
+
 def test_the_image_record_is_nvjpeg_13s() -> None:
     """``nvjpegImage_t`` of nvjpeg.h 13.0: four channel pointers, then four ``size_t`` pitches."""
     assert _nvjpeg.IMAGE_DTYPE.itemsize == 64

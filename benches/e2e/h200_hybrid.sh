@@ -43,6 +43,8 @@
 #           with the sidecar and the training process on disjoint cores.
 #   slots   ResNet-18 with autotuned hybrid decode and 6, 10, 14 slots (15 threads; 10 on 6 threads).
 #   contend ResNet-18 at 0.75 with nvJPEG's pipelining off, and with blocking host waits.
+#   process nvJPEG's decode beside ResNet-18 from a thread of the training process and from a process
+#           of its own (hybrid_step.py's decode-nvjpeg@process).
 #   scale   the hardware's own downscale and region decode (nvjpegDecodeBatchedEx): the nvJPEG tests,
 #           then nvjpeg_probe.py --ex on the corpus and on 1.5-3 MP photos.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
@@ -440,6 +442,16 @@ contend)
   run6 base ceiling,ringfeed-share-0.75@slots10 X=1
   run6 nopipe ringfeed-share-0.75@slots10 RINGFEED_NVJPEG_PIPELINE=0
   run6 blocking ceiling,ringfeed-share-0.75@slots10 BENCH_BLOCKING_SYNC=1
+  ;;
+process)
+  # Whether nvJPEG's decode slows ResNet-18's step less from a process of its own (its own CUDA
+  # context) than from a thread of the training process (2026-12-02: the training thread's
+  # launches took 28 µs instead of 10.5 beside the decode threads): hybrid_step.py, each twice.
+  gpu_prep "${COUNT:-2000}"
+  mkdir -p "$out"
+  timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --seconds 6 \
+    --parts ${PARTS:-alone,decode-nvjpeg/replicated,decode-nvjpeg@process,decode-nvjpeg/replicated,decode-nvjpeg@process,alone} \
+    --out "$out/step" 2>&1 | grep -v "^{" | tail -14 || echo "step rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -32,6 +32,9 @@ up to `--per-step` images per model step:
   (benches/e2e/_finish_kernel_before.py), the tiled kernel's baseline;
 - decode+finish: what the client does (hardware decode, then the kernel);
 - the GPU parts again with "@hi": on a stream of the highest priority;
+- decode-nvjpeg@process: decode-nvjpeg/replicated's decode in a process of its own (its own
+  CUDA context; the process's CPU is not in the cores column): whether taking nvJPEG's per-image
+  CUDA calls out of the training process spares the training thread's launches;
 - py-2ms, kernels192, kernels192@graph, copies192, copies192@graph: no decoder, only a kind of
   work per batch: 2 ms of pure Python (the GIL), 192 tiny kernels or 192 small pinned copies
   launched from Python, or replayed from a CUDA graph (the GPU's side alone).
@@ -43,7 +46,9 @@ second thread got through, and the process's CPU cores busy. Writes hybrid_step.
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import multiprocessing
 import sys
 import threading
 import time
@@ -78,6 +83,46 @@ def model_steps(model, opt, x, y, stop: threading.Event, steps: list[float]) -> 
         b.record()
         b.synchronize()
         steps.append(a.elapsed_time(b))
+
+
+def decode_process(packed: str, n: int, steps_v, done_v, stop, ready) -> None:
+    """nvJPEG's batched hardware decode (replicated chroma) of the first `n` samples of `packed`,
+    in a process of its own (its own CUDA context: its CUDA calls take no lock of the training
+    process's, and the GPU time-slices between the two contexts), at most `n` images per model
+    step of the parent (`steps_v`), counting its images in `done_v`. For "decode-nvjpeg@process"."""
+    from PIL import Image
+
+    from ringfeed import PackedDataset, _nvjpeg
+
+    dev = torch.device("cuda")
+    with PackedDataset(packed) as ds:
+        datas = [bytes(ds.sample(i).data) for i in range(n)]
+    sizes = []
+    for d in datas:
+        with Image.open(io.BytesIO(d)) as im:
+            sizes.append((im.width, im.height))
+    w = np.array([s[0] for s in sizes], dtype=np.uint64)
+    h = np.array([s[1] for s in sizes], dtype=np.uint64)
+    size = (w * h * 3 + 255) // 256 * 256
+    offs = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.uint64)
+    pinned = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()
+    lens = np.array([len(d) for d in datas], dtype=np.uint64)
+    ptrs = pinned.data_ptr() + np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.uint64)
+    dec = _nvjpeg.HardwareDecoder(dev, flags=0)
+    dec.warm()
+    side = torch.cuda.Stream()
+    ready.set()
+    while not stop.is_set():
+        if done_v.value >= (steps_v.value + 1) * n:
+            time.sleep(0.0005)
+            continue
+        with torch.cuda.stream(side):
+            buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=dev)
+        dec.decode(ptrs, lens, buf.data_ptr() + offs, w * 3, side.cuda_stream)
+        side.synchronize()
+        with done_v.get_lock():
+            done_v.value += n
+    dec.close()
 
 
 def main() -> None:
@@ -349,7 +394,7 @@ def main() -> None:
 
     if gpu is None:
         a.parts = ",".join(p for p in a.parts.split(",") if p != "decode-gpu")
-    unknown = [p for p in a.parts.split(",") if p != "alone" and p not in work]
+    unknown = [p for p in a.parts.split(",") if p not in ("alone", "decode-nvjpeg@process") and p not in work]
     if unknown:
         raise SystemExit(f"unknown --parts {unknown}: choose from alone, {', '.join(work)}")
     rows = []
@@ -369,8 +414,27 @@ def main() -> None:
                 fn()
                 done[0] += n
 
+        child = None
+        if part == "decode-nvjpeg@process":
+            ctx = multiprocessing.get_context("spawn")
+            steps_v, done_v = ctx.Value("l", 0), ctx.Value("l", 0)
+            child_stop, ready = ctx.Event(), ctx.Event()
+            child = ctx.Process(target=decode_process, args=(str(a.packed), n, steps_v, done_v, child_stop, ready))
+            child.start()
+            if not ready.wait(180):
+                raise SystemExit("the decoding process did not start within 180 s")
+
+            def relay(stop: threading.Event, steps: list[float], done: list[int], steps_v, done_v) -> None:
+                """The model's step count to the child, its images back."""
+                while not stop.is_set():
+                    steps_v.value = len(steps)
+                    done[0] = done_v.value
+                    time.sleep(0.0005)
+
+            s = threading.Thread(target=relay, args=(stop, steps, done, steps_v, done_v))
+        else:
+            s = threading.Thread(target=second, args=(work.get(part), stop, steps, done))
         m = threading.Thread(target=model_steps, args=(model, opt, x, y, stop, steps))
-        s = threading.Thread(target=second, args=(work.get(part), stop, steps, done))
         m.start()
         s.start()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -379,6 +443,10 @@ def main() -> None:
         m.join()
         s.join()
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        if child is not None:
+            done[0] = done_v.value
+            child_stop.set()
+            child.join(60)
         tail = steps[len(steps) // 5 :]  # the first fifth settles
         rows.append(
             {

@@ -102,18 +102,49 @@ pub fn verify_dataset(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyRe
     result
 }
 
+/// The bytes checked so far out of `total`, reported to [`VerifyOptions::progress`] as they grow.
+struct Progress<'a> {
+    done: u64,
+    total: u64,
+    report: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+impl<'a> Progress<'a> {
+    /// Checks the index (steps 2 and 3) and counts its bytes as checked: where both verifications
+    /// start, for a dataset of `total` bytes.
+    fn after_index(ds: &Dataset, total: u64, opts: &VerifyOptions<'a>) -> Result<Self, VerifyError> {
+        check_index(ds)?;
+        let mut p = Progress {
+            done: 0,
+            total,
+            report: opts.progress,
+        };
+        p.add(ds.index.len());
+        Ok(p)
+    }
+
+    fn add(&mut self, bytes: u64) {
+        self.done += bytes;
+        if let Some(report) = self.report {
+            report(self.done, self.total);
+        }
+    }
+
+    /// What the verification covered, once every check has passed.
+    fn finished(&self, ds: &Dataset, checked_samples: u64) -> VerifyReport {
+        VerifyReport {
+            samples: ds.len(),
+            shards: ds.shard_count(),
+            classes: ds.class_count(),
+            bytes: self.total,
+            checked_samples,
+        }
+    }
+}
+
 fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport, VerifyError> {
     let total: u64 = ds.index.len() + ds.shards.iter().map(|s| s.file.len()).sum::<u64>();
-    let mut done = 0u64;
-    let report = |done: u64| {
-        if let Some(p) = opts.progress {
-            p(done, total)
-        }
-    };
-
-    check_index(ds)?;
-    done += ds.index.len();
-    report(done);
+    let mut progress = Progress::after_index(ds, total, opts)?;
     let counts: Vec<u32> = ds.shards.iter().map(|s| s.footer.record_count).collect();
     check_references(
         ds,
@@ -129,10 +160,7 @@ fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport,
 
     // 4. Every shard, front to back.
     for shard in &ds.shards {
-        check_shard(shard, &mut |bytes| {
-            done += bytes;
-            report(done);
-        })?;
+        check_shard(shard, &mut |bytes| progress.add(bytes))?;
     }
 
     // 5. The caller's per-sample check, in parallel, reporting the lowest failing index.
@@ -140,14 +168,7 @@ fn verify_mapped(ds: &Dataset, opts: &VerifyOptions<'_>) -> Result<VerifyReport,
         Some(check) => run_sample_check(ds, check, opts.threads)?,
         None => 0,
     };
-
-    Ok(VerifyReport {
-        samples: ds.len(),
-        shards: ds.shard_count(),
-        classes: ds.class_count(),
-        bytes: total,
-        checked_samples,
-    })
+    Ok(progress.finished(ds, checked_samples))
 }
 
 /// Steps 2 and 3 of the index: its body checksum and its contents.
@@ -256,15 +277,7 @@ pub fn verify_streaming(
     crate::fault::install().map_err(|e| ShardError::io(ds.index_path(), e))?;
     let entries: Vec<_> = (0..ds.shard_count()).map(|n| ds.shard_entry(n)).collect();
     let total: u64 = ds.index.len() + entries.iter().map(|e| e.file_len).sum::<u64>();
-    let mut done = 0u64;
-    let report = |done: u64| {
-        if let Some(p) = opts.progress {
-            p(done, total)
-        }
-    };
-    check_index(ds)?;
-    done += ds.index.len();
-    report(done);
+    let mut progress = Progress::after_index(ds, total, opts)?;
     let counts: Vec<u32> = entries.iter().map(|e| e.record_count).collect();
     let names: Vec<String> = (0..ds.shard_count())
         .map(|n| ds.shard_name(n).map(str::to_owned))
@@ -280,10 +293,7 @@ pub fn verify_streaming(
         let path = fetch(n)?;
         let result = (|| -> Result<u64, VerifyError> {
             let shard = ds.open_shard_at(n, &path)?;
-            let r = check_shard(&shard, &mut |bytes| {
-                done += bytes;
-                report(done);
-            });
+            let r = check_shard(&shard, &mut |bytes| progress.add(bytes));
             if let Some(at) = shard.file.fault() {
                 return Err(shard.file.changed(at, "the shard, while it was verified".into()).into());
             }
@@ -296,13 +306,7 @@ pub fn verify_streaming(
         done_with(n, &path);
         checked_samples += result?;
     }
-    Ok(VerifyReport {
-        samples: ds.len(),
-        shards: ds.shard_count(),
-        classes: ds.class_count(),
-        bytes: total,
-        checked_samples,
-    })
+    Ok(progress.finished(ds, checked_samples))
 }
 
 /// `check` on the samples `indices` of `shard`, on `threads` threads; the lowest failing index.

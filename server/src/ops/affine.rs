@@ -62,12 +62,15 @@ pub(super) fn warp(
         let yg = y0 + y as f32;
         for x in 0..w {
             let xg = x0 + x as f32;
-            // PyTorch's CPU `bmm` of the base grid and theta: `fma(y, r1, x * r0) + r2`, the
-            // rounding that agrees with it on every grid point (tested against torchvision;
-            // a plain sum differs by an ulp on 8-20 % of them, which moves nearest-neighbour
-            // ties).
-            let gx = yg.mul_add(r[1], xg * r[0]) + r[2];
-            let gy = yg.mul_add(r[4], xg * r[3]) + r[5];
+            // PyTorch's CPU `bmm` of the base grid and theta, rounded as PyTorch 2.15 rounds
+            // it: a plain sum, `(x * r0 + y * r1) + r2`, which agrees with it on every grid point
+            // (40 random geometries, 2026-12-02; `test_ops.py`'s policy replays). The PyTorch
+            // these tests ran against until 2026-12-01 rounded `fma(y, r1, x * r0) + r2`
+            // instead, an ulp apart on 8-20 % of the points: that moves nearest-neighbour ties
+            // (under PyTorch 2.15 a chain of shears and a histogram op read 36 dB against
+            // torchvision with the fma, not 40).
+            let gx = (xg * r[0] + yg * r[1]) + r[2];
+            let gy = (xg * r[3] + yg * r[4]) + r[5];
             // grid_sample's unnormalisation with align_corners=False.
             let sx = ((gx + 1.0) * wf - 1.0) / 2.0;
             let sy = ((gy + 1.0) * hf - 1.0) / 2.0;

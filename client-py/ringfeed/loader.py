@@ -1012,10 +1012,11 @@ class Loader:
 
     def _release_copied(self) -> None:
         """CUDA mode: hands back the slots whose copies (and GPU finishing) have completed since
-        the last look, before the training step runs (never blocks). Without it a slot whose copy
-        completes during the step stays held until the next ``next()``: with hybrid decode, where
-        the loop also holds the batches decoding ahead, the server was left too few slots to keep
-        its threads busy ("latency, every slot in flight")."""
+        the last look (never blocks). Called before waiting for a batch and again once a batch is
+        made, before the training step runs, so that a copy completed while the loop waited does
+        not hold its slot through the step too. (With hybrid decode the loop also holds the
+        batches decoding ahead; on the H200 this made no difference beyond the runs' spread,
+        benches/results/2026-12-02-h200-kinds.)"""
         res = self._res
         if res.cuda is not None:
             for slot in self._behind_gpu(res.cuda.completed):

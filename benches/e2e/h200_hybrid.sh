@@ -45,6 +45,7 @@
 #   contend ResNet-18 at 0.75 with nvJPEG's pipelining off, and with blocking host waits.
 #   process nvJPEG's decode beside ResNet-18 from a thread of the training process and from a process
 #           of its own (hybrid_step.py's decode-nvjpeg@process).
+#   launch  host time per kernel launch beside each kind of CUDA call, and beside nvJPEG (launch_probe.py).
 #   scale   the hardware's own downscale and region decode (nvjpegDecodeBatchedEx): the nvJPEG tests,
 #           then nvjpeg_probe.py --ex on the corpus and on 1.5-3 MP photos.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
@@ -452,6 +453,16 @@ process)
   timeout 240 python3 benches/e2e/hybrid_step.py --packed /tmp/packed --seconds 6 \
     --parts ${PARTS:-alone,decode-nvjpeg/replicated,decode-nvjpeg@process,decode-nvjpeg/replicated,decode-nvjpeg@process,alone} \
     --out "$out/step" 2>&1 | grep -v "^{" | tail -14 || echo "step rc $?"
+  ;;
+launch)
+  # What the training thread's launches wait on beside hybrid decode (2026-12-02: 28 µs a launch
+  # instead of 10.5 beside nvJPEG's decode threads): launch_probe.py times tiny launches, from C
+  # and from Python, beside one kind of CUDA call at a time in another thread, and beside nvJPEG.
+  # (Written 2026-12-02 without device time left to run it.)
+  gpu_prep "${COUNT:-400}"
+  mkdir -p "$out"
+  timeout 200 python3 benches/e2e/launch_probe.py --packed /tmp/packed --out "$out/launch" 2>&1 \
+    | grep -v "^{" | tail -16 || echo "launch rc $?"
   ;;
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -85,30 +85,50 @@ def model_steps(model, opt, x, y, stop: threading.Event, steps: list[float]) -> 
         steps.append(a.elapsed_time(b))
 
 
+class NvjpegBatch:
+    """The first `n` samples of the packed dataset `packed` as one batch for nvJPEG's batched
+    decode into interleaved RGB: the encoded bytes in pinned memory and their addresses, sizes,
+    output offsets and pitches. `decode(dec, stream)` decodes it once into a fresh buffer."""
+
+    def __init__(self, packed: str, n: int) -> None:
+        from PIL import Image
+
+        from ringfeed import PackedDataset
+
+        with PackedDataset(packed) as ds:
+            datas = [bytes(ds.sample(i).data) for i in range(n)]
+        sizes = []
+        for d in datas:
+            with Image.open(io.BytesIO(d)) as im:
+                sizes.append((im.width, im.height))
+        w = np.array([s[0] for s in sizes], dtype=np.uint64)
+        h = np.array([s[1] for s in sizes], dtype=np.uint64)
+        size = (w * h * 3 + 255) // 256 * 256
+        self.offs = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.uint64)
+        self.total = int(size.sum())
+        self.pitches = w * 3
+        self.pinned = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()
+        self.lens = np.array([len(d) for d in datas], dtype=np.uint64)
+        self.ptrs = self.pinned.data_ptr() + np.concatenate([[0], np.cumsum(self.lens[:-1])]).astype(np.uint64)
+
+    def decode(self, dec, stream: torch.cuda.Stream) -> torch.Tensor:
+        """Queues the batch's decode on `stream` into a new buffer (returned: keep it until the
+        stream has run the decode)."""
+        with torch.cuda.stream(stream):
+            buf = torch.empty(self.total, dtype=torch.uint8, device=stream.device)
+        dec.decode(self.ptrs, self.lens, buf.data_ptr() + self.offs, self.pitches, stream.cuda_stream)
+        return buf
+
+
 def decode_process(packed: str, n: int, steps_v, done_v, stop, ready) -> None:
     """nvJPEG's batched hardware decode (replicated chroma) of the first `n` samples of `packed`,
     in a process of its own (its own CUDA context: its CUDA calls take no lock of the training
     process's, and the GPU time-slices between the two contexts), at most `n` images per model
     step of the parent (`steps_v`), counting its images in `done_v`. For "decode-nvjpeg@process"."""
-    from PIL import Image
+    from ringfeed import _nvjpeg
 
-    from ringfeed import PackedDataset, _nvjpeg
-
-    dev = torch.device("cuda")
-    with PackedDataset(packed) as ds:
-        datas = [bytes(ds.sample(i).data) for i in range(n)]
-    sizes = []
-    for d in datas:
-        with Image.open(io.BytesIO(d)) as im:
-            sizes.append((im.width, im.height))
-    w = np.array([s[0] for s in sizes], dtype=np.uint64)
-    h = np.array([s[1] for s in sizes], dtype=np.uint64)
-    size = (w * h * 3 + 255) // 256 * 256
-    offs = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.uint64)
-    pinned = torch.from_numpy(np.frombuffer(b"".join(datas), dtype=np.uint8).copy()).pin_memory()
-    lens = np.array([len(d) for d in datas], dtype=np.uint64)
-    ptrs = pinned.data_ptr() + np.concatenate([[0], np.cumsum(lens[:-1])]).astype(np.uint64)
-    dec = _nvjpeg.HardwareDecoder(dev, flags=0)
+    batch = NvjpegBatch(packed, n)
+    dec = _nvjpeg.HardwareDecoder(torch.device("cuda"), flags=0)
     dec.warm()
     side = torch.cuda.Stream()
     ready.set()
@@ -116,9 +136,7 @@ def decode_process(packed: str, n: int, steps_v, done_v, stop, ready) -> None:
         if done_v.value >= (steps_v.value + 1) * n:
             time.sleep(0.0005)
             continue
-        with torch.cuda.stream(side):
-            buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=dev)
-        dec.decode(ptrs, lens, buf.data_ptr() + offs, w * 3, side.cuda_stream)
+        batch.decode(dec, side)
         side.synchronize()
         with done_v.get_lock():
             done_v.value += n

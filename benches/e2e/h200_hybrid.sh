@@ -36,12 +36,11 @@
 #           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
 #   threads ResNet-18 on 6 threads at a share of 0.75 with 2, 3 and 4 GPU decode threads, 6 and 10
 #           slots: whether the decode threads are what holds the GPU path back.
-#   nv12    nvJPEG's NV12 output (4:2:0): its kernels and copies alone and its planes (nvjpeg_probe.py --ex).
+#   nv12    nvJPEG's NV12 output (4:2:0): whether the batched hardware decoder takes it, and its kernels and copies (nvjpeg_probe.py --ex).
 #   kinds   what kind of work beside ResNet-18 costs its step (hybrid_step.py's probes), then
 #           ResNet-18 on 6 threads, pinned 0.625 and 0.75 and autotuned.
 #   pin     the CPU topology, then ResNet-18 fed by ringfeed with the sidecar's threads floating and
 #           with the sidecar and the training process on disjoint cores.
-#   slots   ResNet-18 with autotuned hybrid decode and 6, 10, 14 slots (15 threads; 10 on 6 threads).
 #   contend ResNet-18 at 0.75 with nvJPEG's pipelining off, and with blocking host waits.
 #   process nvJPEG's decode beside ResNet-18 from a thread of the training process and from a process
 #           of its own (hybrid_step.py's decode-nvjpeg@process).
@@ -346,8 +345,8 @@ scale)
   ;;
 nv12)
   # Whether nvJPEG's NV12 output lets the engine write 4:2:0 images without its per-image
-  # RGBA-to-RGB kernels: the probe's rows on an idle GPU (kernels and copies by name, the NV12
-  # planes against the planar output). 2026-12-02: the batched hardware decoder refused NV12
+  # RGBA-to-RGB kernels: the probe's rows on an idle GPU (kernels and copies by name).
+  # 2026-12-02: the batched hardware decoder refused NV12
   # (status 6, "execution failed"), so the hybrid_step.py parts this step ran then are gone.
   gpu_prep "${COUNT:-2000}"
   mkdir -p "$out"
@@ -409,21 +408,6 @@ print(','.join(str(c) for c in sorted(os.sched_getaffinity(0) - t)))")
   train free12 12 ringfeed
   train pin12 12 ringfeed 1
   train pin6 6 ringfeed-share-0.625 1
-  ;;
-slots)
-  # Whether the ring's slots hold hybrid decode back ("latency, every slot in flight" with idle
-  # decode threads): ResNet-18 on 15 threads, autotuned hybrid with 6, 10 and 14 slots; on 6
-  # threads, pinned 0.625 and autotuned with 10 slots.
-  gpu_prep "${COUNT:-8000}"
-  mkdir -p "$out"
-  timeout 260 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ${LOADERS15:-ceiling,ringfeed-hybrid,ringfeed-hybrid@slots10,ringfeed-hybrid@slots14} --workers 15 \
-    --steps 400 --out "$out/r18-15" 2>&1 | grep "^| resnet18\|^- \|last change" || echo "r18-15 rc $?"
-  rm -f "$out/r18-15/serve.log"
-  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ${LOADERS6:-ceiling,ringfeed-share-0.625@slots10,ringfeed-hybrid@slots10} --workers 15 --threads-cap 6 \
-    --steps 400 --out "$out/r18-6" 2>&1 | grep "^| resnet18\|^- \|last change" || echo "r18-6 rc $?"
-  rm -f "$out/r18-6/serve.log"
   ;;
 contend)
   # The trace of 2026-12-02 (2026-12-02-h200-kinds/trace): beside nvJPEG's decode threads the

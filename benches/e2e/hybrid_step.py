@@ -86,17 +86,21 @@ def model_steps(model, opt, x, y, stop: threading.Event, steps: list[float]) -> 
 
 
 class NvjpegBatch:
-    """The first `n` samples of the packed dataset `packed` as one batch for nvJPEG's batched
-    decode into interleaved RGB: the encoded bytes in pinned memory and their addresses, sizes,
-    output offsets and pitches. `decode(dec, stream)` decodes it once into a fresh buffer."""
+    """JPEGs (`datas`, bytes-like) as one batch for nvJPEG's batched decode into interleaved RGB:
+    the encoded bytes in pinned memory, one after another, and their addresses, sizes, output
+    offsets and pitches. `decode(dec, stream)` decodes it once into a fresh buffer."""
 
-    def __init__(self, packed: str, n: int) -> None:
-        from PIL import Image
-
+    @classmethod
+    def from_packed(cls, packed: str, n: int) -> NvjpegBatch:
+        """The first `n` samples of the packed dataset `packed`."""
         from ringfeed import PackedDataset
 
         with PackedDataset(packed) as ds:
-            datas = [bytes(ds.sample(i).data) for i in range(n)]
+            return cls([bytes(ds.sample(i).data) for i in range(n)])
+
+    def __init__(self, datas) -> None:
+        from PIL import Image
+
         sizes = []
         for d in datas:
             with Image.open(io.BytesIO(d)) as im:
@@ -127,7 +131,7 @@ def decode_process(packed: str, n: int, steps_v, done_v, stop, ready) -> None:
     step of the parent (`steps_v`), counting its images in `done_v`. For "decode-nvjpeg@process"."""
     from ringfeed import _nvjpeg
 
-    batch = NvjpegBatch(packed, n)
+    batch = NvjpegBatch.from_packed(packed, n)
     dec = _nvjpeg.HardwareDecoder(torch.device("cuda"), flags=0)
     dec.warm()
     side = torch.cuda.Stream()
@@ -177,9 +181,10 @@ def main() -> None:
     except RuntimeError as e:  # nvImageCodec 0.9 on the H200: "Could not create decoder. Code: 7"
         print(f"no CUDA-only decoder ({e}); decode-gpu left out", flush=True)
         gpu = None
-    # The same bytes in pinned memory (as the loader's ring is): numpy views of a pinned tensor.
-    pinned = torch.from_numpy(arena).pin_memory()
-    pinned_np = pinned.numpy()
+    # The batch for nvJPEG's batched decoder: the same bytes in pinned memory (as the loader's
+    # ring is); for nvImageCodec, numpy views of them.
+    nvb = NvjpegBatch(datas)
+    pinned_np = nvb.pinned.numpy()
     pinned_datas = [pinned_np[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
     few = {t: decoder(nvimgcodec.BackendKind.HW_GPU_ONLY, t) for t in (1, 2, 4)}
     # nvJPEG's batched hardware decoder (what the Finisher uses by default): one call, no GIL.
@@ -193,17 +198,13 @@ def main() -> None:
     # Each decoder's first decode (seconds beside a busy model) here, not in its row's window.
     for d in (batched, replicated, planar):
         d.warm()
-    lens = np.array([len(d) for d in datas], dtype=np.uint64)
-    in_ptrs = pinned.data_ptr() + offsets.astype(np.uint64)
+    in_ptrs, lens, out_offs = nvb.ptrs, nvb.lens, nvb.offs
     side = torch.cuda.Stream()
     once = hw.decode(datas, cuda_stream=side.cuda_stream)
     torch.cuda.synchronize()
     if any(i is None for i in once):
         raise SystemExit("the hardware decoder refused some of these JPEGs; pick a dataset it decodes")
     hw_sizes = [(int(img.shape[1]), int(img.shape[0])) for img in once]
-    out_size = np.array([w * h * 3 for w, h in hw_sizes], dtype=np.uint64)
-    out_offs = np.concatenate([[0], np.cumsum(out_size[:-1])]).astype(np.uint64)
-    pitches = np.array([w * 3 for w, _ in hw_sizes], dtype=np.uint64)
     from nvjpeg_probe import chroma_block
 
     # Each image's chroma factors; (0, 0) for a grey one (no chroma planes).
@@ -221,8 +222,7 @@ def main() -> None:
 
     _chroma_kernel.warm(dev)
     # One replicated decode of the batch, for the rebuild alone.
-    once_rep = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
-    replicated.decode(in_ptrs, lens, once_rep.data_ptr() + out_offs, pitches, side.cuda_stream)
+    once_rep = nvb.decode(replicated, side)
     torch.cuda.synchronize()
     _finish_kernel.warm(dev, "NHWC", (224, 224))
     # The direct kernel of 970c170, for "finish/before" (the tiled kernel's baseline, same run).
@@ -271,19 +271,14 @@ def main() -> None:
             stream.synchronize()
 
         def nvjpeg_batch() -> torch.Tensor:
-            with torch.cuda.stream(stream):
-                buf = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
-            batched.decode(in_ptrs, lens, buf.data_ptr() + out_offs, pitches, stream.cuda_stream)
-            return buf
+            return nvb.decode(batched, stream)
 
         def nvjpeg_only() -> None:
             nvjpeg_batch()
             stream.synchronize()
 
         def nvjpeg_replicated() -> None:
-            with torch.cuda.stream(stream):
-                buf = torch.empty(int(out_size.sum()), dtype=torch.uint8, device=dev)
-            replicated.decode(in_ptrs, lens, buf.data_ptr() + out_offs, pitches, stream.cuda_stream)
+            nvb.decode(replicated, stream)
             stream.synchronize()
 
         def nvjpeg_planar() -> None:

@@ -76,7 +76,7 @@ def main() -> None:
     target = torch.zeros(1, device=dev)
     pinned = torch.zeros(4096, dtype=torch.uint8).pin_memory()
     devbuf = torch.empty(4096, dtype=torch.uint8, device=dev)
-    batch = NvjpegBatch(str(a.packed), a.count)
+    batch = NvjpegBatch.from_packed(str(a.packed), a.count)
     dec = _nvjpeg.HardwareDecoder(dev, flags=0)
     dec.warm()
 

@@ -317,8 +317,9 @@ def main() -> None:
             print(json.dumps(row)[:1500], flush=True)
         # NV12 (Y, then Cb and Cr interleaved at half size) of the batch's 4:2:0 images (the only
         # sampling NV12 holds without resampling chroma): whether the engine writes it without a
-        # conversion kernel (a kernel reading it could then interpolate chroma itself), and
-        # whether its planes are the replicated decode's (Y equal, chroma the planar output's).
+        # conversion kernel (a kernel reading it could then interpolate chroma itself). On the
+        # H200 with nvJPEG 13.0.2 the batched hardware decoder refuses it (status 6,
+        # benches/results/2026-12-02-h200-kinds).
         sel = np.array([i for i, f in enumerate(fac) if f == (2, 2) and not grey[i]], dtype=np.int64)
         row = {"variant": f"nv12 ({len(sel)} 4:2:0 images)"}
         try:
@@ -337,33 +338,6 @@ def main() -> None:
                 dec.decode(sptrs, slens, addr, pitches, stream.cuda_stream, output=_nvjpeg.OUTPUT_NV12)
 
             row |= measure(nv12)
-            # The same images as planar YCbCr (replicated chroma), to compare the planes.
-            ycb = (cw2 * ch2 + 255) // 256 * 256
-            poff = np.concatenate([[0], np.cumsum((yb + 2 * ycb)[:-1])]).astype(np.int64)
-            pbuf = torch.empty(int((yb + 2 * ycb).sum()), dtype=torch.uint8, device=dev)
-            pplanes = np.stack([poff, poff + yb, poff + yb + ycb], axis=1)
-            ppitch = np.stack([sw, cw2, cw2], axis=1).astype(np.uint64)
-            dec.decode(
-                sptrs,
-                slens,
-                (pbuf.data_ptr() + pplanes).astype(np.uint64),
-                ppitch,
-                stream.cuda_stream,
-                output=_nvjpeg.OUTPUT_YUV,
-            )
-            torch.cuda.synchronize()
-            nv, pl = buf.cpu().numpy(), pbuf.cpu().numpy()
-            worst = [0, 0]
-            for k in range(min(32, len(sel))):
-                n_y = int(sw[k] * sh[k])
-                dy = np.abs(nv[off[k] : off[k] + n_y].astype(int) - pl[poff[k] : poff[k] + n_y].astype(int)).max()
-                n_c = int(cw2[k] * ch2[k])
-                uv = nv[off[k] + yb[k] : off[k] + yb[k] + 2 * n_c].reshape(-1, 2).astype(int)
-                cb = pl[poff[k] + yb[k] : poff[k] + yb[k] + n_c].astype(int)
-                cr = pl[poff[k] + yb[k] + ycb[k] : poff[k] + yb[k] + ycb[k] + n_c].astype(int)
-                dc = max(np.abs(uv[:, 0] - cb).max(), np.abs(uv[:, 1] - cr).max())
-                worst = [max(worst[0], int(dy)), max(worst[1], int(dc))]
-            row["nv12_vs_planar"] = {"images": min(32, len(sel)), "max_y": worst[0], "max_chroma": worst[1]}
         except Exception as e:  # one variant's failure is a row
             row["error"] = f"{type(e).__name__}: {e}"
         results["decode"].append(row)

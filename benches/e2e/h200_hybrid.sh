@@ -19,6 +19,7 @@
 #           (pinned 0.625, autotuned, autotuned with 12 slots), ResNet-50 on 3, the feed at 15
 #           threads (train and eval transforms, both corpora), ResNet-18 on 15 (CPU only,
 #           autotuned, autotuned with 12 slots). At most 8 files come back: no server logs.
+#           FINAL_PARTS=train or feed runs one half (a call may run 600 s; both take about 660).
 #   nvjpeg  nvJPEG's batched hardware decoder against nvImageCodec's per-image decode: GPU tests,
 #           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
@@ -205,24 +206,31 @@ final2)
   rm -f "$out"/*/serve.log
   ;;
 final3)
-  mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/
+  [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }
   dali_unpack
   mkdir -p "$out"
+  # One call may run 600 s: FINAL_PARTS=train (both models' rows) and FINAL_PARTS=feed (the feed
+  # rows) split the step over two calls; by default it runs both.
+  parts=${FINAL_PARTS:-train,feed}
+  if [[ $parts == *train* ]]; then
   timeout 160 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed-share-0.625,ringfeed-hybrid,ringfeed-hybrid@slots12,dali --workers 15 --threads-cap 6 \
     --steps 400 --out "$out/r18-6" 2>&1 | grep -v "^{" | sed -n 5,11p || echo "r18-6 rc $?"
   timeout 110 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
     --loaders ceiling,ringfeed-hybrid,dali --workers 15 --threads-cap 3 --steps 200 --out "$out/r50-3" 2>&1 \
     | grep -v "^{" | sed -n 5,9p || echo "r50-3 rc $?"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-hybrid@slots12,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 \
+    | grep -v "^{" | sed -n 5,11p || echo "r18-15 rc $?"
+  fi
+  if [[ $parts == *feed* ]]; then
   # The autotuned share beside the pinned ones: on the large photos the engine, not the CPU, is
   # the limit at 0.75 (2026-12-01: 1.06x DALI there), so the best share may be lower.
   timeout 240 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
     --big-images /tmp/big --big-packed /tmp/bigpacked --threads 15 --loaders ${FEED_LOADERS:-ringfeed,triton,auto,dali} \
     --shares ${SHARES:-0.625,0.75} --transforms train,eval --batches 30 --out "$out/feed" 2>&1 | grep -v "^{" | tail -24 \
     || echo "feed rc $?"
-  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed,ringfeed-hybrid,ringfeed-hybrid@slots12,dali --workers 15 --steps 400 --out "$out/r18-15" 2>&1 \
-    | grep -v "^{" | sed -n 5,11p || echo "r18-15 rc $?"
+  fi
   rm -f "$out"/*/serve.log
   ;;
 nvjpeg)

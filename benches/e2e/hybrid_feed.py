@@ -11,7 +11,9 @@ GPU, batch 256, for each of `--transforms` on every corpus: `train` is RandomRes
 flip (DALI: its training pipeline, `_dali.batches`), `eval` is Resize(256) + CenterCrop(224)
 (DALI: its evaluation pipeline, `_dali.eval_batches`). The rate is batches x 256 over the wall
 time of `--batches` batches (a third of them on the large photos) after 10 warm-up batches, with
-the GPU synchronised at both ends. ringfeed runs with `autotune=False` and exactly `threads`
+the GPU synchronised at both ends; an autotuned row first runs `--settle` seconds (12) so that the
+tuner settles (its interval is 0.5 s; each change of the share is judged about two intervals
+later). ringfeed runs with `autotune=False` and exactly `threads`
 decode threads (the GPU share pinned), and with the autotuner (threads bounded by `threads`, the
 share its own); DALI with `num_threads=threads` and its hardware decoder. `--loaders` picks among
 ringfeed (CPU only), hybrid (pinned shares, the geometry as matrix products and nvImageCodec image
@@ -118,8 +120,12 @@ def dali_iter(images: Path, threads: int, transform: str = "train"):
     return (_dali.batches if transform == "train" else _dali.eval_batches)(images, threads, BATCH)
 
 
-def rate(batches, n: int) -> tuple[float, float]:
-    """``(img/s, CPU ms per image)``: CPU of the bench's process tree, the sidecar with it (_cpu.py)."""
+def rate(batches, n: int, settle_s: float = 0.0) -> tuple[float, float]:
+    """``(img/s, CPU ms per image)``: CPU of the bench's process tree, the sidecar with it (_cpu.py).
+    ``settle_s``: seconds of batches before the warm-up (the autotuner's time to settle)."""
+    end = time.perf_counter() + settle_s
+    while time.perf_counter() < end:
+        next(batches)
     for _ in range(WARMUP):
         next(batches)
     torch.cuda.synchronize()
@@ -139,8 +145,10 @@ def measure(
     threads: int,
     sock: str,
     batches: int,
+    settle_s: float = 0.0,
 ) -> dict[str, object]:
-    """One row's figures: `run` is `(kind, share, autotune)`; a third of `batches` on large photos."""
+    """One row's figures: `run` is `(kind, share, autotune)`; a third of `batches` on large photos;
+    an autotuned row runs `settle_s` seconds before its warm-up."""
     kind, share, auto = run
     n = batches if not big else max(batches // 3, 8)
     r: dict[str, object] = {}
@@ -150,7 +158,7 @@ def measure(
     # The default geometry (the Triton kernel, with nvJPEG's batched decoder) but for `hybrid`.
     os.environ["RINGFEED_GPU_FINISH"] = "bmm" if kind == "rf-bmm" else "auto"
     with ringfeed_loader(packed, sock, threads, share, bool(auto), big, transform) as ld:
-        r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n)
+        r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n, settle_s if auto else 0.0)
         st = ld.stats()
         r["gpu_samples"] = st.get("gpu_samples")
         sv = st.get("server") or {}
@@ -172,6 +180,9 @@ def main() -> None:
     ap.add_argument("--threads", default="6,15")
     ap.add_argument("--shares", default="0.5,0.75,1.0")
     ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument(
+        "--settle", type=float, default=12.0, help="seconds an autotuned row runs before its warm-up (to settle)"
+    )
     ap.add_argument("--loaders", default="ringfeed,hybrid,triton,auto,dali")
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
@@ -214,7 +225,7 @@ def main() -> None:
         ):
             r: dict[str, object] = {"corpus": corpus, "transform": transform, "threads": threads, "loader": name}
             try:
-                r.update(measure(run, images, packed, big, transform, threads, sock, a.batches))
+                r.update(measure(run, images, packed, big, transform, threads, sock, a.batches, a.settle))
             except Exception as e:  # one loader's failure is a row, not the end of the run
                 r["error"] = f"{type(e).__name__}: {e}"
             results.append(r)

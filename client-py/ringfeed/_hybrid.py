@@ -363,8 +363,9 @@ class Finisher:
         #: with the batched hardware decoder (a bad value is refused here), else one. The loader
         #: takes as many batches ahead.
         self.decode_threads = 1 if self._hw_off else _decode_threads()
-        #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks.
-        self._counts = [0, 0, 0]
+        #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks, and the host ns
+        #: callers waited for decodes started ahead (as :attr:`ahead_wait_ns`).
+        self._counts = [0, 0, 0, 0]
         #: The same since construction.
         self.totals = [0, 0, 0]
         #: Host ns :meth:`__call__`'s callers have waited, since construction, for decodes started
@@ -575,10 +576,11 @@ class Finisher:
         s.wait_event(ready)
         buf.record_stream(s)
 
-    def take_counts(self) -> tuple[int, int, int]:
-        """``(samples, host ns, fallbacks)`` since the last call (for ``stats``, 1.3)."""
+    def take_counts(self) -> tuple[int, int, int, int]:
+        """``(samples, host ns, fallbacks, decode wait ns)`` since the last call (for ``stats``:
+        1.3, and 1.5's ``gpu_decode_wait_ns``, the callers' wait for decodes started ahead)."""
         c = tuple(self._counts)
-        self._counts = [0, 0, 0]
+        self._counts = [0, 0, 0, 0]
         return c  # type: ignore[return-value]
 
     def _decode(
@@ -648,7 +650,9 @@ class Finisher:
         ahead_places = None
         if pending is not None:
             pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
-            self.ahead_wait_ns += time.perf_counter_ns() - t0
+            waited = time.perf_counter_ns() - t0
+            self.ahead_wait_ns += waited
+            self._counts[3] += waited
         else:
             pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
             rec = jobs[pos].astype(np.int64)

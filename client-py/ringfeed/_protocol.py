@@ -57,7 +57,7 @@ __all__ = [
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
 #: same major is accepted; the session then uses the smaller minor.
-PROTOCOL = (1, 4)
+PROTOCOL = (1, 5)
 
 #: The frame's length prefix: u32 little-endian.
 LENGTH = struct.Struct("<I")
@@ -152,7 +152,7 @@ def stats_message(
     gpu_wait_ns: int | None = None,
     *,
     minor: int = PROTOCOL[1],
-    gpu_decode: tuple[int, int, int] | None = None,
+    gpu_decode: tuple[int, int, int] | tuple[int, int, int, int] | None = None,
 ) -> dict[str, Any]:
     """A ``stats`` message (control.md, ``stats``) for a session of protocol minor ``minor``.
 
@@ -160,14 +160,19 @@ def stats_message(
     mode only: ``None`` leaves it out) the part of it spent behind the client's own GPU, so the
     wait for data is the difference. It is clamped to ``0 ..= wait_ns`` and sent only to 1.2 peers.
     ``gpu_decode`` (1.3, hybrid decode) is ``(samples, host ns, fallbacks)`` of the samples the
-    client finished on its GPU, sent only to 1.3 peers.
+    client finished on its GPU, sent only to 1.3 peers, optionally with a fourth member, the part
+    of the wait for data spent waiting for the client's GPU decodes (``gpu_decode_wait_ns``, sent
+    only to 1.5 peers, clamped to ``0 ..= wait_ns - gpu_wait_ns``).
     """
     msg: dict[str, Any] = {"type": "stats", "steps": steps, "wait_ns": wait_ns, "compute_ns": compute_ns}
     if gpu_wait_ns is not None and minor >= 2:
         msg["gpu_wait_ns"] = min(max(gpu_wait_ns, 0), wait_ns)
     if gpu_decode is not None and minor >= 3:
-        samples, ns, fallbacks = gpu_decode
+        samples, ns, fallbacks = gpu_decode[:3]
         msg["gpu_samples"], msg["gpu_decode_ns"], msg["gpu_fallbacks"] = samples, ns, min(fallbacks, samples)
+        if len(gpu_decode) > 3 and minor >= 5:
+            data_wait = wait_ns - msg.get("gpu_wait_ns", 0)
+            msg["gpu_decode_wait_ns"] = min(max(gpu_decode[3], 0), data_wait)
     return msg
 
 

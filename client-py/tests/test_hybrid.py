@@ -12,13 +12,11 @@ from __future__ import annotations
 import io
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from _support import ringfeed_bin
 from PIL import Image
 from test_pixels import photo
 
@@ -265,11 +263,12 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_ringfeed_binary_speaks_1_4() -> None:
-    """The server binary and the client agree on protocol 1.4."""
-    out = subprocess.run([ringfeed_bin(), "--version"], capture_output=True, text=True, check=True, timeout=30)
-    assert out.returncode == 0
-    assert ringfeed.PROTOCOL == (1, 4)
+def test_the_server_binary_and_the_client_speak_1_5(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The server binary answers the client's hello with protocol 1.5 (`stats.gpu_decode_wait_ns`), so the loader
+    reports its wait for GPU decodes."""
+    root, _ = folder
+    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60) as ld:
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 5)
 
 
 def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,12 +298,55 @@ def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.Monke
         waited = f.ahead_wait_ns
         assert 0.1e9 < waited < 5e9, waited
         assert int(image[0].float().std()) > 0, "the sample was finished"
+        # The same wait goes to the server as `stats.gpu_decode_wait_ns` (1.5), once.
+        samples, _, fallbacks, decode_wait = f.take_counts()
+        assert (samples, fallbacks, decode_wait) == (1, 0, waited)
         done = f.submit(jobs, arena)
         done.result()
         f(jobs, arena, image, pending=done)
         assert f.ahead_wait_ns - waited < 0.05e9, f.ahead_wait_ns - waited
+        assert f.take_counts()[3] == f.ahead_wait_ns - waited
     finally:
         f.close()
+
+
+def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
+    folder: tuple[Path, dict[str, str]], sock: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end (1.5): the loader reports its wait for GPU decodes (`stats.gpu_decode_wait_ns`) and the server's
+    tuner reads it (control.md, "The GPU decoder as the limit"). With a GPU decoder (here the host fallback, slowed
+    to 40 ms an image) far slower than the CPU path and a loop with no step of its own, the server reads the GPU
+    decoder as the limit, and the autotuned share stays low: raises of at most 0.25, each taken back, where the
+    cost model alone (no step: all of each batch to the GPU) had sent it to 1.0 at once."""
+    import time
+
+    real = _hybrid._host_decode
+
+    def slow(data: np.ndarray) -> torch.Tensor:
+        time.sleep(0.04)
+        return real(data)
+
+    monkeypatch.setattr(_hybrid, "_host_decode", slow)
+    root, _ = folder
+    seen: list[tuple[float, str]] = []
+    with ringfeed.Loader(
+        root, 6, RRC, socket=sock, spawn=True, gpu_decode="auto", _gpu_backend="host", timeout=60
+    ) as ld:
+        deadline = time.monotonic() + 60
+        epoch, read_at = 0, None
+        while time.monotonic() < deadline and (read_at is None or time.monotonic() < read_at + 3):
+            ld.set_epoch(epoch)
+            epoch += 1
+            for _ in ld:
+                pass
+            sv = ld.stats(server=True)["server"]
+            seen.append((sv["gpu_share"], sv.get("limit", "")))
+            if read_at is None and sv.get("limit", "").startswith("the GPU decoder is the limit"):
+                read_at = time.monotonic()
+        assert read_at is not None, seen[-5:]
+        assert ld.stats()["gpu_decode_wait_s"] > 0
+    assert max(r[0] for r in seen) <= 0.5, [r for r in seen if r[0] > 0.5][:3]
+    assert any(r[0] > 0 for r in seen), "the CPU's limit never raised the share"
 
 
 def test_axis_weights_reproduce_torch_antialiased_resize() -> None:

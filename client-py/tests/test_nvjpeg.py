@@ -226,7 +226,9 @@ def test_the_hardware_downscale_and_region_are_a_whole_decodes_pixels() -> None:
     for f in (2, 4):
         small = run(w // f, h // f, scale=np.array([f]))
         pooled = whole.permute(2, 0, 1).reshape(3, h // f, f, w // f, f).mean((2, 4)).permute(1, 2, 0)
-        assert float((small - pooled).abs().mean()) < 3.0, f
+        off = float((small - pooled).abs().mean())
+        print(f"hardware downscale by {f}: {off:.2f} levels from the whole decode pooled")
+        assert off < 3.0, (f, off)
     region = run(160, 96, roi=np.array([[64, 32, 160, 96]]))
     assert float((region - whole[32:128, 64:224]).abs().mean()) < 1.0
     with pytest.raises(ValueError, match="scales by 1, 2, 4 or 8, not 3"):

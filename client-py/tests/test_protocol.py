@@ -507,6 +507,28 @@ def test_stats_messages_are_the_vectors() -> None:
     assert encode(stats_message(m["steps"], m["wait_ns"], m["compute_ns"], 7, minor=1)).hex() == v11["frame"]
 
 
+@needs_vectors
+def test_hybrid_stats_messages_are_the_vectors() -> None:
+    """With hybrid decode the loader's `stats` is the 1.3 vector to a 1.3 (or 1.4) server and the 1.5 vector, with
+    `gpu_decode_wait_ns`, to a 1.5 one (control.md, `stats`)."""
+    cases = {c["name"]: c for c in load("frames.json")}
+    v13, v15 = cases["stats, 1.3 with gpu decode"], cases["stats, 1.5 with gpu decode wait"]
+    m = v15["message"]
+    counts = (m["gpu_samples"], m["gpu_decode_ns"], m["gpu_fallbacks"], m["gpu_decode_wait_ns"])
+    args = (m["steps"], m["wait_ns"], m["compute_ns"], m["gpu_wait_ns"])
+    assert encode(stats_message(*args, gpu_decode=counts)).hex() == v15["frame"]
+    for minor in (3, 4):
+        assert encode(stats_message(*args, minor=minor, gpu_decode=counts)).hex() == v13["frame"]
+    assert encode(stats_message(*args, gpu_decode=counts[:3])).hex() == v13["frame"]
+
+
+def test_stats_message_keeps_the_gpu_decode_wait_within_the_wait_for_data() -> None:
+    """`gpu_decode_wait_ns` is part of the wait for data, `wait_ns - gpu_wait_ns`: clamped to it."""
+    assert stats_message(1, 100, 5, 30, gpu_decode=(4, 1, 0, 500))["gpu_decode_wait_ns"] == 70
+    assert stats_message(1, 100, 5, None, gpu_decode=(4, 1, 0, 500))["gpu_decode_wait_ns"] == 100
+    assert stats_message(1, 100, 5, 30, gpu_decode=(4, 1, 0, -1))["gpu_decode_wait_ns"] == 0
+
+
 def test_stats_message_keeps_gpu_wait_within_the_wait() -> None:
     """`gpu_wait_ns` is part of `wait_ns` (control.md, `stats`): clamped to 0..=wait_ns."""
     assert stats_message(1, 10, 5, 25)["gpu_wait_ns"] == 10

@@ -107,6 +107,9 @@ pub struct StreamStats {
     pub gpu_samples: AtomicU64,
     pub gpu_decode_ns: AtomicU64,
     pub gpu_fallbacks: AtomicU64,
+    /// Written by the client's `stats` (1.5): the part of its wait for data spent waiting for its
+    /// own GPU decodes.
+    pub gpu_decode_wait_ns: AtomicU64,
 
     /// The last interval's rates and the tuner's last decision, for observers.
     pub view: Mutex<IntervalView>,
@@ -245,6 +248,7 @@ impl StreamStats {
             gpu_samples: AtomicU64::new(0),
             gpu_decode_ns: AtomicU64::new(0),
             gpu_fallbacks: AtomicU64::new(0),
+            gpu_decode_wait_ns: AtomicU64::new(0),
             view: Mutex::new(IntervalView::default()),
         }
     }
@@ -258,14 +262,28 @@ impl StreamStats {
     }
 
     /// Adds a client's `stats` message. `gpu_wait_ns` (1.2) is the part of `wait_ns` spent behind
-    /// the client's own GPU work; it is clamped to `wait_ns` (control.md, `stats`).
-    pub fn add_client_stats(&self, steps: u64, wait_ns: u64, compute_ns: u64, gpu_wait_ns: Option<u64>) {
+    /// the client's own GPU work; it is clamped to `wait_ns`. `gpu_decode_wait_ns` (1.5) is the
+    /// part of the rest (the wait for data) spent waiting for its own GPU decodes; it is clamped
+    /// to that rest (control.md, `stats`).
+    pub fn add_client_stats(
+        &self,
+        steps: u64,
+        wait_ns: u64,
+        compute_ns: u64,
+        gpu_wait_ns: Option<u64>,
+        gpu_decode_wait_ns: Option<u64>,
+    ) {
         self.steps.fetch_add(steps, Ordering::Relaxed);
         self.wait_ns.fetch_add(wait_ns, Ordering::Relaxed);
         self.compute_ns.fetch_add(compute_ns, Ordering::Relaxed);
-        if let Some(g) = gpu_wait_ns {
-            self.gpu_wait_ns.fetch_add(g.min(wait_ns), Ordering::Relaxed);
+        let gpu = gpu_wait_ns.map_or(0, |g| g.min(wait_ns));
+        if gpu_wait_ns.is_some() {
+            self.gpu_wait_ns.fetch_add(gpu, Ordering::Relaxed);
             self.reports_gpu_wait.store(true, Ordering::Relaxed);
+        }
+        if let Some(d) = gpu_decode_wait_ns {
+            self.gpu_decode_wait_ns
+                .fetch_add(d.min(wait_ns - gpu), Ordering::Relaxed);
         }
         self.reported.store(true, Ordering::Relaxed);
     }
@@ -331,6 +349,7 @@ impl StreamStats {
             gpu_wait_ns: self.gpu_wait_ns.load(Ordering::Relaxed),
             gpu_samples: self.gpu_samples.load(Ordering::Relaxed),
             gpu_decode_ns: self.gpu_decode_ns.load(Ordering::Relaxed),
+            gpu_decode_wait_ns: self.gpu_decode_wait_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -397,6 +416,9 @@ pub struct Counters {
     /// Samples the client finished on its GPU, and its host time on them (1.3).
     pub gpu_samples: u64,
     pub gpu_decode_ns: u64,
+    /// Of the wait for data (`wait_ns - gpu_wait_ns`), the time the loop waited for its own GPU
+    /// decodes (1.5; 0 from older clients).
+    pub gpu_decode_wait_ns: u64,
 }
 
 impl Counters {
@@ -413,6 +435,7 @@ impl Counters {
             gpu_wait_ns: self.gpu_wait_ns.saturating_sub(earlier.gpu_wait_ns),
             gpu_samples: self.gpu_samples.saturating_sub(earlier.gpu_samples),
             gpu_decode_ns: self.gpu_decode_ns.saturating_sub(earlier.gpu_decode_ns),
+            gpu_decode_wait_ns: self.gpu_decode_wait_ns.saturating_sub(earlier.gpu_decode_wait_ns),
         }
     }
 }
@@ -598,12 +621,25 @@ mod tests {
     #[test]
     fn the_clients_gpu_wait_stays_within_its_wait() {
         let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
-        s.add_client_stats(4, 100, 50, None);
+        s.add_client_stats(4, 100, 50, None, None);
         assert!(!s.reports_gpu_wait.load(Ordering::Relaxed));
-        s.add_client_stats(4, 100, 50, Some(250));
+        s.add_client_stats(4, 100, 50, Some(250), None);
         let c = s.counters(Instant::now());
         assert_eq!((c.steps, c.wait_ns, c.compute_ns, c.gpu_wait_ns), (8, 200, 100, 100));
         assert!(s.reports_gpu_wait.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_clients_gpu_decode_wait_stays_within_its_wait_for_data() {
+        // 1.5: of 100 ns waited, 30 behind the GPU; of the 70 left (the wait for data) at most 70
+        // were for GPU decodes, whatever the client says.
+        let s = StreamStats::new(1, 1, "d".into(), 8, 4, true, None, None, 2, 2);
+        s.add_client_stats(4, 100, 50, Some(30), Some(40));
+        assert_eq!(s.counters(Instant::now()).gpu_decode_wait_ns, 40);
+        s.add_client_stats(4, 100, 50, Some(30), Some(500));
+        assert_eq!(s.counters(Instant::now()).gpu_decode_wait_ns, 110);
+        s.add_client_stats(4, 100, 50, None, Some(500));
+        assert_eq!(s.counters(Instant::now()).gpu_decode_wait_ns, 210);
     }
 
     #[test]

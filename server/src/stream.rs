@@ -1245,10 +1245,11 @@ impl StreamState {
                 gpu_samples,
                 gpu_decode_ns,
                 gpu_fallbacks,
+                gpu_decode_wait_ns,
             } => {
-                self.ctx.stats.add_client_stats(steps, wait_ns, compute_ns, gpu_wait_ns);
+                let stats = &self.ctx.stats;
+                stats.add_client_stats(steps, wait_ns, compute_ns, gpu_wait_ns, gpu_decode_wait_ns);
                 if let Some(n) = gpu_samples {
-                    let stats = &self.ctx.stats;
                     stats.add_client_gpu_stats(n, gpu_decode_ns.unwrap_or(0), gpu_fallbacks.unwrap_or(0));
                 }
                 Ok(())

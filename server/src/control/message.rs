@@ -67,6 +67,10 @@ pub enum ClientMessage {
         /// 1.3: of `gpu_samples`, those its GPU decoder refused (decoded on its CPU).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gpu_fallbacks: Option<u64>,
+        /// 1.5: of the wait for data (`wait_ns - gpu_wait_ns`), the time spent waiting for the
+        /// client's own GPU decodes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu_decode_wait_ns: Option<u64>,
     },
     /// 1.1: an observer's request for the server's state.
     Snapshot {},

@@ -16,4 +16,4 @@ pub use message::{
 };
 
 /// Protocol version spoken by this server, `(major, minor)`.
-pub const PROTOCOL: (u16, u16) = (1, 4);
+pub const PROTOCOL: (u16, u16) = (1, 5);

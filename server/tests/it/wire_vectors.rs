@@ -127,6 +127,11 @@ fn messages() -> Vec<(&'static str, Value)> {
                 "gpu_samples": 1536, "gpu_decode_ns": 138000000, "gpu_fallbacks": 2}),
         ),
         (
+            "stats, 1.5 with gpu decode wait",
+            json!({"type": "stats", "steps": 12, "wait_ns": 150000000, "compute_ns": 100000000, "gpu_wait_ns": 20000000,
+                "gpu_samples": 1536, "gpu_decode_ns": 138000000, "gpu_fallbacks": 2, "gpu_decode_wait_ns": 90000000}),
+        ),
+        (
             "snapshot, 1.3 gpu share",
             json!({"type": "snapshot",
                 "server": {"version": "ringfeed 0.1.0", "pid": 4100, "uptime_s": 30.0, "cores": 16, "cpu_budget": 6,

@@ -99,7 +99,7 @@ PY
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
     echo "data: $(( $(date +%s) - t0 )) s" ) > /tmp/data.log 2>&1 &
-  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | grep "PSNR\|passed\|failed\|FAILED\|Error" | tail -40 || echo "pytest rc $?"
+  [ -n "${SKIPTESTS:-}" ] || timeout 300 python3 -m pytest -q -s -p no:cacheprovider ${TESTS:-client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py client-py/tests/test_cuda.py client-py/tests/test_finish_kernel.py} 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" | grep "PSNR\|downscale\|passed\|failed\|FAILED\|Error" | tail -40 || echo "pytest rc $?"
   wait
   cat /tmp/data.log
   if [ -n "${QUICK:-}" ]; then

@@ -14,7 +14,8 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
   with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6);
 - dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
   `--threads-cap` (else `--workers`) CPU threads.
-Each run skips 20 warm-up steps, then times `--steps` steps, and reports two shares of the total:
+Each run skips 20 warm-up steps (and, with `--warmup-s S`, as many more as S seconds take, so that
+the autotuner has settled; every loader gets the same), then times `--steps` steps, and reports two shares of the total:
 - GPU idle: the sum over steps of the gap, on the GPU's own clock (CUDA events), between the end of
   one step's last kernel and the start of the next step's first: time the GPU had nothing queued,
   because the loop was waiting for a batch (or for the copy that brings it). This is the share of
@@ -128,10 +129,16 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, loss_fn: nn.Module,
 
 
 def train(
-    model: nn.Module, batches, steps: int, watch: Watch | None = None, trace: tuple[int, Path] | None = None
+    model: nn.Module,
+    batches,
+    steps: int,
+    watch: Watch | None = None,
+    trace: tuple[int, Path] | None = None,
+    warmup_s: float = 0.0,
 ) -> dict:
-    """Runs WARMUP + steps steps from `batches` (an iterator of (x, y) on the GPU); with `trace`
-    `(n, path)`, n more under torch.profiler, whose Chrome trace goes to `path` (gzip)."""
+    """Runs WARMUP steps (and as many more as `warmup_s` seconds take: the autotuner's time to
+    settle), then `steps` timed steps from `batches` (an iterator of (x, y) on the GPU); with
+    `trace` `(n, path)`, n more under torch.profiler, whose Chrome trace goes to `path` (gzip)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     wait = 0.0
@@ -139,8 +146,10 @@ def train(
     # (end of step k, start of step k + 1) on the GPU's clock, for the timed steps.
     gaps: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
     last_end = None
-    for step in range(WARMUP + steps):
-        if step == WARMUP:
+    began = time.perf_counter()
+    step, timed = 0, 0
+    while timed < steps:
+        if start is None and step >= WARMUP and time.perf_counter() - began >= warmup_s:
             torch.cuda.synchronize()
             start, wait = time.perf_counter(), 0.0
             cpu0 = _cpu.tree_cpu_seconds()
@@ -156,7 +165,9 @@ def train(
             if last_end is not None:
                 gaps.append((last_end, begin))
         train_step(model, opt, loss_fn, x, y)
+        step += 1
         if start is not None:
+            timed += 1
             last_end = torch.cuda.Event(enable_timing=True)
             last_end.record()
     torch.cuda.synchronize()
@@ -309,6 +320,7 @@ def main() -> None:
     ap.add_argument("--loaders", default="ceiling,ringfeed,dataloader-pil")
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--warmup-s", type=float, default=0.0, help="warm up at least this long (the tuner settles)")
     ap.add_argument(
         "--recipe",
         default="rrc",
@@ -375,7 +387,7 @@ def main() -> None:
                 }[kind]()
                 watch = Watch(sock) if loader.startswith("ringfeed") else None
                 trace = (a.trace, a.out / f"trace-{name}-{loader}.json.gz") if a.trace else None
-                r = train(model, batches, a.steps, watch, trace)
+                r = train(model, batches, a.steps, watch, trace, a.warmup_s)
                 LOADERS.clear()
                 r.update(
                     {
@@ -408,7 +420,8 @@ def main() -> None:
         "# Training throughput fed by each loader (bf16, channels_last, batch 256)",
         "",
         f"{meta['gpu']}, {meta['cpus']} CPU cores, torch {meta['torch']}; {a.workers} workers/threads; "
-        f"{a.steps} timed steps after {WARMUP} warm-up steps.",
+        f"{a.steps} timed steps after {WARMUP} warm-up steps"
+        + (f" and at least {a.warmup_s:g} s of warm-up." if a.warmup_s else "."),
         "",
         "| model | loader | img/s | share of ceiling | GPU idle, waiting for data | loop blocked in next() "
         "| CPU ms per image | CPU cores busy |",

@@ -37,7 +37,7 @@
 #           ResNet-18 on 6 threads (pinned 0.625 and 0.75, autotuned).
 #   threads ResNet-18 on 6 threads at a share of 0.75 with 2, 3 and 4 GPU decode threads, 6 and 10
 #           slots: whether the decode threads are what holds the GPU path back.
-#   nv12    nvJPEG's NV12 output (4:2:0): whether the batched hardware decoder takes it, and its kernels and copies (nvjpeg_probe.py --ex).
+#   nv12    nvJPEG's NV12 output (4:2:0): whether the batched hardware decoder takes it, and its kernels and copies (nvjpeg_probe.py --nv12).
 #   kinds   what kind of work beside ResNet-18 costs its step (hybrid_step.py's probes), then
 #           ResNet-18 on 6 threads, pinned 0.625 and 0.75 and autotuned.
 #   pin     the CPU topology, then ResNet-18 fed by ringfeed with the sidecar's threads floating and
@@ -46,8 +46,6 @@
 #   process nvJPEG's decode beside ResNet-18 from a thread of the training process and from a process
 #           of its own (hybrid_step.py's decode-nvjpeg@process).
 #   launch  host time per kernel launch beside each kind of CUDA call, and beside nvJPEG (launch_probe.py).
-#   scale   the hardware's own downscale and region decode (nvjpegDecodeBatchedEx): the nvJPEG tests,
-#           then nvjpeg_probe.py --ex on the corpus and on 1.5-3 MP photos.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -335,22 +333,6 @@ threads)
     rm -f "$out/r18-6-t$t/serve.log"
   done
   ;;
-scale)
-  # What the hardware's own downscale and region decode (nvjpegDecodeBatchedEx) cost the engine
-  # and its kernels, on the corpus and on 1.5-3 MP photos (where the engine is the limit): the
-  # nvJPEG tests (the downscale's and the region's pixels), then nvjpeg_probe.py --ex on both.
-  gpu_prep "${COUNT:-2000}"
-  if [ ! -d /tmp/bigpacked ]; then
-    python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count "${BIG:-600}" | tail -1
-    "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
-  fi
-  mkdir -p "$out"
-  timeout 120 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py 2>&1 | tail -4 || echo "pytest rc $?"
-  timeout 120 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 3 --ex --out "$out/probe" 2>&1 \
-    | grep -v "^{\|^\[" | tail -16 || echo "probe rc $?"
-  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/bigpacked --count 96 --batches 3 --ex --out "$out/probe-big" 2>&1 \
-    | grep -v "^{\|^\[" | tail -16 || echo "probe-big rc $?"
-  ;;
 nv12)
   # Whether nvJPEG's NV12 output lets the engine write 4:2:0 images without its per-image
   # RGBA-to-RGB kernels: the probe's rows on an idle GPU (kernels and copies by name).
@@ -358,7 +340,7 @@ nv12)
   # (status 6, "execution failed"), so the hybrid_step.py parts this step ran then are gone.
   gpu_prep "${COUNT:-2000}"
   mkdir -p "$out"
-  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 5 --ex --out "$out/probe" 2>&1 \
+  timeout 150 python3 benches/e2e/nvjpeg_probe.py --packed /tmp/packed --batches 5 --nv12 --out "$out/probe" 2>&1 \
     | grep -v "^\[" | cut -c1-900 | tail -14 || echo "probe rc $?"
   if [ -n "${TESTS:-}" ]; then
     timeout 240 python3 -m pytest -q -s -p no:cacheprovider $TESTS 2>&1 | grep -v "nvjpeg2k\|nvTIFF\|nvtiff\|nvJPEG2000" \

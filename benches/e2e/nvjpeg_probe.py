@@ -2,7 +2,7 @@
 """What the client's GPU work costs the GPU by itself: nvJPEG's batched hardware decode per output
 format and the finishing kernel, each alone on an idle GPU.
 
-    python3 benches/e2e/nvjpeg_probe.py --packed DIR [--count 192] [--kernels-only] [--ex]
+    python3 benches/e2e/nvjpeg_probe.py --packed DIR [--count 192] [--kernels-only] [--nv12]
         [--compare MODULE] [--out DIR]
 
 A trace of the training loop (benches/results/2026-12-01-h200-nvjpeg, trace-nvjpeg.md) shows the
@@ -18,9 +18,10 @@ kernel alone over the decoded batch (RandomResizedCrop(224) parameters drawn as 
 them, bilinear antialias, random flips): its time per batch from CUDA events, at its default
 launch shape and at others (tile rows and columns, the source pieces, warps), and with
 ``--compare`` another kernel module's time and how far its pixels are from the default's.
-``--kernels-only`` decodes one way only (the kernel's input); ``--ex`` adds
-``nvjpegDecodeBatchedEx`` rows (the whole image, the hardware's downscale by 2 and by 4, a
-centre region of half the width and height) and an NV12 row. Writes nvjpeg_probe.json/.md into --out.
+``--kernels-only`` decodes one way only (the kernel's input); ``--nv12`` adds an NV12 row. (Until
+2026-12-02 an ``--ex`` flag also timed ``nvjpegDecodeBatchedEx``: the hardware's downscale and a
+centre region saved nothing, benches/results/2026-12-02-h200-kinds, and ``ringfeed._nvjpeg`` no
+longer offers them.) Writes nvjpeg_probe.json/.md into --out.
 """
 
 from __future__ import annotations
@@ -171,11 +172,7 @@ def main() -> None:
         action="store_true",
         help="one decode (the kernels' input), then the finishing kernel's shapes: no decode variants",
     )
-    ap.add_argument(
-        "--ex",
-        action="store_true",
-        help="also nvjpegDecodeBatchedEx: whole, the hardware's downscale by 2 and 4, a centre region",
-    )
+    ap.add_argument("--nv12", action="store_true", help="also NV12 output (the batch's 4:2:0 images)")
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
 
@@ -288,38 +285,13 @@ def main() -> None:
             results["decode"].append(row)
             print(json.dumps(row)[:1500], flush=True)
 
-    if a.ex:
-        # nvjpegDecodeBatchedEx with per-image parameters, replicated chroma: the whole image, the
-        # hardware's downscale by 2 and 4, and the centre region of half the width and height
-        # (about a RandomResizedCrop's mean area): what each costs the engine and its kernels.
-        dec = _nvjpeg.HardwareDecoder(dev, flags=0)
-        n = len(datas)
-        centre = np.stack([w // 4, h // 4, w // 2, h // 2], axis=1)
-        for name, kw, ow, oh in [
-            ("ex, whole", {"roi": np.tile([0, 0, -1, -1], (n, 1))}, w, h),
-            ("ex, scale 1/2", {"scale": np.full(n, 2)}, -(-w // 2), -(-h // 2)),
-            ("ex, scale 1/4", {"scale": np.full(n, 4)}, -(-w // 4), -(-h // 4)),
-            ("ex, centre region", {"roi": centre}, centre[:, 2], centre[:, 3]),
-        ]:
-            row = {"variant": name}
-            try:
-                size = (ow * oh * 3 + 255) // 256 * 256
-                off = np.concatenate([[0], np.cumsum(size[:-1])]).astype(np.uint64)
-                buf = torch.empty(int(size.sum()), dtype=torch.uint8, device=dev)
-
-                def once(kw=kw, buf=buf, off=off, ow=ow):
-                    dec.decode(ptrs, lens, buf.data_ptr() + off, (ow * 3).astype(np.uint64), stream.cuda_stream, **kw)
-
-                row |= measure(once)
-            except Exception as e:  # one variant's failure is a row
-                row["error"] = f"{type(e).__name__}: {e}"
-            results["decode"].append(row)
-            print(json.dumps(row)[:1500], flush=True)
+    if a.nv12:
         # NV12 (Y, then Cb and Cr interleaved at half size) of the batch's 4:2:0 images (the only
         # sampling NV12 holds without resampling chroma): whether the engine writes it without a
         # conversion kernel (a kernel reading it could then interpolate chroma itself). On the
         # H200 with nvJPEG 13.0.2 the batched hardware decoder refuses it (status 6,
         # benches/results/2026-12-02-h200-kinds).
+        dec = _nvjpeg.HardwareDecoder(dev, flags=0)
         sel = np.array([i for i, f in enumerate(fac) if f == (2, 2) and not grey[i]], dtype=np.int64)
         row = {"variant": f"nv12 ({len(sel)} 4:2:0 images)"}
         try:

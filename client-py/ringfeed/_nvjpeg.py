@@ -35,9 +35,6 @@ OUTPUT_YUV = 1
 OUTPUT_RGBI = 5
 #: Two planes: Y, then Cb and Cr interleaved at half the width and height (4:2:0 only).
 OUTPUT_NV12 = 8
-#: ``nvjpegScaleFactor_t`` by divisor: the hardware decoder's own downscale (its IDCT at 1/2,
-#: 1/4 or 1/8, as libjpeg's DCT scaling), for :meth:`HardwareDecoder.decode`'s ``scale``.
-SCALES = {1: 0, 2: 1, 4: 2, 8: 3}
 #: nvjpeg.h's NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION: chroma upsampled as libjpeg's "fancy"
 #: upsampling does (Pillow's and the server's decoder). Without it the hardware decoder replicates
 #: chroma: 4.7 levels off Pillow on average and up to 37 on a 4:2:0 photo, against 0.00 and 1 with
@@ -160,12 +157,6 @@ class HardwareDecoder:
             "nvjpegDecodeBatchedPreAllocate": [vp, vp, i32, i32, i32, i32, i32],
             "nvjpegDecodeBatchedInitialize": [vp, vp, i32, i32, i32],
             "nvjpegDecodeBatched": [vp, vp, vp, vp, vp, vp],
-            "nvjpegDecodeBatchedEx": [vp, vp, vp, vp, vp, vp, vp],
-            "nvjpegDecodeParamsCreate": [vp, ctypes.POINTER(vp)],
-            "nvjpegDecodeParamsDestroy": [vp],
-            "nvjpegDecodeParamsSetOutputFormat": [vp, i32],
-            "nvjpegDecodeParamsSetROI": [vp, i32, i32, i32, i32],
-            "nvjpegDecodeParamsSetScaleFactor": [vp, i32],
             "nvjpegJpegStateDestroy": [vp],
             "nvjpegDestroy": [vp],
         }.items():
@@ -179,8 +170,6 @@ class HardwareDecoder:
 
         self.device = device
         self._handle, self._state = ctypes.c_void_p(), ctypes.c_void_p()
-        #: ``nvjpegDecodeParams_t`` for :meth:`decode`'s ``scale`` and ``roi``, one per image of the largest batch yet.
-        self._params: list[ctypes.c_void_p] = []
         with torch.cuda.device(device):
             self._open(flags)
 
@@ -216,9 +205,6 @@ class HardwareDecoder:
         pitch: np.ndarray,
         stream: int,
         output: int = OUTPUT_RGBI,
-        *,
-        scale: np.ndarray | None = None,
-        roi: np.ndarray | None = None,
     ) -> None:
         """Decodes ``len(data)`` JPEGs to ``output`` (interleaved RGB, or planar Y, Cb, Cr at their
         own sizes with :data:`OUTPUT_YUV`), on ``stream`` (a ``cudaStream_t``).
@@ -233,43 +219,22 @@ class HardwareDecoder:
         follows), and the outputs are written before the stream's next work (nvJPEG's own streams
         join ``stream``); the address arrays are read during the call only.
 
-        With ``scale`` (``[n]`` divisors of :data:`SCALES`: the hardware's own downscale; the
-        output is then the image, or the region, divided by it, rounded up) or ``roi``
-        (``[n, 4]``: left, top, width, height in full-size pixels; a width of -1 decodes the whole
-        image) the batch goes through ``nvjpegDecodeBatchedEx`` with per-image parameters. The
-        loader does not ask for either yet: ``benches/e2e/nvjpeg_probe.py --ex`` measures what
-        each costs the engine first.
+        The hardware's own downscale and region decode (``nvjpegDecodeBatchedEx``) are not offered:
+        on the H200 they saved nothing on the corpus (8.4-8.7 ms a batch of 192 against 8.05 for
+        the whole decode) and the downscale by 2 came out 57 levels from the whole decode pooled
+        (``benches/results/2026-12-02-h200-final``).
 
         Raises:
             HardwareRefusedError: the hardware decoder refused the batch (nothing was written that
                 the caller may use; decode the batch another way).
-            ValueError: a ``scale`` the hardware does not have.
         """
-        n = len(data)
         dst, ptrs, sizes = self._prepare(data, lengths, out, pitch, output)
         lib = self._lib
         args = (self._handle, self._state, ptrs.ctypes.data, sizes.ctypes.data, dst.ctypes.data)
-        if scale is None and roi is None:
-            # ctypes releases the GIL for the call: the whole batch decodes without it.
-            status, call = lib.nvjpegDecodeBatched(*args, ctypes.c_void_p(stream)), "nvjpegDecodeBatched"
-        else:
-            while len(self._params) < n:
-                p = ctypes.c_void_p()
-                self._check("nvjpegDecodeParamsCreate", lib.nvjpegDecodeParamsCreate(self._handle, ctypes.byref(p)))
-                self._params.append(p)
-            for i in range(n):
-                p = self._params[i]
-                self._check("nvjpegDecodeParamsSetOutputFormat", lib.nvjpegDecodeParamsSetOutputFormat(p, output))
-                x, y, w, h = (0, 0, -1, -1) if roi is None else (int(v) for v in roi[i])
-                self._check("nvjpegDecodeParamsSetROI", lib.nvjpegDecodeParamsSetROI(p, x, y, w, h))
-                f = 1 if scale is None else int(scale[i])
-                if f not in SCALES:
-                    raise ValueError(f"the hardware decoder scales by 1, 2, 4 or 8, not {f}")
-                self._check("nvjpegDecodeParamsSetScaleFactor", lib.nvjpegDecodeParamsSetScaleFactor(p, SCALES[f]))
-            params = (ctypes.c_void_p * n)(*[p.value for p in self._params[:n]])
-            status, call = lib.nvjpegDecodeBatchedEx(*args, params, ctypes.c_void_p(stream)), "nvjpegDecodeBatchedEx"
+        # ctypes releases the GIL for the call: the whole batch decodes without it.
+        status = lib.nvjpegDecodeBatched(*args, ctypes.c_void_p(stream))
         if status != 0:
-            raise HardwareRefusedError(call, status)
+            raise HardwareRefusedError("nvjpegDecodeBatched", status)
 
     def _prepare(
         self, data: np.ndarray, lengths: np.ndarray, out: np.ndarray, pitch: np.ndarray, output: int
@@ -309,9 +274,6 @@ class HardwareDecoder:
     def close(self) -> None:
         """Frees the state and the handle. Idempotent."""
         lib = self._lib
-        for p in getattr(self, "_params", []):
-            lib.nvjpegDecodeParamsDestroy(p)
-        self._params = []
         if getattr(self, "_state", None) is not None and self._state.value:
             lib.nvjpegJpegStateDestroy(self._state)
             self._state = ctypes.c_void_p()

@@ -329,8 +329,9 @@ def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
     monkeypatch.setattr(_hybrid, "_host_decode", slow)
     root, _ = folder
     seen: list[tuple[float, str]] = []
+    # One decode thread at most, so that the CPU is the limit (which raises the share) on any machine.
     with ringfeed.Loader(
-        root, 6, RRC, socket=sock, spawn=True, gpu_decode="auto", _gpu_backend="host", timeout=60
+        root, 6, RRC, socket=sock, spawn=True, gpu_decode="auto", _gpu_backend="host", timeout=60, threads=1
     ) as ld:
         deadline = time.monotonic() + 60
         epoch, read_at = 0, None

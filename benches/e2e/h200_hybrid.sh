@@ -20,6 +20,8 @@
 #           threads (train and eval transforms, both corpora), ResNet-18 on 15 (CPU only,
 #           autotuned, autotuned with 12 slots). At most 8 files come back: no server logs.
 #           FINAL_PARTS=train or feed runs one half (a call may run 600 s; both take about 660).
+#   settled after setup and piece1..2, carrying dali3: final3's training rows with every loader warmed
+#           up for at least 10 s (the autotuner settled), beside DALI.
 #   nvjpeg  nvJPEG's batched hardware decoder against nvImageCodec's per-image decode: GPU tests,
 #           the step cost (hybrid_step.py) and ResNet-18 on 6 threads (no DALI needed).
 #   trace   ResNet-18 on 6 threads, alone and fed by ringfeed (CPU, pinned share), each run followed
@@ -229,6 +231,24 @@ final3)
     --shares ${SHARES:-0.625,0.75} --transforms train,eval --batches 30 --out "$out/feed" 2>&1 | grep -v "^{" | tail -24 \
     || echo "feed rc $?"
   fi
+  rm -f "$out"/*/serve.log
+  ;;
+settled)
+  # As final3's training rows, every loader warmed up for at least 10 s (gpu_train.py --warmup-s)
+  # so that the autotuner has settled before the timed steps: after setup and piece1..2 (this
+  # call carries .carry/dali3).
+  [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }
+  dali_unpack
+  mkdir -p "$out"
+  timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-share-0.625,ringfeed-hybrid,dali --workers 15 --threads-cap 6 \
+    --steps 400 --warmup-s 10 --out "$out/r18-6" 2>&1 | grep "^| resnet" || echo "r18-6 rc $?"
+  timeout 130 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
+    --loaders ceiling,ringfeed-hybrid,dali --workers 15 --threads-cap 3 --steps 200 --warmup-s 10 --out "$out/r50-3" 2>&1 \
+    | grep "^| resnet" || echo "r50-3 rc $?"
+  timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 400 --warmup-s 10 --out "$out/r18-15" 2>&1 \
+    | grep "^| resnet" || echo "r18-15 rc $?"
   rm -f "$out"/*/serve.log
   ;;
 nvjpeg)

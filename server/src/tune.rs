@@ -20,7 +20,7 @@
 //!   threads had idled until the client's first `start`; see [`Limit`].)
 //!
 //! Every interval the signals are read as one [`Limit`] (what limits the loop now: nothing, the
-//! threads, the CPU budget, depth, latency), which each knob's rule acts on and which observers see
+//! threads, the CPU budget, the client's GPU decoder, depth, latency), which each knob's rule acts on and which observers see
 //! (`snapshot`'s `limit`), so the last change's reason (`tune`) is never the only account.
 //!
 //! How it decides, per stream:
@@ -58,8 +58,11 @@
 //!
 //! - **GPU share (hybrid decode, 1.3).** For a stream whose client finishes part of each batch on
 //!   its GPU with the share left to the tuner, [`gpu_share`] raises the share on [`Limit::Cpu`]
-//!   (the loop waits for data with every thread of its cap saturated) and, once the loop has not
-//!   waited for [`Config::probe_after`] intervals, tries one [`Config::gpu_step`] less. Each change
+//!   (the loop waits for data with every thread of its cap saturated), by at most
+//!   [`Config::gpu_max_raise`] a change, and, once the loop has not waited for
+//!   [`Config::probe_after`] intervals, tries one [`Config::gpu_step`] less. On
+//!   [`Limit::GpuDecode`] (1.5: more than half of the loop's wait for data is for its own GPU
+//!   decodes) it never raises, and with threads to spare tries one step less at once. Each change
 //!   is judged by the loop's time per batch (its step plus its wait for data): a raise after which
 //!   a batch takes more than [`Config::gpu_slowdown`] longer is undone, and not tried again in the
 //!   regime (GPU decode competes with the model for the GPU and the host thread, and that can cost
@@ -855,7 +858,8 @@ impl FetchTuner {
 /// The third knob (control.md, "Hybrid decode"): the share of each batch offered to the client's
 /// GPU, for a stream whose share the tuner sets. Raised while the CPU is the limit (the loop waits
 /// for data with every thread of its cap saturated), to the share the cost model leaves to the GPU
-/// and at least one step; lowered one step, as a probe, once the loop has not waited for data for
+/// and at least one step, at most [`Config::gpu_max_raise`]; lowered one step, judged as a probe,
+/// while the GPU decoder is the limit (1.5) and the threads have time to spare; lowered one step, as a probe, once the loop has not waited for data for
 /// [`Config::probe_after`] intervals (a share above what the CPU needs costs the model GPU and host
 /// time for nothing). Each change is judged [`Config::gpu_hold`] intervals later by the loop's time
 /// per batch, step and wait together, which is what the training run's rate is: a raise that made

@@ -36,6 +36,26 @@ INTERP = {
 }
 
 
+@pytest.fixture(autouse=True)
+def exact_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchvision's affine grid (`_affine_grid`: the base grid times theta) computed exactly and rounded to f32 once,
+    as the server computes it (server/src/ops/affine.rs). PyTorch's CPU `bmm` rounds it by the machine's kernels (a
+    plain f32 sum on one machine, `fma(y, r1, x*r0) + r2` on another, both PyTorch 2.15), which moves
+    nearest-neighbour ties, so no fixed f32 order matches it everywhere. Everything else is torchvision's."""
+    from torchvision.transforms.v2.functional import _geometry
+
+    def grid(theta: torch.Tensor, w: int, h: int, ow: int, oh: int) -> torch.Tensor:
+        base = torch.empty(oh, ow, 2, dtype=theta.dtype)
+        base[..., 0].copy_(torch.linspace((1.0 - ow) * 0.5, (ow - 1.0) * 0.5, steps=ow))
+        base[..., 1].copy_(torch.linspace((1.0 - oh) * 0.5, (oh - 1.0) * 0.5, steps=oh).unsqueeze_(-1))
+        r = theta.transpose(1, 2).div(torch.tensor([0.5 * w, 0.5 * h], dtype=theta.dtype))[0].double()
+        x, y = base[..., 0].double(), base[..., 1].double()
+        out = torch.stack([(x * r[0, k] + y * r[1, k]) + r[2, k] for k in range(2)], dim=-1)
+        return out.to(theta.dtype).view(1, oh, ow, 2)
+
+    monkeypatch.setattr(_geometry, "_affine_grid", grid)
+
+
 @pytest.fixture(scope="module")
 def png(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
     """A 67x53 PNG and its pixels as a CHW uint8 tensor."""

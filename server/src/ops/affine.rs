@@ -62,15 +62,16 @@ pub(super) fn warp(
         let yg = y0 + y as f32;
         for x in 0..w {
             let xg = x0 + x as f32;
-            // PyTorch's CPU `bmm` of the base grid and theta, rounded as PyTorch 2.15 rounds
-            // it: a plain sum, `(x * r0 + y * r1) + r2`, which agrees with it on every grid point
-            // (40 random geometries, 2026-12-02; `test_ops.py`'s policy replays). The PyTorch
-            // these tests ran against until 2026-12-01 rounded `fma(y, r1, x * r0) + r2`
-            // instead, an ulp apart on 8-20 % of the points: that moves nearest-neighbour ties
-            // (under PyTorch 2.15 a chain of shears and a histogram op read 36 dB against
-            // torchvision with the fma, not 40).
-            let gx = (xg * r[0] + yg * r[1]) + r[2];
-            let gy = (xg * r[3] + yg * r[4]) + r[5];
+            // The base grid times theta, `x·r0 + y·r1 + r2`, computed exactly and rounded to f32
+            // once (the products of two f32 are exact in f64). PyTorch computes it with a CPU
+            // `bmm` whose rounding depends on the machine's kernels: with PyTorch 2.15, a plain
+            // f32 sum on one development machine and `fma(y, r1, x·r0) + r2` on another (both
+            // 2026-12-02, on every point of 40 random geometries). An ulp moves nearest-neighbour ties, and a histogram op
+            // after a shear spreads them (36 dB against torchvision's 40 in `test_ops.py`'s
+            // policy replays), so no single f32 order matches torchvision everywhere; the tests
+            // give torchvision's `_affine_grid` this same arithmetic (`test_ops.py`, `exact_grid`).
+            let gx = ((f64::from(xg) * f64::from(r[0]) + f64::from(yg) * f64::from(r[1])) + f64::from(r[2])) as f32;
+            let gy = ((f64::from(xg) * f64::from(r[3]) + f64::from(yg) * f64::from(r[4])) + f64::from(r[5])) as f32;
             // grid_sample's unnormalisation with align_corners=False.
             let sx = ((gx + 1.0) * wf - 1.0) / 2.0;
             let sy = ((gy + 1.0) * hf - 1.0) / 2.0;

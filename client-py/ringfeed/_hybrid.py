@@ -364,13 +364,10 @@ class Finisher:
         #: takes as many batches ahead.
         self.decode_threads = 1 if self._hw_off else _decode_threads()
         #: Counters since the last :meth:`take_counts`: samples, host ns, fallbacks, and the host ns
-        #: callers waited for decodes started ahead (as :attr:`ahead_wait_ns`).
+        #: :meth:`__call__`'s callers waited for decodes started ahead (:meth:`submit`) to return.
         self._counts = [0, 0, 0, 0]
         #: The same since construction.
-        self.totals = [0, 0, 0]
-        #: Host ns :meth:`__call__`'s callers have waited, since construction, for decodes started
-        #: ahead (:meth:`submit`) to return: whether the decode threads keep up with the loop.
-        self.ahead_wait_ns = 0
+        self.totals = [0, 0, 0, 0]
         #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
         #: the wait for data, never as time behind the GPU).
         self.last_call_ns = 0
@@ -576,6 +573,12 @@ class Finisher:
         s.wait_event(ready)
         buf.record_stream(s)
 
+    @property
+    def ahead_wait_ns(self) -> int:
+        """Host ns callers have waited, since construction, for decodes started ahead: whether the
+        decode threads keep up with the loop."""
+        return self.totals[3]
+
     def take_counts(self) -> tuple[int, int, int, int]:
         """``(samples, host ns, fallbacks, decode wait ns)`` since the last call (for ``stats``:
         1.3, and 1.5's ``gpu_decode_wait_ns``, the callers' wait for decodes started ahead)."""
@@ -651,8 +654,8 @@ class Finisher:
         if pending is not None:
             pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
             waited = time.perf_counter_ns() - t0
-            self.ahead_wait_ns += waited
-            self._counts[3] += waited
+            for c in (self._counts, self.totals):
+                c[3] += waited
         else:
             pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
             rec = jobs[pos].astype(np.int64)

@@ -1379,9 +1379,9 @@ class Loader:
         out["data_wait_share"] = out["data_wait_s"] / total if total > 0 else 0.0
         out["gpu_wait_share"] = out["gpu_wait_s"] / total if total > 0 else 0.0
         if self._finisher is not None:
-            samples, ns, fallbacks = self._finisher.totals
+            samples, ns, fallbacks, waited = self._finisher.totals
             out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
-            out["gpu_decode_wait_s"] = self._finisher.ahead_wait_ns / 1e9
+            out["gpu_decode_wait_s"] = waited / 1e9
         if server:
             out["server"] = self._server_view()
         return out

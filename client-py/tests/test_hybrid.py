@@ -316,8 +316,8 @@ def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
     """End to end (1.5): the loader reports its wait for GPU decodes (`stats.gpu_decode_wait_ns`) and the server's
     tuner reads it (control.md, "The GPU decoder as the limit"). With a GPU decoder (here the host fallback, slowed
     to 40 ms an image) far slower than the CPU path and a loop with no step of its own, the server reads the GPU
-    decoder as the limit, and the autotuned share stays low: raises of at most 0.25, each taken back, where the
-    cost model alone (no step: all of each batch to the GPU) had sent it to 1.0 at once."""
+    decoder as the limit, and the autotuned share stays at 0.5 or below (raises of at most 0.25), where the cost
+    model alone (no step: all of each batch to the GPU) had sent it to 1.0 at once."""
     import time
 
     real = _hybrid._host_decode

@@ -413,6 +413,22 @@ struct StreamState {
     gpu_bounds_at: Option<(f64, f64)>,
 }
 
+impl StreamState {
+    /// A change of the share away from `from` begins (a raise, else a lower share tried), judged
+    /// against `before_ns` once its effect shows; no other change for [`Config::gpu_hold`]
+    /// intervals.
+    fn start_gpu_trial(&mut self, cfg: &Config, from: f64, before_ns: f64, raise: bool) {
+        self.gpu_trial = Some(GpuTrial {
+            from,
+            before_ns,
+            raise,
+            seen: 0,
+            after_ns: None,
+        });
+        self.gpu_hold = cfg.gpu_hold;
+    }
+}
+
 /// A change of the GPU share, judged once its effect shows.
 #[derive(Debug, Clone, Copy)]
 struct GpuTrial {
@@ -978,14 +994,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             .min(share + cfg.gpu_max_raise)
             .min(top);
         if next > share + 1e-9 {
-            st.gpu_trial = Some(GpuTrial {
-                from: share,
-                before_ns: cycle,
-                raise: true,
-                seen: 0,
-                after_ns: None,
-            });
-            st.gpu_hold = cfg.gpu_hold;
+            st.start_gpu_trial(cfg, share, cycle, true);
             return Some((
                 next,
                 format!(
@@ -1006,14 +1015,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         if share <= 0.0 || s.busy >= cfg.saturated || next < bottom - 1e-9 {
             return None;
         }
-        st.gpu_trial = Some(GpuTrial {
-            from: share,
-            before_ns: cycle,
-            raise: false,
-            seen: 0,
-            after_ns: None,
-        });
-        st.gpu_hold = cfg.gpu_hold;
+        st.start_gpu_trial(cfg, share, cycle, false);
         return Some((
             next,
             format!(
@@ -1035,14 +1037,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         return None;
     }
     st.gpu_stable = 0;
-    st.gpu_trial = Some(GpuTrial {
-        from: share,
-        before_ns: cycle,
-        raise: false,
-        seen: 0,
-        after_ns: None,
-    });
-    st.gpu_hold = cfg.gpu_hold;
+    st.start_gpu_trial(cfg, share, cycle, false);
     Some((
         next,
         format!(

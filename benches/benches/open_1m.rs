@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use ringfeed::shard::{Dataset, DatasetWriter, WriterOptions};
 use ringfeed_benches::Rss;
+use ringfeed_format::shard::{Dataset, DatasetWriter, WriterOptions};
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();

@@ -7,8 +7,9 @@
 //! `cargo bench -p ringfeed-benches --bench ops`; results under `benches/results/`.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use ringfeed::codec::Limits;
-use ringfeed::ops::{BufferSink, Layout, Pipeline, Processor, SampleRng, Trace};
+use ringfeed_decode::Limits;
+use ringfeed_ops::{BufferSink, Layout, Pipeline, Processor, Trace};
+use ringfeed_order::rng::SampleRng;
 use serde_json::{Value, json};
 
 /// A 224×224 PPM of a smooth picture with noise (so equalize and autocontrast see a spread).

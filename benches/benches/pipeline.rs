@@ -6,7 +6,7 @@
 //! - `decode/region_packed`: the same crop of the same images as `ringfeed pack` stores them
 //!   (rewritten with restart markers, same pixels): only the segments covering it are decoded;
 //! - `decode/crc32c_check`: the record checksum `check_crc` verifies per sample (on by default);
-//! - `resize/crop_to_224`: our resampler (`ringfeed::resample`) on a 387x290 crop box of a decoded
+//! - `resize/crop_to_224`: our resampler (`ringfeed_decode::resample`) on a 387x290 crop box of a decoded
 //!   image to 224x224, antialiased bilinear; `resize/crop_to_224_fir`: the same through
 //!   fast_image_resize 6.1 (the baseline it replaced; same bytes). Likewise at other scales:
 //!   `resize/upscale_to_224` (120x100), `resize/whole_to_224` (the whole 500x375 image) and
@@ -23,10 +23,12 @@
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use fast_image_resize as fr;
-use ringfeed::codec::{Decoder, Limits, Rect};
-use ringfeed::ops::{Layout, Options, Processor, SampleRng, Transform};
-use ringfeed::resample::{Resampler, SampleBox, Source, Target};
-use ringfeed::ring::{DType, FieldSpec, RingLayout, Segment, SlotHeader};
+use ringfeed_decode::resample::{Resampler, SampleBox, Source, Target};
+use ringfeed_decode::{Decoder, Limits, Rect};
+use ringfeed_format::ring::{DType, FieldSpec, RingLayout, SlotHeader};
+use ringfeed_ops::{Layout, Options, Processor, Transform};
+use ringfeed_order::rng::SampleRng;
+use ringfeed_serve::segment::Segment;
 
 const W: usize = 500;
 const H: usize = 375;
@@ -117,7 +119,7 @@ fn benches(c: &mut Criterion) {
         .map(|f| {
             let mut out = Vec::new();
             let rewritten = decoder
-                .add_restarts(f, ringfeed::codec::RESTART_TARGET_MCUS, &mut out)
+                .add_restarts(f, ringfeed_decode::RESTART_TARGET_MCUS, &mut out)
                 .expect("decodes");
             assert!(rewritten.is_some(), "a baseline JPEG is rewritten");
             out

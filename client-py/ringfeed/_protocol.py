@@ -1,7 +1,7 @@
 """The control protocol, version 1.0 (``proto/control.md`` is the normative text).
 
 This module is the single Python truth for the control plane, the counterpart of the Rust
-``server/src/control/``: the version, the framing (``encode``, ``decode_payload``, ``decode_frame``),
+``crates/format/src/control/``: the version, the framing (``encode``, ``decode_payload``, ``decode_frame``),
 the messages the server may send and the members each one must carry (``check_server_message``),
 and ``Connection``, one client's end of the Unix stream socket. ``tests/test_protocol.py`` pins the
 framing rules one by one, and the vectors in ``proto/vectors/control/`` pin the bytes.

@@ -1,7 +1,7 @@
 """The shared-memory ring, version 1.0 (``proto/ring.md`` is the normative text).
 
 This module is the single Python truth for the ring's layout, the counterpart of the Rust
-``server/src/ring/``: the magic, the versions, every structure as a ``struct.Struct("<...")``
+``crates/format/src/ring/``: the magic, the versions, every structure as a ``struct.Struct("<...")``
 constant with its size asserted, the dtype codes, and ``Segment``, a client's mapping of one ring.
 ``tests/test_ring.py`` builds segments field by field from the spec's tables, and the vectors in
 ``proto/vectors/ring/`` pin the bytes.

@@ -1,7 +1,7 @@
 """The packed dataset format, version 1.0 (``proto/shard.md`` is the normative text).
 
 This module is the single Python truth for the on-disk layout, the counterpart of the Rust
-``server/src/shard/mod.rs``: magics, versions, structure sizes and every structure as a
+``crates/format/src/shard/mod.rs``: magics, versions, structure sizes and every structure as a
 ``struct.Struct("<...")`` constant, checked against the spec by module-level asserts and against
 the vectors in ``proto/vectors/shard/`` by ``tests/test_format_vectors.py``. The reader
 (``_reader.py``) and ``verify`` (``_verify.py``) use only what is defined here.

@@ -1,7 +1,7 @@
 """The token dataset format, version 1.1 (``proto/tokens.md`` is the normative text).
 
 The single Python truth for the token file's layout, the counterpart of the Rust
-``server/src/tokens/``: magics, ``struct`` layouts, the layout arithmetic, an O(1) reader
+``crates/format/src/tokens/``: magics, ``struct`` layouts, the layout arithmetic, an O(1) reader
 (``TokenDataset``) and ``verify_tokens``, checked against ``proto/vectors/tokens/`` by
 ``tests/test_token_vectors.py``; 1.1's packing files (``packing-S.rfp``: ``Packing``,
 ``best_fit_decreasing``, checked by ``verify_tokens``). Shared conventions (``FormatError``, ``check_struct``, CRC-32C)

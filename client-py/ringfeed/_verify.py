@@ -1,7 +1,7 @@
 """Full verification of a packed dataset: every byte of every file is checked.
 
 The checks run in the order ``proto/shard.md`` ("Verification order", steps 1-5) fixes and stop at
-the first problem, so this and the Rust ``server/src/shard/verify.rs`` report the same first error
+the first problem, so this and the Rust ``crates/format/src/shard/verify.rs`` report the same first error
 kind for the same damage (``proto/vectors/shard/cases.json`` pins it). Step 6 (``--decode``) is
 not implemented here.
 

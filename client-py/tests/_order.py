@@ -1,6 +1,6 @@
 """A pure-Python reference of the server's sample orders (control.md, "Order and randomness").
 
-Written from the spec, independently of ``server/src/order.rs``: the per-sample generator
+Written from the spec, independently of ``crates/order/src/blocks.rs``: the per-sample generator
 (``ops/rng.rs``'s splitmix64 with Lemire's unbiased ``below``), Fisher-Yates, the ``global`` and
 ``shard_blocks`` permutations, and ``DistributedSampler``'s rank split.
 """

@@ -1,7 +1,7 @@
 """A pure-Python reference of a token stream's window order (control.md, "Token streams", "Order",
 and "Mixing").
 
-Written from the spec, independently of ``server/src/tokens/mix.rs`` and ``server/src/sampler.rs``:
+Written from the spec, independently of ``crates/order/src/mix.rs`` and ``crates/order/src/sampler.rs``:
 splitmix64's output function, the pass key, the cycle-walked Feistel ``permute``, the two-step weight
 quantisation, the quota method simulated slot by slot (no period), and the rest of an epoch from a
 global position materialised as a list, padded and striped like ``DistributedSampler``.

@@ -1,6 +1,6 @@
 """The shared vectors in ``proto/vectors/shard/``, read by the Python side of the packed format.
 
-The Rust writer produced them (``server/tests/it/vectors.rs``); here the Python reader must read
+The Rust writer produced them (``crates/ringfeed/tests/it/vectors.rs``); here the Python reader must read
 them back exactly, and each damage case in ``cases.json`` must make ``verify`` report its pinned
 error kind first, as the Rust verifier does.
 """
@@ -36,7 +36,7 @@ def copy(tmp_path: Path) -> Path:
 
 
 def apply(dataset: Path, case: dict[str, Any]) -> None:
-    """Applies one damage case, exactly as ``apply`` in ``server/tests/it/vectors.rs`` does."""
+    """Applies one damage case, exactly as ``apply`` in ``crates/ringfeed/tests/it/vectors.rs`` does."""
     file = dataset / case["file"]
     b = bytearray(file.read_bytes())
     op = case["op"]

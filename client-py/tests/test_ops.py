@@ -39,7 +39,7 @@ INTERP = {
 @pytest.fixture(autouse=True)
 def exact_grid(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchvision's affine grid (`_affine_grid`: the base grid times theta) computed exactly and rounded to f32 once,
-    as the server computes it (server/src/ops/affine.rs). PyTorch's CPU `bmm` rounds it by the machine's kernels (a
+    as the server computes it (crates/ops/src/affine.rs). PyTorch's CPU `bmm` rounds it by the machine's kernels (a
     plain f32 sum on one machine, `fma(y, r1, x*r0) + r2` on another, both PyTorch 2.15), which moves
     nearest-neighbour ties, so no fixed f32 order matches it everywhere. Everything else is torchvision's."""
     from torchvision.transforms.v2.functional import _geometry

@@ -1,7 +1,7 @@
 """The shared vectors of a token stream's window order (``proto/vectors/tokens/order.json``, control.md
 "Token streams", "Order"), checked against the Python reference ``_tokorder.py``.
 
-The Rust side (``server/tests/it/token_order.rs``) wrote them from the server's own code; here a
+The Rust side (``crates/ringfeed/tests/it/token_order.rs``) wrote them from the server's own code; here a
 reference written from the spec must produce the same permutation values and the same ranks' rest of
 an epoch.
 """

@@ -1,6 +1,6 @@
 """The shared vectors in ``proto/vectors/tokens/``, read by the Python side of the token format.
 
-The Rust writer produced them (``server/tests/it/token_vectors.rs``); here the Python reader must
+The Rust writer produced them (``crates/ringfeed/tests/it/token_vectors.rs``); here the Python reader must
 read them back exactly, and each damage case must make ``verify_tokens`` report its pinned error
 kind and offset first, as the Rust verifier does.
 """

@@ -2,12 +2,13 @@
 //! and the stable smoke test (`tests/smoke.rs`, run by `scripts/test`), so CI runs exactly the
 //! code the fuzzer runs. Each body must return normally for every input: a panic is a bug.
 
-use ringfeed::codec::{Decoder, Limits};
-use ringfeed::control::ClientMessage;
-use ringfeed::control::frame::{check_length, decode_frame};
-use ringfeed::ops::{Layout, Processor, SampleRng, Transform};
-use ringfeed::shard::{Dataset, VerifyOptions, verify_dataset};
-use ringfeed::source::wds::{index, tar};
+use ringfeed_decode::{Decoder, Limits};
+use ringfeed_format::control::ClientMessage;
+use ringfeed_format::control::frame::{check_length, decode_frame};
+use ringfeed_ops::{Layout, Processor, Transform};
+use ringfeed_order::rng::SampleRng;
+use ringfeed_format::shard::{Dataset, VerifyOptions, verify_dataset};
+use ringfeed_source::wds::{index, tar};
 
 /// Separates the files inside one `shard_reader` input.
 pub const SEPARATOR: &[u8] = b"\n--ringfeed-fuzz-file--\n";
@@ -147,7 +148,7 @@ pub fn image_decode(data: &[u8]) {
     });
 }
 
-/// The WebDataset tar scanner and index files (`server/src/source/wds`): a scan of any bytes
+/// The WebDataset tar scanner and index files (`crates/source/src/wds`): a scan of any bytes
 /// returns members inside the input (but a cut last one), its index file decodes back to the same
 /// scan, and the input read as an index file is refused or accepted without a panic.
 pub fn tar_scan(data: &[u8]) {

@@ -116,7 +116,7 @@ fn image_seeds() -> Vec<Vec<u8>> {
         seeds.push(png);
     }
     // The JPEGs as `pack` stores them, with restart markers (so mutations hit restart cuts).
-    let mut decoder = ringfeed::codec::Decoder::new(ringfeed::codec::Limits::default()).unwrap();
+    let mut decoder = ringfeed_decode::Decoder::new(ringfeed_decode::Limits::default()).unwrap();
     let mut packed = Vec::new();
     for seed in &seeds {
         let mut out = Vec::new();
@@ -202,12 +202,12 @@ fn tar_seeds() -> Vec<Vec<u8>> {
     dialects.extend([0u8; 1024]);
     let mut seeds = vec![plain.clone(), dialects.clone(), plain[..1800].to_vec()];
     for t in [plain, dialects] {
-        let scan = ringfeed::source::wds::tar::scan(&t, &mut |_| {});
-        let stamp = ringfeed::source::wds::index::Stamp {
+        let scan = ringfeed_source::wds::tar::scan(&t, &mut |_| {});
+        let stamp = ringfeed_source::wds::index::Stamp {
             len: t.len() as u64,
             mtime_ns: 7,
         };
-        seeds.push(ringfeed::source::wds::index::encode(&scan, stamp));
+        seeds.push(ringfeed_source::wds::index::encode(&scan, stamp));
     }
     seeds
 }

@@ -5,11 +5,11 @@
 //! Two pictures, for two purposes:
 //!
 //! - [`picture`]: smooth gradients plus a little noise, any channel count. What the correctness
-//!   tests decode and compare (`server/tests/it`), and what [`jpeg`], [`gray_jpeg`],
+//!   tests decode and compare (`crates/ringfeed/tests/it`), and what [`jpeg`], [`gray_jpeg`],
 //!   [`cmyk_jpeg`], [`png`] and [`png16`] encode.
 //! - [`photo`]: RGB gradients, a hard-edged disc and noise, about 3 bits per pixel as a
 //!   quality-90 JPEG: entropy-heavy like real photos, for the speed and allocation measurements
-//!   (`benches/benches/pipeline.rs`, `server/examples/ops_throughput.rs`, `server/tests/alloc.rs`).
+//!   (`benches/benches/pipeline.rs`, `crates/ringfeed/examples/ops_throughput.rs`, `crates/ringfeed/tests/alloc.rs`).
 //!   [`photo_jpeg`] encodes it.
 //!
 //! Plus [`png_claiming`], a PNG header claiming any size (a decompression bomb's calling card).

@@ -1,0 +1,20 @@
+//! The control protocol (`proto/control.md` is the normative text): framing, messages, and the
+//! socket a server listens on.
+//!
+//! Frames are a u32 little-endian length and a compact JSON object with a `type`; the bulk data
+//! never crosses the socket. This module is the single Rust truth for the protocol version, the
+//! frame limit and the message shapes; `proto/vectors/control/` pins them for both languages.
+
+pub mod frame;
+pub mod message;
+pub mod snapshot;
+
+pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
+pub use message::{
+    ClientMessage, ErrorCode, LmdbRequest, MixEntry, OpenRequest, SampleKindRequest, ServerMessage, TokenOptions,
+    TransformRequest, WdsRequest,
+};
+pub use snapshot::{RemoteSnapshot, ServerSnapshot, SlotCounts, Snapshot, StageTimes, StreamSnapshot};
+
+/// Protocol version spoken by this server, `(major, minor)`.
+pub const PROTOCOL: (u16, u16) = (1, 5);

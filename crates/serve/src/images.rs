@@ -1,0 +1,530 @@
+//! Opening an image stream: its pipeline and layout, its dataset (a packed dataset, an LMDB, an
+//! image folder or manifest, WebDataset tars, or any of them on object storage) and its ring
+//! fields. Folders, manifests and tars are listed by [`crate::opening`], with
+//! `opening` progress to a client that waits.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::unix::OwnedWriteHalf;
+
+use ringfeed_format::control::{ErrorCode, OpenRequest, ServerMessage, TransformRequest};
+use ringfeed_ops::{Layout, Pipeline, Transform};
+use ringfeed_order::blocks;
+use ringfeed_source::listing::InputKind;
+
+use crate::pool::ViewFields;
+use crate::segment::Segment;
+use crate::shared::{KindParts, OpenError, Prepared, Shared, admit};
+use crate::wire::send;
+use ringfeed_format::ring::{DType, FieldSpec};
+use ringfeed_source::files::ServedKind;
+use ringfeed_source::lmdb::{LabelSource, LmdbOptions};
+use ringfeed_source::{PackedSource, Source};
+
+/// The image kind: the pipeline, the layout, the dataset (`open_source`) and the image fields.
+pub(crate) async fn prepare_images(
+    open: &OpenRequest,
+    shared: &Arc<Shared>,
+    path: &Path,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Prepared, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    let layout = match open.layout() {
+        "NHWC" => Layout::Nhwc,
+        "NCHW" => Layout::Nchw,
+        other => return Err(bad(format!("open.layout {other:?} must be \"NHWC\" or \"NCHW\""))),
+    };
+    let skip_errors = match open.on_error() {
+        "raise" => false,
+        "skip" => true,
+        other => return Err(bad(format!("open.on_error {other:?} must be \"raise\" or \"skip\""))),
+    };
+    let pipeline = pipeline_from(open).map_err(bad)?;
+    let fields = open.fields.clone().unwrap_or_default();
+    for f in &fields {
+        if !["image", "label", "index", "crop"].contains(&f.as_str()) && !pipeline.views.iter().any(|v| v.name == *f) {
+            return Err(bad(format!(
+                "open.fields: unknown field {f:?} (known: the views, label, index, crop)"
+            )));
+        }
+    }
+    let source = match ringfeed_remote::RemoteUrl::parse(&open.dataset) {
+        Some(url) => open_remote(shared, url, open, progress).await?,
+        None => open_source(shared, path, open, progress).await?,
+    };
+    if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
+        return Err((
+            ErrorCode::Dataset,
+            format!(
+                "{}: {}: {}; pass on_error=\"skip\" to serve it without them (what `ringfeed pack --on-error skip` would pack)",
+                source.describe(),
+                String::from_utf8_lossy(&p.key),
+                p.reason
+            ),
+        ));
+    }
+    // 1.3: the shard-aware order, when asked for (or chosen automatically for this source).
+    let order = shard_order(open, source.as_ref()).map_err(bad)?;
+    let mut specs = Vec::new();
+    for v in &pipeline.views {
+        let (h, w) = v.size;
+        let mut shape = match layout {
+            Layout::Nhwc => vec![h, w, 3],
+            Layout::Nchw => vec![3, h, w],
+        };
+        if v.count > 1 {
+            shape.insert(0, v.count);
+        }
+        specs.push(FieldSpec {
+            name: v.name.clone().into(),
+            dtype: DType::U8,
+            shape,
+        });
+        if !v.erasing.is_empty() {
+            let mut shape = vec![v.erasing.len() as u32, 4];
+            if v.count > 1 {
+                shape.insert(0, v.count);
+            }
+            specs.push(FieldSpec {
+                name: format!("{}_erase", v.name).into(),
+                dtype: DType::I32,
+                shape,
+            });
+        }
+    }
+    specs.push(FieldSpec {
+        name: "label".into(),
+        dtype: DType::I64,
+        shape: vec![],
+    });
+    if fields.iter().any(|f| f == "index") {
+        specs.push(FieldSpec {
+            name: "index".into(),
+            dtype: DType::I64,
+            shape: vec![],
+        });
+    }
+    if fields.iter().any(|f| f == "crop") {
+        specs.push(FieldSpec {
+            name: "crop".into(),
+            dtype: DType::I32,
+            shape: vec![5],
+        });
+    }
+    let gpu = match &open.gpu_decode {
+        None => None,
+        Some(g) => {
+            ringfeed_ops::gpu::finishable(&pipeline)
+                .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
+            if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
+                return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
+            }
+            let (h, w) = pipeline.views[0].size;
+            let per = g
+                .bytes_per_sample
+                .unwrap_or((3 * u64::from(h) * u64::from(w)).max(65536));
+            if !(4096..=64 << 20).contains(&per) {
+                return Err(bad(format!(
+                    "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
+                )));
+            }
+            if per * u64::from(open.batch_size) > i32::MAX as u64 {
+                return Err(bad(format!(
+                    "open.gpu_decode: {} bytes of encoded samples per batch ({per} per sample) do not fit the ring's 31-bit offsets; lower bytes_per_sample or batch_size",
+                    per * u64::from(open.batch_size)
+                )));
+            }
+            specs.push(FieldSpec {
+                name: "gpu_job".into(),
+                dtype: DType::I32,
+                shape: vec![ringfeed_ops::gpu::RECORD_LEN as u32],
+            });
+            specs.push(FieldSpec {
+                name: "gpu_bytes".into(),
+                dtype: DType::U8,
+                shape: vec![per as u32],
+            });
+            Some(g.clone())
+        }
+    };
+    let per_sample = format!("samples of {} images", pipeline.outputs());
+    Ok(Prepared {
+        source,
+        specs,
+        skip_errors,
+        own_order: false,
+        gpu,
+        order,
+        reports_order: true,
+        start_threads: None,
+        per_sample,
+        finish: Box::new(move |segment: &Segment| {
+            let field = |n: &str| segment.layout().field(n).cloned();
+            let views = pipeline
+                .views
+                .iter()
+                .map(|v| ViewFields {
+                    image: field(&v.name).expect("every view has its field"),
+                    erase: field(&format!("{}_erase", v.name)),
+                })
+                .collect();
+            KindParts {
+                views,
+                label: field("label").expect("the label field is always present"),
+                index: field("index"),
+                crop: field("crop"),
+                gpu: field("gpu_job")
+                    .zip(field("gpu_bytes"))
+                    .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
+                pipeline,
+                layout,
+                kind: crate::pool::SampleKind::Image,
+            }
+        }),
+    })
+}
+
+/// The stream's pipeline: the 1.2 `pipeline` member, or the 1.1 `transform` as the pipeline it
+/// means (validated by `ops::Transform::validate`, which holds the bounds of control.md,
+/// "Transforms").
+fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
+    match (&open.pipeline, &open.transform) {
+        (Some(_), Some(_)) => Err("open: give either pipeline (1.2) or transform (1.1), not both".to_owned()),
+        (Some(p), None) => Pipeline::parse(p),
+        (None, Some(t)) => {
+            let transform = match *t {
+                TransformRequest::RandomResizedCrop {
+                    size,
+                    scale,
+                    ratio,
+                    flip,
+                } => Transform::RandomResizedCrop {
+                    size: (size[0], size[1]),
+                    scale: (scale[0], scale[1]),
+                    ratio: (ratio[0], ratio[1]),
+                    flip,
+                },
+                TransformRequest::CenterCrop { size, resize } => Transform::CenterCrop {
+                    size: (size[0], size[1]),
+                    resize,
+                },
+                TransformRequest::Resize { size } => Transform::Resize {
+                    size: (size[0], size[1]),
+                },
+            };
+            transform.validate()?;
+            Ok(transform.to_pipeline())
+        }
+        (None, None) => Err("open: a pipeline (1.2) or a transform (1.1) is required".to_owned()),
+    }
+}
+
+/// Opens (or reuses) the dataset at `path`: a packed dataset, an LMDB, an image folder or a
+/// manifest (`ServedKind::detect`). Folders and manifests are listed by `crate::opening`; while
+/// that runs, `progress` (a 1.2 client's socket) gets an `opening` message every second.
+async fn open_source(
+    shared: &Arc<Shared>,
+    path: &Path,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    if !path.exists() && ringfeed_source::wds::pattern::is_pattern(&open.dataset) {
+        // 1.3: a brace/glob pattern of WebDataset tars names no single path.
+        return open_webdataset(shared, open, progress).await;
+    }
+    let canonical = admit(shared, path)?;
+    let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
+    let key = match kind {
+        ServedKind::Packed | ServedKind::Lmdb => {
+            format!(
+                "{}|{}|{:?}|{}",
+                canonical.display(),
+                open.check_crc(),
+                open.lmdb(),
+                kind.name()
+            )
+        }
+        // Listed files: no CRC, no LMDB options.
+        ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+        ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
+    };
+    if let Some(s) = shared.cached_source(&key) {
+        return Ok(s);
+    }
+    let opened = match kind {
+        ServedKind::Folder | ServedKind::Manifest => {
+            let input = if kind == ServedKind::Folder {
+                InputKind::Folder
+            } else {
+                InputKind::Manifest
+            };
+            let publisher = Arc::clone(shared);
+            let cache_key = key.clone();
+            let waiter = shared.openings.join(&key, canonical, input, move |s| {
+                publisher.cache_source(cache_key, s);
+            });
+            return wait_for_listing(shared, waiter, open, progress).await;
+        }
+        ServedKind::WebDataset => unreachable!("opened above"),
+        ServedKind::Packed | ServedKind::Lmdb => {
+            let lmdb = &open.lmdb();
+            let lmdb_opts = LmdbOptions {
+                layout: match &lmdb.layout {
+                    Some(l) => l
+                        .parse()
+                        .map_err(|e| (ErrorCode::BadRequest, format!("open.lmdb.layout: {e}")))?,
+                    None => Default::default(),
+                },
+                labels: match (&lmdb.labels, &lmdb.labels_key) {
+                    (Some(f), _) => LabelSource::File(PathBuf::from(f)),
+                    (None, Some(k)) => LabelSource::Key(k.as_bytes().to_vec()),
+                    (None, None) => LabelSource::None,
+                },
+            };
+            let check_crc = open.check_crc();
+            tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
+                if kind == ServedKind::Lmdb {
+                    ringfeed_source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
+                        .map(|s| Arc::new(s) as Arc<dyn Source>)
+                        .map_err(|e| e.to_string())
+                } else {
+                    PackedSource::open(&canonical, check_crc)
+                        .map(|s| Arc::new(s) as Arc<dyn Source>)
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .await
+            .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+            .map_err(dataset_err)?
+        }
+    };
+    shared.cache_source(key, &opened);
+    Ok(opened)
+}
+
+/// Opens (or reuses) the remote dataset at `url` (1.3, `ringfeed_remote`): a packed dataset, its
+/// index fetched on a blocking thread, or WebDataset tars (a pattern, a `.tar` key, a prefix of
+/// tars without `index.rfi`, or any URL opened with `webdataset` options), indexed as a
+/// listing; their shards come through the server's cache.
+async fn open_remote(
+    shared: &Arc<Shared>,
+    url: Result<ringfeed_remote::RemoteUrl, ringfeed_remote::RemoteError>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    let url = url.map_err(|e| dataset_err(e.to_string()))?;
+    if !shared.data_roots.is_empty() {
+        return Err(dataset_err(format!(
+            "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
+        )));
+    }
+    if ringfeed_remote::wds::names_tars(&url) || open.webdataset.is_some() {
+        return open_remote_webdataset(shared, url, open, progress).await;
+    }
+    let key = format!("{url}|{}|remote", open.check_crc());
+    if let Some(s) = shared.cached_source(&key) {
+        return Ok(s);
+    }
+    let hub = Arc::clone(&shared.remote);
+    let check_crc = open.check_crc();
+    let for_open = url.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        match ringfeed_remote::RemoteSource::open(&hub, &for_open, check_crc) {
+            Ok(s) => Ok(Some(Arc::new(s) as Arc<dyn Source>)),
+            // No packed dataset: the prefix may hold tars.
+            Err(ringfeed_remote::source::OpenError::NoIndex(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
+    .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+    .map_err(dataset_err)?;
+    let Some(opened) = opened else {
+        return open_remote_webdataset(shared, url, open, progress).await;
+    };
+    shared.cache_source(key, &opened);
+    Ok(opened)
+}
+
+/// 1.3: opens (or reuses) WebDataset tars on object storage (`ringfeed_remote::wds`), indexed
+/// like a local WebDataset's tars, with `opening` progress (members indexed).
+async fn open_remote_webdataset(
+    shared: &Arc<Shared>,
+    url: ringfeed_remote::RemoteUrl,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    use ringfeed_source::wds::WdsOptions;
+    let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
+        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    let key = format!("webdataset|{opts:?}|{url}|remote");
+    if let Some(s) = shared.cached_source(&key) {
+        return Ok(s);
+    }
+    let hub = Arc::clone(&shared.remote);
+    let threads = (hub.config.concurrency * 2).clamp(1, 16);
+    let index = move |cancel: &std::sync::atomic::AtomicBool,
+                      listed: &std::sync::atomic::AtomicU64,
+                      started: std::time::Instant| {
+        ringfeed_remote::RemoteWdsSource::open(&hub, &url, &opts, threads, cancel, listed)
+            .map(|s| {
+                tracing::info!(
+                    "indexed {url} in {:.1} s: {} tars ({} from cached index files, {} from the store's, {} downloaded and scanned), {} samples",
+                    started.elapsed().as_secs_f64(),
+                    s.tar_count(),
+                    s.from_cache,
+                    s.from_store,
+                    s.scanned,
+                    s.len()
+                );
+                Arc::new(s) as Arc<dyn Source>
+            })
+            .map_err(|e| e.to_string())
+    };
+    join_listing(shared, key, index, open, progress).await
+}
+
+/// Joins the indexing of the tars under `key` (or starts it with `index`), publishes the source
+/// to the open sources once it is done, and waits for it with `opening` progress.
+async fn join_listing(
+    shared: &Arc<Shared>,
+    key: String,
+    index: impl FnOnce(
+        &std::sync::atomic::AtomicBool,
+        &std::sync::atomic::AtomicU64,
+        std::time::Instant,
+    ) -> Result<Arc<dyn Source>, String>
+    + Send
+    + 'static,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let publisher = Arc::clone(shared);
+    let cache_key = key.clone();
+    let waiter = shared
+        .openings
+        .join_with(&key, index, move |s| publisher.cache_source(cache_key, s));
+    wait_for_listing(shared, waiter, open, progress).await
+}
+
+/// Waits for a listing the stream joined, sending `opening` to `progress` (a 1.2 client) every
+/// `shared.open_progress` meanwhile.
+async fn wait_for_listing(
+    shared: &Arc<Shared>,
+    waiter: crate::opening::Waiter<'_>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let opening = Arc::clone(&waiter.opening);
+    let result = opening.result();
+    tokio::pin!(result);
+    let mut progress = progress;
+    let every = shared.open_progress;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let opened = loop {
+        tokio::select! {
+            r = &mut result => break r,
+            _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                let msg = ServerMessage::Opening {
+                    dataset: open.dataset.clone(),
+                    listed: opening.listed(),
+                    elapsed_ms: opening.elapsed().as_millis() as u64,
+                };
+                // The client has gone: stop waiting (the last waiter cancels the listing).
+                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
+            },
+        }
+    };
+    drop(waiter);
+    opened.map_err(|m| (ErrorCode::Dataset, m))
+}
+
+/// 1.3: opens (or reuses) the WebDataset tars `open.dataset` names (a directory, a `.tar`, a
+/// pattern), each inside `--data-root`; indexing them runs like a folder's listing, with
+/// `opening` progress (members indexed).
+async fn open_webdataset(
+    shared: &Arc<Shared>,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    use ringfeed_source::wds::{WdsOptions, WdsSource, pattern};
+    let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
+        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m))?;
+    let mut canonical = Vec::with_capacity(tars.len());
+    for t in &tars {
+        canonical.push(admit(shared, t)?);
+    }
+    let mut key = format!("webdataset|{opts:?}");
+    for c in &canonical {
+        key.push('|');
+        key.push_str(&c.to_string_lossy());
+    }
+    if let Some(s) = shared.cached_source(&key) {
+        return Ok(s);
+    }
+    let name = open.dataset.clone();
+    let threads = shared.cores.clamp(1, 16) as usize;
+    let index = move |cancel: &std::sync::atomic::AtomicBool,
+                      listed: &std::sync::atomic::AtomicU64,
+                      started: std::time::Instant| {
+        WdsSource::open(&name, &canonical, &opts, threads, cancel, listed)
+            .map(|s| {
+                tracing::info!(
+                    "indexed {} in {:.1} s: {} tars ({} from index files, {} scanned), {} samples",
+                    name,
+                    started.elapsed().as_secs_f64(),
+                    s.tar_count(),
+                    s.indexes_read,
+                    s.scanned,
+                    s.len()
+                );
+                Arc::new(s) as Arc<dyn Source>
+            })
+            .map_err(|e| e.to_string())
+    };
+    join_listing(shared, key, index, open, progress).await
+}
+
+/// The order an image stream's `open` asks for over `source`: `None` for the global order,
+/// else the shard-blocks order over the source's shards (its files, or ranges of
+/// `order_shard`). `auto` is `shard_blocks` for sources that prefer it (remote ones) and
+/// `global` otherwise, so local data keeps its batches. The error names the member.
+fn shard_order(open: &OpenRequest, source: &dyn Source) -> Result<Option<std::sync::Arc<blocks::ShardBlocks>>, String> {
+    let kind: blocks::OrderKind = open.order.as_deref().unwrap_or("auto").parse()?;
+    let block = open.order_block.unwrap_or(blocks::DEFAULT_BLOCK);
+    if !(1..=blocks::MAX_BLOCK).contains(&block) {
+        return Err(format!("open.order_block {block} is outside 1..={}", blocks::MAX_BLOCK));
+    }
+    let shard = open.order_shard.unwrap_or(blocks::DEFAULT_SHARD_SAMPLES);
+    if !(1..=blocks::MAX_SHARD_SAMPLES).contains(&shard) {
+        return Err(format!(
+            "open.order_shard {shard} is outside 1..={}",
+            blocks::MAX_SHARD_SAMPLES
+        ));
+    }
+    let shard_blocks = match kind {
+        blocks::OrderKind::Global => false,
+        blocks::OrderKind::ShardBlocks => true,
+        blocks::OrderKind::Auto => source.prefers_shard_order(),
+    };
+    if !shard_blocks {
+        return Ok(None);
+    }
+    let order = match source.shard_sizes() {
+        Some(sizes) => blocks::ShardBlocks::new(&sizes, block),
+        None => blocks::ShardBlocks::ranges(source.len(), shard, block),
+    };
+    if order.len() != source.len() {
+        return Err(format!(
+            "{}: its shards hold {} samples but it has {}; pass order=\"global\"",
+            source.describe(),
+            order.len(),
+            source.len()
+        ));
+    }
+    Ok(Some(std::sync::Arc::new(order)))
+}

@@ -1,0 +1,35 @@
+//! `ringfeed serve`: the sidecar's runtime, which joins sources, the decode pool and the ring.
+//!
+//! A connection ([`stream`]) opens a dataset through [`shared`], plans its epoch, and hands
+//! batches to the [`pool`], whose threads write samples straight into the ring [`segment`]; the
+//! [`tune`]r reads the [`stats`] every interval and sets each stream's threads, depth and GPU
+//! share; [`observe`] shows the same numbers to `ringfeed top` and Prometheus.
+//!
+//! # Layout (each module imports only those listed after it)
+//! - [`server`]: accepting clients, peer checks, shutdown.
+//! - [`observe`]: `ringfeed top` and the Prometheus endpoint of `serve --metrics`.
+//! - [`stream`]: one client connection: handshake, `open`, the slot state machine, `ready` in
+//!   order.
+//! - [`images`]: opening an image stream: its source, pipeline and ring fields.
+//! - [`tokens`]: opening a token stream, and filling its slots.
+//! - [`opening`]: listing image folders and manifests once for every stream that waits for them.
+//! - [`shared`]: what every connection shares: the pool, the open sources, the remote hub.
+//! - [`tune`]: the autotuner setting each stream's threads, prefetch depth and GPU share.
+//! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
+//! - [`stats`]: what the server measures per stream.
+//! - [`segment`]: the ring's memfd segment: created, sealed, mapped, pre-faulted.
+//! - [`socket`]: the listening socket.
+
+mod images;
+pub mod observe;
+pub mod opening;
+pub mod pool;
+pub mod segment;
+pub mod server;
+pub mod shared;
+pub mod socket;
+pub mod stats;
+pub mod stream;
+pub mod tokens;
+pub mod tune;
+mod wire;

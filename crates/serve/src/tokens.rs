@@ -1,0 +1,369 @@
+//! Token windows as the server's second sample kind (`proto/control.md`, "Token streams").
+//!
+//! The seam with the image path is small: a token stream is opened by the same `open` and
+//! `stream::open_stream` as an image stream ([`prepare`] is its kind's part) and is a
+//! [`StreamState`] like any other (same sampler over window indices, same ring, same run loop,
+//! `ready`/`release`/`end`), whose
+//! [`StreamCtx::kind`] is [`SampleKind::Filled`] with a [`TokenKind`]; the pool's job then calls its
+//! [`Fill`](crate::pool::Fill) instead of decoding an image. Nothing here runs for an image stream.
+//!
+//! [`StreamState`]: crate::stream
+//! [`StreamCtx::kind`]: crate::pool::StreamCtx
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ringfeed_format::control::{ErrorCode, OpenRequest};
+use ringfeed_format::ring::{DType, FieldDesc, FieldSpec};
+use ringfeed_format::tokens::{FlatDtype, TokenSource};
+use ringfeed_order::mix::Mix;
+use ringfeed_order::windows::{Mode, Window, WindowSpec, Windows, WindowsError};
+use ringfeed_source::{Sample, SampleReader, Source, SourceError};
+
+use crate::pool::{BatchTask, SampleKind};
+use crate::segment::Segment;
+use crate::shared::{KindParts, OpenError, Prepared, Shared};
+
+/// The optional fields a token stream delivers on request, besides `input_ids` and `labels`.
+pub const TOKEN_FIELDS: [&str; 5] = ["position_ids", "document_ids", "cu_seqlens", "index", "dataset_index"];
+
+/// A token stream's windows, counted as the stream's samples: one dataset's, or several mixed.
+#[derive(Debug)]
+pub struct TokenWindows {
+    /// Each dataset's path (as the client named it) and windows: `open.dataset` first, then
+    /// `tokens.mix` in order.
+    pub parts: Vec<(PathBuf, Windows)>,
+    /// The stream's order: the mix of `parts` (1.3), or for one dataset the mix of one (every
+    /// slot is dataset 0: its windows in the order of its keyed permutation).
+    pub mix: Mix,
+    /// Whether the windows are shuffled: by the keyed permutations of `locate`, never by the
+    /// sampler (whose order for a token stream is the identity).
+    pub shuffle: bool,
+    pub seed: u64,
+}
+
+impl TokenWindows {
+    /// The window at position `k` of `epoch`'s order (control.md, "Token streams": a slot of the
+    /// mix, or for one dataset, a mix of one, its window `π₀(k)`): its dataset and window, in
+    /// O(1) time and memory.
+    pub fn locate(&self, k: u64, epoch: u64) -> (usize, u64) {
+        self.mix.window(k, self.seed, epoch, self.shuffle)
+    }
+}
+
+/// A token stream's windows and where each field lives in a slot.
+#[derive(Debug)]
+pub struct TokenKind {
+    pub windows: Arc<TokenWindows>,
+    pub input_ids: FieldDesc,
+    pub labels: FieldDesc,
+    pub position_ids: Option<FieldDesc>,
+    pub document_ids: Option<FieldDesc>,
+    pub cu_seqlens: Option<FieldDesc>,
+    pub index: Option<FieldDesc>,
+    pub dataset_index: Option<FieldDesc>,
+}
+
+/// The stream's `source`: the windows, counted as samples. Windows are written by [`fill`], so
+/// reading one as an encoded sample is an error.
+impl Source for TokenWindows {
+    fn len(&self) -> u64 {
+        self.mix.len()
+    }
+    fn class_names(&self) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
+    fn describe(&self) -> String {
+        let one = |(path, w): &(PathBuf, Windows)| {
+            format!(
+                "{} ({} tokens, {} windows of {})",
+                path.display(),
+                w.source.kind(),
+                w.len(),
+                w.spec.seq_len
+            )
+        };
+        if self.parts.len() == 1 {
+            return one(&self.parts[0]);
+        }
+        let m = &self.mix;
+        let total: u64 = m.weights.iter().sum();
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .zip(&m.weights)
+            .map(|(p, &q)| format!("{} x{:.3}", one(p), q as f64 / total as f64))
+            .collect();
+        format!("a mix of {} windows: {}", m.len(), parts.join(", "))
+    }
+    fn reader(&self) -> Result<Box<dyn SampleReader + '_>, SourceError> {
+        Ok(Box::new(NoSamples))
+    }
+}
+
+struct NoSamples;
+
+impl SampleReader for NoSamples {
+    fn get(&mut self, index: u64) -> Result<Sample<'_>, SourceError> {
+        Err(SourceError::OutOfRange {
+            index,
+            len: 0,
+            source_desc: "token windows (filled by the tokens kind, not read as samples)".into(),
+        })
+    }
+}
+
+thread_local! {
+    static WINDOW: RefCell<(Window, Vec<u8>)> = RefCell::new((Window::default(), Vec::new()));
+}
+
+/// Writes the window of sample `pos` of `task` into its slot. Fails (with the window's name and
+/// the damage) only when a packing file or document table read on the way is damaged.
+impl crate::pool::Fill for TokenKind {
+    fn fill(&self, task: &BatchTask, pos: u32) -> Result<(), (String, String)> {
+        fill(self, task, pos)
+    }
+}
+
+/// Writes the window of sample `pos` of `task` into its slot (see [`TokenKind`]'s `Fill`).
+fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) -> Result<(), (String, String)> {
+    let (d, w) = kind.windows.locate(task.indices[pos as usize], task.epoch);
+    WINDOW.with(|cell| {
+        let (win, bytes) = &mut *cell.borrow_mut();
+        let (path, windows) = &kind.windows.parts[d];
+        windows
+            .fill(w, win)
+            .map_err(|e| (format!("{} window {w}", path.display()), e.to_string()))?;
+        let put = |field: &FieldDesc, bytes: &[u8]| {
+            debug_assert_eq!(bytes.len() as u64, field.sample_bytes);
+            let at = field.offset + u64::from(pos) * field.sample_bytes;
+            let dst = task.stream.segment.slot_ptr(task.slot, at, field.sample_bytes);
+            // SAFETY: `dst` is valid for `sample_bytes` bytes (slot_ptr checks the range); this
+            // job is the only writer of sample `pos` of this FILLING slot (pool.rs invariants),
+            // and the client reads it only after `ready` (ring.md rules 1 and 2).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        };
+        bytes.clear();
+        bytes.extend(win.input_ids.iter().flat_map(|v| v.to_le_bytes()));
+        put(&kind.input_ids, bytes);
+        bytes.clear();
+        bytes.extend(win.labels.iter().flat_map(|v| v.to_le_bytes()));
+        put(&kind.labels, bytes);
+        for (f, v) in [
+            (&kind.position_ids, &win.position_ids),
+            (&kind.document_ids, &win.document_ids),
+            (&kind.cu_seqlens, &win.cu_seqlens),
+        ] {
+            if let Some(f) = f {
+                bytes.clear();
+                bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+                put(f, bytes);
+            }
+        }
+        if let Some(f) = &kind.index {
+            put(f, &(w as i64).to_le_bytes());
+        }
+        if let Some(f) = &kind.dataset_index {
+            put(f, &(d as i32).to_le_bytes());
+        }
+        Ok(())
+    })
+}
+
+/// The token kind of an `open` (control.md, "Token streams"): checks `tokens` and `fields`, opens
+/// the token data and its windows, and names the ring's fields. The stream's set-up is
+/// `stream::open_stream`'s, as for images.
+pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<Prepared, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    let Some(t) = open.tokens.clone() else {
+        return Err(bad(
+            "open.tokens is required for a token stream (\"sample_kind\": \"tokens\"): at least {\"seq_len\": N}"
+                .into(),
+        ));
+    };
+    if !(1..=1 << 20).contains(&t.seq_len) {
+        return Err(bad(format!("open.tokens.seq_len {} is outside 1..=1048576", t.seq_len)));
+    }
+    let mode = match t.mode.as_str() {
+        "concat" => Mode::Concat,
+        "pack" => Mode::Pack,
+        other => {
+            return Err(bad(format!(
+                "open.tokens.mode {other:?} must be \"concat\" or \"pack\""
+            )));
+        }
+    };
+    let flat = match t.dtype.as_deref() {
+        None => None,
+        Some("uint16") => Some(FlatDtype::Uint16),
+        Some("uint32") => Some(FlatDtype::Uint32),
+        Some(other) => {
+            return Err(bad(format!(
+                "open.tokens.dtype {other:?} must be \"uint16\" or \"uint32\" (a flat token file's dtype)"
+            )));
+        }
+    };
+    let fields = open.fields.clone().unwrap_or_default();
+    for f in &fields {
+        if !TOKEN_FIELDS.contains(&f.as_str()) {
+            return Err(bad(format!(
+                "open.fields: unknown field {f:?} for a token stream (known: {})",
+                TOKEN_FIELDS.join(", ")
+            )));
+        }
+    }
+    if t.weight.is_some() && t.mix.is_none() {
+        return Err(bad(
+            "open.tokens.weight is the weight of open.dataset in a mix; give tokens.mix too, or leave weight out"
+                .into(),
+        ));
+    }
+    // The datasets: open.dataset, then the mix's, each with its weight (1.3, control.md "Mixing").
+    let mut named = vec![(open.dataset.clone(), t.weight.unwrap_or(1.0))];
+    for (i, m) in t.mix.iter().flatten().enumerate() {
+        if !Path::new(&m.dataset).is_absolute() {
+            return Err(bad(format!(
+                "open.tokens.mix[{i}].dataset {:?} must be an absolute path",
+                m.dataset
+            )));
+        }
+        named.push((m.dataset.clone(), m.weight));
+    }
+    let weights = if t.mix.is_some() {
+        Some(ringfeed_order::mix::quantise(&named).map_err(|e| bad(e.to_string()))?)
+    } else {
+        None
+    };
+    let mut parts = Vec::with_capacity(named.len());
+    for (dataset, _) in &named {
+        let path = PathBuf::from(dataset);
+        let canonical = crate::shared::admit(shared, &path)?;
+        let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
+        let shown = path.clone();
+        let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {
+            ringfeed_format::fault::install().map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+            let src = TokenSource::open(&canonical, flat).map_err(|e| (ErrorCode::Dataset, e.to_string()))?;
+            let spec = WindowSpec {
+                seq_len,
+                mode,
+                max_docs,
+                pad_id: pad.or(src.eos_id()).unwrap_or(0),
+            };
+            Windows::new(Arc::new(src), spec).map_err(|e| match e {
+                WindowsError::Spec(m) => (ErrorCode::BadRequest, format!("{}: {m}", shown.display())),
+                WindowsError::Dataset(e) => (ErrorCode::Dataset, e.to_string()),
+            })
+        })
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
+        if windows.is_empty() {
+            return Err(bad(format!(
+                "{}: {} tokens make no window of seq_len {seq_len} (a window reads seq_len + 1 tokens); lower tokens.seq_len",
+                path.display(),
+                windows.source.token_count()
+            )));
+        }
+        parts.push((path, windows));
+    }
+    let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
+    // The mix's schedule is computed off the tokio workers, as the windows are.
+    // One dataset is the mix of one (weight 1: a period of one slot).
+    let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
+    let q = weights.unwrap_or_else(|| vec![1]);
+    let mix = tokio::task::spawn_blocking(move || Mix::new(sizes, q))
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+    let want = |n: &str| fields.iter().any(|f| f == n);
+    let mut specs = vec![
+        FieldSpec {
+            name: "input_ids".into(),
+            dtype: DType::I64,
+            shape: vec![seq_len],
+        },
+        FieldSpec {
+            name: "labels".into(),
+            dtype: DType::I64,
+            shape: vec![seq_len],
+        },
+    ];
+    for name in ["position_ids", "document_ids"] {
+        if want(name) {
+            specs.push(FieldSpec {
+                name: name.into(),
+                dtype: DType::I32,
+                shape: vec![seq_len],
+            });
+        }
+    }
+    if want("cu_seqlens") {
+        specs.push(FieldSpec {
+            name: "cu_seqlens".into(),
+            dtype: DType::I32,
+            shape: vec![max_docs + 1],
+        });
+    }
+    if want("index") {
+        specs.push(FieldSpec {
+            name: "index".into(),
+            dtype: DType::I64,
+            shape: vec![],
+        });
+    }
+    if want("dataset_index") {
+        specs.push(FieldSpec {
+            name: "dataset_index".into(),
+            dtype: DType::I32,
+            shape: vec![],
+        });
+    }
+    let windows = Arc::new(TokenWindows {
+        parts,
+        mix,
+        shuffle: open.shuffle,
+        seed: open.seed,
+    });
+    let source = Arc::clone(&windows) as Arc<dyn Source>;
+    Ok(Prepared {
+        source,
+        specs,
+        // Windows do not fail one by one: a token file that cannot be read fails the open.
+        skip_errors: false,
+        // Token streams order their windows themselves (`TokenWindows::locate`: a mix keeps its
+        // schedule, every prefix holding the weights; windows are shuffled by keyed
+        // permutations), so the sampler's plan is the identity: no table of windows.
+        own_order: true,
+        gpu: None,
+        order: None,
+        reports_order: false,
+        // Reading windows costs little: one thread unless the client or the tuner asks for more.
+        start_threads: Some(1),
+        per_sample: format!("windows of {seq_len} tokens"),
+        finish: Box::new(move |segment: &Segment| {
+            let field = |n: &str| segment.layout().field(n).cloned();
+            let kind = Arc::new(TokenKind {
+                input_ids: field("input_ids").expect("always present"),
+                labels: field("labels").expect("always present"),
+                position_ids: field("position_ids"),
+                document_ids: field("document_ids"),
+                cu_seqlens: field("cu_seqlens"),
+                index: field("index"),
+                dataset_index: field("dataset_index"),
+                windows,
+            });
+            KindParts {
+                // The image members are not used by a token stream (`kind` decides): no views,
+                // and `label` holds the labels field so that slot compaction (which never runs
+                // for windows: they do not fail) stays total.
+                views: Vec::new(),
+                label: kind.labels.clone(),
+                index: None,
+                crop: None,
+                gpu: None,
+                pipeline: ringfeed_ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
+                layout: ringfeed_ops::Layout::Nhwc,
+                kind: SampleKind::Filled(kind),
+            }
+        }),
+    })
+}

@@ -49,12 +49,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
-from ._observe import snapshot
-from ._protocol import PROTOCOL, Connection, check_server_message, remote_stats, stats_message
-from ._ring import Segment
-from ._sidecar import connect, default_socket_path
 from ._transforms import Views, as_views
 from ._version import __version__
+from .wire.observe import snapshot
+from .wire.protocol import PROTOCOL, Connection, check_server_message, remote_stats, stats_message
+from .wire.ring import Segment
+from .wire.sidecar import connect, default_socket_path
 
 __all__ = ["Loader"]
 
@@ -484,11 +484,11 @@ class Loader:
         self.stream_id = ring.get("stream")
         self.order = ring.get("order", "global")
         if self._cuda:
-            from ._device import CudaCopier
+            from .gpu.device import CudaCopier
 
             self._res.cuda = CudaCopier(segment, self.device)
         if self._gpu_on():
-            from ._hybrid import Finisher
+            from .gpu.hybrid import Finisher
 
             for name in ("gpu_job", "gpu_bytes"):
                 if name not in segment.fields:
@@ -1496,7 +1496,7 @@ class _Finish:
         self.skipped = 0
 
     def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
-        from ._hybrid import DecodeError
+        from .gpu.hybrid import DecodeError
 
         lo = self.loader
         assert lo.views is not None
@@ -1556,7 +1556,7 @@ def _gpu_plan(
         raise ValueError(f"gpu_decode must be 'auto', True, False or a share in 0..1, got {gpu_decode!r}")
     why = _gpu_pipeline_problem(views)
     if backend is None:
-        from ._hybrid import backend_for
+        from .gpu.hybrid import backend_for
 
         backend, reason = backend_for(device)
         if backend is None:

@@ -27,8 +27,8 @@ from _fakeserver import DATASET, POISON, FakeServer, plan
 
 import ringfeed
 from ringfeed import ProtocolError, RingfeedError, ServerDiedError, ServerError
-from ringfeed import _sidecar as sidecar
 from ringfeed import loader as loader_mod
+from ringfeed.wire import sidecar
 
 H, W = 4, 6
 TESTS = Path(__file__).resolve().parent

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 import ringfeed
-from ringfeed import ProtocolError, ServerDiedError, ServerError, _protocol
-from ringfeed._protocol import (
+from ringfeed import ProtocolError, ServerDiedError, ServerError
+from ringfeed.wire import protocol
+from ringfeed.wire.protocol import (
     MAX_FRAME_LEN,
     PROTOCOL,
     REMOTE_COUNTERS,
@@ -86,7 +87,7 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(str(Path(f"/proc/self/fd/{fd}").readlink()).split(" ")[0])
         real(fd)
 
-    monkeypatch.setattr(_protocol, "os", types.SimpleNamespace(close=close))
+    monkeypatch.setattr(protocol, "os", types.SimpleNamespace(close=close))
     return seen
 
 

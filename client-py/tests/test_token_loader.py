@@ -18,7 +18,7 @@ from _support import restripe_conformance, ringfeed_bin
 from _tokorder import epoch_order, quantise, quota_schedule, rest_of_epoch
 
 import ringfeed
-from ringfeed import _tokfile as tf
+from ringfeed.formats import tokfile as tf
 
 torch = pytest.importorskip("torch")
 
@@ -376,18 +376,18 @@ VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" 
 def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `open` a TokenLoader sends is the frames.json vector "open, 1.2 token stream" (which the
     Rust side decodes into its one OpenRequest and encodes back byte for byte), but for the path."""
-    from ringfeed import _protocol
+    from ringfeed.wire import protocol
 
     case = next(c for c in json.loads(VECTORS.read_text()) if c["name"] == "open, 1.2 token stream")
     want = case["message"]
     sent: list[dict[str, Any]] = []
-    real_send = _protocol.Connection.send
+    real_send = protocol.Connection.send
 
     def record(self: Any, msg: dict[str, Any]) -> None:
         sent.append(msg)
         real_send(self, msg)
 
-    monkeypatch.setattr(_protocol.Connection, "send", record)
+    monkeypatch.setattr(protocol.Connection, "send", record)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     t = want["tokens"]
     with ringfeed.TokenLoader(

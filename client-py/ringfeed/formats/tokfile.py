@@ -5,7 +5,7 @@ The single Python truth for the token file's layout, the counterpart of the Rust
 (``TokenDataset``) and ``verify_tokens``, checked against ``proto/vectors/tokens/`` by
 ``tests/test_token_vectors.py``; 1.1's packing files (``packing-S.rfp``: ``Packing``,
 ``best_fit_decreasing``, checked by ``verify_tokens``). Shared conventions (``FormatError``, ``check_struct``, CRC-32C)
-come from ``_shard``, as in the spec, which defers to ``proto/shard.md`` for them.
+come from ``shard``, as in the spec, which defers to ``proto/shard.md`` for them.
 
 Also reads Megatron-LM indexed datasets (``PREFIX.bin`` + ``PREFIX.idx``) for tests and tools.
 """
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._crc32c import crc32c
-from ._shard import FormatError, align_up, check_struct
+from .crc32c import crc32c
+from .shard import FormatError, align_up, check_struct
 
 __all__ = ["Packing", "TokenDataset", "best_fit_decreasing", "verify_tokens", "width_for_vocab"]
 

@@ -47,7 +47,7 @@ FLAGS_UPSAMPLING_WITH_INTERPOLATION = 1 << 5
 #: ``RINGFEED_GPU_CHROMA`` values -> ``nvjpegCreateEx`` flags: ``replicate`` (the default: the
 #: hardware's own chroma, fast beside a model), ``interpolate`` (Pillow's pixels, slow beside one)
 #: or ``rebuild`` (the hardware's replicated chroma, then interpolated chroma rebuilt from it on the
-#: GPU before the finishing kernel: ``ringfeed._chroma_kernel``; beside ResNet-18 on the H200 the
+#: GPU before the finishing kernel: ``ringfeed.gpu.chroma_kernel``; beside ResNet-18 on the H200 the
 #: decode, the rebuild and the kernel slowed its step by 15.5 %, benches/results/2026-12-02-h200-tiled).
 CHROMA = {"replicate": 0, "interpolate": FLAGS_UPSAMPLING_WITH_INTERPOLATION, "rebuild": 0}
 CSS_420 = 2

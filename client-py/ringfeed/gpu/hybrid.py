@@ -11,7 +11,7 @@ downscale factor), zero outside the crop, mirrored for a flip. Samples outside `
 fill. The result is written into the batch tensor beside the CPU-decoded samples, before the batch
 ops (normalisation, erasing, MixUp/CutMix).
 
-Everything runs on the copy stream of :class:`ringfeed._device.CudaCopier`; the host only
+Everything runs on the copy stream of :class:`ringfeed.gpu.device.CudaCopier`; the host only
 submits work. A sample the GPU decoder refuses is decoded by Pillow on the host and finished the
 same way (a fallback, counted); a sample neither can decode is a sample
 failure for the loader's ``on_error``.
@@ -266,7 +266,7 @@ class Finisher:
         import torch
 
         #: How the geometry runs: ``"triton"``, one kernel that reads the decoded images in place
-        #: (:mod:`ringfeed._finish_kernel`), or ``"bmm"``, two batched matrix products over crops
+        #: (:mod:`ringfeed.gpu.finish_kernel`), or ``"bmm"``, two batched matrix products over crops
         #: copied into a padded buffer. ``RINGFEED_GPU_FINISH`` sets it when ``geometry`` is not
         #: given; ``"auto"`` (the default) is the kernel on a CUDA device where Triton is installed
         #: and compiles it, else the matrix products.
@@ -278,12 +278,12 @@ class Finisher:
         self._kernel: Any = None
         if choice == "triton" or (choice == "auto" and device.type == "cuda"):
             try:
-                from . import _finish_kernel
+                from . import finish_kernel
 
                 # Compiled now, not inside the first batch (where it would read as a slow step).
                 if device.type == "cuda":
-                    _finish_kernel.warm(device, layout, size)
-                self._kernel = _finish_kernel
+                    finish_kernel.warm(device, layout, size)
+                self._kernel = finish_kernel
             except Exception as e:  # any failure to import or to compile it
                 if choice == "triton":
                     raise ValueError(
@@ -315,25 +315,25 @@ class Finisher:
                     nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY),
                 ],
             )
-        #: The chroma rebuild (:mod:`ringfeed._chroma_kernel`) for the batched hardware decoder's
+        #: The chroma rebuild (:mod:`ringfeed.gpu.chroma_kernel`) for the batched hardware decoder's
         #: replicated chroma, with ``RINGFEED_GPU_CHROMA=rebuild``; ``None`` otherwise.
         self._chroma: Any = None
-        from . import _nvjpeg
+        from . import nvjpeg
 
         # A bad RINGFEED_GPU_CHROMA is refused here, not in a decode thread.
-        if _nvjpeg.chroma_mode() == "rebuild":
+        if nvjpeg.chroma_mode() == "rebuild":
             try:
-                from . import _chroma_kernel
+                from . import chroma_kernel
 
                 if device.type == "cuda":
-                    _chroma_kernel.warm(device)
-                self._chroma = _chroma_kernel
+                    chroma_kernel.warm(device)
+                self._chroma = chroma_kernel
             except Exception as e:  # any failure to import or to compile it
                 raise ValueError(
                     f"RINGFEED_GPU_CHROMA=rebuild: the chroma rebuild kernels cannot run here ({e!r}); "
                     "set RINGFEED_GPU_CHROMA=replicate or interpolate"
                 ) from e
-        #: nvJPEG's batched hardware decoder (:mod:`ringfeed._nvjpeg`): one per decode thread (each
+        #: nvJPEG's batched hardware decoder (:mod:`ringfeed.gpu.nvjpeg`): one per decode thread (each
         #: has its own decode state, so two batches decode at once), opened on first use; off
         #: where it cannot run (then nvImageCodec decodes, image by image).
         self._hw_off = backend != "nvimgcodec" or self._kernel is None
@@ -485,13 +485,13 @@ class Finisher:
         """Opens and warms one batched hardware decoder (the caller holds ``_hw_lock``); ``None``
         where none can open (then, if none is open at all, the decoder is off for good and
         :attr:`hw_reason` says why)."""
-        from . import _nvjpeg
+        from . import nvjpeg
 
-        dec, why = _nvjpeg.open_hardware(self.device)
+        dec, why = nvjpeg.open_hardware(self.device)
         if dec is not None:
             try:
                 dec.warm()
-            except _nvjpeg.NvjpegError as e:
+            except nvjpeg.NvjpegError as e:
                 dec.close()
                 dec, why = None, f"nvJPEG's hardware decoder failed its first decode ({e})"
         if dec is None:
@@ -512,7 +512,7 @@ class Finisher:
         nvImageCodec decodes it)."""
         import torch
 
-        from . import _nvjpeg
+        from . import nvjpeg
 
         if self._hw_off or len(rec) == 0:
             return None
@@ -544,7 +544,7 @@ class Finisher:
                     (w * 3).astype(np.uint64),
                     cuda_stream.cuda_stream,
                 )
-        except _nvjpeg.HardwareRefusedError as e:
+        except nvjpeg.HardwareRefusedError as e:
             if not self._hw_refused_logged:
                 self._hw_refused_logged = True
                 log.warning(

@@ -26,8 +26,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ._errors import RingfeedError
-from ._protocol import Connection
+from .._errors import RingfeedError
+from .protocol import Connection
 
 __all__ = ["connect", "default_socket_path", "find_server_binary", "installed_binary"]
 
@@ -83,7 +83,7 @@ def installed_binary() -> str | None:
         files = metadata.distribution("ringfeed").files or []
     except metadata.PackageNotFoundError:
         return None
-    here = Path(__file__).resolve().parent / "__init__.py"
+    here = Path(__file__).resolve().parents[1] / "__init__.py"  # the ringfeed package, above wire/
     mine, binary = False, None
     for f in files:
         if f.parts[-2:] == ("ringfeed", "__init__.py"):

@@ -1,6 +1,6 @@
 """One Triton kernel that finishes a batch's GPU samples: crop, antialiased resize, flip and fill.
 
-:class:`ringfeed._hybrid.Finisher` decodes a batch's GPU samples into one image each (nvImageCodec's
+:class:`ringfeed.gpu.hybrid.Finisher` decodes a batch's GPU samples into one image each (nvImageCodec's
 images, or tensors), then has to bring each into its row of the batch tensor. The matrix-product
 path (``Finisher._finish_bmm``) copies every crop into a padded buffer first: a slice and a copy
 per image, from Python, about 50 µs of the training process's host thread per sample on the H200
@@ -17,7 +17,7 @@ where a per-pixel gather loads it once per output pixel whose filter covers it (
 uses (PIL's and torchvision's antialiased weights: a triangle for bilinear, Keys' cubic with
 ``a = -0.5`` for bicubic, ``-0.75`` without antialias, widened by the downscale factor; one tap
 for nearest and for no resize), each output's weights normalised by their sum along its axis,
-as ``_hybrid.axis_weights`` builds them for the matrix-product path; zero outside a tap's
+as ``hybrid.axis_weights`` builds them for the matrix-product path; zero outside a tap's
 window. Operands are fp16 (0..255 are exact in it, weights carry 11 bits) with fp32
 accumulation, as the matrix-product path's; the row products are rounded to fp16 for the second
 product, a relative error of 2^-11 (at most an eighth of a level). Outside the window's
@@ -69,7 +69,7 @@ def _kern(x, cubic, a):
 def _taps(o, out_n, pre0, pre_n, resize_n, win0, valid0, valid_n, flip, interp, antialias):
     """Along one axis, for output indices ``o``: the first crop pixel of their taps, their count,
     the filter's centre and width, whether a filter applies (else one tap of weight 1), and
-    whether ``o`` lies in ``valid``. The same geometry as ``_hybrid.axis_weights``."""
+    whether ``o`` lies in ``valid``. The same geometry as ``hybrid.axis_weights``."""
     oo = tl.where(flip, out_n - 1 - o, o)
     b = (win0 + oo).to(tl.float32)
     valid = (b >= valid0.to(tl.float32)) & (b < (valid0 + valid_n).to(tl.float32))

@@ -12,8 +12,15 @@ Two parts. The loader: ``Loader`` connects to ``ringfeed serve`` over a Unix soc
 Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu`` or the loader,
 ``gpu`` never imports the loader; ``tests/test_layout.py`` checks it):
 
-- ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
-- ``_tokens``: ``TokenLoader``, a ``Loader`` of token windows (``proto/control.md``, "Token streams").
+- ``loader``: ``Loader``, a stream with the image kind's batch maker (and ``TokenLoader`` again).
+- ``_tokens``: ``TokenLoader``, the same stream with the token kind's (``proto/control.md``,
+  "Token streams"): ``TokenBatches``, the token options.
+- ``_base``: ``BaseLoader``, what both loaders share: iteration, epochs, ``state_dict``, ``stats``.
+- ``_stream``: ``Stream``, one stream whatever its kind: connection, ``open``, the ring, slot
+  ownership, runs, resume, reconnecting; ``BatchMaker``, what a sample kind adds to it.
+- ``_images``: the image kind: ``ImageOptions``, ``ImageBatches`` (fields, batch ops, hybrid decode).
+- ``_options``: ``StreamConfig`` and the checks every loader argument goes through.
+- ``_meter``: the wait and compute per step, for ``stats()`` and the server's autotuner.
 - ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
 - ``_batch``: what runs on a batch after the ring: normalisation, erasing, MixUp/CutMix.
 - ``_errors``: ``RingfeedError`` and its subclasses (a leaf every layer may import).
@@ -24,6 +31,10 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 - ``formats``: the on-disk formats: the packed format (``PackedDataset``, ``verify``), the token
   dataset format (reader, ``verify_tokens``, Megatron reader), CRC-32C.
 - ``bench``, ``lightning``: ``ringfeed bench`` and the Lightning ``DataModule``.
+
+``_crc32c``, ``_tokfile``, ``_sidecar``, ``_hybrid``, ``_nvjpeg``, ``_finish_kernel`` and
+``_chroma_kernel`` are the old names of modules in ``formats``, ``wire`` and ``gpu``, kept for
+``benches/`` and ``scripts/`` that import them.
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError

@@ -85,14 +85,14 @@ def test_finishable_pipelines_match_the_server() -> None:
     """The client's rule for which pipelines the GPU can finish (``gpu_decode="auto"`` decides
     by it before asking) gives the server's verdict (``ops::gpu::finishable``) on every pipeline
     of the spec's vectors, and names the reason when it says no."""
-    from ringfeed import loader
+    from ringfeed import _images
 
     vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
     cases = vectors["finishable"]
     assert any(c["finishable"] for c in cases)
     assert not all(c["finishable"] for c in cases)
     for case in cases:
-        why = loader._gpu_pipeline_doc_problem(case["pipeline"])
+        why = _images.gpu_pipeline_doc_problem(case["pipeline"])
         assert (why is None) == case["finishable"], (case, why)
 
 
@@ -450,8 +450,8 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             batches = [{k: v.clone() for k, v in b.items()} for b in ld]
             torch.cuda.synchronize()
             runs.append((batches, ld.stats()))
-            hw_used = ld._finisher is not None and ld._finisher.hw_decoders > 0
-            assert hw_used == batched, ld._finisher.hw_reason if ld._finisher is not None else "no finisher"
+            hw_used = ld._kind.finisher is not None and ld._kind.finisher.hw_decoders > 0
+            assert hw_used == batched, ld._kind.finisher.hw_reason if ld._kind.finisher is not None else "no finisher"
     (gpu, stats), (again, _) = runs
     order = sorted(kinds)
     plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"].cpu())
@@ -491,7 +491,7 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
     with loader() as ld:
         it = iter(ld)
         head = [next(it)["index"].clone() for _ in range(4)]
-        ahead = len(ld._ahead)
+        ahead = len(ld._kind.ahead)
         state = ld.state_dict()
     assert state["batches_delivered"] == 4
     with loader() as ld:

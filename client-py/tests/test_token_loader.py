@@ -411,16 +411,15 @@ def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pyt
     }
 
 
-class _ImageMemberTokenLoader(ringfeed.TokenLoader):
-    def _kind_members(self) -> dict[str, Any]:
-        return super()._kind_members() | {"layout": "NHWC"}
-
-
-def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> None:
+def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """One `open` serves both kinds, and a token stream's `open` that carries an image member is a
     bad request naming the member."""
+    from ringfeed._tokens import TokenBatches
+
+    real = TokenBatches.open_members
+    monkeypatch.setattr(TokenBatches, "open_members", lambda self, *a: real(self, *a) | {"layout": "NHWC"})
     with pytest.raises(ringfeed.ServerError, match=r"open\.layout is not a member of a token stream"):
-        _ImageMemberTokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
 
 
 # -- mixing (control.md, "Mixing") -------------------------------------------------------------

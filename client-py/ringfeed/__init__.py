@@ -9,29 +9,35 @@ Two parts. The loader: ``Loader`` connects to ``ringfeed serve`` over a Unix soc
 ``import ringfeed`` needs only the standard library; the loader imports torch when it needs it
 (numpy arrays stand in for tensors on the CPU when torch is absent).
 
-Layout:
+Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu`` or the loader,
+``gpu`` never imports the loader; ``tests/test_layout.py`` checks it):
 
-- ``loader``: ``Loader``, one stream: iteration, slot ownership, epochs, ``state_dict``.
-- ``_tokens``: ``TokenLoader``, a ``Loader`` of token windows (``proto/control.md``, "Token streams").
-- ``_tokfile``: the token dataset format (``proto/tokens.md``): reader, ``verify_tokens``, Megatron reader.
+- ``loader``: ``Loader``, a stream with the image kind's batch maker (and ``TokenLoader`` again).
+- ``_tokens``: ``TokenLoader``, the same stream with the token kind's (``proto/control.md``,
+  "Token streams"): ``TokenBatches``, the token options.
+- ``_base``: ``BaseLoader``, what both loaders share: iteration, epochs, ``state_dict``, ``stats``.
+- ``_stream``: ``Stream``, one stream whatever its kind: connection, ``open``, the ring, slot
+  ownership, runs, resume, reconnecting; ``BatchMaker``, what a sample kind adds to it.
+- ``_images``: the image kind: ``ImageOptions``, ``ImageBatches`` (fields, batch ops, hybrid decode).
+- ``_options``: ``StreamConfig`` and the checks every loader argument goes through.
+- ``_meter``: the wait and compute per step, for ``stats()`` and the server's autotuner.
 - ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
 - ``_batch``: what runs on a batch after the ring: normalisation, erasing, MixUp/CutMix.
-- ``_protocol``: the control protocol: version, framing, ``Connection``.
-- ``_ring``: the ring's layout: ``struct`` layouts, dtype codes, ``Segment`` (the mapping).
-- ``_device``: pinned host-to-GPU copies on a side stream, fused normalisation.
-- ``_sidecar``: the default socket, starting ``ringfeed serve`` when nothing listens.
-- ``_errors``: ``RingfeedError`` and its subclasses.
-- ``_shard``: the packed format itself: magics, versions, ``struct`` layouts, ``FormatError``.
-- ``_crc32c``: pure-Python CRC-32C.
-- ``_reader``: ``PackedDataset`` and ``Sample``.
-- ``_verify``: ``verify``.
+- ``_errors``: ``RingfeedError`` and its subclasses (a leaf every layer may import).
+- ``wire``: what crosses to the server: the control protocol (``Connection``), the ring's layout
+  (``Segment``), the sidecar, ``snapshot``.
+- ``gpu``: pinned host-to-GPU copies on a side stream, fused normalisation, hybrid decode's
+  finishing (nvJPEG, nvImageCodec, the Triton kernels). Imported only when a stream needs it.
+- ``formats``: the on-disk formats: the packed format (``PackedDataset``, ``verify``), the token
+  dataset format (reader, ``verify_tokens``, Megatron reader), CRC-32C.
+- ``bench``, ``lightning``: ``ringfeed bench`` and the Lightning ``DataModule``.
+
+``_crc32c``, ``_tokfile``, ``_sidecar``, ``_hybrid``, ``_nvjpeg``, ``_finish_kernel`` and
+``_chroma_kernel`` are the old names of modules in ``formats``, ``wire`` and ``gpu``, kept for
+``benches/`` and ``scripts/`` that import them.
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
-from ._observe import snapshot
-from ._protocol import PROTOCOL
-from ._reader import PackedDataset, Sample
-from ._shard import FormatError
 from ._tokens import TokenLoader
 from ._transforms import (
     AutoAugment,
@@ -65,9 +71,13 @@ from ._transforms import (
     View,
     Views,
 )
-from ._verify import verify
 from ._version import __version__
+from .formats.reader import PackedDataset, Sample
+from .formats.shard import FormatError
+from .formats.verify import verify
 from .loader import Loader
+from .wire.observe import snapshot
+from .wire.protocol import PROTOCOL
 
 __all__ = [
     "PROTOCOL",

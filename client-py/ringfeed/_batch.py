@@ -1,7 +1,7 @@
 """The batch ops the client applies after a batch leaves the ring (needs torch).
 
 In order, on the batch's device (the side stream in CUDA mode): each view's ``Normalize``
-(``_device.Normalizer``), then its ``RandomErasing`` boxes (drawn per image by the server into the
+(``gpu.device.Normalizer``), then its ``RandomErasing`` boxes (drawn per image by the server into the
 view's ``<name>_erase`` field), then the loader's ``batch_transform`` (``MixUp``, ``CutMix`` or a
 ``RandomChoice`` of them) on the view's images and the labels.
 
@@ -50,7 +50,7 @@ class BatchOps:
         batch_transform: Any,
         seed: int,
     ) -> None:
-        from ._device import Normalizer
+        from .gpu.device import Normalizer
 
         self.layout = layout
         self.seed = seed

@@ -2,15 +2,15 @@
 
 A token stream is the server's second sample kind (``proto/control.md``, "Token streams"): the
 same connection, ring, ``start``/``ready``/``release`` cycle, resume and reconnect as an image
-stream, so ``TokenLoader`` is a ``Loader`` whose ``open`` asks for windows instead of images and
-whose batches are dicts of fields instead of ``(images, labels)``. Everything else (slot
-ownership, CUDA copies on a side stream, ``state_dict``, ``stats``, reconnecting) is the
-``Loader``'s own code, not a copy of it.
+stream. So ``TokenLoader`` is the same ``_stream.Stream`` as ``Loader`` with another batch maker,
+``TokenBatches``, whose ``open`` asks for windows instead of images and whose batches are dicts of
+fields instead of ``(images, labels)``. Everything else (slot ownership, CUDA copies on a side
+stream, ``state_dict``, ``stats``, reconnecting) is the stream's code, not a copy of it.
 
 Why a class beside ``Loader`` rather than a mode of it: a token stream takes none of the image
 arguments (``transform``, ``layout``, ``normalize``, ``lmdb``, ``on_error``) and has its own
 (``seq_len``, ``mode``, boundary fields), so one signature for both would accept combinations
-that mean nothing; the subclass keeps each signature honest and shares the machinery.
+that mean nothing; two classes over one stream keep each signature honest and share the machinery.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ._base import BaseLoader, From
 from ._errors import ProtocolError
-from .loader import Loader, _int_in
+from ._options import StreamConfig, int_in
+from ._stream import BatchMaker
 
 __all__ = ["TokenLoader"]
 
@@ -42,7 +45,88 @@ IGNORE_INDEX = -100
 MODES = ("concat", "pack")
 
 
-class TokenLoader(Loader):
+@dataclass(frozen=True)
+class TokenOptions:
+    """``TokenLoader``'s token arguments, checked (see ``TokenLoader`` for each)."""
+
+    seq_len: int
+    mode: str
+    max_docs: int
+    pad_id: int | None
+    #: A flat token file's dtype (``TokenLoader(dtype=)``).
+    token_dtype: str | None
+    #: Every field the ring carries: ``input_ids``, ``labels``, then the ones asked for.
+    token_fields: tuple[str, ...]
+    #: ``[(absolute path, weight)]``: the datasets of the stream, the first one ``open.dataset``.
+    mix: list[tuple[str, float]]
+
+    @classmethod
+    def check(
+        cls, path: Any, seq_len: Any, mode: Any, fields: Any, max_docs: Any, pad_id: Any, dtype: Any
+    ) -> TokenOptions:
+        seq_len = int_in("seq_len", seq_len, 1, 1 << 20)
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'concat' or 'pack', got {mode!r}")
+        max_docs = seq_len if max_docs is None else int_in("max_docs", max_docs, 1, seq_len)
+        pad_id = None if pad_id is None else int_in("pad_id", pad_id, 0, (1 << 32) - 1)
+        if dtype not in (None, "uint16", "uint32"):
+            raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
+        return cls(seq_len, mode, max_docs, pad_id, dtype, _check_token_fields(fields), _check_mix(path))
+
+
+class TokenBatches(BatchMaker):
+    """The token kind's batch maker: ``open``'s ``tokens`` members, the token fields, and the
+    batch as a dict (``cu_seqlens`` flattened); the rest is ``BatchMaker``'s plain batch."""
+
+    #: Nothing of a token stream is decoded, so hybrid decode is off (``Loader.gpu_decode_reason``).
+    gpu_decode_reason = "gpu_decode=False"
+
+    def __init__(self, opts: TokenOptions) -> None:
+        self.opts = opts
+
+    def open_members(self, cfg: StreamConfig, server_protocol: tuple[int, int]) -> dict[str, Any]:
+        """The token stream's members of ``open`` (control.md, "Token streams")."""
+        o = self.opts
+        if server_protocol < (1, 2):
+            raise ProtocolError(
+                f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; token streams "
+                f"need 1.2 (install a ringfeed server that matches this package)"
+            )
+        tokens: dict[str, Any] = {"seq_len": o.seq_len, "mode": o.mode, "max_docs": o.max_docs}
+        if o.pad_id is not None:
+            tokens["pad_id"] = o.pad_id
+        if o.token_dtype is not None:
+            tokens["dtype"] = o.token_dtype
+        if len(o.mix) > 1:
+            if server_protocol < (1, 3):
+                raise ProtocolError(
+                    f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; mixing token "
+                    f"datasets needs 1.3 (install a ringfeed server that matches this package)"
+                )
+            tokens["weight"] = o.mix[0][1]
+            tokens["mix"] = [{"dataset": p, "weight": w} for p, w in o.mix[1:]]
+        return {
+            "sample_kind": "tokens",
+            "tokens": tokens,
+            "fields": [f for f in o.token_fields if f not in TOKEN_ALWAYS],
+        }
+
+    def ring_fields(self) -> tuple[str, ...]:
+        return self.opts.token_fields
+
+    def field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        o = self.opts
+        shape = {"cu_seqlens": (o.max_docs + 1,), "index": (), "dataset_index": ()}.get(name, (o.seq_len,))
+        return TOKEN_FIELDS[name], shape
+
+    def shape(self, out: dict[str, Any]) -> Any:
+        if "cu_seqlens" in out:
+            out = dict(out)
+            out["cu_seqlens"] = flatten_cu_seqlens(out["cu_seqlens"], self.opts.seq_len)
+        return out
+
+
+class TokenLoader(BaseLoader):
     """Batches of ``seq_len``-token windows of a token dataset, as a dict of tensors.
 
     ::
@@ -96,7 +180,7 @@ class TokenLoader(Loader):
 
     ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (a resume may change ``world_size`` and
     ``batch_size``: the rest of the epoch is re-striped by its global position), ``stats``
-    and ``close`` are the ``Loader``'s.
+    and ``close`` are the ``Loader``'s (the same stream code, ``_base.BaseLoader``).
     """
 
     def __init__(
@@ -129,86 +213,29 @@ class TokenLoader(Loader):
         reconnect: int = 0,
         reconnect_timeout: float = 30.0,
     ) -> None:
-        self.seq_len = _int_in("seq_len", seq_len, 1, 1 << 20)
-        if mode not in MODES:
-            raise ValueError(f"mode must be 'concat' or 'pack', got {mode!r}")
-        self.mode = mode
-        self.max_docs = self.seq_len if max_docs is None else _int_in("max_docs", max_docs, 1, self.seq_len)
-        self.pad_id = None if pad_id is None else _int_in("pad_id", pad_id, 0, (1 << 32) - 1)
-        if dtype not in (None, "uint16", "uint32"):
-            raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
-        self.token_dtype = dtype
-        self.token_fields = _check_token_fields(fields)
-        self.mix = _check_mix(path)
-        super().__init__(
-            self.mix[0][0],
-            batch_size,
-            {"kind": "tokens"},  # never sent: a token stream's `open` has no transform
-            gpu_decode=False,  # nothing to decode (and no message about it)
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            device=device,
-            rank=rank,
-            world_size=world_size,
-            slots=slots,
-            socket=socket,
-            timeout=timeout,
-            spawn=spawn,
-            hold=hold,
-            spawn_timeout=spawn_timeout,
-            autotune=autotune,
-            threads=threads,
-            prefetch=prefetch,
-            log_every=log_every,
-            reconnect=reconnect,
-            reconnect_timeout=reconnect_timeout,
-        )
+        opts = TokenOptions.check(path, seq_len, mode, fields, max_docs, pad_id, dtype)
+        cfg = StreamConfig.check(
+            opts.mix[0][0], batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, device=device, rank=rank,
+            world_size=world_size, slots=slots, socket=socket, timeout=timeout, spawn=spawn, hold=hold,
+            spawn_timeout=spawn_timeout, autotune=autotune, threads=threads, prefetch=prefetch, log_every=log_every,
+            reconnect=reconnect, reconnect_timeout=reconnect_timeout,
+        )  # fmt: skip
+        self._start(cfg, TokenBatches(opts))
 
-    def _kind_members(self) -> dict[str, Any]:
-        """The token stream's members of ``open`` (control.md, "Token streams")."""
-        if self.server_protocol < (1, 2):
-            raise ProtocolError(
-                f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; token streams "
-                f"need 1.2 (install a ringfeed server that matches this package)"
-            )
-        tokens: dict[str, Any] = {"seq_len": self.seq_len, "mode": self.mode, "max_docs": self.max_docs}
-        if self.pad_id is not None:
-            tokens["pad_id"] = self.pad_id
-        if self.token_dtype is not None:
-            tokens["dtype"] = self.token_dtype
-        if len(self.mix) > 1:
-            if self.server_protocol < (1, 3):
-                raise ProtocolError(
-                    f"the server speaks protocol {self.server_protocol[0]}.{self.server_protocol[1]}; mixing token "
-                    f"datasets needs 1.3 (install a ringfeed server that matches this package)"
-                )
-            tokens["weight"] = self.mix[0][1]
-            tokens["mix"] = [{"dataset": p, "weight": w} for p, w in self.mix[1:]]
-        return {
-            "sample_kind": "tokens",
-            "tokens": tokens,
-            "fields": [f for f in self.token_fields if f not in TOKEN_ALWAYS],
-        }
-
-    def _ring_fields(self) -> tuple[str, ...]:
-        return self.token_fields
-
-    def _field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
-        shape = {"cu_seqlens": (self.max_docs + 1,), "index": (), "dataset_index": ()}.get(name, (self.seq_len,))
-        return TOKEN_FIELDS[name], shape
-
-    def _shape_batch(self, out: dict[str, Any]) -> Any:
-        if "cu_seqlens" in out:
-            out = dict(out)
-            out["cu_seqlens"] = flatten_cu_seqlens(out["cu_seqlens"], self.seq_len)
-        return out
+    # The token kind's settings.
+    seq_len = From("_kind.opts")
+    mode = From("_kind.opts")
+    max_docs = From("_kind.opts")
+    pad_id = From("_kind.opts")
+    token_dtype = From("_kind.opts")
+    token_fields = From("_kind.opts")
+    mix = From("_kind.opts")
+    gpu_decode_reason = From("_kind")
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"epoch {self._epoch}, {self._delivered} batches delivered"
         return (
             f"<ringfeed.TokenLoader {self.path!r} batch_size={self.batch_size} seq_len={self.seq_len} mode={self.mode} "
-            f"rank={self.rank}/{self.world_size} device={self.device} ({state})>"
+            f"rank={self.rank}/{self.world_size} device={self.device} ({self._state()})>"
         )
 
 

@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import _sidecar
 from ._errors import RingfeedError
 from ._transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 from .loader import Loader
+from .wire import sidecar
 
 __all__ = ["dataloader_rate", "main", "needed", "ringfeed_rate", "run"]
 
@@ -90,7 +90,7 @@ class PilSamples:
     """
 
     def __init__(self, path: str, transform: Any) -> None:
-        from ._reader import PackedDataset
+        from .formats.reader import PackedDataset
 
         self.ds = PackedDataset(path)
         self.transform = transform
@@ -191,7 +191,7 @@ def default_threads(cores: int) -> list[int]:
 @contextlib.contextmanager
 def private_server(threads: int) -> Iterator[str]:
     """``ringfeed serve`` on a socket in a fresh directory; yields the socket path."""
-    binary = _sidecar.find_server_binary()
+    binary = sidecar.find_server_binary()
     if binary is None:
         raise RingfeedError("no `ringfeed` binary to start: install the wheel, put it on PATH or set RINGFEED_BIN")
     work = Path(tempfile.mkdtemp(prefix="rfbench-", dir="/tmp"))

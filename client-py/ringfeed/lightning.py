@@ -61,7 +61,8 @@ class _TrainLoader:
         self._used += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader._state_at(min(self._start + self._used, self.loader._run_batches()))
+        stream = self.loader._stream
+        return stream.state_at(min(self._start + self._used, stream.run_batches()))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)

@@ -1,6 +1,6 @@
 """Builds ring segments byte by byte from ``proto/ring.md``'s tables, for tests.
 
-Deliberately independent of ``ringfeed._ring``: every field is written at the offset and width
+Deliberately independent of ``ringfeed.wire.ring``: every field is written at the offset and width
 the spec's tables give, so a mistake in the client's ``struct`` layouts shows up as a test
 failure instead of being mirrored here.
 """
@@ -12,7 +12,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ringfeed._crc32c import crc32c
+from ringfeed.formats.crc32c import crc32c
 
 PAGE = 4096
 ITEMSIZE = {1: 1, 2: 4, 3: 8, 4: 4}

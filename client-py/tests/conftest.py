@@ -13,7 +13,7 @@ import pytest
 from _fakeserver import DATASET, FakeServer
 from _support import ringfeed_bin
 
-from ringfeed import _sidecar as sidecar
+from ringfeed.wire import sidecar
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The chroma rebuild kernels (``ringfeed._chroma_kernel``) against their NumPy reference.
+"""The chroma rebuild kernels (``ringfeed.gpu.chroma_kernel``) against their NumPy reference.
 
 CI has no GPU: the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU
 tensors, in a child process (the interpreter is chosen when the kernels are defined). The
@@ -28,7 +28,7 @@ CHILD = r"""
 import sys
 import numpy as np
 import torch
-from ringfeed import _chroma_kernel as K
+from ringfeed.gpu import chroma_kernel as K
 
 got = np.load(sys.argv[1])
 arena = torch.from_numpy(got["arena"].copy())
@@ -129,10 +129,10 @@ def test_kernel_matches_reference_and_approaches_interpolated(tmp_path: Path) ->
 
 def test_factors_are_checked() -> None:
     """A table row with a chroma factor other than 1 or 2 is refused, naming the image."""
-    from ringfeed import _chroma_kernel
+    from ringfeed.gpu import chroma_kernel
 
     with pytest.raises(ValueError, match="image 1 of the table has fh=4"):
-        _chroma_kernel.extent([[0, 8, 8, 24, 2, 2], [0, 8, 8, 24, 4, 1]])
+        chroma_kernel.extent([[0, 8, 8, 24, 2, 2], [0, 8, 8, 24, 4, 1]])
 
 
 # A Finisher with RINGFEED_GPU_CHROMA=rebuild rebuilds, from the records' chroma codes, the
@@ -142,7 +142,7 @@ FINISHER_CHILD = r"""
 import sys
 import numpy as np
 import torch
-from ringfeed import _hybrid as H
+from ringfeed.gpu import hybrid as H
 
 got = np.load(sys.argv[1])
 arena = torch.from_numpy(got["arena"].copy())

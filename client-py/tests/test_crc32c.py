@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringfeed._crc32c import crc32c
+from ringfeed.formats.crc32c import crc32c
 
 
 def test_check_value() -> None:

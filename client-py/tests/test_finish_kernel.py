@@ -1,4 +1,4 @@
-"""The Triton finishing kernel (``ringfeed._finish_kernel``) against the matrix-product path.
+"""The Triton finishing kernel (``ringfeed.gpu.finish_kernel``) against the matrix-product path.
 
 CI has no GPU: the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``) on CPU
 tensors, in a child process (the interpreter is chosen when the kernel is defined). The
@@ -19,7 +19,7 @@ CHILD = r"""
 import sys
 import numpy as np
 import torch
-from ringfeed import _hybrid as H
+from ringfeed.gpu import hybrid as H
 
 A, S = H.ANTIALIAS, H.INTERPOLATION_SHIFT
 if sys.argv[2] == "small":
@@ -141,7 +141,7 @@ def test_geometry_setting_is_checked() -> None:
     """An unknown ``RINGFEED_GPU_FINISH`` is refused by name, not silently replaced."""
     import torch
 
-    from ringfeed import _hybrid
+    from ringfeed.gpu import hybrid
 
     with pytest.raises(ValueError, match="RINGFEED_GPU_FINISH"):
-        _hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="cuda-graphs")
+        hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="cuda-graphs")

@@ -18,8 +18,8 @@ import pytest
 
 import ringfeed
 from ringfeed import FormatError, PackedDataset, verify
-from ringfeed import _shard as layout
-from ringfeed._crc32c import crc32c
+from ringfeed.formats import shard as layout
+from ringfeed.formats.crc32c import crc32c
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "shard"
 BASIC = VECTORS / "v1-basic"

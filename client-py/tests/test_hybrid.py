@@ -21,7 +21,7 @@ from PIL import Image
 from test_pixels import photo
 
 import ringfeed
-from ringfeed import _hybrid
+from ringfeed.gpu import hybrid
 
 RRC = ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.RandomHorizontalFlip()])
 
@@ -85,14 +85,14 @@ def test_finishable_pipelines_match_the_server() -> None:
     """The client's rule for which pipelines the GPU can finish (``gpu_decode="auto"`` decides
     by it before asking) gives the server's verdict (``ops::gpu::finishable``) on every pipeline
     of the spec's vectors, and names the reason when it says no."""
-    from ringfeed import loader
+    from ringfeed import _images
 
     vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
     cases = vectors["finishable"]
     assert any(c["finishable"] for c in cases)
     assert not all(c["finishable"] for c in cases)
     for case in cases:
-        why = loader._gpu_pipeline_doc_problem(case["pipeline"])
+        why = _images.gpu_pipeline_doc_problem(case["pipeline"])
         assert (why is None) == case["finishable"], (case, why)
 
 
@@ -100,11 +100,11 @@ def test_offered_positions_match_the_vectors() -> None:
     """The client's reading of the split rule is the spec's vectors (both languages read them)."""
     vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
     for case in vectors["offered"]:
-        got = [p for p in range(case["batch"]) if _hybrid.offered(p, case["share"])]
+        got = [p for p in range(case["batch"]) if hybrid.offered(p, case["share"])]
         assert got == case["positions"], case
     for case in vectors["records"]:
-        assert len(case["record"]) == _hybrid.RECORD_LEN
-        assert dict(zip(_hybrid.COLUMNS, case["record"], strict=True)) == case["fields"]
+        assert len(case["record"]) == hybrid.RECORD_LEN
+        assert dict(zip(hybrid.COLUMNS, case["record"], strict=True)) == case["fields"]
 
 
 def test_chroma_codes_match_the_vectors() -> None:
@@ -114,16 +114,16 @@ def test_chroma_codes_match_the_vectors() -> None:
     vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
     assert [c["code"] for c in vectors["chroma"]] == [1, 2, 3, 4, 5, 6]
     for case in vectors["chroma"]:
-        assert _hybrid.CHROMA[case["code"]][0] == case["name"], case
-        assert _hybrid.chroma_of(case["flags_bits"]) == case["code"]
-        assert _hybrid.chroma_of(case["flags_bits"] | 0x1F) == case["code"]
-    assert _hybrid.CHROMA[0] == ("not said", None)
+        assert hybrid.CHROMA[case["code"]][0] == case["name"], case
+        assert hybrid.chroma_of(case["flags_bits"]) == case["code"]
+        assert hybrid.chroma_of(case["flags_bits"] | 0x1F) == case["code"]
+    assert hybrid.CHROMA[0] == ("not said", None)
     flags = np.array([r["fields"]["flags"] for r in vectors["records"]])
-    assert [_hybrid.CHROMA[int(c)][0] for c in _hybrid.chroma_of(flags)] == ["4:2:0", "4:2:2"]
+    assert [hybrid.CHROMA[int(c)][0] for c in hybrid.chroma_of(flags)] == ["4:2:0", "4:2:2"]
     # The geometry bits of the same records, read as the finishers read them.
-    assert list((flags >> _hybrid.INTERPOLATION_SHIFT) & 3) == [1, 0]
-    assert list(flags & _hybrid.FLIP_X) == [1, 0]
-    assert list(flags & _hybrid.ANTIALIAS) == [16, 0]
+    assert list((flags >> hybrid.INTERPOLATION_SHIFT) & 3) == [1, 0]
+    assert list(flags & hybrid.FLIP_X) == [1, 0]
+    assert list(flags & hybrid.ANTIALIAS) == [16, 0]
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
@@ -229,7 +229,7 @@ def _raw_open(sock: str, members: dict[str, object]) -> dict[str, object]:
     """Says hello and `open` on a raw connection; returns the server's answer to the `open`."""
     import socket
 
-    from ringfeed._protocol import LENGTH, encode
+    from ringfeed.wire.protocol import LENGTH, encode
 
     def recv(s: socket.socket) -> dict[str, object]:
         head = s.recv(4, socket.MSG_WAITALL)
@@ -277,21 +277,21 @@ def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.Monke
     adds its remaining time, one already done adds next to nothing."""
     import time
 
-    real = _hybrid._host_decode
+    real = hybrid._host_decode
 
     def slow(data: np.ndarray) -> torch.Tensor:
         time.sleep(0.2)
         return real(data)
 
-    monkeypatch.setattr(_hybrid, "_host_decode", slow)
+    monkeypatch.setattr(hybrid, "_host_decode", slow)
     buf = io.BytesIO()
     photo(24, 18, 3).save(buf, "JPEG", quality=90)
     arena = np.frombuffer(buf.getvalue(), dtype=np.uint8)
-    flags = (1 << _hybrid.INTERPOLATION_SHIFT) | _hybrid.ANTIALIAS
-    jobs = np.zeros((2, _hybrid.RECORD_LEN), dtype=np.int32)
+    flags = (1 << hybrid.INTERPOLATION_SHIFT) | hybrid.ANTIALIAS
+    jobs = np.zeros((2, hybrid.RECORD_LEN), dtype=np.int32)
     jobs[0] = [0, len(arena), 24, 18, 0, 0, 24, 18, 8, 8, 0, 0, 0, 0, 8, 8, flags, 0]
     image = torch.zeros((2, 8, 8, 3), dtype=torch.uint8)
-    f = _hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
+    f = hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
     try:
         assert f.ahead_wait_ns == 0
         assert f(jobs, arena, image, pending=f.submit(jobs, arena)) == [0]
@@ -320,13 +320,13 @@ def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
     model alone (no step: all of each batch to the GPU) had sent it to 1.0 at once."""
     import time
 
-    real = _hybrid._host_decode
+    real = hybrid._host_decode
 
     def slow(data: np.ndarray) -> torch.Tensor:
         time.sleep(0.04)
         return real(data)
 
-    monkeypatch.setattr(_hybrid, "_host_decode", slow)
+    monkeypatch.setattr(hybrid, "_host_decode", slow)
     root, _ = folder
     seen: list[tuple[float, str]] = []
     # One decode thread at most, so that the CPU is the limit (which raises the share) on any machine.
@@ -358,10 +358,10 @@ def test_axis_weights_reproduce_torch_antialiased_resize() -> None:
     for interp, mode in ((1, "bilinear"), (2, "bicubic")):
         for out_h, out_w in ((20, 31), (57, 83), (90, 100)):
             t = lambda v: torch.tensor([v])  # noqa: E731
-            wy, _ = _hybrid.axis_weights(
+            wy, _ = hybrid.axis_weights(
                 out_h, 57, t(0), t(57), t(out_h), t(0), t(0), t(out_h), t(interp), t(True), t(False)
             )
-            wx, _ = _hybrid.axis_weights(
+            wx, _ = hybrid.axis_weights(
                 out_w, 83, t(0), t(83), t(out_w), t(0), t(0), t(out_w), t(interp), t(True), t(False)
             )
             ours = torch.einsum("yh,chw,xw->cyx", wy[0], img[0], wx[0])
@@ -450,8 +450,8 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             batches = [{k: v.clone() for k, v in b.items()} for b in ld]
             torch.cuda.synchronize()
             runs.append((batches, ld.stats()))
-            hw_used = ld._finisher is not None and ld._finisher.hw_decoders > 0
-            assert hw_used == batched, ld._finisher.hw_reason if ld._finisher is not None else "no finisher"
+            hw_used = ld._kind.finisher is not None and ld._kind.finisher.hw_decoders > 0
+            assert hw_used == batched, ld._kind.finisher.hw_reason if ld._kind.finisher is not None else "no finisher"
     (gpu, stats), (again, _) = runs
     order = sorted(kinds)
     plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"].cpu())
@@ -491,7 +491,7 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
     with loader() as ld:
         it = iter(ld)
         head = [next(it)["index"].clone() for _ in range(4)]
-        ahead = len(ld._ahead)
+        ahead = len(ld._kind.ahead)
         state = ld.state_dict()
     assert state["batches_delivered"] == 4
     with loader() as ld:

@@ -27,8 +27,8 @@ from _fakeserver import DATASET, POISON, FakeServer, plan
 
 import ringfeed
 from ringfeed import ProtocolError, RingfeedError, ServerDiedError, ServerError
-from ringfeed import _sidecar as sidecar
-from ringfeed import loader as loader_mod
+from ringfeed import _stream as stream_mod
+from ringfeed.wire import sidecar
 
 H, W = 4, 6
 TESTS = Path(__file__).resolve().parent
@@ -462,7 +462,7 @@ def test_normalize_on_the_cpu(serve: Callable[..., FakeServer]) -> None:
 
 def test_numpy_without_torch(serve: Callable[..., FakeServer], monkeypatch: pytest.MonkeyPatch) -> None:
     """Without torch the CPU batches are numpy views of the ring."""
-    monkeypatch.setattr(loader_mod, "_have_torch", lambda: False)
+    monkeypatch.setattr(stream_mod, "_have_torch", lambda: False)
     server = serve(dataset_len=4)
     with make(server, 2) as loader:
         images, labels = next(iter(loader))

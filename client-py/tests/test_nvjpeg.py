@@ -1,4 +1,4 @@
-"""nvJPEG's batched hardware decoder (``ringfeed._nvjpeg``): how it is chosen, and on a GPU with a
+"""nvJPEG's batched hardware decoder (``ringfeed.gpu.nvjpeg``): how it is chosen, and on a GPU with a
 hardware JPEG decoder, that its pixels are nvImageCodec's and a batch it refuses is named."""
 
 from __future__ import annotations
@@ -10,43 +10,43 @@ import pytest
 import torch
 from PIL import Image
 
-from ringfeed import _nvjpeg
+from ringfeed.gpu import nvjpeg
 
 
 def test_an_unknown_decoder_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvdec")
     with pytest.raises(ValueError, match="RINGFEED_GPU_DECODER must be 'auto', 'nvjpeg' or 'nvimgcodec'"):
-        _nvjpeg.open_hardware(torch.device("cpu"))
+        nvjpeg.open_hardware(torch.device("cpu"))
 
 
 def test_without_the_library_auto_says_why_and_nvjpeg_raises(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     missing = str(tmp_path / "libnvjpeg.so.13")
     monkeypatch.setenv("RINGFEED_NVJPEG_LIB", missing)
-    dec, why = _nvjpeg.open_hardware(torch.device("cpu"))
+    dec, why = nvjpeg.open_hardware(torch.device("cpu"))
     assert dec is None
     assert missing in why
     assert "RINGFEED_NVJPEG_LIB" in why
     monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvjpeg")
     with pytest.raises(ValueError, match="RINGFEED_GPU_DECODER=nvjpeg: nvJPEG's hardware decoder cannot run here"):
-        _nvjpeg.open_hardware(torch.device("cpu"))
+        nvjpeg.open_hardware(torch.device("cpu"))
     monkeypatch.setenv("RINGFEED_GPU_DECODER", "nvimgcodec")
-    assert _nvjpeg.open_hardware(torch.device("cpu")) == (None, "RINGFEED_GPU_DECODER=nvimgcodec")
+    assert nvjpeg.open_hardware(torch.device("cpu")) == (None, "RINGFEED_GPU_DECODER=nvimgcodec")
 
 
 @pytest.mark.parametrize("raw", ["0", "9", "two"])
 def test_a_bad_decode_thread_count_is_refused(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    from ringfeed import _hybrid
+    from ringfeed.gpu import hybrid
 
     monkeypatch.setenv("RINGFEED_GPU_DECODE_THREADS", raw)
     with pytest.raises(
         ValueError, match=f"RINGFEED_GPU_DECODE_THREADS must be a whole number from 1 to 8, not '{raw}'"
     ):
-        _hybrid._decode_threads()
+        hybrid._decode_threads()
     monkeypatch.setenv("RINGFEED_GPU_DECODE_THREADS", "3")
-    assert _hybrid._decode_threads() == 3
+    assert hybrid._decode_threads() == 3
     # Only the batched hardware decoder decodes in several threads (and the loader takes that
     # many batches ahead); the host and nvImageCodec image by image use one.
-    f = _hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
+    f = hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (8, 8), geometry="bmm")
     assert f.decode_threads == 1
     f.close()
 
@@ -56,19 +56,19 @@ def test_chroma_is_replicated_unless_interpolation_is_asked_for(monkeypatch: pyt
     ``interpolate`` for interpolated upsampling; anything else is refused by name, before any
     library is looked for."""
     monkeypatch.delenv("RINGFEED_GPU_CHROMA", raising=False)
-    assert _nvjpeg.chroma_flags() == 0
+    assert nvjpeg.chroma_flags() == 0
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "replicate")
-    assert _nvjpeg.chroma_flags() == 0
+    assert nvjpeg.chroma_flags() == 0
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
-    assert _nvjpeg.chroma_flags() == _nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION == 32
+    assert nvjpeg.chroma_flags() == nvjpeg.FLAGS_UPSAMPLING_WITH_INTERPOLATION == 32
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "rebuild")  # replicated, then rebuilt on the GPU
-    assert _nvjpeg.chroma_flags() == 0
-    assert _nvjpeg.chroma_mode() == "rebuild"
+    assert nvjpeg.chroma_flags() == 0
+    assert nvjpeg.chroma_mode() == "rebuild"
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "fancy")
     with pytest.raises(
         ValueError, match="RINGFEED_GPU_CHROMA must be 'replicate', 'interpolate' or 'rebuild', not 'fancy'"
     ):
-        _nvjpeg.open_hardware(torch.device("cpu"))
+        nvjpeg.open_hardware(torch.device("cpu"))
 
 
 def test_the_pipelining_experiment_adds_its_flag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,29 +76,29 @@ def test_the_pipelining_experiment_adds_its_flag(monkeypatch: pytest.MonkeyPatch
     the chroma mode's flags; unset or 1 adds nothing; anything else is refused by name."""
     monkeypatch.delenv("RINGFEED_GPU_CHROMA", raising=False)
     monkeypatch.delenv("RINGFEED_NVJPEG_PIPELINE", raising=False)
-    assert _nvjpeg.chroma_flags() == 0
+    assert nvjpeg.chroma_flags() == 0
     monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "0")
-    assert _nvjpeg.chroma_flags() == _nvjpeg.FLAGS_HW_DECODE_NO_PIPELINE == 1
+    assert nvjpeg.chroma_flags() == nvjpeg.FLAGS_HW_DECODE_NO_PIPELINE == 1
     monkeypatch.setenv("RINGFEED_GPU_CHROMA", "interpolate")
-    assert _nvjpeg.chroma_flags() == 33
+    assert nvjpeg.chroma_flags() == 33
     monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "1")
-    assert _nvjpeg.chroma_flags() == 32
+    assert nvjpeg.chroma_flags() == 32
     monkeypatch.setenv("RINGFEED_NVJPEG_PIPELINE", "off")
     with pytest.raises(ValueError, match="RINGFEED_NVJPEG_PIPELINE must be 0 or 1, not 'off'"):
-        _nvjpeg.open_hardware(torch.device("cpu"))
+        nvjpeg.open_hardware(torch.device("cpu"))
 
 
 def test_the_image_record_is_nvjpeg_13s() -> None:
     """``nvjpegImage_t`` of nvjpeg.h 13.0: four channel pointers, then four ``size_t`` pitches."""
-    assert _nvjpeg.IMAGE_DTYPE.itemsize == 64
-    assert _nvjpeg.IMAGE_DTYPE.fields["pitch"][1] == 32
-    assert _nvjpeg.CHECKED_MAJORS == (13,)
+    assert nvjpeg.IMAGE_DTYPE.itemsize == 64
+    assert nvjpeg.IMAGE_DTYPE.fields["pitch"][1] == 32
+    assert nvjpeg.CHECKED_MAJORS == (13,)
 
 
-def _hardware() -> _nvjpeg.HardwareDecoder | None:
+def _hardware() -> nvjpeg.HardwareDecoder | None:
     if not torch.cuda.is_available():
         return None
-    dec, _ = _nvjpeg.open_hardware(torch.device("cuda"))
+    dec, _ = nvjpeg.open_hardware(torch.device("cuda"))
     return dec
 
 
@@ -138,7 +138,7 @@ def test_one_batched_call_gives_nvimgcodecs_pixels(monkeypatch: pytest.MonkeyPat
     out_offs = np.concatenate([[0], np.cumsum([w * h * 3 for w, h in sizes[:-1]])]).astype(np.uint64)
     buf = torch.zeros(sum(w * h * 3 for w, h in sizes), dtype=torch.uint8, device="cuda")
 
-    def decode_all(dec: _nvjpeg.HardwareDecoder | None) -> None:
+    def decode_all(dec: nvjpeg.HardwareDecoder | None) -> None:
         assert dec is not None
         buf.zero_()
         pitches = np.array([w * 3 for w, _ in sizes], dtype=np.uint64)
@@ -188,7 +188,7 @@ def test_a_batch_with_a_progressive_jpeg_is_refused_by_name() -> None:
     buf = torch.zeros(2 * 64 * 48 * 3, dtype=torch.uint8, device="cuda")
     dec = _hardware()
     assert dec is not None
-    with pytest.raises(_nvjpeg.HardwareRefusedError, match=r"nvjpegDecodeBatched failed: nvJPEG status \d+"):
+    with pytest.raises(nvjpeg.HardwareRefusedError, match=r"nvjpegDecodeBatched failed: nvJPEG status \d+"):
         dec.decode(
             np.array([arena.data_ptr(), arena.data_ptr() + len(cases[0])], dtype=np.uint64),
             lens,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ringfeed
-from ringfeed.loader import resolve_device, resolve_rank
+from ringfeed._options import resolve_device, resolve_rank
 
 NOWHERE = "/nonexistent/ringfeed.sock"
 
@@ -243,12 +243,12 @@ def test_bad_parameters_fail_before_connecting(kw: dict[str, Any], match: str) -
 
 def test_fields_always_include_image_and_label() -> None:
     """fields= lists extras; image and label are always delivered, first, without duplicates."""
-    from ringfeed.loader import _check_fields
+    from ringfeed._images import check_fields
 
     views = ringfeed.Views({"image": ringfeed.CenterCrop(4)})
-    assert _check_fields(None, views) == ("image", "label")
-    assert _check_fields(["crop", "image", "index", "crop"], views) == ("image", "label", "crop", "index")
-    assert _check_fields("index", views) == ("image", "label", "index")
+    assert check_fields(None, views) == ("image", "label")
+    assert check_fields(["crop", "image", "index", "crop"], views) == ("image", "label", "crop", "index")
+    assert check_fields("index", views) == ("image", "label", "index")
     # Each view is a field, with its erasing boxes when it erases.
     erasing = ringfeed.Views({"a": ringfeed.CenterCrop(4), "b": ringfeed.CenterCrop(2) + ringfeed.RandomErasing()})
-    assert _check_fields(None, erasing) == ("a", "b", "b_erase", "label")
+    assert check_fields(None, erasing) == ("a", "b", "b_erase", "label")

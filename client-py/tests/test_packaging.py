@@ -15,7 +15,7 @@ import pytest
 from _fleet import REPO, binary
 
 import ringfeed
-from ringfeed import _sidecar as sidecar
+from ringfeed.wire import sidecar
 
 HERE = Path(ringfeed.__file__).resolve()
 

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 import ringfeed
-from ringfeed import ProtocolError, ServerDiedError, ServerError, _protocol
-from ringfeed._protocol import (
+from ringfeed import ProtocolError, ServerDiedError, ServerError
+from ringfeed.wire import protocol
+from ringfeed.wire.protocol import (
     MAX_FRAME_LEN,
     PROTOCOL,
     REMOTE_COUNTERS,
@@ -86,7 +87,7 @@ def closes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             seen.append(str(Path(f"/proc/self/fd/{fd}").readlink()).split(" ")[0])
         real(fd)
 
-    monkeypatch.setattr(_protocol, "os", types.SimpleNamespace(close=close))
+    monkeypatch.setattr(protocol, "os", types.SimpleNamespace(close=close))
     return seen
 
 
@@ -558,9 +559,9 @@ def test_the_remote_snapshot_vector_has_every_counter() -> None:
 @needs_vectors
 def test_a_remote_dataset_url_is_sent_unchanged() -> None:
     """An `s3://` dataset reaches `open.dataset` as given (the vector's); a local path is made absolute."""
-    from ringfeed.loader import _dataset_path
+    from ringfeed._options import dataset_path
 
     cases = {c["name"]: c for c in load("frames.json")}
     url = cases["open, 1.3 remote dataset"]["message"]["dataset"]
-    assert _dataset_path(url) == url
-    assert _dataset_path("rel/ds") == os.path.abspath("rel/ds")  # noqa: PTH100
+    assert dataset_path(url) == url
+    assert dataset_path("rel/ds") == os.path.abspath("rel/ds")  # noqa: PTH100

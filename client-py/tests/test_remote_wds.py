@@ -129,7 +129,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[S3Server]:
 def as_stored(local: bytes, mtime_ns: int, etag: str) -> bytes:
     """The local index of a tar with the modification time and ETag of a tar in a store (proto/webdataset.md 1.1:
     the same layout, `etag_len` at byte 12, the ETag before the CRC)."""
-    from ringfeed._crc32c import crc32c
+    from ringfeed.formats.crc32c import crc32c
 
     body = bytearray(local[:-4])
     struct.pack_into("<I", body, 12, len(etag.encode()))

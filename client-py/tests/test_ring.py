@@ -1,4 +1,4 @@
-"""The ring segment (``proto/ring.md``), read by ``ringfeed._ring`` from real memfds.
+"""The ring segment (``proto/ring.md``), read by ``ringfeed.wire.ring`` from real memfds.
 
 Segments are built by ``_ringbuild`` field by field from the spec's tables, written into a sealed
 memfd as the server makes them, and mapped through ``Segment`` exactly as the loader maps them.
@@ -30,8 +30,8 @@ from _ringbuild import (
 )
 
 from ringfeed import ProtocolError
-from ringfeed import _ring as ring
-from ringfeed._crc32c import crc32c
+from ringfeed.formats.crc32c import crc32c
+from ringfeed.wire import ring
 
 
 def test_structure_sizes_match_the_spec() -> None:

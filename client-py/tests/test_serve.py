@@ -22,7 +22,7 @@ from PIL import Image
 
 import ringfeed
 from ringfeed import RingfeedError, ServerDiedError, ServerError
-from ringfeed import _sidecar as sidecar
+from ringfeed.wire import sidecar
 
 N = 22
 

@@ -13,7 +13,7 @@ from _fleet import Server, make_dataset
 
 import ringfeed
 from ringfeed import RingfeedError, ServerDiedError, ServerError
-from ringfeed import _sidecar as sidecar
+from ringfeed.wire import sidecar
 
 N = 64
 BS = 4

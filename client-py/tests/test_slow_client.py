@@ -13,7 +13,7 @@ from _fleet import Server, binary, make_dataset, settle
 
 import ringfeed
 from ringfeed import ServerError
-from ringfeed._protocol import PROTOCOL, encode
+from ringfeed.wire.protocol import PROTOCOL, encode
 
 N = 64
 BS = 4

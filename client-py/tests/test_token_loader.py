@@ -18,7 +18,7 @@ from _support import restripe_conformance, ringfeed_bin
 from _tokorder import epoch_order, quantise, quota_schedule, rest_of_epoch
 
 import ringfeed
-from ringfeed import _tokfile as tf
+from ringfeed.formats import tokfile as tf
 
 torch = pytest.importorskip("torch")
 
@@ -376,18 +376,18 @@ VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" 
 def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `open` a TokenLoader sends is the frames.json vector "open, 1.2 token stream" (which the
     Rust side decodes into its one OpenRequest and encodes back byte for byte), but for the path."""
-    from ringfeed import _protocol
+    from ringfeed.wire import protocol
 
     case = next(c for c in json.loads(VECTORS.read_text()) if c["name"] == "open, 1.2 token stream")
     want = case["message"]
     sent: list[dict[str, Any]] = []
-    real_send = _protocol.Connection.send
+    real_send = protocol.Connection.send
 
     def record(self: Any, msg: dict[str, Any]) -> None:
         sent.append(msg)
         real_send(self, msg)
 
-    monkeypatch.setattr(_protocol.Connection, "send", record)
+    monkeypatch.setattr(protocol.Connection, "send", record)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     t = want["tokens"]
     with ringfeed.TokenLoader(
@@ -411,16 +411,15 @@ def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pyt
     }
 
 
-class _ImageMemberTokenLoader(ringfeed.TokenLoader):
-    def _kind_members(self) -> dict[str, Any]:
-        return super()._kind_members() | {"layout": "NHWC"}
-
-
-def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str) -> None:
+def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """One `open` serves both kinds, and a token stream's `open` that carries an image member is a
     bad request naming the member."""
+    from ringfeed._tokens import TokenBatches
+
+    real = TokenBatches.open_members
+    monkeypatch.setattr(TokenBatches, "open_members", lambda self, *a: real(self, *a) | {"layout": "NHWC"})
     with pytest.raises(ringfeed.ServerError, match=r"open\.layout is not a member of a token stream"):
-        _ImageMemberTokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
 
 
 # -- mixing (control.md, "Mixing") -------------------------------------------------------------

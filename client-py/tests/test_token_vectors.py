@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from ringfeed import FormatError
-from ringfeed import _tokfile as tf
-from ringfeed._crc32c import crc32c
+from ringfeed.formats import tokfile as tf
+from ringfeed.formats.crc32c import crc32c
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "tokens"
 CASES: list[dict[str, Any]] = json.loads((VECTORS / "cases.json").read_text())

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from _support import ringfeed_bin
 
-from ringfeed import _tokfile as tf
-from ringfeed._crc32c import crc32c
+from ringfeed.formats import tokfile as tf
+from ringfeed.formats.crc32c import crc32c
 
 tokenizers = pytest.importorskip("tokenizers")
 

@@ -257,7 +257,7 @@ VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "webdatase
 
 def parse_index(b: bytes) -> dict[str, object]:
     """An index file read by the layout of proto/webdataset.md 1.1, independently of the Rust reader."""
-    from ringfeed._crc32c import crc32c
+    from ringfeed.formats.crc32c import crc32c
 
     assert b[:8] == b"RFWDSIDX"
     assert struct.unpack_from("<I", b, len(b) - 4)[0] == crc32c(b[:-4])

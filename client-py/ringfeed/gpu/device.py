@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ._errors import RingfeedError
+from .._errors import RingfeedError
 
 __all__ = ["CudaCopier", "Normalizer"]
 
@@ -86,7 +86,7 @@ class CudaCopier:
     """Pins one ring segment and copies held slots to one GPU on a side stream.
 
     Args:
-        segment: the mapped ring (``_ring.Segment`` with torch views).
+        segment: the mapped ring (``wire.ring.Segment`` with torch views).
         device: the target ``torch.device`` (type ``cuda``, with an index).
 
     What runs on the copies (normalisation, erasing, MixUp/CutMix) is ``copy``'s ``post``.

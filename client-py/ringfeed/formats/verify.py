@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._crc32c import crc32c
-from ._reader import PackedDataset, _Shard
-from ._shard import (
+from .crc32c import crc32c
+from .reader import PackedDataset, _Shard
+from .shard import (
     CLASS_ENTRY,
     INDEX_FOOTER,
     INDEX_HEADER,

@@ -4,7 +4,7 @@ This module is the single Python truth for the on-disk layout, the counterpart o
 ``crates/format/src/shard/mod.rs``: magics, versions, structure sizes and every structure as a
 ``struct.Struct("<...")`` constant, checked against the spec by module-level asserts and against
 the vectors in ``proto/vectors/shard/`` by ``tests/test_format_vectors.py``. The reader
-(``_reader.py``) and ``verify`` (``_verify.py``) use only what is defined here.
+(``reader.py``) and ``verify`` (``verify.py``) use only what is defined here.
 
 Invariants:
 
@@ -23,7 +23,7 @@ import os
 import struct
 from typing import Any, Literal, NamedTuple
 
-from ._crc32c import crc32c
+from .crc32c import crc32c
 
 __all__ = ["FormatError"]
 

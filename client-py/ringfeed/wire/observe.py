@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._errors import ProtocolError, RingfeedError, ServerError
-from ._protocol import PROTOCOL, Connection, check_server_message
-from ._sidecar import default_socket_path
-from ._version import __version__
+from .._errors import ProtocolError, RingfeedError, ServerError
+from .._version import __version__
+from .protocol import PROTOCOL, Connection, check_server_message
+from .sidecar import default_socket_path
 
 
 def snapshot(socket: str | os.PathLike[str] | None = None, *, timeout: float = 10.0) -> dict[str, Any]:

@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from types import EllipsisType
 from typing import Any
 
-from ._errors import ProtocolError, ServerDiedError, TimeoutError
-from ._shard import _MAX_DEPTH, _depth, _reject_constant
+from .._errors import ProtocolError, ServerDiedError, TimeoutError
+from ..formats.shard import _MAX_DEPTH, _depth, _reject_constant
 
 __all__ = [
     "MAX_FRAME_LEN",

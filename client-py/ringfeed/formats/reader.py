@@ -7,7 +7,7 @@ in milliseconds and in constant memory.
 
 ``PackedDataset.sample(i)`` then reads one sample entry and one record entry, bounds-checks both,
 and hands out the record as a zero-copy ``memoryview`` of the mapped shard. The record's CRC is
-checked on request (``check_crc=True``; slow, see ``_crc32c``); ``ringfeed.verify`` checks the rest.
+checked on request (``check_crc=True``; slow, see ``crc32c``); ``ringfeed.verify`` checks the rest.
 
 Lifetime: a ``Sample.data`` view keeps its shard's mapping alive. ``close()`` unmaps every file no
 view still refers to; the others are unmapped when their last view is released, so a view never
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._crc32c import crc32c
-from ._shard import (
+from .crc32c import crc32c
+from .shard import (
     CLASS_ENTRY,
     INDEX_FILE,
     INDEX_FOOTER,
@@ -362,7 +362,7 @@ class PackedDataset:
         state = "closed" if self._closed else f"{len(self)} samples, {len(self._shards)} shards"
         return f"PackedDataset({os.fspath(self._dir)!r}, {state})"
 
-    # -- internals shared with `_verify` ---------------------------------------------------------
+    # -- internals shared with `verify` ----------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:

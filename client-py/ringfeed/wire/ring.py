@@ -34,8 +34,8 @@ import struct
 import sys
 from typing import Any, NamedTuple
 
-from ._crc32c import crc32c
-from ._errors import ProtocolError
+from .._errors import ProtocolError
+from ..formats.crc32c import crc32c
 
 __all__ = ["DTYPES", "Field", "Segment", "SegmentHeader", "SlotHeader"]
 

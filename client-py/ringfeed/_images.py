@@ -1,0 +1,548 @@
+"""The image sample kind: what ``Loader`` asks the server for, and how a slot becomes a batch.
+
+``ImageOptions`` checks ``Loader``'s image arguments (the pipeline, the layout, the fields, the
+source options, the batch ops, hybrid decode); ``ImageBatches`` is the stream's batch maker for
+them (``_stream.BatchMaker``): the ``open`` members (``pipeline``, or a 1.1 server's
+``transform``), the ring fields (each view's images and erasing boxes, ``label``, the extras),
+and the batch: the slot's views, then the batch ops (``_batch.BatchOps``: normalisation, erasing,
+MixUp/CutMix), on the GPU after the copy in CUDA mode.
+
+Hybrid decode (docs/hybrid-decode.md): the server leaves a share of each batch encoded, with a
+``gpu_job`` record per sample; ``gpu.hybrid.Finisher`` decodes and finishes those samples into
+the batch's image tensor before the batch ops. While one batch is handed out, the next ones the
+server has ready are taken ahead and their GPU decodes started in the finisher's threads, so they
+run during the training step (the hardware decoder's call blocks its thread for the whole decode).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ProtocolError, RingfeedError, ServerError
+from ._options import StreamConfig, boolean, int_in
+from ._stream import BatchMaker, Stream
+from ._transforms import Views, as_views
+from .wire.ring import Segment
+
+__all__ = ["FIELDS", "ImageBatches", "ImageOptions"]
+
+log = logging.getLogger("ringfeed")
+
+#: Fields a stream carries besides its views' images and erasing boxes (ring.md, "Fields a stream
+#: carries"): ``label`` always, the others on request; each one's dtype and per-sample shape.
+FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "label": ("int64", ()),
+    "index": ("int64", ()),
+    "crop": ("int32", (5,)),
+}
+#: ``open.webdataset`` members (control.md, "WebDataset shards", 1.3).
+WEBDATASET_OPTIONS = {"image": str, "label": str, "label_key": str, "write_index": bool}
+#: The per-image ops hybrid decode finishes on the GPU (control.md, "Hybrid decode"); the batch
+#: ops run on the client anyway.
+_GEOMETRIC = frozenset(
+    {"random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip"}
+)
+_BATCH_OPS = frozenset({"normalize", "random_erasing"})
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """``Loader``'s image arguments, checked (see ``Loader`` for each)."""
+
+    transform: Any
+    #: The pipeline's views; ``None`` for a protocol 1.1 ``transform`` dict (then ``legacy``).
+    views: Views | None
+    legacy: dict[str, Any] | None
+    layout: str
+    on_error: str
+    #: Every field the ring must carry (``check_fields``).
+    fields: tuple[str, ...]
+    check_crc: bool
+    lmdb: dict[str, Any] | None
+    webdataset: dict[str, Any] | None
+    #: The batch ops, or ``None`` when there are none.
+    post: Any
+    #: Hybrid decode: the pinned share (a float), ``None`` for the tuner's, or off (``False``),
+    #: and why it is off.
+    gpu_share: float | bool | None
+    gpu_backend: str | None
+    gpu_decode_reason: str | None
+    gpu_bytes: int | None
+
+    @classmethod
+    def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
+        """Checks the image arguments (``kw``: ``Loader``'s keywords of them) against ``cfg``."""
+        views, legacy = _check_transform(transform)
+        layout, on_error = kw["layout"], kw["on_error"]
+        if layout not in ("NHWC", "NCHW"):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        fields = check_fields(kw["fields"], views)
+        check_crc = boolean("check_crc", kw["check_crc"])
+        lmdb = dict(kw["lmdb"]) if kw["lmdb"] is not None else None
+        webdataset = _check_webdataset(kw["webdataset"])
+        post = _batch_ops(cfg, views, legacy, layout, kw["normalize"], kw["dtype"], kw["batch_transform"])
+        share, backend, why = _gpu_plan(kw["gpu_decode"], kw["_gpu_backend"], cfg.device, views, cfg.autotune)
+        gpu_bytes = kw["gpu_decode_bytes"]
+        if gpu_bytes is not None:
+            gpu_bytes = int_in("gpu_decode_bytes", gpu_bytes, 4096, 64 << 20)
+        return cls(
+            transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
+            share, backend, why, gpu_bytes,
+        )  # fmt: skip
+
+
+class ImageBatches(BatchMaker):
+    """The image kind's batch maker: ``open``'s image members, the fields, the batch ops, and
+    hybrid decode's finishing and look-ahead."""
+
+    def __init__(self, opts: ImageOptions, path: str) -> None:
+        self.opts = opts
+        self.path = path
+        #: Hybrid decode's share and why it is off: the options', until a server too old for it
+        #: turns it off (``open_members``).
+        self.gpu_share = opts.gpu_share
+        self.gpu_decode_reason = opts.gpu_decode_reason
+        #: Hybrid decode's ``gpu.hybrid.Finisher`` (set once the ring is mapped), else ``None``.
+        self.finisher: Any = None
+        #: Batches taken from the server while the last one was handed out, whose GPU decode
+        #: already runs in the finisher's threads: ``(slot, header, pending decode)``.
+        self.ahead: collections.deque[tuple[int, Any, Any]] = collections.deque()
+
+    # -- open, fields ---------------------------------------------------------------------------
+
+    def open_members(self, cfg: StreamConfig, server_protocol: tuple[int, int]) -> dict[str, Any]:
+        """The image stream's members of ``open`` (control.md, "open")."""
+        o = self.opts
+        msg: dict[str, Any] = {
+            **self._pipeline_member(server_protocol),
+            "layout": o.layout,
+            "on_error": o.on_error,
+            "fields": [f for f in o.fields if f in ("image", "label", "index", "crop")],
+            "check_crc": o.check_crc,
+        }
+        if o.lmdb is not None:
+            msg["lmdb"] = o.lmdb
+        if self.gpu_share is not False and server_protocol < (1, 3):
+            # control.md, 1.3: a 1.2 server does not know `gpu_decode`; decode on the CPU.
+            major, minor = server_protocol
+            self.gpu_share = False
+            self.gpu_decode_reason = f"the server speaks protocol {major}.{minor}; hybrid decode needs 1.3"
+            log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
+        if self.gpu_share is not False:
+            gpu: dict[str, Any] = {"share": self.gpu_share}
+            if o.gpu_bytes is not None:
+                gpu["bytes_per_sample"] = o.gpu_bytes
+            msg["gpu_decode"] = gpu
+        msg.update(_order_members(cfg, o.webdataset, server_protocol))
+        return msg
+
+    def _pipeline_member(self, server_protocol: tuple[int, int]) -> dict[str, Any]:
+        """``pipeline`` for a 1.2 server; ``transform`` for a 1.1 one, when the pipeline is one of its three."""
+        o = self.opts
+        if o.views is None:
+            return {"transform": dict(o.legacy)}  # type: ignore[arg-type]
+        if server_protocol >= (1, 2):
+            return {"pipeline": o.views.to_json()}
+        legacy = o.views.legacy()
+        if legacy is None:
+            raise RingfeedError(
+                f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}, which runs only "
+                f"RandomResizedCrop [+ RandomHorizontalFlip], Resize((h, w)) or Resize(s) + CenterCrop; this pipeline "
+                f"needs a ringfeed server with protocol 1.2 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+            )
+        return {"transform": legacy}
+
+    def ring_fields(self) -> tuple[str, ...]:
+        return self.opts.fields
+
+    def field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
+        o = self.opts
+        if name in FIELDS:
+            return FIELDS[name]
+        if o.views is None:
+            size = tuple(o.legacy.get("size", ()))  # type: ignore[union-attr]
+            h, w = size if len(size) == 2 else (None, None)
+            return "uint8", ((h, w, 3) if o.layout == "NHWC" else (3, h, w))
+        base, erase = (name[: -len("_erase")], True) if name.endswith("_erase") else (name, False)
+        v = o.views.views[base]
+        lead: tuple[int, ...] = (v.count,) if v.count > 1 else ()
+        if erase:
+            return "int32", (*lead, len(v.transform.erasing), 4)
+        h, w = v.size
+        return "uint8", (*lead, *((h, w, 3) if o.layout == "NHWC" else (3, h, w)))
+
+    def attach(self, segment: Segment, cfg: StreamConfig) -> Any:
+        """Starts hybrid decode's finisher for this ring, when the stream asked for hybrid decode."""
+        o = self.opts
+        if self.gpu_share is False:
+            return None
+        from .gpu.hybrid import Finisher
+
+        for name in ("gpu_job", "gpu_bytes"):
+            if name not in segment.fields:
+                raise ProtocolError(f"the ring has no field {name!r}, which hybrid decode needs")
+        assert o.views is not None
+        assert o.gpu_backend is not None
+        (view,) = o.views.views.values()
+        device = cfg.device if cfg.cuda else _cpu()
+        self.finisher = Finisher(device, o.gpu_backend, o.layout, view.size, segment.slot_count)
+        return self.finisher
+
+    # -- batches --------------------------------------------------------------------------------
+
+    def make(self, st: Stream, slot: int, header: Any, pending: Any = None) -> Any:
+        views = st.ring_views(slot, header.count)
+        post = self.opts.post
+        if post is not None:
+            try:
+                post.check(views)
+            except ValueError:
+                st.res.release(slot)
+                raise
+        finish = self._finish(st, slot, header, pending) if self.finisher is not None else None
+        if finish is not None and st.res.cuda is None:
+            # CPU mode (the tests' host backend): the GPU samples are finished into the held slot
+            # itself (ring.md rule 7), then the batch goes on as any other.
+            try:
+                views = finish(dict(views))
+            except _SampleDecodeError:
+                st.res.release(slot)
+                raise
+            st.meter.totals["skipped"] += finish.skipped
+        if st.res.cuda is not None:
+            out = self._to_device(st, views, slot, header, finish)
+        elif post is not None:
+            # The batch ops make new tensors; copy whatever they left as a view of the ring, and
+            # hand the slot back now.
+            out = post(dict(views), header.epoch, header.batch)
+            out = {k: (v.clone() if any(v is r for r in views.values()) else v) for k, v in out.items()}
+            st.res.release(slot)
+        else:
+            out = st.hand_out(slot, views)
+        st.count_delivered(header)
+        return self.shape(out)
+
+    def _to_device(self, st: Stream, views: dict[str, Any], slot: int, header: Any, finish: _Finish | None) -> Any:
+        """CUDA mode: the copy, then the GPU samples' finishing, then the batch ops, on the side stream."""
+        post = self.opts.post
+        hook = None if post is None else (lambda o: post(o, header.epoch, header.batch))
+        try:
+            out = st.to_device(views, slot, hook, finish)
+            if finish is not None and self.finisher is not None:
+                # Finishing the GPU samples is making the batch (the wait for data), not
+                # back-pressure from the GPU: the tuner must not read it as the model's step.
+                st.meter.gpu_s = max(st.meter.gpu_s - self.finisher.last_call_ns / 1e9, 0.0)
+        except _SampleDecodeError:
+            st.res.cuda.stream.synchronize()
+            st.res.release(slot)
+            raise
+        if finish is not None:
+            st.meter.totals["skipped"] += finish.skipped
+        return out
+
+    def shape(self, out: dict[str, Any]) -> Any:
+        """What the iterator yields for a batch's fields: ``(images, labels)``, or a dict."""
+        for k in [k for k in out if k.endswith("_erase")]:
+            del out[k]
+        views = self.opts.views
+        if views is None or (list(views.views) == ["image"] and set(out) == {"image", "label"}):
+            return out["image"], out["label"]
+        return out
+
+    # -- hybrid decode --------------------------------------------------------------------------
+
+    def _gpu_inputs(self, st: Stream, slot: int, header: Any) -> tuple[Any, Any]:
+        """The slot's ``gpu_job`` records and ``gpu_bytes`` arena, as numpy views of the ring."""
+        segment = st.res.segment
+        assert segment is not None
+        jobs = segment.view(slot, "gpu_job")[: header.count]
+        arena = segment.view(slot, "gpu_bytes")
+        jobs_np = jobs.numpy() if hasattr(jobs, "numpy") else jobs
+        arena_np = arena.numpy() if hasattr(arena, "numpy") else arena
+        return jobs_np, arena_np.reshape(-1)
+
+    def _finish(self, st: Stream, slot: int, header: Any, pending: Any = None) -> _Finish:
+        """What finishes this batch's GPU samples, run where its tensors are (ring.md, ``gpu_job``)."""
+        segment = st.res.segment
+        assert segment is not None
+        jobs, arena = self._gpu_inputs(st, slot, header)
+        index = segment.view(slot, "index")[: header.count] if "index" in segment.fields else None
+        return _Finish(self, jobs, arena, header, index, pending)
+
+    def take_ahead(self) -> tuple[int, Any, Any] | None:
+        return self.ahead.popleft() if self.ahead else None
+
+    def look_ahead(self, st: Stream) -> None:
+        """Takes the next batches if the server has them ready, and starts their GPU decodes in the
+        finisher's threads, so that they run while the training step runs. Never waits."""
+        f = self.finisher
+        if f is None or not f.background or st.looking_ahead_failed:
+            return
+        segment = st.res.segment
+        assert segment is not None
+        # As many ahead as the finisher has decode threads, two at least (decoding one while the
+        # other is finished), leaving the server two slots.
+        most = max(0, min(max(2, f.decode_threads), segment.slot_count - 2))
+        copy_stream = None if st.res.cuda is None else st.res.cuda.stream
+        while len(self.ahead) < most:
+            taken = st.poll_ready()
+            if taken is None:
+                return
+            slot, header = taken
+            try:
+                jobs, arena = self._gpu_inputs(st, slot, header)
+                self.ahead.append((slot, header, f.submit(jobs, arena, copy_stream)))
+            except RingfeedError as e:
+                # Raised where the loop would have met it: at the next batch, after this one.
+                st.defer_error(e)
+                return
+
+    def drop_ahead(self, st: Stream) -> None:
+        """Releases the batches taken ahead (once their decodes have stopped reading their slots)."""
+        while self.ahead:
+            slot, _, pending = self.ahead.popleft()
+            with contextlib.suppress(Exception):
+                pending.result()
+            if slot in st.res.held:
+                with contextlib.suppress(RingfeedError, OSError):
+                    st.res.release(slot)
+
+    def forget_ahead(self) -> None:
+        self.ahead.clear()
+
+    def gpu_counts(self) -> tuple[int, int, int, int] | None:
+        return self.finisher.take_counts() if self.finisher is not None else None
+
+    def add_stats(self, out: dict[str, Any]) -> None:
+        if self.finisher is not None:
+            samples, ns, fallbacks, waited = self.finisher.totals
+            out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
+            out["gpu_decode_wait_s"] = waited / 1e9
+
+
+class _SampleDecodeError(ServerError):
+    """Samples of a batch that neither the GPU nor the host could decode, under ``on_error="raise"``."""
+
+
+class _Finish:
+    """Finishes one batch's GPU samples (hybrid decode) into its image tensor, then applies ``on_error``."""
+
+    def __init__(self, kind: ImageBatches, jobs: Any, arena: Any, header: Any, index: Any, pending: Any = None) -> None:
+        self.kind, self.jobs, self.arena, self.header, self.index = kind, jobs, arena, header, index
+        self.pending = pending
+        self.skipped = 0
+
+    def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
+        from .gpu.hybrid import DecodeError
+
+        kind = self.kind
+        assert kind.opts.views is not None
+        (name,) = kind.opts.views.views
+        try:
+            kind.finisher(self.jobs, self.arena, out[name], stream, self.pending)
+            return out
+        except DecodeError as e:
+            failed = e.failed
+        where = f"batch {self.header.batch} of epoch {self.header.epoch} of {kind.path}"
+        named = [
+            f"sample #{int(self.index[p])}" if self.index is not None else f"position {p} of {where}" for p, _ in failed
+        ]
+        if kind.opts.on_error == "raise":
+            detail = "; ".join(f"{n}: {r}" for n, (_, r) in zip(named, failed, strict=True))
+            raise _SampleDecodeError(
+                "sample",
+                f"{len(failed)} sample(s) of {where} do not decode (hybrid decode): {detail}; "
+                f"pass on_error='skip' to leave such samples out",
+                sample=int(self.index[failed[0][0]]) if self.index is not None else None,
+                fatal=False,
+            )
+        import torch
+
+        keep = [p for p in range(next(iter(out.values())).shape[0]) if p not in {p for p, _ in failed}]
+        self.skipped = len(failed)
+        rows = torch.as_tensor(keep, dtype=torch.long)
+        return {k: v.index_select(0, rows.to(v.device)) for k, v in out.items()}
+
+
+# -- checking the arguments ---------------------------------------------------------------------
+
+
+def _check_transform(transform: Any) -> tuple[Views | None, dict[str, Any] | None]:
+    """The loader's views, or (for a protocol 1.1 ``transform`` object given as a dict) that dict."""
+    if isinstance(transform, Mapping) and isinstance(transform.get("kind"), str):
+        return None, dict(transform)
+    return as_views(transform), None
+
+
+def _legacy_ops(legacy: dict[str, Any] | None) -> Any:
+    """Stand-in ops for a 1.1 ``transform`` dict (only its output size matters client-side)."""
+    from ._transforms import CenterCrop
+
+    assert legacy is not None
+    size = legacy.get("size", [1, 1])
+    return CenterCrop(tuple(size) if isinstance(size, list) and len(size) == 2 else 1)
+
+
+def check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str, ...]:
+    """Every field the ring must carry: each view's images (and erasing boxes), ``label``, the extras."""
+    if views is None:
+        out = ["image", "label"]
+    else:
+        out = []
+        for name, v in views.views.items():
+            out.append(name)
+            if v.transform.erasing:
+                out.append(f"{name}_erase")
+        out.append("label")
+    if fields is None:
+        return tuple(out)
+    if isinstance(fields, str):
+        fields = [fields]
+    for name in fields:
+        if name in out:
+            continue
+        if name not in FIELDS:
+            known = ", ".join([*(views.views if views else ["image"]), *FIELDS])
+            raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
+        out.append(name)
+    return tuple(out)
+
+
+def _check_webdataset(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if options is None:
+        return None
+    out = dict(options)
+    for key, value in out.items():
+        kind = WEBDATASET_OPTIONS.get(key)
+        if kind is None:
+            raise ValueError(f"webdataset: unknown option {key!r} (known: {', '.join(WEBDATASET_OPTIONS)})")
+        if not isinstance(value, kind):
+            raise ValueError(f"webdataset[{key!r}] must be a {kind.__name__}, got {value!r}")
+    return out
+
+
+def _batch_ops(
+    cfg: StreamConfig,
+    views: Views | None,
+    legacy: dict[str, Any] | None,
+    layout: str,
+    normalize: Any,
+    dtype: Any,
+    batch_transform: Any,
+) -> Any:
+    """The batch ops (``_batch.BatchOps``) the pipeline and these arguments ask for, or ``None``."""
+    if normalize is not None:
+        try:
+            mean, std = normalize
+        except (TypeError, ValueError):
+            raise ValueError(f"normalize must be a (mean, std) pair, got {normalize!r}") from None
+        normalize = (mean, std)
+    all_views = views if views is not None else as_views(_legacy_ops(legacy))
+    needs_post = (
+        normalize is not None
+        or dtype is not None
+        or batch_transform is not None
+        or any(v.transform.normalize or v.transform.erasing for v in all_views.views.values())
+    )
+    if not needs_post:
+        return None
+    from ._batch import BatchOps
+
+    post = BatchOps(all_views, layout, normalize, dtype, batch_transform, cfg.seed)
+    return post if post.active else None
+
+
+def _order_members(
+    cfg: StreamConfig, webdataset: dict[str, Any] | None, server_protocol: tuple[int, int]
+) -> dict[str, Any]:
+    """The 1.3 members (order, WebDataset options), sent only when set: a 1.2 server would ignore them."""
+    members: dict[str, Any] = {}
+    if cfg.order != "auto":
+        members["order"] = cfg.order
+    if cfg.order_block is not None:
+        members["order_block"] = cfg.order_block
+    if cfg.order_shard is not None:
+        members["order_shard"] = cfg.order_shard
+    if webdataset is not None:
+        members["webdataset"] = webdataset
+    if members and server_protocol < (1, 3):
+        raise RingfeedError(
+            f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; "
+            f"{', '.join(sorted(members))} need a ringfeed server with protocol 1.3 "
+            f"(upgrade the server, or set RINGFEED_BIN to a newer binary)"
+        )
+    return members
+
+
+def _cpu() -> Any:
+    import torch
+
+    return torch.device("cpu")
+
+
+def _gpu_plan(
+    gpu_decode: Any, backend: str | None, device: Any, views: Views | None, autotune: bool
+) -> tuple[float | bool | None, str | None, str | None]:
+    """``(share, backend, why off)`` for ``Loader(gpu_decode=...)``: share a float (pinned), ``None``
+    (the tuner's), or ``False`` (off, with the reason)."""
+    if gpu_decode is False:
+        return False, None, "gpu_decode=False"
+    if gpu_decode == "auto" or gpu_decode is True:
+        pinned: float | None = None
+    elif isinstance(gpu_decode, (int, float)) and not isinstance(gpu_decode, bool) and 0.0 <= gpu_decode <= 1.0:
+        pinned = float(gpu_decode)
+    else:
+        raise ValueError(f"gpu_decode must be 'auto', True, False or a share in 0..1, got {gpu_decode!r}")
+    why = _gpu_pipeline_problem(views)
+    if backend is None:
+        from .gpu.hybrid import backend_for
+
+        backend, reason = backend_for(device)
+        if backend is None:
+            why = why or reason
+    if why is not None:
+        if pinned is not None or gpu_decode is True:
+            raise ValueError(f"gpu_decode={gpu_decode!r} cannot work: {why}")
+        on_gpu = getattr(device, "type", "cpu") == "cuda"
+        (log.warning if on_gpu else log.info)("ringfeed: GPU decode is off: %s", why)
+        return False, None, why
+    if pinned is None and not autotune:
+        # Without the autotuner nobody would set the share: "auto" then means off.
+        return False, None, "autotune=False and gpu_decode='auto' (pin a share, e.g. gpu_decode=0.5)"
+    return pinned, backend, None
+
+
+def _gpu_pipeline_problem(views: Views | None) -> str | None:
+    """Why hybrid decode cannot finish this pipeline on the GPU, or ``None``."""
+    if views is None:
+        return "the 1.1 transform dict form is decoded on the CPU"
+    return gpu_pipeline_doc_problem(views.to_json())
+
+
+def gpu_pipeline_doc_problem(doc: dict[str, Any]) -> str | None:
+    """The same for a pipeline as the wire carries it (control.md, ``open.pipeline``): the
+    server's rule (``ops::gpu::finishable``), whose verdicts ``proto/vectors/control/hybrid.json``
+    pins for both sides."""
+    views = doc["views"]
+    if len(views) != 1:
+        return f"the pipeline has {len(views)} views; GPU decode finishes one"
+    (view,) = views
+    count = view.get("count", 1)
+    if count != 1:
+        return f"the view makes {count} images per sample; GPU decode finishes one"
+    ops = [op["op"] for op in view["ops"] if op["op"] not in _BATCH_OPS]
+    for op in ops:
+        if op not in _GEOMETRIC:
+            return (
+                f"{op} is not geometric (GPU decode finishes crops, flips and one resize; the other ops run on the CPU)"
+            )
+    if sum(op in ("resize", "random_resized_crop") for op in ops) > 1:
+        return "the pipeline resizes twice; GPU decode finishes one resize"
+    return None

@@ -51,7 +51,7 @@ class Server:
         self.proc = subprocess.Popen(
             [binary, "serve", "--socket", self.sock, "--threads", str(threads)],
             stderr=self.log,
-            env={**os.environ, "RINGFEED_LOG": "warn,ringfeed::tune=info"},
+            env={**os.environ, "RINGFEED_LOG": "warn,ringfeed_serve::tune=info"},
         )
         deadline = time.monotonic() + 20
         while not Path(self.sock).exists():

@@ -39,7 +39,7 @@ def server(sockdir: Path) -> Iterator[tuple[str, int]]:
         [ringfeed_bin(), "serve", "--socket", sock, "--threads", "2", "--metrics", "0"],
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, RINGFEED_LOG="warn,ringfeed::serve=info", NO_COLOR="1"),
+        env=dict(os.environ, RINGFEED_LOG="warn,ringfeed_serve::server=info", NO_COLOR="1"),
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]

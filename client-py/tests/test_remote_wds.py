@@ -185,7 +185,7 @@ def test_serving_opens_from_the_stored_indexes_without_scanning(tars: Path, sock
             proc = subprocess.Popen(
                 [ringfeed_bin(), *cmd, "--cache-bytes", str(1 << 30)],
                 stderr=f,
-                env={**os.environ, **server.env(), "RINGFEED_LOG": "warn,ringfeed::stream=info"},
+                env={**os.environ, **server.env(), "RINGFEED_LOG": "warn,ringfeed_serve::images=info"},
             )
         try:
             deadline = time.monotonic() + 30

@@ -35,7 +35,9 @@ use ringfeed_source::{SampleReader, Source};
 
 pub mod inspect;
 pub mod progress;
+#[cfg(feature = "remote")]
 pub mod remote;
+#[cfg(feature = "text")]
 pub mod text;
 
 pub use crate::progress::ProgressMode;

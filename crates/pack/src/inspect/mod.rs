@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+#[cfg(feature = "text")]
 pub mod tokens;
 
 use ringfeed_decode as codec;

@@ -489,271 +489,19 @@ impl Tuner {
         let free = budget.min(pool).saturating_sub(pinned).max(1);
 
         // Each stream's want, before the budget.
-        struct Want {
-            want: u32,
-            depth: u32,
-            signals: Signals,
-            reason: Option<String>,
-            limit: String,
-            kind: Limit,
-        }
-        let mut wants = Vec::with_capacity(obs.len());
-        for o in obs {
-            let st = self.streams.entry(o.id).or_default();
-            let d = &o.delta;
-            // The interval of the first `start` (the threads idled before it for want of any work:
-            // the busy share counts from it) and the first with steps (the loop's wait in it is
-            // its first batch's latency): its wait is reported, but neither learned from nor acted
-            // on.
-            // (A stream that never started has no work to measure its threads against.)
-            let active_ns = match o.active {
-                Some(a) if !a.is_zero() => (a.as_nanos() as f64).min(interval_ns),
-                _ => interval_ns,
-            };
-            let first = active_ns < interval_ns || (d.steps > 0 && !st.stepped);
-            st.stepped |= d.steps > 0;
-            let signals = Signals::of(d, o.threads, active_ns.max(1.0), o.reports_gpu_wait);
-            let wait = signals.wait.filter(|_| !first);
-            if d.timed > 0 {
-                // Thread time per sample: what a sample costs the pool, overheads included (the
-                // stage timers alone leave some out; they are for the breakdown only).
-                let spent = if d.busy_ns > 0 {
-                    d.busy_ns
+        let mut wants: Vec<Want> = obs
+            .iter()
+            .map(|o| {
+                let st = self.streams.entry(o.id).or_default();
+                let m = Measured::update(&cfg, st, o, interval_ns);
+                if o.autotune {
+                    auto_want(&cfg, st, o, &m, free)
                 } else {
-                    d.stage_ns.iter().sum::<u64>()
-                };
-                st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
-            }
-            // (A first interval whose only step is the first, which has no compute, says nothing
-            // about the step.)
-            if d.steps > 0 && (!first || d.compute_ns > 0) {
-                // The loop's own step: its compute and its wait behind its GPU, which more data
-                // would not shorten (the rate it can consume at is B / this).
-                let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
-                st.step_ns = Some(ewma(st.step_ns, own, cfg.alpha));
-            }
-            st.last_cycle_ns = None;
-            if d.steps > 0 && !first {
-                let cycle = (d.compute_ns + d.wait_ns) as f64 / d.steps as f64;
-                st.cycle_ns = Some(ewma(st.cycle_ns, cycle, cfg.alpha));
-                st.last_cycle_ns = Some(cycle);
-            }
-            if let Some(w) = wait {
-                st.wait = Some(ewma(st.wait, w, cfg.alpha));
-            }
-            let smoothed = wait.and(st.wait);
-            if !o.autotune {
-                let threads = o.max_threads.unwrap_or(pool).clamp(1, pool);
-                let bands = cfg.bands(st.wait_floor);
-                let limit = match smoothed {
-                    None if o.reported => Limit::NoStep,
-                    None => Limit::Unmeasured,
-                    Some(w) if w > bands.waiting => {
-                        if signals.gpu_decoder_limits() {
-                            Limit::GpuDecode
-                        } else if signals.busy >= cfg.saturated {
-                            Limit::Cpu
-                        } else if o.depth < o.slots {
-                            Limit::Depth
-                        } else {
-                            Limit::Latency
-                        }
-                    }
-                    Some(w) if w < bands.fed => Limit::Fed,
-                    Some(_) => Limit::Near,
-                };
-                wants.push(Want {
-                    want: threads,
-                    depth: o.depth,
-                    signals,
-                    reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} decode threads")),
-                    limit: format!(
-                        "{} (pinned by the client)",
-                        limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
-                    ),
-                    kind: limit,
-                });
-                continue;
-            }
-            let cap = o.max_threads.unwrap_or(u32::MAX).clamp(1, free);
-            let mut depth = o.depth;
-            let mut reason = None;
-            let mut limit = Limit::Unmeasured;
-            let want = match (o.reported, st.cost_ns, st.step_ns) {
-                (false, _, _) => match o.start_threads {
-                    // A kind that starts small (tokens: reading, not decoding) stays there until
-                    // the loop says it waits.
-                    Some(start) => start.min(cap),
-                    None => {
-                        if o.threads != cap {
-                            reason = Some(format!(
-                                "the client sends no stats: all {cap} decode threads of the budget"
-                            ));
-                        }
-                        cap
-                    }
-                },
-                (true, Some(cost), Some(step)) => {
-                    let busy = signals.busy;
-                    let need = f64::from(o.batch_size) * cost / step.max(1.0);
-                    // A new regime (the loop's step changed by more than 20 % since the probes
-                    // learned their correction) makes the model the authority again.
-                    if st.regime_step.is_some_and(|s| (step / s - 1.0).abs() > 0.2) {
-                        st.extra = 0;
-                        st.floor = 0;
-                        st.regime_step = None;
-                        st.probe = None;
-                    }
-                    // The wait floor is a share of the step: it belongs to the step's regime too.
-                    if st.floor_step.is_some_and(|s| (step / s - 1.0).abs() > 0.2) {
-                        st.wait_floor = None;
-                        st.floor_step = None;
-                    }
-                    // Learn it only from intervals the feedback would do nothing about: threads
-                    // with time to spare (not starved of threads), and depth full or the wait too
-                    // small for one batch more (not starved of depth); never during a probe.
-                    if let Some(s) = smoothed
-                        && st.probe.is_none()
-                        && busy < cfg.saturated
-                        && s < cfg.floor_max
-                        && (o.depth >= o.slots || s <= cfg.wait_high)
-                    {
-                        st.wait_floor = Some(st.wait_floor.map_or(s, |f| f.min(s)));
-                        st.floor_step.get_or_insert(step);
-                    }
-                    let bands = cfg.bands(st.wait_floor);
-                    let base = ((need * cfg.headroom + f64::from(st.extra)).ceil().max(1.0)) as u32;
-                    limit = limit_of(&cfg, o, &signals, smoothed, bands, cap, base);
-                    let want = if let Some(mut probe) = st.probe {
-                        match wait {
-                            Some(w) if w > bands.waiting => {
-                                // One thread fewer is too few: back, and never below again in
-                                // this regime.
-                                st.probe = None;
-                                st.floor = o.threads;
-                                // The probe's own wait must not read as a need for more.
-                                st.wait = None;
-                                reason = Some(format!(
-                                    "probe: with {} decode threads the training loop waited for data {:.1}% of its time (its floor {:.1}%): back to {}",
-                                    o.threads,
-                                    w * 100.0,
-                                    st.wait_floor.unwrap_or(0.0) * 100.0,
-                                    probe.from
-                                ));
-                                probe.from
-                            }
-                            _ => {
-                                probe.left -= 1;
-                                st.probe = Some(probe);
-                                if probe.left == 0 {
-                                    st.probe = None;
-                                    st.extra -= 1;
-                                    reason = Some(format!(
-                                        "probe: {} decode threads keep the training loop fed",
-                                        o.threads
-                                    ));
-                                }
-                                o.threads
-                            }
-                        }
-                    } else {
-                        decide(
-                            &cfg,
-                            st,
-                            o,
-                            cap,
-                            need,
-                            cost,
-                            step,
-                            &signals,
-                            limit,
-                            smoothed,
-                            &mut depth,
-                            &mut reason,
-                        )
-                    };
-                    // Hill-climb down: with the loop fed and nothing changing for a while, try
-                    // one thread fewer than the model's estimate (which carries headroom).
-                    let fed = smoothed.is_some_and(|w| w < bands.fed);
-                    if want == o.threads && st.probe.is_none() && reason.is_none() {
-                        st.stable += 1;
-                        if fed && st.stable >= cfg.probe_after && o.threads > 1 && o.threads > st.floor + 1 {
-                            st.stable = 0;
-                            st.regime_step.get_or_insert(step);
-                            st.probe = Some(Probe {
-                                from: o.threads,
-                                left: cfg.probe_intervals,
-                            });
-                            reason = Some(format!(
-                                "probe: the training loop has not waited for data for {} intervals: trying one decode thread fewer ({} → {})",
-                                cfg.probe_after,
-                                o.threads,
-                                o.threads - 1
-                            ));
-                            o.threads - 1
-                        } else {
-                            want
-                        }
-                    } else {
-                        st.stable = 0;
-                        want
-                    }
+                    pinned_want(&cfg, st, o, &m, pool)
                 }
-                // Reported, but no sample or step measured yet: keep what it has.
-                (true, _, _) => {
-                    limit = Limit::Starting;
-                    o.threads.clamp(1, cap)
-                }
-            };
-            if first && o.reported {
-                limit = Limit::Starting;
-            } else if limit == Limit::Unmeasured && o.reported && d.steps == 0 {
-                limit = Limit::NoStep;
-            }
-            let kind = limit;
-            let limit = limit.describe(&signals, st.wait.or(signals.wait).unwrap_or(0.0), cap);
-            wants.push(Want {
-                want,
-                depth: depth.min(o.slots).max(1),
-                signals,
-                reason,
-                limit,
-                kind,
-            });
-        }
-
-        // Share the budget.
-        let auto: Vec<usize> = (0..obs.len()).filter(|&i| obs[i].autotune).collect();
-        let total: u32 = auto.iter().map(|&i| wants[i].want).sum();
-        if total > free {
-            let mut given = 0;
-            for &i in &auto {
-                let share = ((u64::from(free) * u64::from(wants[i].want)) / u64::from(total)) as u32;
-                wants[i].want = share.max(1);
-                given += wants[i].want;
-            }
-            let mut by_wait = auto.clone();
-            by_wait.sort_by(|&a, &b| {
-                let (wa, wb) = (
-                    wants[a].signals.wait.unwrap_or(1.0),
-                    wants[b].signals.wait.unwrap_or(1.0),
-                );
-                wb.total_cmp(&wa).then(a.cmp(&b))
-            });
-            for &i in by_wait.iter().cycle().take(free.saturating_sub(given) as usize) {
-                wants[i].want += 1;
-            }
-            for &i in &auto {
-                if wants[i].want != obs[i].threads && wants[i].reason.is_none() {
-                    wants[i].reason = Some(format!(
-                        "{} streams want {total} decode threads, the budget is {free}: {} → {}",
-                        auto.len(),
-                        obs[i].threads,
-                        wants[i].want
-                    ));
-                }
-            }
-        }
+            })
+            .collect();
+        share_budget(&mut wants, obs, free);
         let shares: Vec<Option<(f64, String)>> = obs
             .iter()
             .zip(&wants)
@@ -782,6 +530,340 @@ impl Tuner {
                 kind: w.kind,
             })
             .collect()
+    }
+}
+
+/// One stream's want for the interval, before the budget is shared.
+struct Want {
+    want: u32,
+    depth: u32,
+    signals: Signals,
+    reason: Option<String>,
+    limit: String,
+    kind: Limit,
+}
+
+/// What one interval's counters say about a stream, once its state has learned from them.
+struct Measured {
+    /// The interval of the first `start` or the first with steps: its wait is reported, but
+    /// neither learned from nor acted on.
+    first: bool,
+    signals: Signals,
+    /// The interval's wait for data, unless `first`.
+    wait: Option<f64>,
+    /// The smoothed wait, in intervals that have one.
+    smoothed: Option<f64>,
+}
+
+impl Measured {
+    /// Reads the interval's counters and updates the stream's learned costs (thread time per
+    /// sample, the loop's own step, its cycle, its smoothed wait).
+    fn update(cfg: &Config, st: &mut StreamState, o: &Observation, interval_ns: f64) -> Self {
+        let d = &o.delta;
+        // The interval of the first `start` (the threads idled before it for want of any work:
+        // the busy share counts from it) and the first with steps (the loop's wait in it is
+        // its first batch's latency): its wait is reported, but neither learned from nor acted
+        // on.
+        // (A stream that never started has no work to measure its threads against.)
+        let active_ns = match o.active {
+            Some(a) if !a.is_zero() => (a.as_nanos() as f64).min(interval_ns),
+            _ => interval_ns,
+        };
+        let first = active_ns < interval_ns || (d.steps > 0 && !st.stepped);
+        st.stepped |= d.steps > 0;
+        let signals = Signals::of(d, o.threads, active_ns.max(1.0), o.reports_gpu_wait);
+        let wait = signals.wait.filter(|_| !first);
+        if d.timed > 0 {
+            // Thread time per sample: what a sample costs the pool, overheads included (the
+            // stage timers alone leave some out; they are for the breakdown only).
+            let spent = if d.busy_ns > 0 {
+                d.busy_ns
+            } else {
+                d.stage_ns.iter().sum::<u64>()
+            };
+            st.cost_ns = Some(ewma(st.cost_ns, spent as f64 / d.timed as f64, cfg.alpha));
+        }
+        // (A first interval whose only step is the first, which has no compute, says nothing
+        // about the step.)
+        if d.steps > 0 && (!first || d.compute_ns > 0) {
+            // The loop's own step: its compute and its wait behind its GPU, which more data
+            // would not shorten (the rate it can consume at is B / this).
+            let own = (d.compute_ns + d.gpu_wait_ns.min(d.wait_ns)) as f64 / d.steps as f64;
+            st.step_ns = Some(ewma(st.step_ns, own, cfg.alpha));
+        }
+        st.last_cycle_ns = None;
+        if d.steps > 0 && !first {
+            let cycle = (d.compute_ns + d.wait_ns) as f64 / d.steps as f64;
+            st.cycle_ns = Some(ewma(st.cycle_ns, cycle, cfg.alpha));
+            st.last_cycle_ns = Some(cycle);
+        }
+        if let Some(w) = wait {
+            st.wait = Some(ewma(st.wait, w, cfg.alpha));
+        }
+        let smoothed = wait.and(st.wait);
+        Measured {
+            first,
+            signals,
+            wait,
+            smoothed,
+        }
+    }
+}
+
+/// A stream whose client pinned its threads: they stay; the limit is still named.
+fn pinned_want(cfg: &Config, st: &StreamState, o: &Observation, m: &Measured, pool: u32) -> Want {
+    let (signals, smoothed) = (m.signals, m.smoothed);
+    let threads = o.max_threads.unwrap_or(pool).clamp(1, pool);
+    let bands = cfg.bands(st.wait_floor);
+    let limit = match smoothed {
+        None if o.reported => Limit::NoStep,
+        None => Limit::Unmeasured,
+        Some(w) if w > bands.waiting => {
+            if signals.gpu_decoder_limits() {
+                Limit::GpuDecode
+            } else if signals.busy >= cfg.saturated {
+                Limit::Cpu
+            } else if o.depth < o.slots {
+                Limit::Depth
+            } else {
+                Limit::Latency
+            }
+        }
+        Some(w) if w < bands.fed => Limit::Fed,
+        Some(_) => Limit::Near,
+    };
+    Want {
+        want: threads,
+        depth: o.depth,
+        signals,
+        reason: (threads != o.threads).then(|| format!("pinned by the client: {threads} decode threads")),
+        limit: format!(
+            "{} (pinned by the client)",
+            limit.describe(&signals, smoothed.unwrap_or(0.0), threads)
+        ),
+        kind: limit,
+    }
+}
+
+/// What an autotuned stream's decision carries besides its threads.
+struct Outcome {
+    depth: u32,
+    reason: Option<String>,
+    limit: Limit,
+}
+
+/// An autotuned stream: at most `free` threads (the budget less the pinned streams').
+fn auto_want(cfg: &Config, st: &mut StreamState, o: &Observation, m: &Measured, free: u32) -> Want {
+    let cap = o.max_threads.unwrap_or(u32::MAX).clamp(1, free);
+    let mut out = Outcome {
+        depth: o.depth,
+        reason: None,
+        limit: Limit::Unmeasured,
+    };
+    let want = match (o.reported, st.cost_ns, st.step_ns) {
+        (false, _, _) => match o.start_threads {
+            // A kind that starts small (tokens: reading, not decoding) stays there until
+            // the loop says it waits.
+            Some(start) => start.min(cap),
+            None => {
+                if o.threads != cap {
+                    out.reason = Some(format!(
+                        "the client sends no stats: all {cap} decode threads of the budget"
+                    ));
+                }
+                cap
+            }
+        },
+        (true, Some(cost), Some(step)) => model_want(cfg, st, o, m, cap, (cost, step), &mut out),
+        // Reported, but no sample or step measured yet: keep what it has.
+        (true, _, _) => {
+            out.limit = Limit::Starting;
+            o.threads.clamp(1, cap)
+        }
+    };
+    if m.first && o.reported {
+        out.limit = Limit::Starting;
+    } else if out.limit == Limit::Unmeasured && o.reported && o.delta.steps == 0 {
+        out.limit = Limit::NoStep;
+    }
+    let kind = out.limit;
+    let limit = kind.describe(&m.signals, st.wait.or(m.signals.wait).unwrap_or(0.0), cap);
+    Want {
+        want,
+        depth: out.depth.min(o.slots).max(1),
+        signals: m.signals,
+        reason: out.reason,
+        limit,
+        kind,
+    }
+}
+
+/// The model's want for a stream with a measured cost per sample and step: the threads the
+/// rate needs, corrected by the feedback ([`decide`]) or by a running probe, then probed one
+/// thread lower once the loop has been fed for a while.
+fn model_want(
+    cfg: &Config,
+    st: &mut StreamState,
+    o: &Observation,
+    m: &Measured,
+    cap: u32,
+    (cost, step): (f64, f64),
+    out: &mut Outcome,
+) -> u32 {
+    let (signals, smoothed) = (&m.signals, m.smoothed);
+    let busy = signals.busy;
+    let need = f64::from(o.batch_size) * cost / step.max(1.0);
+    // A new regime (the loop's step changed by more than 20 % since the probes
+    // learned their correction) makes the model the authority again.
+    if st.regime_step.is_some_and(|s| (step / s - 1.0).abs() > 0.2) {
+        st.extra = 0;
+        st.floor = 0;
+        st.regime_step = None;
+        st.probe = None;
+    }
+    // The wait floor is a share of the step: it belongs to the step's regime too.
+    if st.floor_step.is_some_and(|s| (step / s - 1.0).abs() > 0.2) {
+        st.wait_floor = None;
+        st.floor_step = None;
+    }
+    // Learn it only from intervals the feedback would do nothing about: threads
+    // with time to spare (not starved of threads), and depth full or the wait too
+    // small for one batch more (not starved of depth); never during a probe.
+    if let Some(s) = smoothed
+        && st.probe.is_none()
+        && busy < cfg.saturated
+        && s < cfg.floor_max
+        && (o.depth >= o.slots || s <= cfg.wait_high)
+    {
+        st.wait_floor = Some(st.wait_floor.map_or(s, |f| f.min(s)));
+        st.floor_step.get_or_insert(step);
+    }
+    let bands = cfg.bands(st.wait_floor);
+    let base = ((need * cfg.headroom + f64::from(st.extra)).ceil().max(1.0)) as u32;
+    out.limit = limit_of(cfg, o, signals, smoothed, bands, cap, base);
+    let want = if let Some(probe) = st.probe {
+        probe_step(st, o, probe, m.wait, bands, &mut out.reason)
+    } else {
+        decide(
+            cfg,
+            st,
+            o,
+            cap,
+            need,
+            cost,
+            step,
+            signals,
+            out.limit,
+            smoothed,
+            &mut out.depth,
+            &mut out.reason,
+        )
+    };
+    // Hill-climb down: with the loop fed and nothing changing for a while, try
+    // one thread fewer than the model's estimate (which carries headroom).
+    let fed = smoothed.is_some_and(|w| w < bands.fed);
+    if want == o.threads && st.probe.is_none() && out.reason.is_none() {
+        st.stable += 1;
+        if fed && st.stable >= cfg.probe_after && o.threads > 1 && o.threads > st.floor + 1 {
+            st.stable = 0;
+            st.regime_step.get_or_insert(step);
+            st.probe = Some(Probe {
+                from: o.threads,
+                left: cfg.probe_intervals,
+            });
+            out.reason = Some(format!(
+                "probe: the training loop has not waited for data for {} intervals: trying one decode thread fewer ({} → {})",
+                cfg.probe_after,
+                o.threads,
+                o.threads - 1
+            ));
+            o.threads - 1
+        } else {
+            want
+        }
+    } else {
+        st.stable = 0;
+        want
+    }
+}
+
+/// One interval of a running probe (one thread fewer): back to where it came from if the loop
+/// waited, else one interval closer to keeping the lower setting.
+fn probe_step(
+    st: &mut StreamState,
+    o: &Observation,
+    mut probe: Probe,
+    wait: Option<f64>,
+    bands: Bands,
+    reason: &mut Option<String>,
+) -> u32 {
+    match wait {
+        Some(w) if w > bands.waiting => {
+            // One thread fewer is too few: back, and never below again in
+            // this regime.
+            st.probe = None;
+            st.floor = o.threads;
+            // The probe's own wait must not read as a need for more.
+            st.wait = None;
+            *reason = Some(format!(
+                "probe: with {} decode threads the training loop waited for data {:.1}% of its time (its floor {:.1}%): back to {}",
+                o.threads,
+                w * 100.0,
+                st.wait_floor.unwrap_or(0.0) * 100.0,
+                probe.from
+            ));
+            probe.from
+        }
+        _ => {
+            probe.left -= 1;
+            st.probe = Some(probe);
+            if probe.left == 0 {
+                st.probe = None;
+                st.extra -= 1;
+                *reason = Some(format!(
+                    "probe: {} decode threads keep the training loop fed",
+                    o.threads
+                ));
+            }
+            o.threads
+        }
+    }
+}
+
+/// Shares `free` threads among the autotuned streams when they want more in all: in proportion
+/// to their wants, the rest one by one to the streams that wait most.
+fn share_budget(wants: &mut [Want], obs: &[Observation], free: u32) {
+    let auto: Vec<usize> = (0..obs.len()).filter(|&i| obs[i].autotune).collect();
+    let total: u32 = auto.iter().map(|&i| wants[i].want).sum();
+    if total <= free {
+        return;
+    }
+    let mut given = 0;
+    for &i in &auto {
+        let share = ((u64::from(free) * u64::from(wants[i].want)) / u64::from(total)) as u32;
+        wants[i].want = share.max(1);
+        given += wants[i].want;
+    }
+    let mut by_wait = auto.clone();
+    by_wait.sort_by(|&a, &b| {
+        let (wa, wb) = (
+            wants[a].signals.wait.unwrap_or(1.0),
+            wants[b].signals.wait.unwrap_or(1.0),
+        );
+        wb.total_cmp(&wa).then(a.cmp(&b))
+    });
+    for &i in by_wait.iter().cycle().take(free.saturating_sub(given) as usize) {
+        wants[i].want += 1;
+    }
+    for &i in &auto {
+        if wants[i].want != obs[i].threads && wants[i].reason.is_none() {
+            wants[i].reason = Some(format!(
+                "{} streams want {total} decode threads, the budget is {free}: {} → {}",
+                auto.len(),
+                obs[i].threads,
+                wants[i].want
+            ));
+        }
     }
 }
 

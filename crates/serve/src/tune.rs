@@ -997,6 +997,66 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             Some(_) => {}
         }
     }
+    if let Some(undone) = judge_gpu_trial(cfg, st, share, step, cycle, limit) {
+        return Some(undone);
+    }
+    if limit == Limit::Cpu {
+        return raise_gpu_share(cfg, st, o, s, share, (step, cycle));
+    }
+    // The loop waits for its GPU decodes (1.5): the decoder has more of each batch than it keeps
+    // up with. While the threads have time to spare, one step less, judged as a probe is (kept
+    // when a batch is no slower, which also makes the share it left a ceiling).
+    if limit == Limit::GpuDecode {
+        st.gpu_stable = 0;
+        let bottom = st.gpu_floor.unwrap_or(0.0);
+        let next = (((share - cfg.gpu_step) / cfg.gpu_step).round() * cfg.gpu_step).max(0.0);
+        if share <= 0.0 || s.busy >= cfg.saturated || next < bottom - 1e-9 {
+            return None;
+        }
+        st.start_gpu_trial(cfg, share, cycle, false);
+        return Some((
+            next,
+            format!(
+                "the GPU decoder is the limit ({}): GPU share {share:.3} → {next:.3}",
+                s.reading(st.wait.unwrap_or(0.0))
+            ),
+        ));
+    }
+    // The loop does not wait (or waits on latency, not on the CPU): a share above what the CPU
+    // needs costs the model for nothing, so once it has held for a while, try one step less.
+    if !matches!(limit, Limit::Fed | Limit::Near | Limit::Latency) || share <= 0.0 {
+        st.gpu_stable = 0;
+        return None;
+    }
+    st.gpu_stable += 1;
+    let bottom = st.gpu_floor.unwrap_or(0.0);
+    let next = ((share - cfg.gpu_step) / cfg.gpu_step).round().max(0.0) * cfg.gpu_step;
+    if st.gpu_stable < cfg.probe_after || next < bottom - 1e-9 {
+        return None;
+    }
+    st.gpu_stable = 0;
+    st.start_gpu_trial(cfg, share, cycle, false);
+    Some((
+        next,
+        format!(
+            "{}; a batch takes {:.2} ms of the training loop: trying a GPU share one step lower, {share:.3} → {next:.3}",
+            limit.describe(s, st.wait.unwrap_or(0.0), o.threads),
+            ms(cycle)
+        ),
+    ))
+}
+
+/// The change of the GPU share being judged, once its intervals are in: undone (the share it
+/// came from, and why) when it made a batch slower than [`gpu_share`] allows, else kept.
+fn judge_gpu_trial(
+    cfg: &Config,
+    st: &mut StreamState,
+    share: f64,
+    step: f64,
+    cycle: f64,
+    limit: Limit,
+) -> Option<(f64, String)> {
+    let ms = |ns: f64| ns / 1e6;
     if let Some(t) = st.gpu_trial.take_if(|t| t.after_ns.is_some()) {
         let cycle = t.after_ns.unwrap_or(cycle);
         let grew = cycle / t.before_ns - 1.0;
@@ -1055,77 +1115,47 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             return Some((t.from, format!("{why}: GPU share {share:.3} → {:.3}", t.from)));
         }
     }
-    if limit == Limit::Cpu {
-        st.gpu_stable = 0;
-        let top = st.gpu_ceiling.map_or(1.0, |c| (c - cfg.gpu_step).max(0.0));
-        // The model, as for threads: the CPU-decoded samples cost `c / (1 - share)` each (GPU
-        // samples cost the pool almost nothing), so `threads` keep up with the loop's `B / C`
-        // when at most `threads · C / (B · c_cpu)` of each batch is theirs. Jump there (rounded
-        // up to a step, with the threads' headroom), at least one step.
-        // The model knows nothing of the GPU decoder's own rate, so a jump goes at most
-        // `gpu_max_raise` above the share: a loop with almost no step of its own (a feed with no
-        // model) would otherwise be sent all of each batch at once, past what the decoder keeps
-        // up with (on the H200's corpus feed, 8,300 img/s at 1.0 against 21,900 at 0.625).
-        let c_cpu = st.cost_ns.map(|c| c / (1.0 - share).max(0.05));
-        let model = c_cpu.map_or(0.0, |c| {
-            let theirs = f64::from(o.threads.max(1)) * step / (f64::from(o.batch_size.max(1)) * c * cfg.headroom);
-            ((1.0 - theirs) / cfg.gpu_step).ceil() * cfg.gpu_step
-        });
-        let next = (share + cfg.gpu_step)
-            .max(model)
-            .min(share + cfg.gpu_max_raise)
-            .min(top);
-        if next > share + 1e-9 {
-            st.start_gpu_trial(cfg, share, cycle, true);
-            return Some((
-                next,
-                format!(
-                    "the CPU is the limit ({}): GPU share {share:.3} → {next:.3}",
-                    s.reading(st.wait.unwrap_or(0.0))
-                ),
-            ));
-        }
-        return None;
-    }
-    // The loop waits for its GPU decodes (1.5): the decoder has more of each batch than it keeps
-    // up with. While the threads have time to spare, one step less, judged as a probe is (kept
-    // when a batch is no slower, which also makes the share it left a ceiling).
-    if limit == Limit::GpuDecode {
-        st.gpu_stable = 0;
-        let bottom = st.gpu_floor.unwrap_or(0.0);
-        let next = (((share - cfg.gpu_step) / cfg.gpu_step).round() * cfg.gpu_step).max(0.0);
-        if share <= 0.0 || s.busy >= cfg.saturated || next < bottom - 1e-9 {
-            return None;
-        }
-        st.start_gpu_trial(cfg, share, cycle, false);
-        return Some((
-            next,
-            format!(
-                "the GPU decoder is the limit ({}): GPU share {share:.3} → {next:.3}",
-                s.reading(st.wait.unwrap_or(0.0))
-            ),
-        ));
-    }
-    // The loop does not wait (or waits on latency, not on the CPU): a share above what the CPU
-    // needs costs the model for nothing, so once it has held for a while, try one step less.
-    if !matches!(limit, Limit::Fed | Limit::Near | Limit::Latency) || share <= 0.0 {
-        st.gpu_stable = 0;
-        return None;
-    }
-    st.gpu_stable += 1;
-    let bottom = st.gpu_floor.unwrap_or(0.0);
-    let next = ((share - cfg.gpu_step) / cfg.gpu_step).round().max(0.0) * cfg.gpu_step;
-    if st.gpu_stable < cfg.probe_after || next < bottom - 1e-9 {
-        return None;
-    }
+    None
+}
+
+/// The CPU is the limit: a raise of the GPU share to what the cost model leaves the CPU (at
+/// least one step, at most [`Config::gpu_max_raise`], under the regime's ceiling), judged later.
+fn raise_gpu_share(
+    cfg: &Config,
+    st: &mut StreamState,
+    o: &Observation,
+    s: &Signals,
+    share: f64,
+    (step, cycle): (f64, f64),
+) -> Option<(f64, String)> {
     st.gpu_stable = 0;
-    st.start_gpu_trial(cfg, share, cycle, false);
+    let top = st.gpu_ceiling.map_or(1.0, |c| (c - cfg.gpu_step).max(0.0));
+    // The model, as for threads: the CPU-decoded samples cost `c / (1 - share)` each (GPU
+    // samples cost the pool almost nothing), so `threads` keep up with the loop's `B / C`
+    // when at most `threads · C / (B · c_cpu)` of each batch is theirs. Jump there (rounded
+    // up to a step, with the threads' headroom), at least one step.
+    // The model knows nothing of the GPU decoder's own rate, so a jump goes at most
+    // `gpu_max_raise` above the share: a loop with almost no step of its own (a feed with no
+    // model) would otherwise be sent all of each batch at once, past what the decoder keeps
+    // up with (on the H200's corpus feed, 8,300 img/s at 1.0 against 21,900 at 0.625).
+    let c_cpu = st.cost_ns.map(|c| c / (1.0 - share).max(0.05));
+    let model = c_cpu.map_or(0.0, |c| {
+        let theirs = f64::from(o.threads.max(1)) * step / (f64::from(o.batch_size.max(1)) * c * cfg.headroom);
+        ((1.0 - theirs) / cfg.gpu_step).ceil() * cfg.gpu_step
+    });
+    let next = (share + cfg.gpu_step)
+        .max(model)
+        .min(share + cfg.gpu_max_raise)
+        .min(top);
+    if next <= share + 1e-9 {
+        return None;
+    }
+    st.start_gpu_trial(cfg, share, cycle, true);
     Some((
         next,
         format!(
-            "{}; a batch takes {:.2} ms of the training loop: trying a GPU share one step lower, {share:.3} → {next:.3}",
-            limit.describe(s, st.wait.unwrap_or(0.0), o.threads),
-            ms(cycle)
+            "the CPU is the limit ({}): GPU share {share:.3} → {next:.3}",
+            s.reading(st.wait.unwrap_or(0.0))
         ),
     ))
 }

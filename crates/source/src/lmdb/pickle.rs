@@ -545,6 +545,192 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// Pushes the value of a bytes, text, number or constant opcode; false for any other opcode.
+    fn scalar(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            // Bytes.
+            b'C' => {
+                let n = self.take_u8()?;
+                let b = self.take(n.into())?;
+                self.push(Node::Bytes(b))?;
+            }
+            b'B' => {
+                let n = self.take_u32()?;
+                let b = self.take_len(n.into())?;
+                self.push(Node::Bytes(b))?;
+            }
+            0x8e | 0x96 => {
+                // BINBYTES8, BYTEARRAY8
+                let n = u64::from_le_bytes(self.take_array()?);
+                let b = self.take_len(n)?;
+                self.push(Node::Bytes(b))?;
+            }
+            b'U' => {
+                // SHORT_BINSTRING: a Python 2 str, i.e. bytes.
+                let n = self.take_u8()?;
+                let b = self.take(n.into())?;
+                self.push(Node::Bytes(b))?;
+            }
+            b'T' => {
+                // BINSTRING
+                let n = i32::from_le_bytes(self.take_array()?);
+                let n = u64::try_from(n).map_err(|_| self.invalid("negative length"))?;
+                let b = self.take_len(n)?;
+                self.push(Node::Bytes(b))?;
+            }
+            // Text.
+            0x8c => {
+                let n = self.take_u8()?;
+                let b = self.take(n.into())?;
+                let s = self.str_node(b)?;
+                self.push(s)?;
+            }
+            b'X' => {
+                let n = self.take_u32()?;
+                let b = self.take_len(n.into())?;
+                let s = self.str_node(b)?;
+                self.push(s)?;
+            }
+            0x8d => {
+                let n = u64::from_le_bytes(self.take_array()?);
+                let b = self.take_len(n)?;
+                let s = self.str_node(b)?;
+                self.push(s)?;
+            }
+            // Numbers and constants.
+            b'J' => {
+                let v = i32::from_le_bytes(self.take_array()?);
+                self.push(Node::Int(v.into()))?;
+            }
+            b'K' => {
+                let v = self.take_u8()?;
+                self.push(Node::Int(v.into()))?;
+            }
+            b'M' => {
+                let v = u16::from_le_bytes(self.take_array()?);
+                self.push(Node::Int(v.into()))?;
+            }
+            0x8a => {
+                // LONG1
+                let n = self.take_u8()?;
+                let b = self.take(n.into())?;
+                let node = self.long(b);
+                self.push(node)?;
+            }
+            b'N' => self.push(Node::None)?,
+            0x88 => self.push(Node::Bool(true))?,
+            0x89 => self.push(Node::Bool(false))?,
+            b'G' => {
+                let v = f64::from_be_bytes(self.take_array()?);
+                self.push(Node::Float(v))?;
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Runs a tuple, list, dict, memo or callable opcode; false for any other opcode.
+    fn structure(&mut self, op: u8) -> Result<bool, PickleError> {
+        match op {
+            // Tuples.
+            b')' => self.push(Node::Tuple(Vec::new()))?,
+            0x85..=0x87 => {
+                let n = usize::from(op - 0x84);
+                let mut items = vec![0; n];
+                for slot in items.iter_mut().rev() {
+                    *slot = self.pop()?;
+                }
+                self.push(Node::Tuple(items))?;
+            }
+            b't' => {
+                let items = self.pop_mark()?;
+                self.push(Node::Tuple(items))?;
+            }
+            // Lists.
+            b']' => self.push(Node::List(Vec::new()))?,
+            b'a' => {
+                let value = self.pop()?;
+                let list = self.top()?;
+                match self.node_mut(list) {
+                    Some(Node::List(items)) => items.push(value),
+                    _ => return Err(self.invalid("APPEND to a value that is not a list")),
+                }
+            }
+            b'e' => {
+                let values = self.pop_mark()?;
+                let list = self.top()?;
+                match self.node_mut(list) {
+                    Some(Node::List(items)) => items.extend(values),
+                    _ => return Err(self.invalid("APPENDS to a value that is not a list")),
+                }
+            }
+            // Dicts.
+            b'}' => self.push(Node::Dict(Vec::new()))?,
+            b's' => {
+                let value = self.pop()?;
+                let key = self.pop()?;
+                let dict = self.top()?;
+                match self.node_mut(dict) {
+                    Some(Node::Dict(items)) => items.push((key, value)),
+                    _ => return Err(self.invalid("SETITEM on a value that is not a dict")),
+                }
+            }
+            b'u' => {
+                let values = self.pop_mark()?;
+                if values.len() % 2 != 0 {
+                    return Err(self.invalid("SETITEMS with an odd number of values"));
+                }
+                let dict = self.top()?;
+                match self.node_mut(dict) {
+                    Some(Node::Dict(items)) => {
+                        items.extend(values.chunks_exact(2).map(|kv| (kv[0], kv[1])));
+                    }
+                    _ => return Err(self.invalid("SETITEMS on a value that is not a dict")),
+                }
+            }
+            // Memo.
+            0x94 => {
+                let key =
+                    u32::try_from(self.memo.len()).map_err(|_| self.limit("memo entries", self.limits.max_memo))?;
+                self.memo_put(key)?;
+            }
+            b'q' => {
+                let key = self.take_u8()?;
+                self.memo_put(key.into())?;
+            }
+            b'r' => {
+                let key = self.take_u32()?;
+                self.memo_put(key)?;
+            }
+            b'h' => {
+                let key = self.take_u8()?;
+                self.memo_get(key.into())?;
+            }
+            b'j' => {
+                let key = self.take_u32()?;
+                self.memo_get(key)?;
+            }
+            // The few callables Python's pickler uses for bytes.
+            b'c' => {
+                let module = self.take_line()?;
+                let name = self.take_line()?;
+                self.global(module, name)?;
+            }
+            0x93 => {
+                let name = self.pop()?;
+                let module = self.pop()?;
+                let (Node::Str(module), Node::Str(name)) = (self.node(module), self.node(name)) else {
+                    return Err(self.invalid("STACK_GLOBAL arguments are not str"));
+                };
+                let (module, name) = (module.as_bytes(), name.as_bytes());
+                self.global(module, name)?;
+            }
+            b'R' => self.reduce()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
     fn run(mut self) -> Result<Pickle<'a>, PickleError> {
         loop {
             self.op_pos = self.pos;
@@ -590,176 +776,7 @@ impl<'a> Machine<'a> {
                     }
                     self.marks.push(self.stack.len());
                 }
-                // Bytes.
-                b'C' => {
-                    let n = self.take_u8()?;
-                    let b = self.take(n.into())?;
-                    self.push(Node::Bytes(b))?;
-                }
-                b'B' => {
-                    let n = self.take_u32()?;
-                    let b = self.take_len(n.into())?;
-                    self.push(Node::Bytes(b))?;
-                }
-                0x8e | 0x96 => {
-                    // BINBYTES8, BYTEARRAY8
-                    let n = u64::from_le_bytes(self.take_array()?);
-                    let b = self.take_len(n)?;
-                    self.push(Node::Bytes(b))?;
-                }
-                b'U' => {
-                    // SHORT_BINSTRING: a Python 2 str, i.e. bytes.
-                    let n = self.take_u8()?;
-                    let b = self.take(n.into())?;
-                    self.push(Node::Bytes(b))?;
-                }
-                b'T' => {
-                    // BINSTRING
-                    let n = i32::from_le_bytes(self.take_array()?);
-                    let n = u64::try_from(n).map_err(|_| self.invalid("negative length"))?;
-                    let b = self.take_len(n)?;
-                    self.push(Node::Bytes(b))?;
-                }
-                // Text.
-                0x8c => {
-                    let n = self.take_u8()?;
-                    let b = self.take(n.into())?;
-                    let s = self.str_node(b)?;
-                    self.push(s)?;
-                }
-                b'X' => {
-                    let n = self.take_u32()?;
-                    let b = self.take_len(n.into())?;
-                    let s = self.str_node(b)?;
-                    self.push(s)?;
-                }
-                0x8d => {
-                    let n = u64::from_le_bytes(self.take_array()?);
-                    let b = self.take_len(n)?;
-                    let s = self.str_node(b)?;
-                    self.push(s)?;
-                }
-                // Numbers and constants.
-                b'J' => {
-                    let v = i32::from_le_bytes(self.take_array()?);
-                    self.push(Node::Int(v.into()))?;
-                }
-                b'K' => {
-                    let v = self.take_u8()?;
-                    self.push(Node::Int(v.into()))?;
-                }
-                b'M' => {
-                    let v = u16::from_le_bytes(self.take_array()?);
-                    self.push(Node::Int(v.into()))?;
-                }
-                0x8a => {
-                    // LONG1
-                    let n = self.take_u8()?;
-                    let b = self.take(n.into())?;
-                    let node = self.long(b);
-                    self.push(node)?;
-                }
-                b'N' => self.push(Node::None)?,
-                0x88 => self.push(Node::Bool(true))?,
-                0x89 => self.push(Node::Bool(false))?,
-                b'G' => {
-                    let v = f64::from_be_bytes(self.take_array()?);
-                    self.push(Node::Float(v))?;
-                }
-                // Tuples.
-                b')' => self.push(Node::Tuple(Vec::new()))?,
-                0x85..=0x87 => {
-                    let n = usize::from(op - 0x84);
-                    let mut items = vec![0; n];
-                    for slot in items.iter_mut().rev() {
-                        *slot = self.pop()?;
-                    }
-                    self.push(Node::Tuple(items))?;
-                }
-                b't' => {
-                    let items = self.pop_mark()?;
-                    self.push(Node::Tuple(items))?;
-                }
-                // Lists.
-                b']' => self.push(Node::List(Vec::new()))?,
-                b'a' => {
-                    let value = self.pop()?;
-                    let list = self.top()?;
-                    match self.node_mut(list) {
-                        Some(Node::List(items)) => items.push(value),
-                        _ => return Err(self.invalid("APPEND to a value that is not a list")),
-                    }
-                }
-                b'e' => {
-                    let values = self.pop_mark()?;
-                    let list = self.top()?;
-                    match self.node_mut(list) {
-                        Some(Node::List(items)) => items.extend(values),
-                        _ => return Err(self.invalid("APPENDS to a value that is not a list")),
-                    }
-                }
-                // Dicts.
-                b'}' => self.push(Node::Dict(Vec::new()))?,
-                b's' => {
-                    let value = self.pop()?;
-                    let key = self.pop()?;
-                    let dict = self.top()?;
-                    match self.node_mut(dict) {
-                        Some(Node::Dict(items)) => items.push((key, value)),
-                        _ => return Err(self.invalid("SETITEM on a value that is not a dict")),
-                    }
-                }
-                b'u' => {
-                    let values = self.pop_mark()?;
-                    if values.len() % 2 != 0 {
-                        return Err(self.invalid("SETITEMS with an odd number of values"));
-                    }
-                    let dict = self.top()?;
-                    match self.node_mut(dict) {
-                        Some(Node::Dict(items)) => {
-                            items.extend(values.chunks_exact(2).map(|kv| (kv[0], kv[1])));
-                        }
-                        _ => return Err(self.invalid("SETITEMS on a value that is not a dict")),
-                    }
-                }
-                // Memo.
-                0x94 => {
-                    let key =
-                        u32::try_from(self.memo.len()).map_err(|_| self.limit("memo entries", self.limits.max_memo))?;
-                    self.memo_put(key)?;
-                }
-                b'q' => {
-                    let key = self.take_u8()?;
-                    self.memo_put(key.into())?;
-                }
-                b'r' => {
-                    let key = self.take_u32()?;
-                    self.memo_put(key)?;
-                }
-                b'h' => {
-                    let key = self.take_u8()?;
-                    self.memo_get(key.into())?;
-                }
-                b'j' => {
-                    let key = self.take_u32()?;
-                    self.memo_get(key)?;
-                }
-                // The few callables Python's pickler uses for bytes.
-                b'c' => {
-                    let module = self.take_line()?;
-                    let name = self.take_line()?;
-                    self.global(module, name)?;
-                }
-                0x93 => {
-                    let name = self.pop()?;
-                    let module = self.pop()?;
-                    let (Node::Str(module), Node::Str(name)) = (self.node(module), self.node(name)) else {
-                        return Err(self.invalid("STACK_GLOBAL arguments are not str"));
-                    };
-                    let (module, name) = (module.as_bytes(), name.as_bytes());
-                    self.global(module, name)?;
-                }
-                b'R' => self.reduce()?,
+                _ if self.scalar(op)? || self.structure(op)? => {}
                 _ => {
                     return Err(PickleError::Unsupported { pos: self.op_pos, op });
                 }

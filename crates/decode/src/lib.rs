@@ -7,6 +7,9 @@
 //! a JPEG that a crop needs. A `Decoder` is per-thread state: one libjpeg-turbo handle reused
 //! across images, and scratch buffers that keep their capacity between calls.
 //!
+//! [`resample`] is the antialiased bilinear resampler behind the ops and re-encoding (it owns
+//! [`Rect`]); it allocates nothing once warm.
+//!
 //! # Invariants
 //! - **Content decides the format.** [`sniff`] looks at magic bytes only; a file name never
 //!   matters.

@@ -1,5 +1,7 @@
 //! The offline packer: image folders, manifests and LMDBs in, a packed dataset out ([`text`]:
-//! JSONL and plain text in, a token dataset out).
+//! JSONL and plain text in, a token dataset out; feature `text`). Also [`inspect`] (what a
+//! dataset holds, in words), `remote` (upload, and verify or inspect in a store; feature
+//! `remote`) and [`progress`] (bars and plain progress lines).
 //!
 //! ```text
 //!  plan (ordered items) ──► dispatcher ──jobs──► N workers: read, check, re-encode ──results──►

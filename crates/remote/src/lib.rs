@@ -15,6 +15,7 @@
 //! - [`source`]: a packed dataset whose index is fetched at open and whose shards are cached
 //!   files, read by the same mmap shard reader as a local dataset; it fetches ahead of the
 //!   stream's order.
+//! - [`wds`]: WebDataset tars in a store, indexed by ranged reads where an index file allows.
 //!
 //! Invariants:
 //! - A sample is never served from a partial download: files are downloaded under a temporary

@@ -1,6 +1,7 @@
 //! Sources: random access to encoded samples, wherever they live: packed shards
 //! ([`PackedSource`]), LMDBs ([`lmdb`]), image folders and manifests ([`files`]), and WebDataset
-//! tars ([`wds`]), the last three read in place.
+//! tars ([`wds`]), the last three read in place. [`listing`] lists folders, manifests and LMDBs
+//! for both the files source and `ringfeed pack`, so both see the same samples in the same order.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
 //! [`SampleReader`], which holds whatever per-thread state the backing store needs (an LMDB read

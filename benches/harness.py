@@ -318,19 +318,13 @@ def timed(
 
 
 def measure(
-    batches: Iterator[Any],
-    *,
-    warmup_s: float = DEFAULT_WARMUP_S,
-    warmup_batches: int = 0,
-    min_batches: int = 1,
-    min_seconds: float = 0.0,
-    count: Callable[[Any], int] = batch_len,
-    sync: Callable[[], Any] | None = None,
-    clocks: dict[str, Callable[[], float]] | None = None,
+    batches: Iterator[Any], *, warmup_s: float = DEFAULT_WARMUP_S, warmup_batches: int = 0, **window: Any
 ) -> dict[str, Any]:
-    """``warm_up`` then ``timed``: the window's figures, with the warm-up's under ``warmup``."""
+    """``warm_up`` then ``timed`` (``window`` holds ``timed``'s keywords: ``min_batches``,
+    ``min_seconds``, ``count``, ``sync``, ``clocks``): the window's figures, with the warm-up's
+    under ``warmup``."""
     warm = warm_up(batches, warmup_s, warmup_batches)
-    out = timed(batches, min_batches=min_batches, min_seconds=min_seconds, count=count, sync=sync, clocks=clocks)
+    out = timed(batches, **window)
     out["warmup"] = warm
     return out
 
@@ -340,6 +334,24 @@ def ratio(value: float | None, baseline: float | None) -> float | None:
     if value is None or not baseline:
         return None
     return value / baseline
+
+
+def against(
+    rows: Sequence[dict[str, Any]],
+    *,
+    value: str,
+    by: Sequence[str],
+    baseline: Callable[[dict[str, Any]], bool],
+    keep: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Each row's ``value`` over that of the baseline row with the same ``by`` fields (the same
+    model, thread count, ...): ``[{by and keep fields, "ratio": ...}]`` in the rows' order, the
+    baseline rows included (1.0), ``None`` where a group has no baseline row."""
+    base = {tuple(r.get(k) for k in by): r.get(value) for r in rows if baseline(r)}
+    return [
+        {k: r.get(k) for k in (*by, *keep)} | {"ratio": ratio(r.get(value), base.get(tuple(r.get(k) for k in by)))}
+        for r in rows
+    ]
 
 
 def cpu_model() -> str:

@@ -109,15 +109,9 @@ def main() -> None:
         "cores": os.cpu_count(),
         "binary": binary,
     }
-    packed_rate = {r["threads"]: r["img_per_s"] for r in rows if r["input"] == "packed"}
-    ratios = [
-        {
-            "input": r["input"],
-            "threads": r["threads"],
-            "vs_packed": harness.ratio(r["img_per_s"], packed_rate[r["threads"]]),
-        }
-        for r in rows
-    ]
+    ratios = harness.against(
+        rows, value="img_per_s", by=["threads"], keep=["input"], baseline=lambda r: r["input"] == "packed"
+    )
     harness.write_record(
         a.out / "in_place.json", {"meta": meta, "rows": rows}, args=a, baseline="packed", ratios=ratios, indent=1
     )

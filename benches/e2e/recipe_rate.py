@@ -120,11 +120,13 @@ def main() -> None:
         "host": platform.node(),
     }
     by = {(r["recipe"], r["loader"], r["threads"]): r["img_per_s"] for r in results}
-    ratios = [
-        {"recipe": rc, "threads": n, "x_dataloader": harness.ratio(v, by.get((rc, "dataloader-tv2", n)))}
-        for (rc, loader, n), v in by.items()
-        if loader == "ringfeed"
-    ]
+    ratios = harness.against(
+        results,
+        value="img_per_s",
+        by=["recipe", "threads"],
+        keep=["loader"],
+        baseline=lambda r: r["loader"] == "dataloader-tv2",
+    )
     harness.write_record(
         a.out / "recipe.json", {"machine": meta, "runs": results}, args=a, baseline="dataloader-tv2", ratios=ratios
     )

@@ -1,7 +1,7 @@
 """What every bench script shares: a private server, a warm-up by time, a timed window, a JSON record.
 
-A bench script imports this module (``benches/`` and ``benches/e2e/`` put ``benches/`` on
-``sys.path`` first) and composes five pieces:
+A bench script imports this module (a script in ``benches/`` finds it beside itself; one in
+``benches/e2e/`` puts ``benches/`` on ``sys.path`` first) and composes five pieces:
 
 - ``add_arguments(ap)`` gives the script ``--bin`` (the ``ringfeed`` binary) and, for a script that
   times a rate, ``--warmup-s``; ``find_binary(a.bin)`` resolves the binary once: ``--bin``, else
@@ -24,14 +24,15 @@ A bench script imports this module (``benches/`` and ``benches/e2e/`` put ``benc
   comparable later: the command line, the parsed flags (``config``), the machine (``machine()``:
   cores, CPU model, kernel, Python, torch and GPU when torch is loaded), the git commit and
   whether the tree was dirty, and, where the script measured one in the same run, the baseline
-  and the ratios against it (``baseline``). The script's own keys win, so its output layout stays
-  what it was; a ``machine`` of its own is merged with the harness's.
+  and the ratios against it (``baseline``; ``against`` computes them from a script's rows). The
+  script's own keys win, so its output layout stays what it was; a ``machine`` of its own is
+  merged with the harness's.
 
 What stays in each script: the loaders it compares, its table and its plot. ``ringfeed.bench``
-(``ringfeed bench DATASET``, the user-facing report) is the package's own measurement; the harness
-reuses its transforms (``make_transform``) and thread counts (``default_threads``) but not its
-``private_server``, which takes a thread count only and hides the process the soak and token
-scripts read ``/proc`` of.
+(``ringfeed bench DATASET``, the user-facing report) is the package's own measurement; the benches
+reuse its transforms (``ringfeed.bench.make_transform``), but the harness does not use its
+``private_server``, which takes a thread count only (no flags, environment or log) and hides the
+process that the soak and token scripts read ``/proc`` of.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """The autotuner against hand-tuned settings, in one run, on one server and one corpus.
 
     python3 benches/autotune.py DATASET --out DIR [--step-ms 40] [--batch-size 128]
-        [--fixed 1,2,4,6,8,12,15] [--seconds 20] [--threads N] [--model resnet50]
+        [--fixed 1,2,4,6,8,12,15] [--seconds 20] [--threads N] [--model resnet50] [--bin PATH]
 
 A simulated training loop computes a fixed time per step (``time.sleep``), so the rate it can
 consume at is known: ``batch / step``. Scenarios (control.md, "Autotuning"; issue "Autotuner"):
@@ -19,55 +19,29 @@ consume at is known: ``batch / step``. Scenarios (control.md, "Autotuning"; issu
   step time is then the model's); fixed settings against the autotuner.
 
 Every scenario polls ``ringfeed.snapshot()`` every 0.5 s: threads, depth, the loop's wait and
-samples/s over time go to ``DIR/autotune.json``, a table to ``DIR/autotune.md`` and a plot to
-``DIR/autotune.png``.
+samples/s over time go to ``DIR/autotune.json`` (a ``harness`` record: the baseline is the best
+fixed setting, the ratio the autotuner's rate over it), a table to ``DIR/autotune.md`` and a plot
+to ``DIR/autotune.png``. There is no warm-up: how fast the autotuner gets there from a cold start
+is what is measured; each scenario runs on one private server (``harness.Server``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
+
 import ringfeed
 
 
-class Server:
-    """A private `ringfeed serve`."""
-
-    def __init__(self, threads: int) -> None:
-        binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-        self.dir = Path(tempfile.mkdtemp(prefix="rfa-", dir="/tmp"))
-        self.sock = str(self.dir / "ringfeed.sock")
-        self.log = open(self.dir / "server.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--socket", self.sock, "--threads", str(threads)],
-            stderr=self.log,
-            env={**os.environ, "RINGFEED_LOG": "warn,ringfeed_serve::tune=info"},
-        )
-        deadline = time.monotonic() + 20
-        while not Path(self.sock).exists():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise SystemExit(f"the server did not start; see {self.dir / 'server.log'}")
-            time.sleep(0.05)
-
-    def close(self) -> str:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
-        return (self.dir / "server.log").read_text()
-
-
 def run(
-    server: Server,
+    server: harness.Server,
     dataset: str,
     batch: int,
     seconds: float,
@@ -176,6 +150,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the server's pool")
     ap.add_argument("--model", default=None, help="a torchvision model trained on the GPU, e.g. resnet50")
     ap.add_argument("--skip-sim", action="store_true", help="only the --model scenarios")
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     fixed = [int(x) for x in a.fixed.split(",")]
@@ -184,72 +159,83 @@ def main() -> None:
 
     def scenarios(tag: str, device: str, model: Any) -> None:
         res: dict[str, Any] = {"fixed": {}}
-        server = Server(a.threads)
-        try:
-            for k in fixed:
-                r = run(server, a.dataset, a.batch_size, a.seconds, lambda _t: step, device, model,
-                        autotune=False, threads=k)  # fmt: skip
-                res["fixed"][k] = {"samples_per_s": r["samples_per_s"], "wait_share": r["wait_share"]}
-                print(f"{tag} fixed {k:2d} threads: {r['samples_per_s']:8.0f} samples/s, wait {r['wait_share']:.1%}")
-            best = max(v["samples_per_s"] for v in res["fixed"].values())
-            enough = min(k for k, v in res["fixed"].items() if v["samples_per_s"] >= 0.95 * best)
-            auto = run(server, a.dataset, a.batch_size, a.auto_seconds, lambda _t: step, device, model)
-            times = [t for t, _ in auto["samples"]]
-            reach = first_stable(times, [moving(auto["samples"], t) >= 0.95 * best for t in times])
-            settled = [p["threads"] for p in auto["timeline"] if p["t"] >= a.auto_seconds - 5]
-            settled_threads = max(set(settled), key=settled.count) if settled else None
-            res["auto"] = {
-                "samples_per_s": auto["samples_per_s"],
-                "wait_share": auto["wait_share"],
-                "best_fixed": best,
-                "fewest_fixed_threads_within_5pct": enough,
-                "seconds_to_95pct": reach,
-                "settled_threads": settled_threads,
-                "settled_threads_range": [min(settled), max(settled)] if settled else None,
-                "timeline": auto["timeline"],
-            }
-            print(
-                f"{tag} auto: {auto['samples_per_s']:.0f} samples/s ({auto['samples_per_s'] / best:.1%} of the best "
-                f"fixed), 95% after {reach} s, settled at {res['auto']['settled_threads']} threads "
-                f"(fewest fixed within 5%: {enough})"
-            )
-            if model is None:
-                slow = run(server, a.dataset, a.batch_size, a.auto_seconds, lambda _t: 4 * step)
-                tl = slow["timeline"]
-                res["slow"] = {
-                    "threads_start": tl[0]["threads"] if tl else None,
-                    "threads_end": tl[-1]["threads"] if tl else None,
-                    "samples_per_s": slow["samples_per_s"],
-                    "timeline": tl,
+        # The tuner's decisions at info level: their lines end the record (server_log_tail).
+        with harness.Server(a.threads, binary=a.bin, env={"RINGFEED_LOG": "warn,ringfeed_serve::tune=info"}) as server:
+            try:
+                for k in fixed:
+                    r = run(server, a.dataset, a.batch_size, a.seconds, lambda _t: step, device, model,
+                            autotune=False, threads=k)  # fmt: skip
+                    res["fixed"][k] = {"samples_per_s": r["samples_per_s"], "wait_share": r["wait_share"]}
+                    print(
+                        f"{tag} fixed {k:2d} threads: {r['samples_per_s']:8.0f} samples/s, wait {r['wait_share']:.1%}"
+                    )
+                best = max(v["samples_per_s"] for v in res["fixed"].values())
+                enough = min(k for k, v in res["fixed"].items() if v["samples_per_s"] >= 0.95 * best)
+                auto = run(server, a.dataset, a.batch_size, a.auto_seconds, lambda _t: step, device, model)
+                times = [t for t, _ in auto["samples"]]
+                reach = first_stable(times, [moving(auto["samples"], t) >= 0.95 * best for t in times])
+                settled = [p["threads"] for p in auto["timeline"] if p["t"] >= a.auto_seconds - 5]
+                settled_threads = max(set(settled), key=settled.count) if settled else None
+                res["auto"] = {
+                    "samples_per_s": auto["samples_per_s"],
+                    "wait_share": auto["wait_share"],
+                    "best_fixed": best,
+                    "fewest_fixed_threads_within_5pct": enough,
+                    "seconds_to_95pct": reach,
+                    "settled_threads": settled_threads,
+                    "settled_threads_range": [min(settled), max(settled)] if settled else None,
+                    "timeline": auto["timeline"],
                 }
-                print(f"{tag} slow (4x step): threads {res['slow']['threads_start']} -> {res['slow']['threads_end']}")
-                switch = a.auto_seconds / 3
-                sp = run(server, a.dataset, a.batch_size, a.auto_seconds + switch,
-                         lambda t: 4 * step if t < switch else step)  # fmt: skip
-                after = [p for p in sp["timeline"] if p["t"] > switch and p["wait"] is not None]
-                # The wait's 2-s moving average (4 intervals): one interval's spike (an epoch's
-                # first batch) is not a level.
-                level = [
-                    sum(q["wait"] for q in after[max(0, i - 3) : i + 1]) / len(after[max(0, i - 3) : i + 1])
-                    for i in range(len(after))
-                ]
-                recovered = first_stable([p["t"] for p in after], [w < 0.02 for w in level])
-                res["speedup"] = {
-                    "switch_s": switch,
-                    "seconds_to_wait_under_2pct": None if recovered is None else round(recovered - switch, 2),
-                    "timeline": sp["timeline"],
-                }
-                took = res["speedup"]["seconds_to_wait_under_2pct"]
-                print(f"{tag} speed-up at {switch:.0f} s: wait < 2% after {took} s")
-        finally:
-            res["server_log_tail"] = server.close().splitlines()[-40:]
+                print(
+                    f"{tag} auto: {auto['samples_per_s']:.0f} samples/s ({auto['samples_per_s'] / best:.1%} of the "
+                    f"best fixed), 95% after {reach} s, settled at {res['auto']['settled_threads']} threads "
+                    f"(fewest fixed within 5%: {enough})"
+                )
+                if model is None:
+                    slow = run(server, a.dataset, a.batch_size, a.auto_seconds, lambda _t: 4 * step)
+                    tl = slow["timeline"]
+                    res["slow"] = {
+                        "threads_start": tl[0]["threads"] if tl else None,
+                        "threads_end": tl[-1]["threads"] if tl else None,
+                        "samples_per_s": slow["samples_per_s"],
+                        "timeline": tl,
+                    }
+                    print(
+                        f"{tag} slow (4x step): threads {res['slow']['threads_start']} -> {res['slow']['threads_end']}"
+                    )
+                    switch = a.auto_seconds / 3
+                    sp = run(server, a.dataset, a.batch_size, a.auto_seconds + switch,
+                             lambda t: 4 * step if t < switch else step)  # fmt: skip
+                    after = [p for p in sp["timeline"] if p["t"] > switch and p["wait"] is not None]
+                    # The wait's 2-s moving average (4 intervals): one interval's spike (an epoch's
+                    # first batch) is not a level.
+                    level = [
+                        sum(q["wait"] for q in after[max(0, i - 3) : i + 1]) / len(after[max(0, i - 3) : i + 1])
+                        for i in range(len(after))
+                    ]
+                    recovered = first_stable([p["t"] for p in after], [w < 0.02 for w in level])
+                    res["speedup"] = {
+                        "switch_s": switch,
+                        "seconds_to_wait_under_2pct": None if recovered is None else round(recovered - switch, 2),
+                        "timeline": sp["timeline"],
+                    }
+                    took = res["speedup"]["seconds_to_wait_under_2pct"]
+                    print(f"{tag} speed-up at {switch:.0f} s: wait < 2% after {took} s")
+            finally:
+                res["server_log_tail"] = server.log_tail(40)
         results["scenarios"][tag] = res
 
     if not a.skip_sim:
         scenarios(f"sleep {a.step_ms:.0f} ms", "cpu", None)
     if a.model:
         scenarios(a.model, "cuda", make_model(a.model))
-    (a.out / "autotune.json").write_text(json.dumps(results, indent=1))
+    ratios = {
+        tag: harness.ratio(res["auto"]["samples_per_s"], res["auto"]["best_fixed"])
+        for tag, res in results["scenarios"].items()
+    }
+    harness.write_record(
+        a.out / "autotune.json", results, args=a, baseline="best fixed setting", ratios=ratios, indent=1
+    )
     write_table(results, a.out / "autotune.md")
     plot(results, a.out / "autotune.png")
 

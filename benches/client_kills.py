@@ -2,7 +2,7 @@
 """Does killing clients slow the others down? A surviving client's delivery rate before, during and
 after a loop of SIGKILLed clients on the same server.
 
-    python3 benches/client_kills.py [--kills 100] [--window 3] [--threads 2] [--json OUT]
+    python3 benches/client_kills.py [--kills 100] [--window 3] [--threads 2] [--bin PATH] [--json OUT]
 
 The timed counterpart of ``client-py/tests/test_killed_client.py`` (which asserts no leak and
 exact coverage, and only prints rates). Each killed client is forked, opens a stream, and is
@@ -10,6 +10,8 @@ killed while open, holding a batch, or mid-stream, in turn. Rates are batches/s 
 client (batch 8, RandomResizedCrop(16)+flip) over ``--window`` seconds alone, over the kill loop,
 and over ``--window`` seconds after it. On a machine with few cores the killed clients' start-up
 competes for CPU with the survivor, so "during" measures that competition as well as the server.
+The server is a `harness.Server`; "before" is the baseline (`during_over_before`,
+`after_over_before`), and `--json` writes a `harness` record.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py" / "tests"))
 
-from _fleet import Consumer, Server, Zygote, make_dataset, rate, sigkill
+from _fleet import Consumer, Zygote, make_dataset, rate, sigkill
 
 
 def main() -> int:
@@ -32,9 +36,11 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=3.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
+    binary = harness.find_binary(a.bin)  # exported first: make_dataset's `ringfeed pack` runs it too
     dataset = make_dataset(Path(tempfile.mkdtemp(prefix="rfkb-", dir="/tmp")), 256)
-    with Server(threads=a.threads) as server:
+    with harness.Server(a.threads, binary=binary) as server:
         consumer = Consumer(dataset, server.sock, batch_size=8, seconds=3600, tick=0.25)
         zygote = Zygote()
         try:
@@ -68,7 +74,8 @@ def main() -> int:
     result["after_over_before"] = r["after"] / r["before"]
     print(json.dumps(result, indent=1))
     if a.json is not None:
-        a.json.write_text(json.dumps(result, indent=1) + "\n")
+        ratios = {"during": result["during_over_before"], "after": result["after_over_before"]}
+        harness.write_record(a.json, result, args=a, baseline="before", ratios=ratios, indent=1)
     return 0 if not result["errors"] and not result["bad_epochs"] else 1
 
 

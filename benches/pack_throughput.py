@@ -2,14 +2,16 @@
 """Pack throughput of `ringfeed pack`, in images/s and MB/s, by thread count, in copy and
 re-encode modes.
 
-    python3 benches/pack_throughput.py --corpus DIR [--bin target/release/ringfeed]
+    python3 benches/pack_throughput.py --corpus DIR [--bin PATH]
         [--threads 1,2,4,8,16] [--reencode 256:90] [--out benches/results/DATE-MACHINE]
 
 DIR is an image folder; make the standard one with
 `python3 ../shared/datasets/make_photos.py DIR --count 8000`. The corpus is read once before
 timing, so every run reads from a warm page cache and the figures measure ringfeed, not the disk.
-Every run packs the same files with the default checks (a full decode of every image). Writes
-pack.json (raw summaries) and pack.md (the table) into --out.
+Every run packs the same files with the default checks (a full decode of every image). The
+binary: --bin, RINGFEED_BIN, PATH or the workspace build (`harness.find_binary`). Writes pack.json
+(raw summaries, in a `harness` record; the baseline is the first thread count of each mode, 1 by
+default, and the ratio the scaling efficiency) and pack.md (the table) into --out.
 """
 
 from __future__ import annotations
@@ -25,15 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+import harness
 
 
 def warm(corpus: Path) -> tuple[int, int]:
@@ -45,7 +39,7 @@ def warm(corpus: Path) -> tuple[int, int]:
     return files, total
 
 
-def run(binary: Path, corpus: Path, threads: int, reencode: str | None, work: Path) -> dict:
+def run(binary: str, corpus: Path, threads: int, reencode: str | None, work: Path) -> dict:
     out = work / f"out-{threads}-{'re' if reencode else 'copy'}"
     summary = work / "summary.json"
     cmd = [str(binary), "pack", str(corpus), str(out), "--threads", str(threads), "--progress", "none", "--force"]
@@ -67,12 +61,13 @@ def run(binary: Path, corpus: Path, threads: int, reencode: str | None, work: Pa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True)
-    ap.add_argument("--bin", type=Path, default=Path("target/release/ringfeed"))
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1,2,4,... up to nproc)")
     ap.add_argument("--reencode", default="256:90", help="MAX_SIDE:QUALITY for the re-encode mode; 'none' to skip")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None, help="where outputs are written (default: a temp dir)")
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
+    binary = harness.find_binary(a.bin)
 
     ncpu = os.cpu_count() or 1
     if a.threads:
@@ -89,16 +84,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=a.work) as work:
         for mode in modes:
             for t in threads:
-                r = run(a.bin, a.corpus, t, mode, Path(work))
+                r = run(binary, a.corpus, t, mode, Path(work))
                 results.append(r)
                 rate, mbs = r["images_per_sec"], r["input_mb_per_sec"]
                 print(f"{r['mode']:>16} threads={t:>3}: {rate:8.1f} img/s {mbs:7.1f} MB/s", flush=True)
 
-    machine = {"cpu": cpu_model(), "cores": ncpu, "kernel": platform.release()}
+    machine = {"cpu": harness.cpu_model(), "cores": ncpu, "kernel": platform.release()}
     corpus = {"path": str(a.corpus), "files": files, "bytes": size}
     out = a.out or Path("benches/results") / f"{time.strftime('%Y-%m-%d')}-{platform.node() or 'unknown'}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pack.json").write_text(json.dumps({"machine": machine, "corpus": corpus, "runs": results}, indent=2) + "\n")
+    # Per thread, each mode's first run: the base of pack.md's speed-up and efficiency.
+    one = {r["mode"]: r["images_per_sec"] / r["threads"] for r in reversed(results)}
+    ratios = [
+        {
+            "mode": r["mode"],
+            "threads": r["threads"],
+            "efficiency": harness.ratio(r["images_per_sec"], one[r["mode"]] * r["threads"]),
+        }
+        for r in results
+    ]
+    harness.write_record(
+        out / "pack.json",
+        {"machine": machine, "corpus": corpus, "runs": results},
+        args=a,
+        baseline="the first thread count of each mode, per thread",
+        ratios=ratios,
+        server_binary=binary,
+    )
 
     lines = [
         "# `ringfeed pack` throughput",

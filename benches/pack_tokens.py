@@ -2,8 +2,8 @@
 """Text packing throughput of `ringfeed pack --tokenizer`, in tokens/s and MB/s of text, by thread
 count, against the Python `tokenizers` batch encoder on the same corpus in the same run.
 
-    python3 benches/pack_tokens.py --corpus DIR [--bin target/release/ringfeed]
-        [--threads 1,2,4] [--out benches/results/DATE-MACHINE]
+    python3 benches/pack_tokens.py --corpus DIR [--bin PATH] [--threads 1,2,4]
+        [--out benches/results/DATE-MACHINE]
 
 DIR holds corpus.jsonl and tokenizer.json; make them with
 `python3 ../shared/datasets/make_text.py DIR` (20,000 documents, ~50 MB, a 32,000-token BPE).
@@ -11,7 +11,9 @@ The corpus is read once before timing (warm page cache). The Python baseline is
 `Tokenizer.encode_batch(texts, add_special_tokens=False)` over the same documents (JSON parsing
 excluded, so the baseline is only the tokeniser), with `RAYON_NUM_THREADS` set to the same thread
 count. Both produce the same ids (the test suite checks that); ringfeed also parses JSON, checks
-every id and writes the token file. Writes pack_tokens.json and pack_tokens.md into --out.
+every id and writes the token file. The binary: --bin, RINGFEED_BIN, PATH or the workspace build
+(`harness.find_binary`). Writes pack_tokens.json (a `harness` record; the baseline is Python
+`tokenizers`, the ratio ringfeed's tokens/s over it) and pack_tokens.md into --out.
 """
 
 from __future__ import annotations
@@ -19,25 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+import harness
 
 
-def ringfeed_run(binary: Path, corpus: Path, threads: int, work: Path) -> dict:
+def ringfeed_run(binary: str, corpus: Path, threads: int, work: Path) -> dict:
     out = work / f"tok-{threads}"
     summary = work / "summary.json"
     cmd = [str(binary), "pack", str(corpus / "corpus.jsonl"), str(out), "--tokenizer", str(corpus / "tokenizer.json")]
@@ -74,10 +67,11 @@ def python_run(corpus: Path, threads: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True)
-    ap.add_argument("--bin", type=Path, default=Path("target/release/ringfeed"))
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1, 2, 4, ..., the cores)")
     ap.add_argument("--out", type=Path, default=None)
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
+    binary = harness.find_binary(a.bin)
     cores = os.cpu_count() or 1
     threads = (
         [int(x) for x in a.threads.split(",")]
@@ -85,10 +79,12 @@ def main() -> int:
         else sorted({min(2**k, cores) for k in range(8) if 2**k <= cores} | {cores})
     )
     (a.corpus / "corpus.jsonl").read_bytes()  # warm the page cache
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)  # the work directory below is made beside it
     rows = []
     with tempfile.TemporaryDirectory(dir=a.out.parent if a.out else None) as work:
         for t in threads:
-            rf = ringfeed_run(a.bin, a.corpus, t, Path(work))
+            rf = ringfeed_run(binary, a.corpus, t, Path(work))
             py = python_run(a.corpus, t)
             rows.append(
                 {
@@ -110,12 +106,23 @@ def main() -> int:
                 f"tokens/s ({r['python_mb_per_s']:5.1f} MB/s)",
                 flush=True,
             )
-    result = {"cpu": cpu_model(), "cores": cores, "corpus": str(a.corpus), "rows": rows}
+    result = {"cpu": harness.cpu_model(), "cores": cores, "corpus": str(a.corpus), "rows": rows}
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "pack_tokens.json").write_text(json.dumps(result, indent=2) + "\n")
+        ratios = [
+            {"threads": r["threads"], "ratio": harness.ratio(r["ringfeed_tokens_per_s"], r["python_tokens_per_s"])}
+            for r in rows
+        ]
+        harness.write_record(
+            a.out / "pack_tokens.json",
+            result,
+            args=a,
+            baseline="python tokenizers",
+            ratios=ratios,
+            server_binary=binary,
+        )
         lines = [
-            f"# Text packing throughput ({cpu_model()}, {cores} cores)",
+            f"# Text packing throughput ({harness.cpu_model()}, {cores} cores)",
             "",
             f"Corpus: {a.corpus} ({rows[0]['documents']} documents, {rows[0]['tokens']} tokens incl. EOS). "
             "Command: `python3 benches/pack_tokens.py --corpus DIR --out DIR`.",

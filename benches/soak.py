@@ -2,10 +2,11 @@
 """Soak: many client processes on one `ringfeed serve` for a bounded time, watching for leaks.
 
     python3 benches/soak.py --out DIR [--seconds 600] [--clients 8] [--threads 2] [--images 512]
-        [--batch-size 16] [--dataset DIR] [--array torch|numpy] [--interval 10]
+        [--batch-size 16] [--dataset DIR] [--array torch|numpy] [--interval 10] [--bin PATH]
 
 Packs a synthetic dataset (``--images`` small JPEGs) unless ``--dataset`` is given, starts a
-private server (``RINGFEED_BIN``, else the workspace build), and runs ``--clients`` processes that
+private server (``harness.Server``; the binary: ``--bin``, ``RINGFEED_BIN``, ``PATH`` or the
+workspace build), and runs ``--clients`` processes that
 each iterate epoch after epoch with ``ringfeed.Loader`` until ``--seconds`` have passed, checking
 that every epoch delivers each sample exactly once (the ``index`` field). Meanwhile it samples the
 server once a second: RSS, open descriptors, ring memfds and their mappings, threads.
@@ -20,7 +21,6 @@ or the server did not return to its pre-client descriptor, memfd and thread coun
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -30,9 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py" / "tests"))
 
-from _fleet import Consumer, Server, binary, make_dataset, settle
+from _fleet import Consumer, make_dataset, proc_stats, settle
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float:
@@ -65,68 +67,77 @@ def main() -> int:
     ap.add_argument("--dataset", type=Path, default=None, help="a packed dataset instead of the synthetic one")
     ap.add_argument("--array", choices=("torch", "numpy"), default="torch", help="what the clients' batches are")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds per throughput interval")
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
+    # Resolved (and exported) before make_dataset, whose `ringfeed pack` then runs the same build.
+    binary = harness.find_binary(a.bin)
 
     work = Path(tempfile.mkdtemp(prefix="rfsoak-", dir="/tmp"))
     dataset = a.dataset or make_dataset(work, a.images)
-    server = Server(threads=a.threads, log=a.out / "server.log")
-    samples: list[dict[str, Any]] = []
-    clients: list[Consumer] = []
-    try:
-        before = server.stats()
-        t_start = time.time()
-        clients = [
-            Consumer(
-                dataset,
-                server.sock,
-                batch_size=a.batch_size,
-                seconds=a.seconds,
-                tick=1.0,
-                seed=k,
-                torch=a.array == "torch",
-            )
-            for k in range(a.clients)
-        ]
-        for c in clients:
-            c.wait_ready(timeout=300)
-        t_ready = time.time()
-        print(f"{a.clients} clients ready after {t_ready - t_start:.1f} s; soaking for {a.seconds:.0f} s", flush=True)
-        next_print = time.monotonic() + 60
-        while any(c.proc.poll() is None for c in clients):
+    # Stopped in the `finally` below, so that its exit status on SIGTERM is part of the result;
+    # the `with` kills it if anything before that raised.
+    with harness.Server(a.threads, binary=binary, log=a.out / "server.log") as server:
+        samples: list[dict[str, Any]] = []
+        clients: list[Consumer] = []
+        try:
+            before = proc_stats(server.pid)
+            t_start = time.time()
+            clients = [
+                Consumer(
+                    dataset,
+                    server.sock,
+                    batch_size=a.batch_size,
+                    seconds=a.seconds,
+                    tick=1.0,
+                    seed=k,
+                    torch=a.array == "torch",
+                )
+                for k in range(a.clients)
+            ]
             for c in clients:
-                c.poll()
-            if server.alive():
-                samples.append({"t": time.time() - t_ready, **server.stats()})
-            if time.monotonic() >= next_print:
-                s = samples[-1]
-                print(f"  {s['t']:6.0f} s: rss {s['rss_kib']} KiB, fds {s['fds']}, threads {s['threads']}", flush=True)
-                next_print += 60
-            if time.time() - t_ready > a.seconds + 300:
-                break  # a client overran its deadline by 5 minutes: counted as an error below
-            time.sleep(1.0)
-        codes = [c.wait(timeout=10) for c in clients]
-        # The server must hold no more than before any client: descriptors and memfds at once,
-        # threads once tokio's idle blocking threads have exited (10 s). (Fewer descriptors than
-        # the baseline is no leak: the baseline may include the start-up probe's connection,
-        # which the server closes on its own time.)
-        back, after, settle_s = settle(
-            server.pid,
-            lambda s: (
-                s["fds"] <= before["fds"]
-                and (s["memfds"], s["memfd_maps"]) == (0, 0)
-                and s["threads"] <= before["threads"]
-            ),
-            30,
-        )
-        server_alive = server.alive()
-    finally:
-        for c in clients:
-            if c.proc.poll() is None:
-                c.proc.kill()
-                c.wait(10)
-        server.stop()
-        status = server.proc.returncode if server.proc is not None else None
+                c.wait_ready(timeout=300)
+            t_ready = time.time()
+            print(
+                f"{a.clients} clients ready after {t_ready - t_start:.1f} s; soaking for {a.seconds:.0f} s", flush=True
+            )
+            next_print = time.monotonic() + 60
+            while any(c.proc.poll() is None for c in clients):
+                for c in clients:
+                    c.poll()
+                if server.alive():
+                    samples.append({"t": time.time() - t_ready, **proc_stats(server.pid)})
+                if time.monotonic() >= next_print:
+                    s = samples[-1]
+                    print(
+                        f"  {s['t']:6.0f} s: rss {s['rss_kib']} KiB, fds {s['fds']}, threads {s['threads']}", flush=True
+                    )
+                    next_print += 60
+                if time.time() - t_ready > a.seconds + 300:
+                    break  # a client overran its deadline by 5 minutes: counted as an error below
+                time.sleep(1.0)
+            codes = [c.wait(timeout=10) for c in clients]
+            # The server must hold no more than before any client: descriptors and memfds at once,
+            # threads once tokio's idle blocking threads have exited (10 s). (Fewer descriptors than
+            # the baseline is no leak: the baseline may include the start-up probe's connection,
+            # which the server closes on its own time.)
+            back, after, settle_s = settle(
+                server.pid,
+                lambda s: (
+                    s["fds"] <= before["fds"]
+                    and (s["memfds"], s["memfd_maps"]) == (0, 0)
+                    and s["threads"] <= before["threads"]
+                ),
+                30,
+            )
+            server_alive = server.alive()
+        finally:
+            for c in clients:
+                if c.proc.poll() is None:
+                    c.proc.kill()
+                    c.wait(10)
+            server.stop()
+            status = server.returncode
 
     # Throughput per interval, from every client's one-second ticks.
     ticks = [(t["tick"] - t_ready, t["batches"]) for c in clients for t in c.ticks()]
@@ -175,7 +186,7 @@ def main() -> int:
             "platform": platform.platform(),
             "python": sys.version.split()[0],
         },
-        "binary": binary(),
+        "binary": binary,
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
         "dataset": str(dataset),
         "clients_ready_after_s": t_ready - t_start,
@@ -203,7 +214,7 @@ def main() -> int:
         "error_count": len(errors),
         "samples": samples,
     }
-    (a.out / "soak.json").write_text(json.dumps(result, indent=1) + "\n")
+    harness.write_record(a.out / "soak.json", result, args=a, indent=1)
     (a.out / "soak.md").write_text(summary(result, a))
     print(summary(result, a))
     return 0 if not errors and back else 1

@@ -3,8 +3,7 @@
 mode with the packing stored at pack time (`packing-S.rfp`, proto/tokens.md 1.1) and computed at
 open (what a dataset without a packing file costs), and a mix of three datasets.
 
-    python3 benches/token_open.py [--bin target/release/ringfeed] [--tokens 10e9] [--seq-len 2048]
-        [--work DIR] [--out DIR]
+    python3 benches/token_open.py [--bin PATH] [--tokens 10e9] [--seq-len 2048] [--work DIR] [--out DIR]
 
 The datasets are synthetic and sparse: valid `tokens.rft` files whose token pages are holes
 (20 GB apparent for 10 B uint16 tokens, a few MB on disk), with real document tables and CRCs
@@ -19,8 +18,10 @@ Each case runs 3 times, each on a fresh server (so one case's memory is not anot
 server's RSS and the anonymous part of it (not mapped file pages) after that first batch, and
 the same when the server was idle before the open; then a second loader on the same server resumes
 from the first one's `state_dict()` with another world size (2 ranks: the rest re-striped from the
-global position) and the server's memory after its first batch is taken again. Writes
-token_open.json and token_open.md into --out.
+global position) and the server's memory after its first batch is taken again. Nothing is
+warmed up: the open is the figure. Each server is a `harness.Server` (the binary: --bin,
+RINGFEED_BIN, PATH or the workspace build). Writes token_open.json (a `harness` record) and
+token_open.md into --out.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py"))
@@ -111,7 +112,7 @@ def status_mb(pid: int) -> dict[str, float]:
     return {"rss": fields["VmRSS"], "anon": fields["RssAnon"], "peak": fields["VmHWM"]}
 
 
-def run_case(binary: Path, work: Path, name: str, dataset, repeat: int = 3, **kw) -> dict:
+def run_case(binary: str, work: Path, name: str, dataset, repeat: int = 3, **kw) -> dict:
     """`repeat` opens, each on a fresh server: the median time to the first batch (all of them
     listed), and the memory of the last one before and after."""
     runs = [run_once(binary, work, name, dataset, **kw) for _ in range(repeat)]
@@ -122,20 +123,15 @@ def run_case(binary: Path, work: Path, name: str, dataset, repeat: int = 3, **kw
     return out
 
 
-def run_once(binary: Path, work: Path, name: str, dataset, **kw) -> dict:
+def run_once(binary: str, work: Path, name: str, dataset, **kw) -> dict:
     """One open on a fresh server: time to the first batch, and its memory before and after."""
-    sock = work / f"{name}.sock"
-    with open(work / f"{name}.log", "w") as log:
-        server = subprocess.Popen([str(binary), "serve", "--socket", str(sock), "--threads", "2"], stderr=log)
-    try:
-        for _ in range(400):
-            if sock.exists():
-                break
-            time.sleep(0.025)
+    log = work / f"{name}.log"
+    log.unlink(missing_ok=True)  # the log line read below is this run's
+    with harness.Server(2, binary=binary, log=log) as server:
         idle = status_mb(server.pid)
         t = time.perf_counter()
         loader = ringfeed.TokenLoader(
-            dataset, batch_size=8, socket=str(sock), autotune=False, threads=1, slots=4, seed=1, **kw
+            dataset, batch_size=8, socket=server.sock, autotune=False, threads=1, slots=4, seed=1, **kw
         )
         batch = next(iter(loader))
         first = time.perf_counter() - t
@@ -147,17 +143,14 @@ def run_once(binary: Path, work: Path, name: str, dataset, **kw) -> dict:
         # A resume by global position with another world size (control.md, "Resume by a global
         # position"): the rest of the epoch re-striped over 2 ranks, on the same server.
         resumed = ringfeed.TokenLoader(
-            dataset, batch_size=8, socket=str(sock), autotune=False, threads=1, slots=4, seed=1, rank=0,
+            dataset, batch_size=8, socket=server.sock, autotune=False, threads=1, slots=4, seed=1, rank=0,
             world_size=2, **kw,
         )  # fmt: skip
         resumed.load_state_dict(state)
         assert next(iter(resumed))["input_ids"].shape == (8, kw["seq_len"])
         after_resume = status_mb(server.pid)
         resumed.close()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
-    text = re.sub(r"\x1b\[[0-9;]*m", "", (work / f"{name}.log").read_text())
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
     lines = [ln for ln in text.splitlines() if "pack mode computed" in ln]
     return {
         "case": name,
@@ -172,12 +165,13 @@ def run_once(binary: Path, work: Path, name: str, dataset, **kw) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", type=Path, default=Path("target/release/ringfeed"))
+    harness.add_arguments(ap, warmup=False)
     ap.add_argument("--tokens", type=float, default=10e9)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--work", type=Path, default=None, help="where the sparse datasets go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    binary = harness.find_binary(a.bin)
     tokens = int(a.tokens)
     import torch  # noqa: F401  (imported now, so no open below times torch's import)
 
@@ -194,7 +188,7 @@ def main() -> int:
         docs = len(starts) - 1
         t = time.perf_counter()
         r = subprocess.run(
-            [str(a.bin), "packing", str(main_ds), "--seq-len", str(a.seq_len)], capture_output=True, text=True
+            [binary, "packing", str(main_ds), "--seq-len", str(a.seq_len)], capture_output=True, text=True
         )
         assert r.returncode == 0, r.stderr
         packing_s = time.perf_counter() - t
@@ -205,17 +199,19 @@ def main() -> int:
         py_open_ms = (time.perf_counter() - t) * 1e3
         s = a.seq_len
         cases = [
-            run_case(a.bin, work, "concat", main_ds, seq_len=s, mode="concat"),
-            run_case(a.bin, work, "pack, stored packing", main_ds, seq_len=s, mode="pack"),
+            run_case(binary, work, "concat", main_ds, seq_len=s, mode="concat"),
+            run_case(binary, work, "pack, stored packing", main_ds, seq_len=s, mode="pack"),
         ]
         stored = main_ds / tf.packing_name(s)
         aside = work / "aside.rfp"
         stored.rename(aside)
-        cases.append(run_case(a.bin, work, "pack, computed at open (no packing file)", main_ds, seq_len=s, mode="pack"))
+        cases.append(
+            run_case(binary, work, "pack, computed at open (no packing file)", main_ds, seq_len=s, mode="pack")
+        )
         aside.rename(stored)
         mix = {main_ds: 0.5, second: 0.3, third: 0.2}
         sizes = " + ".join(f"{t / 1e9:g} B" for t in (tokens, tokens // 2, tokens // 10))
-        cases.append(run_case(a.bin, work, f"mix of 3 (concat; {sizes} tokens)", mix, seq_len=s, mode="concat"))
+        cases.append(run_case(binary, work, f"mix of 3 (concat; {sizes} tokens)", mix, seq_len=s, mode="concat"))
     result = {
         "tokens": tokens,
         "documents": docs,
@@ -229,11 +225,11 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "token_open.json").write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_record(a.out / "token_open.json", result, args=a)
         md = [
             f"# Token stream open: {tokens / 1e9:g} B-token sparse dataset, {docs:,} documents, seq_len {a.seq_len}",
             "",
-            f"Command: `python3 benches/token_open.py --bin {a.bin} --tokens {tokens / 1e9:g}e9 --seq-len {a.seq_len} "
+            f"Command: `python3 benches/token_open.py --bin {binary} --tokens {tokens / 1e9:g}e9 --seq-len {a.seq_len} "
             "--out DIR`. Each case is opened 3 times, each time on a fresh server: the median time (all "
             "three in token_open.json), and the memory of the server process (RSS, its anonymous part, "
             "peak) idle, after the first batch of the last one, and after the first batch of a second "

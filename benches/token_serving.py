@@ -2,8 +2,8 @@
 """Serving token windows: windows/s and tokens/s from one server thread, and the open time and
 memory of a 10 B-token dataset.
 
-    python3 benches/token_serving.py [--bin target/release/ringfeed] [--tokens 10e9]
-        [--seq-len 2048] [--batch-size 16] [--seconds 10] [--work DIR] [--out DIR]
+    python3 benches/token_serving.py [--bin PATH] [--tokens 10e9] [--seq-len 2048] [--batch-size 16]
+        [--seconds 10] [--warmup-s 12] [--work DIR] [--dataset DIR] [--out DIR]
 
 The dataset is synthetic and sparse: a valid `tokens.rft` (`proto/tokens.md`) of `--tokens`
 uint16 tokens, all zero, in documents of 100,000 tokens, whose token pages are holes (20 GB
@@ -13,24 +13,25 @@ apparent, a few MB on disk). Its CRCs are real, so `ringfeed verify` passes. Mea
   header and footer, creates the ring), and the Python reader's `TokenDataset` open;
 - serving: windows/s and tokens/s through a `TokenLoader` with `threads=1, autotune=False`,
   concat mode, shuffled (random windows across the whole file), for `--seconds`: on the sparse
-  file (each window faults in pages of a hole: a cold-read figure) and, with `--dataset DIR`, on
-  a real token dataset whose pages are cached;
+  file (each window faults in pages of a hole: a cold-read figure, so not warmed up) and, with
+  `--dataset DIR`, on a real token dataset whose pages are cached (after `--warmup-s` seconds);
 - memory: the server's RSS after open and after serving (it must not grow with the dataset).
 
-Writes token_serving.json and token_serving.md into --out.
+The server is a `harness.Server` (the binary: --bin, RINGFEED_BIN, PATH or the workspace build).
+Writes token_serving.json (a `harness` record) and token_serving.md into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import harness
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py"))
 
@@ -89,26 +90,8 @@ def rss_mb(pid: int) -> tuple[float, float]:
     return fields.get("VmRSS", float("nan")), fields.get("RssAnon", float("nan"))
 
 
-def forever(loader: ringfeed.TokenLoader):
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
-def rate(it, seconds: float) -> float:
-    """Batches per second drawn from `it` for `seconds`."""
-    n, t = 0, time.perf_counter()
-    while time.perf_counter() - t < seconds:
-        next(it)
-        n += 1
-    return n / (time.perf_counter() - t)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", type=Path, default=Path("target/release/ringfeed"))
     ap.add_argument("--tokens", type=float, default=10e9)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -116,8 +99,10 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="where the sparse dataset goes (default: a temp dir)")
     ap.add_argument("--dataset", type=Path, default=None, help="also measure windows/s on this real token dataset")
     ap.add_argument("--out", type=Path, default=None)
+    harness.add_arguments(ap)
     a = ap.parse_args()
     tokens = int(a.tokens)
+    windows = lambda b: len(b["input_ids"])  # noqa: E731 - windows in a batch
     with tempfile.TemporaryDirectory(dir=a.work) as work:
         ds = Path(work) / "synthetic.tok"
         ds.mkdir()
@@ -130,38 +115,28 @@ def main() -> int:
         py = tf.TokenDataset(ds)
         py_open = time.perf_counter() - t
         assert py.token_count == tokens
-        sock = Path(work) / "rf.sock"
-        cmd = [str(a.bin), "serve", "--socket", str(sock), "--threads", "2"]
-        server = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        try:
-            for _ in range(200):
-                if sock.exists():
-                    break
-                time.sleep(0.05)
+        with harness.Server(2, binary=a.bin) as server:
             rss0 = rss_mb(server.pid)
             t = time.perf_counter()
             loader = ringfeed.TokenLoader(
-                ds, batch_size=a.batch_size, seq_len=a.seq_len, socket=str(sock), autotune=False, threads=1, slots=8
+                ds, batch_size=a.batch_size, seq_len=a.seq_len, socket=server.sock, autotune=False, threads=1, slots=8
             )
-            it = forever(loader)
+            it = harness.epochs(loader)
             next(it)
             first = time.perf_counter() - t
             rss_open = rss_mb(server.pid)
-            sparse_rate = rate(it, a.seconds) * a.batch_size
+            sparse_rate = harness.timed(it, min_seconds=a.seconds, count=windows)["img_per_s"]
             rss_end = rss_mb(server.pid)
             loader.close()
             warm_rate = None
             if a.dataset is not None:
                 loader = ringfeed.TokenLoader(
-                    a.dataset, batch_size=a.batch_size, seq_len=a.seq_len, socket=str(sock), autotune=False, threads=1
-                )
-                it = forever(loader)
-                next(it)
-                warm_rate = rate(it, a.seconds) * a.batch_size
+                    a.dataset, batch_size=a.batch_size, seq_len=a.seq_len, socket=server.sock, autotune=False,
+                    threads=1,
+                )  # fmt: skip
+                it = harness.epochs(loader)
+                warm_rate = harness.measure(it, warmup_s=a.warmup_s, min_seconds=a.seconds, count=windows)["img_per_s"]
                 loader.close()
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=10)
     result = {
         "tokens": tokens,
         "apparent_bytes": tokens * 2,
@@ -180,7 +155,7 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "token_serving.json").write_text(json.dumps(result, indent=2) + "\n")
+        harness.write_record(a.out / "token_serving.json", result, args=a)
         r = result
         md = [
             f"# Serving token windows ({tokens / 1e9:.0f} B-token sparse dataset, one server thread)",

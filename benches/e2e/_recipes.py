@@ -5,13 +5,12 @@
   TrivialAugmentWide + Normalize + RandomErasing(``erasing``), erasing after normalisation.
 
 ``tv_recipe`` is the torchvision v2 pipeline a DataLoader's workers run on PIL images (floats out);
-``rf_recipe`` the same ops as a ``ringfeed.Compose``. ``epochs`` iterates a loader for ever, one
-``set_epoch`` per pass.
+``rf_recipe`` the same ops as a ``ringfeed.Compose``. (Iterating a loader epoch after epoch is
+``harness.epochs``.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,12 +41,3 @@ def rf_recipe(name: str, size: int = 224, erasing: float = 0.25) -> Any:
     if name == "full":
         ops.append(ringfeed.RandomErasing(erasing))
     return ringfeed.Compose(ops)
-
-
-def epochs(loader: Any) -> Iterator[Any]:
-    """The loader's batches, epoch after epoch."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1

@@ -3,7 +3,7 @@
 DataLoader with the torchvision v2 equivalent; top-1 on the same validation set, same evaluator.
 
     python3 benches/e2e/accuracy.py --data DIR --packed DIR [--seeds 0,1,2] [--recipes rrc,full]
-        [--epochs 5] [--size 112] [--workers 15] [--out DIR]
+        [--epochs 5] [--size 112] [--workers 15] [--bin PATH] [--out DIR]
 
 ``--data`` is ``make_learnable.py``'s output (``train/`` and ``val/`` ImageFolders); ``--packed`` is
 ``ringfeed pack DATA/train``. Recipes:
@@ -15,7 +15,9 @@ Model: torchvision ResNet-18 (random init seeded by the seed), bf16 autocast, ch
 (momentum 0.9, nesterov, one-cycle to ``--lr``, weight decay 5e-5), batch 256. Evaluation for every model:
 one torchvision DataLoader, Resize(size * 8 / 7) + CenterCrop(size), PIL decode. The loaders differ
 only in who makes the training batches (and their random numbers: ringfeed's generator is not
-torch's). Writes accuracy.json and accuracy.md into --out.
+torch's). ringfeed reads from a private server (``harness.Server``, ``--workers`` threads). Nothing
+is timed, so nothing is warmed up. Writes accuracy.json (a ``harness`` record; the baseline is the
+DataLoader, the ratio ringfeed's mean top-1 over its, per recipe) and accuracy.md into --out.
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 
 import torch
 import torchvision
-from _recipes import MEAN, STD, epochs, rf_recipe, tv_recipe
+from _recipes import MEAN, STD, rf_recipe, tv_recipe
 from torch import nn
 from torchvision.transforms import v2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 BATCH = 256
 
@@ -83,7 +86,7 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
         threads=workers,
         slots=6,
     )
-    yield from epochs(ld)
+    yield from harness.epochs(ld)
 
 
 def evaluate(model: nn.Module, data: Path, size: int, workers: int) -> float:
@@ -139,21 +142,15 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=112)
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--out", type=Path, default=Path())
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     classes = len([d for d in (a.data / "train").iterdir() if d.is_dir()])
     n_train = sum(1 for _ in (a.data / "train").rglob("*.jpg"))
     steps = a.epochs * (n_train // BATCH)
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfa-", dir="/tmp"))
-    sock = str(work / "ringfeed.sock")
-    server = subprocess.Popen(
-        [binary, "serve", "--socket", sock, "--threads", str(a.workers)], stderr=subprocess.DEVNULL
-    )
     results = []
-    try:
-        while not Path(sock).exists():
-            time.sleep(0.05)
+    with harness.Server(a.workers, binary=a.bin) as server:
+        sock = server.sock
         for recipe in a.recipes.split(","):
             for seed in (int(s) for s in a.seeds.split(",")):
                 for loader in a.loaders.split(","):
@@ -179,10 +176,6 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
                     del model
                     torch.cuda.empty_cache()
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "gpu": torch.cuda.get_device_name(),
@@ -195,7 +188,13 @@ def main() -> None:
         "epochs": a.epochs,
         "size": a.size,
     }
-    (a.out / "accuracy.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
+    mean_top1 = lambda recipe, loader: statistics.mean(  # noqa: E731
+        [r["top1"] for r in results if (r["recipe"], r["loader"]) == (recipe, loader)] or [float("nan")]
+    )
+    ratios = {rc: harness.ratio(mean_top1(rc, "ringfeed"), mean_top1(rc, "dataloader")) for rc in a.recipes.split(",")}
+    harness.write_record(
+        a.out / "accuracy.json", {"machine": meta, "runs": results}, args=a, baseline="dataloader", ratios=ratios
+    )
     lines = [
         "# Accuracy parity: ResNet-18 top-1 on make_learnable's validation set",
         "",

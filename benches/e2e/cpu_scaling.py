@@ -7,11 +7,15 @@ dataset, DataLoader + PIL, DataLoader + torchvision.io.decode_jpeg and, when
 `import datago` works, Photoroom's datago.
 
     python3 benches/e2e/cpu_scaling.py --images DIR --packed DIR [--threads 1,2,4,8,15]
-        [--batches 24] [--out DIR]
+        [--batches 24] [--warmup-s 12] [--pin] [--bin PATH] [--out DIR]
 
-`corpus_rate` is `cargo build --release -p ringfeed --example corpus_rate` (found next to
-$RINGFEED_BIN, or in target/release/examples). Writes cpu.json, cpu.md and, with matplotlib,
-cpu.png (img/s against threads) into --out.
+`corpus_rate` is `cargo build --release -p ringfeed --example corpus_rate` ($CORPUS_RATE_BIN, or
+target/release/examples). Every Python-side loader (ringfeed's Loader, each on a private
+`harness.Server` with that many threads, the DataLoaders, datago) runs `--warmup-s` seconds and at
+least its own warm-up batches before the clock starts (the same for each), then `--batches`
+batches or more are timed (`harness.measure`). Writes cpu.json (a `harness` record; baselines:
+DataLoader + PIL, and the ratios against it and against DataLoader + torchvision.io), cpu.md and,
+with matplotlib, cpu.png (img/s against threads) into --out.
 
 datago (PyPI `datago`, tested with 2026.10.1) has no random crop and no flip. Its column reads
 the same --images folder (file source, shuffled each pass) with its only geometric transform,
@@ -21,8 +25,8 @@ greyscale files 3-channel. That is torchvision's Resize(224, LANCZOS) + CenterCr
 RandomResizedCrop(224) + flip, so the column is labelled as such. Its thread count is
 DATAGO_MAX_TASKS, the decode tasks in flight (datago reads it at each start(); its tokio pool
 has one thread per CPU whatever the setting). Samples arrive one at a time as 224x224x3 uint8
-arrays; the harness stacks 256 of them into a batch on the main thread, and `timed` counts them
-as for the other loaders. While it waits for a sample, datago's reader spins on sched_yield, so
+arrays; the bench stacks 256 of them into a batch on the main thread, and `harness.measure` counts
+them as for the other loaders. While it waits for a sample, datago's reader spins on sched_yield, so
 the main thread keeps a core busy.
 """
 
@@ -31,10 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
-import tempfile
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -42,6 +44,9 @@ import torchvision
 from torchvision import transforms
 from torchvision.io import decode_image
 from torchvision.transforms import v2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 BATCH = 256
 DATAGO_LABEL = "datago (resize + centre crop 224, no random crop, no flip)"
@@ -60,14 +65,9 @@ def native(images: Path, mode: str, threads: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["img_per_s"]
 
 
-def timed(batches, warmup: int, count: int) -> float:
-    it = iter(batches)
-    for _ in range(warmup):
-        next(it)
-    n, start = 0, time.perf_counter()
-    for _ in range(count):
-        n += next(it)[0].shape[0]
-    return n / (time.perf_counter() - start)
+def timed(batches, warmup: int, count: int, warmup_s: float) -> float:
+    """img/s over at least ``count`` batches, after ``warmup_s`` seconds and ``warmup`` batches."""
+    return harness.measure(iter(batches), warmup_s=warmup_s, warmup_batches=warmup, min_batches=count)["img_per_s"]
 
 
 class TvioFolder(torchvision.datasets.ImageFolder):
@@ -84,7 +84,7 @@ class TvioFolder(torchvision.datasets.ImageFolder):
         return self.tf(img), label
 
 
-def dataloader(images: Path, workers: int, kind: str, batches: int) -> float:
+def dataloader(images: Path, workers: int, kind: str, batches: int, warmup_s: float) -> float:
     if kind == "pil":
         tf = transforms.Compose(
             [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
@@ -102,37 +102,21 @@ def dataloader(images: Path, workers: int, kind: str, batches: int) -> float:
 
     # Skip every batch the workers could have prefetched (2 per worker), and time at least four
     # times that many, so the figure is the workers' production rate, not a drained queue.
-    return timed(forever(), 2 * workers + 2, max(batches, 8 * workers))
+    return timed(forever(), 2 * workers + 2, max(batches, 8 * workers), warmup_s)
 
 
-def ringfeed_loader(packed: Path, threads: int, batches: int, pin: bool = False) -> float:
+def ringfeed_loader(packed: Path, threads: int, batches: int, warmup_s: float, pin: bool = False) -> float:
     import ringfeed
+    from ringfeed import bench
 
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfc-", dir="/tmp"))
-    sock = work / "ringfeed.sock"
-    cmd = [binary, "serve", "--socket", str(sock), "--threads", str(threads)] + (["--pin-threads"] if pin else [])
-    server = subprocess.Popen(cmd)
-    try:
-        while not sock.exists():
-            time.sleep(0.05)
-        tf = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
-        # Fixed settings: this measures the decode path, not the autotuner (benches/autotune.py).
-        with ringfeed.Loader(packed, BATCH, transform=tf, socket=str(sock), autotune=False, threads=threads) as ld:
-
-            def forever():
-                epoch = 0
-                while True:
-                    ld.set_epoch(epoch)
-                    yield from ld
-                    epoch += 1
-
-            # Skip the batches the ring may already hold (4 slots) before timing starts.
-            return timed(forever(), 6, batches)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+    tf = bench.make_transform("rrc-flip", 224)
+    # Fixed settings: this measures the decode path, not the autotuner (benches/autotune.py).
+    with (
+        harness.Server(threads, ["--pin-threads"] if pin else []) as server,
+        ringfeed.Loader(packed, BATCH, transform=tf, socket=server.sock, autotune=False, threads=threads) as ld,
+    ):
+        # Skip the batches the ring may already hold (4 slots) before timing starts.
+        return timed(harness.epochs(ld), 6, batches, warmup_s)
 
 
 def datago_installed() -> bool:
@@ -143,7 +127,7 @@ def datago_installed() -> bool:
     return True
 
 
-def datago_loader(images: Path, threads: int, batches: int) -> float:
+def datago_loader(images: Path, threads: int, batches: int, warmup_s: float) -> float:
     import datago
     import numpy as np
 
@@ -181,7 +165,7 @@ def datago_loader(images: Path, threads: int, batches: int) -> float:
 
     try:
         # Skip what the ready queue (BATCH samples) and the tasks in flight may already hold.
-        return timed(forever(), 2, batches)
+        return timed(forever(), 2, batches, warmup_s)
     finally:
         client.stop()
         os.environ.pop("DATAGO_MAX_TASKS", None)
@@ -195,7 +179,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=24)
     ap.add_argument("--out", type=Path, default=Path())
     ap.add_argument("--pin", action="store_true", help="also the Loader with `serve --pin-threads`")
+    harness.add_arguments(ap)
     a = ap.parse_args()
+    harness.find_binary(a.bin)
     with_datago = datago_installed()
     rows = []
     for t in [int(x) for x in a.threads.split(",")]:
@@ -204,18 +190,30 @@ def main() -> None:
             "turbo_decode_only": native(a.images, "decode", t),
             "ringfeed_transform_unpacked": native(a.images, "rrc", t),
             "ringfeed_transform": native(a.images, "rrc-rs", t),
-            "ringfeed_loader": ringfeed_loader(a.packed, t, a.batches),
-            **({"ringfeed_loader_pinned": ringfeed_loader(a.packed, t, a.batches, pin=True)} if a.pin else {}),
-            "dataloader_pil": dataloader(a.images, t, "pil", a.batches),
-            "dataloader_tvio": dataloader(a.images, t, "tvio", a.batches),
-            **({"datago": datago_loader(a.images, t, a.batches)} if with_datago else {}),
+            "ringfeed_loader": ringfeed_loader(a.packed, t, a.batches, a.warmup_s),
+            **(
+                {"ringfeed_loader_pinned": ringfeed_loader(a.packed, t, a.batches, a.warmup_s, pin=True)}
+                if a.pin
+                else {}
+            ),
+            "dataloader_pil": dataloader(a.images, t, "pil", a.batches, a.warmup_s),
+            "dataloader_tvio": dataloader(a.images, t, "tvio", a.batches, a.warmup_s),
+            **({"datago": datago_loader(a.images, t, a.batches, a.warmup_s)} if with_datago else {}),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
 
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {"cpus": os.cpu_count(), "datago": DATAGO_LABEL if with_datago else "not installed"}
-    (a.out / "cpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    ratios = [
+        {
+            "threads": r["threads"],
+            "ringfeed_loader_over_pil": harness.ratio(r["ringfeed_loader"], r["dataloader_pil"]),
+            "ringfeed_loader_over_tvio": harness.ratio(r["ringfeed_loader"], r["dataloader_tvio"]),
+        }
+        for r in rows
+    ]
+    harness.write_record(a.out / "cpu.json", {**meta, "rows": rows}, args=a, baseline="dataloader_pil", ratios=ratios)
     cols = [
         "turbo_decode_only",
         "ringfeed_transform_unpacked",

@@ -4,11 +4,11 @@ against one DataLoader (or DALI pipeline) per rank, per rank and for the node, a
 
     python3 benches/e2e/ddp_train.py --images DIR --packed DIR --nproc 8 [--models resnet50,resnet18]
         [--loaders ceiling,ringfeed,ringfeed-hybrid,dataloader-pil,dali] [--steps 200]
-        [--workers 15] [--out DIR]
+        [--workers 15] [--bin PATH] [--out DIR]
     python3 benches/e2e/ddp_train.py ... --device cpu --size 64 --batch 8 --models resnet18   # smoke
 
-The launcher starts one `ringfeed serve` for the node (its decode pool shared by every rank's
-stream, `--server-threads`, default all cores), then, per model and loader, `torchrun
+The launcher starts one `ringfeed serve` for the node (`harness.Server`; its decode pool shared by
+every rank's stream, `--server-threads`, default all cores), then, per model and loader, `torchrun
 --standalone --nproc_per_node N` of this file in rank mode: DDP (NCCL on CUDA, gloo on the CPU),
 bf16 autocast, channels_last, batch `--batch` per rank, SGD. Loaders per rank:
 - ceiling: a batch already on the rank's GPU;
@@ -26,7 +26,9 @@ ringfeed the loader's split of that wait (`data_wait_s`, `gpu_wait_s`). While a 
 is timed the launcher reads the sidecar's snapshot every 0.5 s: each rank's stream's threads,
 busy share and wait, and the sidecar's CPU use (/proc). The CPU milliseconds per image count the
 ranks' process trees (their workers, DALI's threads) and the sidecar over the timed window.
-Writes ddp.json and ddp.md.
+Warm-up is counted in steps (`--warmup`), as the device calls of the committed results ran it.
+Writes ddp.json (a `harness` record; the baseline is the ceiling, the ratios each run's node rate
+over its model's ceiling) and ddp.md.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ from pathlib import Path
 
 import _cpu
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 HERE = Path(__file__).resolve()
 MEAN = (0.485, 0.456, 0.406)
@@ -92,11 +97,7 @@ def _batches(a: argparse.Namespace, dev: torch.device, rank: int, world: int):
             gpu_decode=share,
         )
         _LOADER[:] = [ld]
-        epoch = 0
-        while True:
-            ld.set_epoch(epoch)
-            yield from ld
-            epoch += 1
+        yield from harness.epochs(ld)
     if a.loader == "dataloader-pil":
         tf = transforms.Compose(
             [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
@@ -296,54 +297,43 @@ def summarise(ranks: list[dict], samples: list[dict]) -> dict:
 
 
 def launch(a: argparse.Namespace) -> None:
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
     work = Path(tempfile.mkdtemp(prefix="rfd-", dir="/tmp"))
-    sock = str(work / "ringfeed.sock")
-    cmd = [binary, "serve", "--socket", sock]
-    if a.server_threads:
-        cmd += ["--threads", str(a.server_threads)]
-    server = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     results = []
     try:
-        deadline = time.monotonic() + 30
-        while not Path(sock).exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{binary} serve did not start (exit {server.poll()})")
-            time.sleep(0.05)
-        for model in a.models.split(","):
-            for loader in a.loaders.split(","):
-                result = work / f"{model}-{loader}"
-                result.mkdir()
-                rank_args = [
-                    "--rank-mode",
-                    "--model", model, "--loader", loader, "--device", a.device,
-                    "--images", str(a.images), "--packed", str(a.packed), "--socket", sock,
-                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch),
-                    "--size", str(a.size), "--workers", str(a.workers), "--result", str(result),
-                ]  # fmt: skip
-                if a.threads_cap:
-                    rank_args += ["--threads-cap", str(a.threads_cap)]
-                run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}"]
-                watch = Watch(sock, server.pid) if loader.startswith("ringfeed") else None
-                r: dict = {"model": model, "loader": loader, "nproc": a.nproc, "batch": a.batch, "steps": a.steps}
-                try:
-                    subprocess.run([*run, str(HERE), *rank_args], check=True, timeout=a.timeout)
-                    r["ranks"] = sorted(
-                        (json.loads(p.read_text()) for p in result.glob("rank*.json")), key=lambda x: x["rank"]
-                    )
-                    if len(r["ranks"]) != a.nproc:
-                        raise RuntimeError(f"{len(r['ranks'])} of {a.nproc} ranks reported")
-                except (subprocess.SubprocessError, RuntimeError, OSError) as e:
-                    r["error"] = f"{type(e).__name__}: {e}"
-                samples = watch.stop() if watch is not None else []
-                if "ranks" in r:
-                    r |= summarise(r["ranks"], samples)
-                r["server_samples"] = samples
-                results.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k not in ("server_samples", "ranks")}), flush=True)
+        with harness.Server(a.server_threads, binary=a.bin) as server:
+            sock = server.sock
+            for model in a.models.split(","):
+                for loader in a.loaders.split(","):
+                    result = work / f"{model}-{loader}"
+                    result.mkdir()
+                    rank_args = [
+                        "--rank-mode",
+                        "--model", model, "--loader", loader, "--device", a.device,
+                        "--images", str(a.images), "--packed", str(a.packed), "--socket", sock,
+                        "--steps", str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch),
+                        "--size", str(a.size), "--workers", str(a.workers), "--result", str(result),
+                    ]  # fmt: skip
+                    if a.threads_cap:
+                        rank_args += ["--threads-cap", str(a.threads_cap)]
+                    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}"]
+                    watch = Watch(sock, server.pid) if loader.startswith("ringfeed") else None
+                    r: dict = {"model": model, "loader": loader, "nproc": a.nproc, "batch": a.batch, "steps": a.steps}
+                    try:
+                        subprocess.run([*run, str(HERE), *rank_args], check=True, timeout=a.timeout)
+                        r["ranks"] = sorted(
+                            (json.loads(p.read_text()) for p in result.glob("rank*.json")), key=lambda x: x["rank"]
+                        )
+                        if len(r["ranks"]) != a.nproc:
+                            raise RuntimeError(f"{len(r['ranks'])} of {a.nproc} ranks reported")
+                    except (subprocess.SubprocessError, RuntimeError, OSError) as e:
+                        r["error"] = f"{type(e).__name__}: {e}"
+                    samples = watch.stop() if watch is not None else []
+                    if "ranks" in r:
+                        r |= summarise(r["ranks"], samples)
+                    r["server_samples"] = samples
+                    results.append(r)
+                    print(json.dumps({k: v for k, v in r.items() if k not in ("server_samples", "ranks")}), flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=10)
         shutil.rmtree(work, ignore_errors=True)
     write(a, results)
 
@@ -356,7 +346,12 @@ def write(a: argparse.Namespace, results: list[dict]) -> None:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
     }
-    (a.out / "ddp.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
+    ratios = harness.against(
+        results, value="node_img_per_s", by=["model"], keep=["loader"], baseline=lambda r: r["loader"] == "ceiling"
+    )
+    harness.write_record(
+        a.out / "ddp.json", {"machine": meta, "runs": results}, args=a, baseline="ceiling", ratios=ratios
+    )
     lines = [
         f"# DDP training on {a.nproc} ranks, batch {a.batch} per rank, fed by each loader",
         "",
@@ -414,6 +409,7 @@ def main() -> None:
     ap.add_argument("--server-threads", type=int, default=None, help="the sidecar's pool (default: its own)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per torchrun")
     ap.add_argument("--out", type=Path, default=Path())
+    harness.add_arguments(ap, warmup=False)
     ap.add_argument("--rank-mode", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--loader", help=argparse.SUPPRESS)

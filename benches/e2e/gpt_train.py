@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """LLM training throughput fed by each token loader, against the same model's ceiling.
 
-    python3 benches/e2e/gpt_train.py --corpus DIR [--bin target/release/ringfeed]
+    python3 benches/e2e/gpt_train.py --corpus DIR [--bin PATH]
         [--models gpt2-small,llama-1b] [--seq-len 1024] [--batch-size 16] [--steps 50]
         [--workers 4] [--device cuda] [--out DIR]
 
@@ -13,7 +13,8 @@ against the already-shifted labels) is trained for `--steps` timed steps after `
 - ceiling: one batch already on the device, reused (the rate when the GPU never waits);
 - ringfeed: `ringfeed.TokenLoader` (concat windows, autotuned: a token stream starts at one server
   thread and the table shows where the tuner left it; CUDA mode: pinned ring, side-stream copies),
-  a sidecar started for the run;
+  a private server started for the run (`harness.Server`; the binary: --bin, RINGFEED_BIN, PATH
+  or the workspace build, which also packs the corpus);
 - dataloader-tokenize: a torch DataLoader whose `--workers` workers read corpus.jsonl and
   tokenise on the fly with `tokenizers` (concatenate with EOS, cut seq_len + 1 windows),
   pin_memory, copied with non_blocking;
@@ -23,17 +24,16 @@ against the already-shifted labels) is trained for `--steps` timed steps after `
 Reports tokens/s, ms/step and the share of the ceiling; the step-time cost of on-the-fly
 tokenisation is dataloader-tokenize's ms/step minus the ceiling's. `--models tiny` and
 `--device cpu` make the same run on a CPU with a two-layer model (how the script is tested).
-Writes gpt.json and gpt.md into --out.
+Warm-up is counted in steps (`--warmup`), as the device calls of the committed results ran it.
+Writes gpt.json (a `harness` record; the baseline is the ceiling) and gpt.md into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from itertools import repeat
 from pathlib import Path
@@ -44,6 +44,9 @@ from tokenizers import Tokenizer
 from torch.nn import functional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "client-py"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+
+import harness
 
 import ringfeed
 from ringfeed import _tokfile as tf
@@ -148,19 +151,9 @@ def train(model: torch.nn.Module, batches, steps: int, warmup: int, device: torc
     return {"seconds": time.perf_counter() - t}
 
 
-def forever(loader):
-    epoch = 0
-    while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True)
-    ap.add_argument("--bin", type=Path, default=Path("target/release/ringfeed"))
     ap.add_argument("--models", default="gpt2-small,llama-1b")
     ap.add_argument("--modes", default="ceiling,ringfeed,dataloader-tokenize,dataloader-memmap")
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -170,22 +163,18 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
+    binary = harness.find_binary(a.bin)
     device = torch.device(a.device)
     packed = a.corpus / "packed.tok"
     if not (packed / tf.TOKENS_FILE).is_file():
-        cmd = [str(a.bin), "pack", str(a.corpus / "corpus.jsonl"), str(packed), "--tokenizer"]
+        cmd = [binary, "pack", str(a.corpus / "corpus.jsonl"), str(packed), "--tokenizer"]
         subprocess.run([*cmd, str(a.corpus / "tokenizer.json"), "--progress", "none"], check=True)
     vocab = tf.TokenDataset(packed).vocab_size
-    sock_dir = Path(tempfile.mkdtemp(prefix="rfgpt-", dir="/tmp"))
-    sock = sock_dir / "rf.sock"
-    server = subprocess.Popen([str(a.bin), "serve", "--socket", str(sock)], stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        if sock.exists():
-            break
-        time.sleep(0.05)
     rows = []
-    try:
+    with harness.Server(binary=binary) as server:
+        sock = server.sock
         for name in a.models.split(","):
             for mode in a.modes.split(","):
                 torch.manual_seed(0)
@@ -201,10 +190,10 @@ def main() -> int:
                     batches = repeat(fixed)
                 elif mode == "ringfeed":
                     loader = ringfeed.TokenLoader(
-                        packed, batch_size=a.batch_size, seq_len=a.seq_len, device=a.device, socket=str(sock), slots=8
+                        packed, batch_size=a.batch_size, seq_len=a.seq_len, device=a.device, socket=sock, slots=8
                     )
                     closer = loader.close
-                    batches = forever(loader)
+                    batches = harness.epochs(loader)
                 elif mode == "dataloader-tokenize":
                     batches = torch.utils.data.DataLoader(
                         Tokenize(a.corpus, a.seq_len),
@@ -250,9 +239,6 @@ def main() -> int:
                 )
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
     for r in rows:
         ceil = next((c for c in rows if c["model"] == r["model"] and c["mode"] == "ceiling"), None)
         r["share_of_ceiling"] = r["tokens_per_s"] / ceil["tokens_per_s"] if ceil else None
@@ -268,7 +254,13 @@ def main() -> int:
         }
         if device.type == "cuda":
             meta["gpu"] = torch.cuda.get_device_name(device)
-        (a.out / "gpt.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+        harness.write_record(
+            a.out / "gpt.json",
+            {"meta": meta, "rows": rows},
+            args=a,
+            baseline="ceiling",
+            ratios=[{"model": r["model"], "mode": r["mode"], "ratio": r["share_of_ceiling"]} for r in rows],
+        )
         md = [
             f"# LLM training fed by token loaders ({meta.get('gpu', a.device)}, seq {a.seq_len}, batch {a.batch_size})",
             "",

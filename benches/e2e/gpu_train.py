@@ -2,14 +2,15 @@
 """Training throughput on the GPU, fed by each loader, against the same model's ceiling.
 
     python3 benches/e2e/gpu_train.py --images DIR --packed DIR [--models resnet50,resnet18]
-        [--workers 15] [--steps 150] [--out DIR]
+        [--workers 15] [--steps 150] [--warmup-s 0] [--serve-arg ARG]... [--bin PATH] [--out DIR]
 
 For each model (bf16 autocast, channels_last, batch 256, SGD):
 - ceiling: the data is a batch already on the GPU (the rate the GPU reaches when it never waits);
 - dataloader-pil: torch DataLoader over torchvision ImageFolder with PIL RandomResizedCrop(224) +
   flip, `--workers` workers, pin_memory, uint8 tensors normalised on the GPU;
 - ringfeed: `ringfeed.Loader` in CUDA mode (pinned ring, side-stream copies), normalised to bf16
-  channels_last on the GPU, `--workers` decode threads in a sidecar started for the run;
+  channels_last on the GPU, `--workers` decode threads in a private server started for the run
+  (`harness.Server`, with each `--serve-arg`; its log is --out/serve.log);
   ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
   with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6);
 - dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
@@ -35,7 +36,10 @@ DataLoader workers, DALI's threads and the sidecar alike.
 `--trace N` profiles N more steps after the timed ones (torch.profiler, CPU and CUDA) and writes
 each run's Chrome trace to --out as trace-<model>-<loader>.json.gz (the timed figures do not include
 them; `benches/e2e/trace_summary.py` reads the traces).
-Writes gpu.json and gpu.md into --out.
+Writes gpu.json (a `harness` record; the baseline is the ceiling, the ratios each run's share of
+its model's ceiling) and gpu.md into --out. `--warmup-s` stays 0 by default here, unlike the
+harness's feed benches: the device scripts that produced the committed results ran it so, under
+`timeout`s sized for that.
 """
 
 from __future__ import annotations
@@ -46,8 +50,7 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import tempfile
+import sys
 import threading
 import time
 from pathlib import Path
@@ -57,6 +60,9 @@ import torch
 import torchvision
 from torch import nn
 from torchvision import transforms
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
@@ -305,11 +311,7 @@ def ringfeed_batches(
         gpu_decode=gpu_decode,
     )
     LOADERS[:] = [ld]
-    epoch = 0
-    while True:
-        ld.set_epoch(epoch)
-        yield from ld
-        epoch += 1
+    yield from harness.epochs(ld)
 
 
 def main() -> None:
@@ -320,7 +322,6 @@ def main() -> None:
     ap.add_argument("--loaders", default="ceiling,ringfeed,dataloader-pil")
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--warmup-s", type=float, default=0.0, help="warm up at least this long (the tuner settles)")
     ap.add_argument(
         "--recipe",
         default="rrc",
@@ -336,6 +337,7 @@ def main() -> None:
         default=[],
         help="one more argument for the sidecar's `ringfeed serve` (repeat; e.g. --serve-arg=--cache-dir=/tmp/c)",
     )
+    harness.add_arguments(ap, warmup_s=0.0)
     a = ap.parse_args()
     if os.environ.get("BENCH_BLOCKING_SYNC") == "1":
         # An experiment: every host wait on the GPU in this process blocks instead of spinning
@@ -347,22 +349,10 @@ def main() -> None:
         print(f"cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync): {status}", flush=True)
     torch.backends.cudnn.benchmark = True
 
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfg-", dir="/tmp"))
-    sock = str(work / "ringfeed.sock")
     a.out.mkdir(parents=True, exist_ok=True)
-    serve_log = open(a.out / "serve.log", "wb")  # noqa: SIM115 - closed with the server below
-    server = subprocess.Popen(
-        [binary, "serve", "--socket", sock, "--threads", str(a.workers), *a.serve_arg], stderr=serve_log
-    )
     results = []
-    try:
-        while not Path(sock).exists():
-            if server.poll() is not None:
-                raise SystemExit(
-                    f"ringfeed serve exited with {server.returncode} ({a.out / 'serve.log'}): {' '.join(server.args)}"
-                )
-            time.sleep(0.05)
+    with harness.Server(a.workers, a.serve_arg, binary=a.bin, log=a.out / "serve.log") as server:
+        sock = server.sock
         for name in a.models.split(","):
             for loader in a.loaders.split(","):
                 torch.manual_seed(0)
@@ -403,11 +393,6 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in r.items() if k != "server_timeline"}), flush=True)
                 del batches, model
                 torch.cuda.empty_cache()
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        serve_log.close()
-        shutil.rmtree(work, ignore_errors=True)
 
     meta = {
         "gpu": torch.cuda.get_device_name(),
@@ -415,7 +400,12 @@ def main() -> None:
         "torch": torch.__version__,
         "host": platform.node(),
     }
-    (a.out / "gpu.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
+    ratios = harness.against(
+        results, value="img_per_s", by=["model"], keep=["loader"], baseline=lambda r: r["loader"] == "ceiling"
+    )
+    harness.write_record(
+        a.out / "gpu.json", {"machine": meta, "runs": results}, args=a, baseline="ceiling", ratios=ratios
+    )
     lines = [
         "# Training throughput fed by each loader (bf16, channels_last, batch 256)",
         "",

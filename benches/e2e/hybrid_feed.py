@@ -3,7 +3,7 @@
 decoded by the GPU (pinned shares and the autotuner's), and NVIDIA DALI, in the same run.
 
     python3 benches/e2e/hybrid_feed.py --images DIR --packed DIR [--big-images DIR --big-packed DIR]
-        [--transforms train,eval] [--threads 6,15] [--batches 40] [--out DIR]
+        [--transforms train,eval] [--threads 6,15] [--batches 40] [--settle 12] [--bin PATH] [--out DIR]
     python3 benches/e2e/hybrid_feed.py --make-big SRC DST --count 2000   # 1.5-3 MP photos from SRC
 
 Every loader delivers 224x224 images normalised with ImageNet's mean and std, bf16 NCHW on the
@@ -19,7 +19,11 @@ share its own); DALI with `num_threads=threads` and its hardware decoder. `--loa
 ringfeed (CPU only), hybrid (pinned shares, the geometry as matrix products and nvImageCodec image
 by image: RINGFEED_GPU_FINISH=bmm), triton (pinned shares, the default path: nvJPEG's batched
 decoder and the Triton kernel), auto (the autotuned share, the default path) and dali, the same
-for each transform. Writes hybrid_feed.json/.md: a row per corpus, transform, threads and loader.
+for each transform. The server is a `harness.Server` (15 threads); the timing is
+`harness.measure` with `--settle` as the warm-up by time of autotuned rows only (a pinned row has
+nothing to settle, and 72 rows of 12 s would not fit the device call). Writes hybrid_feed.json (a
+`harness` record; the baseline is DALI at the same corpus, transform and threads) and
+hybrid_feed.md: a row per corpus, transform, threads and loader.
 """
 
 from __future__ import annotations
@@ -28,14 +32,14 @@ import argparse
 import itertools
 import json
 import os
-import shutil
-import subprocess
-import tempfile
-import time
+import sys
 from pathlib import Path
 
 import _cpu
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 BATCH = 256
 WARMUP = 10
@@ -106,14 +110,6 @@ def ringfeed_loader(
     )
 
 
-def ringfeed_iter(ld):
-    epoch = 0
-    while True:
-        ld.set_epoch(epoch)
-        yield from ld
-        epoch += 1
-
-
 def dali_iter(images: Path, threads: int, transform: str = "train"):
     import _dali
 
@@ -123,17 +119,12 @@ def dali_iter(images: Path, threads: int, transform: str = "train"):
 def rate(batches, n: int, settle_s: float = 0.0) -> tuple[float, float]:
     """``(img/s, CPU ms per image)``: CPU of the bench's process tree, the sidecar with it (_cpu.py).
     ``settle_s``: seconds of batches before the warm-up (the autotuner's time to settle)."""
-    end = time.perf_counter() + settle_s
-    while time.perf_counter() < end:
-        next(batches)
-    for _ in range(WARMUP):
-        next(batches)
-    torch.cuda.synchronize()
-    t, cpu = time.perf_counter(), _cpu.tree_cpu_seconds()
-    for _ in range(n):
-        _x, _ = next(batches)
-    torch.cuda.synchronize()
-    return n * BATCH / (time.perf_counter() - t), (_cpu.tree_cpu_seconds() - cpu) / (n * BATCH) * 1e3
+    harness.warm_up(batches, settle_s)
+    r = harness.measure(
+        batches, warmup_s=0.0, warmup_batches=WARMUP, min_batches=n, sync=torch.cuda.synchronize,
+        clocks={"cpu_s": _cpu.tree_cpu_seconds},
+    )  # fmt: skip
+    return r["img_per_s"], r["cpu_s"] / r["images"] * 1e3
 
 
 def measure(
@@ -158,7 +149,7 @@ def measure(
     # The default geometry (the Triton kernel, with nvJPEG's batched decoder) but for `hybrid`.
     os.environ["RINGFEED_GPU_FINISH"] = "bmm" if kind == "rf-bmm" else "auto"
     with ringfeed_loader(packed, sock, threads, share, bool(auto), big, transform) as ld:
-        r["img_per_s"], r["cpu_ms_per_img"] = rate(ringfeed_iter(ld), n, settle_s if auto else 0.0)
+        r["img_per_s"], r["cpu_ms_per_img"] = rate(harness.epochs(ld), n, settle_s if auto else 0.0)
         st = ld.stats()
         r["gpu_samples"] = st.get("gpu_samples")
         sv = st.get("server") or {}
@@ -185,6 +176,7 @@ def main() -> None:
     )
     ap.add_argument("--loaders", default="ringfeed,hybrid,triton,auto,dali")
     ap.add_argument("--out", type=Path, default=Path())
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     if a.make_big:
         make_big(*a.make_big, a.count)
@@ -193,13 +185,6 @@ def main() -> None:
     for t in transforms:
         if t not in TRANSFORMS:
             ap.error(f"--transforms: {t!r} is not one of {', '.join(TRANSFORMS)}")
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfh-", dir="/tmp"))
-    sock = str(work / "ringfeed.sock")
-    server = subprocess.Popen(
-        [binary, "serve", "--socket", sock, "--threads", "15"],
-        stderr=subprocess.DEVNULL,
-    )
     results = []
     corpora = [("imagenet-like", a.images, a.packed, False)]
     if a.big_packed:
@@ -217,9 +202,8 @@ def main() -> None:
         runs.append(("ringfeed, autotuned share", ("rf", "auto", True)))
     if "dali" in loaders:
         runs.append(("DALI (hardware decoder)", ("dali", None, None)))
-    try:
-        while not Path(sock).exists():
-            time.sleep(0.05)
+    with harness.Server(15, binary=a.bin) as server:
+        sock = server.sock
         for (corpus, images, packed, big), transform, threads, (name, run) in itertools.product(
             corpora, transforms, [int(t) for t in a.threads.split(",")], runs
         ):
@@ -231,12 +215,12 @@ def main() -> None:
             results.append(r)
             print(json.dumps(r), flush=True)
             torch.cuda.empty_cache()
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "hybrid_feed.json").write_text(json.dumps({"runs": results}, indent=2) + "\n")
+    ratios = harness.against(
+        results, value="img_per_s", by=["corpus", "transform", "threads"], keep=["loader"],
+        baseline=lambda r: r["loader"].startswith("DALI"),
+    )  # fmt: skip
+    harness.write_record(a.out / "hybrid_feed.json", {"runs": results}, args=a, baseline="DALI", ratios=ratios)
     lines = [
         "# Feed rate, no model: normalised bf16 224x224 on the GPU, batch 256",
         "",

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Where a hybrid-decode batch's host time goes on the GPU machine.
 
-    python3 benches/e2e/hybrid_profile.py --images DIR --packed DIR [--threads 6] [--share 1.0]
+    python3 benches/e2e/hybrid_profile.py --images DIR --packed DIR [--threads 6] [--share 1.0] [--bin PATH]
 
 1. Stage timings of the client's finishing work on 256 files of DIR, each stage synchronised:
    nvImageCodec's batched decode (numpy buffers, and CodeStreams made beforehand), the decoded
    images as torch tensors (``__cuda_array_interface__`` and DLPack), the copy into the padded
    batch, the weights, the two products and the write.
-2. cProfile of a Loader at ``gpu_decode=share`` over 30 batches: the functions the loop spends
-   its time in.
+2. cProfile of a Loader at ``gpu_decode=share`` over 30 batches, after 5 (a profile, not a rate:
+   the threads and the share are pinned, so there is nothing to settle), on a private
+   ``harness.Server``: the functions the loop spends its time in.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
-import shutil
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 
 def timed(label: str, fn, reps: int = 5):
@@ -115,59 +116,42 @@ def stages(images: Path) -> None:
         timed("Finisher(...) whole, triton (decode + finish)", lambda: kfin(rec, arena, image, stream))
 
 
-def profile(packed: Path, threads: int, share: float, quiet: bool = False) -> None:
+def profile(packed: Path, threads: int, share: float, quiet: bool = False, binary: Path | None = None) -> None:
     import ringfeed
 
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfp-", dir="/tmp"))
-    sock = str(work / "s.sock")
-    server = subprocess.Popen([binary, "serve", "--socket", sock, "--threads", "15"], stderr=subprocess.DEVNULL)
-    try:
-        while not Path(sock).exists():
-            time.sleep(0.05)
-        t = ringfeed.Compose([ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()])
-        with ringfeed.Loader(
+    t = ringfeed.Compose([ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()])
+    with (
+        harness.Server(15, binary=binary) as server,
+        ringfeed.Loader(
             packed,
             256,
             t,
             device="cuda",
-            socket=sock,
+            socket=server.sock,
             threads=threads,
             autotune=False,
             gpu_decode=share,
             normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
             dtype=torch.bfloat16,
-        ) as ld:
-
-            def forever():
-                epoch = 0
-                while True:
-                    ld.set_epoch(epoch)
-                    yield from ld
-                    epoch += 1
-
-            it = forever()
-            for _ in range(5):
-                next(it)
-            prof = cProfile.Profile()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            prof.enable()
-            for _ in range(30):
-                next(it)
-            torch.cuda.synchronize()
-            prof.disable()
-            dt = time.perf_counter() - t0
-            print(f"loader, share {share}, {threads} threads: {30 * 256 / dt:.0f} img/s", flush=True)
-            if quiet:
-                return
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
-            print(s.getvalue()[-6000:])
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+        ) as ld,
+    ):
+        it = harness.epochs(ld)
+        harness.warm_up(it, 0.0, 5)
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(30):
+            next(it)
+        torch.cuda.synchronize()
+        prof.disable()
+        dt = time.perf_counter() - t0
+        print(f"loader, share {share}, {threads} threads: {30 * 256 / dt:.0f} img/s", flush=True)
+        if quiet:
+            return
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        print(s.getvalue()[-6000:])
 
 
 def main() -> None:
@@ -176,11 +160,12 @@ def main() -> None:
     ap.add_argument("--packed", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=6)
     ap.add_argument("--share", type=float, default=1.0)
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     stages(a.images)
-    profile(a.packed, a.threads, a.share)
+    profile(a.packed, a.threads, a.share, binary=a.bin)
     for share in (0.0, 0.5, 0.75):
-        profile(a.packed, a.threads, share, quiet=True)
+        profile(a.packed, a.threads, share, quiet=True, binary=a.bin)
 
 
 if __name__ == "__main__":

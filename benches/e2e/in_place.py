@@ -5,16 +5,18 @@ and cores: `ringfeed.Loader` end to end, RandomResizedCrop(224) + flip, img/s by
 the server's per-sample stage times, which say where the difference comes from.
 
     python3 benches/e2e/in_place.py --images DIR --packed DIR [--threads 1,N] [--batches 24]
-        [--repeats 3] [--out DIR]
+        [--repeats 3] [--warmup-s 12] [--bin PATH] [--out DIR]
 
 --packed is `ringfeed pack DIR PACKED` of --images (default options: JPEGs rewritten with
-restart markers, CRC-32C checked on every read). The server is `$RINGFEED_BIN` (a release build:
-`cargo build --release -p ringfeed`), started once per thread count with `--threads N`; each
-stream pins `threads=N` (no autotuner). For every thread count the two inputs alternate, repeats
-times, and the median is reported, so drift on a shared machine hits both alike. The page cache
-is warm for both (every file is read once before timing): the figures compare the CPU paths, not
-the disks. On a network filesystem the per-file open/stat/read of the in-place path costs more.
-Writes in_place.json and in_place.md into --out.
+restart markers, CRC-32C checked on every read). The server is a `harness.Server` (--bin,
+`$RINGFEED_BIN`, PATH or the workspace build; a release build: `cargo build --release -p
+ringfeed`), started once per thread count with `--threads N`; each stream pins `threads=N` (no
+autotuner), runs `--warmup-s` seconds and at least 6 batches, then `--batches` are timed. For
+every thread count the two inputs alternate, repeats times, and the median is reported, so drift
+on a shared machine hits both alike. The page cache is warm for both (every file is read once
+before timing): the figures compare the CPU paths, not the disks. On a network filesystem the
+per-file open/stat/read of the in-place path costs more. Writes in_place.json (a `harness`
+record; the baseline is the packed input) and in_place.md into --out.
 """
 
 from __future__ import annotations
@@ -22,10 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import tempfile
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,10 @@ from typing import Any
 import torch  # noqa: F401  (imported up front: the first Loader would otherwise time the import)
 
 import ringfeed
+from ringfeed import bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 BATCH = 64
 
@@ -45,31 +49,18 @@ def warm(images: Path, packed: Path) -> None:
                 p.read_bytes()
 
 
-def measure(path: Path, sock: Path, threads: int, batches: int) -> dict[str, Any]:
-    tf = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
+def measure(path: Path, sock: str, threads: int, batches: int, warmup_s: float) -> dict[str, Any]:
+    tf = bench.make_transform("rrc-flip", 224)
     t0 = time.perf_counter()
     loader = ringfeed.Loader(
-        path, BATCH, transform=tf, socket=str(sock), spawn=False, autotune=False, threads=threads, timeout=600
+        path, BATCH, transform=tf, socket=sock, spawn=False, autotune=False, threads=threads, timeout=600
     )
     opened = time.perf_counter() - t0
     with loader:
-
-        def forever():
-            epoch = 0
-            while True:
-                loader.set_epoch(epoch)
-                yield from loader
-                epoch += 1
-
-        it = forever()
-        for _ in range(6):  # what the ring may already hold (4 slots), and the first decodes
-            next(it)
-        n, start = 0, time.perf_counter()
-        for _ in range(batches):
-            n += next(it)[0].shape[0]
-        rate = n / (time.perf_counter() - start)
+        # At least what the ring may already hold (4 slots), and the first decodes.
+        r = harness.measure(harness.epochs(loader), warmup_s=warmup_s, warmup_batches=6, min_batches=batches)
         view = loader.stats().get("server") or {}
-    return {"img_per_s": rate, "open_s": opened, "stage_us": view.get("stage_us")}
+    return {"img_per_s": r["img_per_s"], "open_s": opened, "stage_us": view.get("stage_us")}
 
 
 def main() -> None:
@@ -80,24 +71,20 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path())
+    harness.add_arguments(ap)
     a = ap.parse_args()
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
+    binary = harness.find_binary(a.bin)
     images, packed = a.images.resolve(), a.packed.resolve()
     warm(images, packed)
     inputs = {"in place (image folder)": images, "packed": packed}
     rows: list[dict[str, Any]] = []
     for threads in [int(t) for t in a.threads.split(",")]:
-        work = Path(tempfile.mkdtemp(prefix="rfi-", dir="/tmp"))
-        sock = work / "ringfeed.sock"
-        server = subprocess.Popen([binary, "serve", "--socket", str(sock), "--threads", str(threads)])
-        try:
-            while not sock.exists():
-                time.sleep(0.05)
+        with harness.Server(threads, binary=binary) as server:
             runs: dict[str, list[dict[str, Any]]] = {k: [] for k in inputs}
             for r in range(a.repeats):
                 order = list(inputs.items()) if r % 2 == 0 else list(inputs.items())[::-1]
                 for name, path in order:
-                    runs[name].append(measure(path, sock, threads, a.batches))
+                    runs[name].append(measure(path, server.sock, threads, a.batches, a.warmup_s))
             for name, got in runs.items():
                 rows.append(
                     {
@@ -110,10 +97,6 @@ def main() -> None:
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-            shutil.rmtree(work, ignore_errors=True)
 
     a.out.mkdir(parents=True, exist_ok=True)
     files = sum(1 for p in images.rglob("*") if p.is_file())
@@ -126,7 +109,12 @@ def main() -> None:
         "cores": os.cpu_count(),
         "binary": binary,
     }
-    (a.out / "in_place.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    ratios = harness.against(
+        rows, value="img_per_s", by=["threads"], keep=["input"], baseline=lambda r: r["input"] == "packed"
+    )
+    harness.write_record(
+        a.out / "in_place.json", {"meta": meta, "rows": rows}, args=a, baseline="packed", ratios=ratios, indent=1
+    )
     lines = [
         "# Image folder in place vs packed: Loader end to end, RandomResizedCrop(224) + flip",
         "",

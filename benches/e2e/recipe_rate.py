@@ -3,7 +3,8 @@
 and at many cores, same files, same run.
 
     python3 benches/e2e/recipe_rate.py --images DIR --packed DIR [--threads 1,15] [--batches 40]
-        [--recipes rrc,full] [--device cpu|cuda] [--out DIR]
+        [--recipes rrc,full] [--loaders ringfeed,dataloader-tv2] [--device cpu|cuda] [--warmup-s 12]
+        [--bin PATH] [--out DIR]
 
 Recipes (torchvision's reference recipe names):
 - ``rrc``: RandomResizedCrop(224) + RandomHorizontalFlip, normalised.
@@ -12,15 +13,16 @@ Recipes (torchvision's reference recipe names):
 
 Loaders:
 - ``ringfeed``: ``ringfeed.Loader`` with ``ringfeed.Compose([...])`` of the same ops, ``threads=N``
-  decode threads pinned (``autotune=False``), a sidecar started for the run; normalisation and
-  erasing on ``--device``.
+  decode threads pinned (``autotune=False``), a private server (``harness.Server``) started for
+  the run; normalisation and erasing on ``--device``.
 - ``dataloader-tv2``: ``torch.utils.data.DataLoader`` over ``torchvision.datasets.ImageFolder`` (PIL
   decode) with ``torchvision.transforms.v2`` (``ToImage``, ``ToDtype(float32, scale=True)``,
   ``Normalize``, ``RandomErasing``), ``N`` workers, pinned memory; batches moved to ``--device``.
 
-Each run skips 5 batches, then times ``--batches`` batches of 256 and reports img/s; the table gives
-ringfeed's rate over the DataLoader's at the same N ("x DataLoader"). Writes recipe.json and
-recipe.md into --out.
+Each run draws batches for ``--warmup-s`` seconds and at least 5 batches, then times ``--batches``
+batches of 256 (``harness.measure``, the GPU synchronised at both ends) and reports img/s; the
+table gives ringfeed's rate over the DataLoader's at the same N ("x DataLoader"). Writes
+recipe.json (a ``harness`` record; the baseline is dataloader-tv2) and recipe.md into --out.
 """
 
 from __future__ import annotations
@@ -29,33 +31,23 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
-import time
+import sys
 from pathlib import Path
 
 import torch
 import torchvision
-from _recipes import epochs, rf_recipe, tv_recipe
+from _recipes import rf_recipe, tv_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harness.py
+import harness
 
 BATCH = 256
 SKIP = 5
 
 
-def timed(batches, n: int, device: str) -> float:
-    it = iter(batches)
-    for _ in range(SKIP):
-        next(it)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        x, _ = next(it)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    del x
-    return n * BATCH / (time.perf_counter() - t)
+def timed(batches, n: int, device: str, warmup_s: float) -> float:
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    return harness.measure(iter(batches), warmup_s=warmup_s, warmup_batches=SKIP, min_batches=n, sync=sync)["img_per_s"]
 
 
 def dataloader(images: Path, recipe: str, workers: int, device: str):
@@ -88,7 +80,7 @@ def ringfeed_loader(packed: Path, recipe: str, threads: int, device: str, sock: 
         threads=threads,
         slots=6,
     )
-    yield from epochs(ld)
+    yield from harness.epochs(ld)
 
 
 def main() -> None:
@@ -101,16 +93,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path())
+    harness.add_arguments(ap)
     a = ap.parse_args()
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or "ringfeed"
-    work = Path(tempfile.mkdtemp(prefix="rfr-", dir="/tmp"))
-    sock = str(work / "ringfeed.sock")
     top = max(int(t) for t in a.threads.split(","))
-    server = subprocess.Popen([binary, "serve", "--socket", sock, "--threads", str(top)], stderr=subprocess.DEVNULL)
     results = []
-    try:
-        while not Path(sock).exists():
-            time.sleep(0.05)
+    with harness.Server(top, binary=a.bin) as server:
+        sock = server.sock
         for recipe in a.recipes.split(","):
             for n in (int(t) for t in a.threads.split(",")):
                 for loader in a.loaders.split(","):
@@ -119,15 +107,11 @@ def main() -> None:
                         if loader == "ringfeed"
                         else dataloader(a.images, recipe, n, a.device)
                     )
-                    rate = timed(batches, a.batches, a.device)
+                    rate = timed(batches, a.batches, a.device, a.warmup_s)
                     del batches
                     r = {"recipe": recipe, "loader": loader, "threads": n, "img_per_s": rate, "device": a.device}
                     results.append(r)
                     print(json.dumps(r), flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
     a.out.mkdir(parents=True, exist_ok=True)
     meta = {
         "cpus": os.cpu_count(),
@@ -135,13 +119,22 @@ def main() -> None:
         "torchvision": torchvision.__version__,
         "host": platform.node(),
     }
-    (a.out / "recipe.json").write_text(json.dumps({"machine": meta, "runs": results}, indent=2) + "\n")
     by = {(r["recipe"], r["loader"], r["threads"]): r["img_per_s"] for r in results}
+    ratios = harness.against(
+        results,
+        value="img_per_s",
+        by=["recipe", "threads"],
+        keep=["loader"],
+        baseline=lambda r: r["loader"] == "dataloader-tv2",
+    )
+    harness.write_record(
+        a.out / "recipe.json", {"machine": meta, "runs": results}, args=a, baseline="dataloader-tv2", ratios=ratios
+    )
     lines = [
         "# Augmentation recipes, no model: img/s (batch 256)",
         "",
         f"{meta['cpus']} CPU cores, torch {meta['torch']}, torchvision {meta['torchvision']}; device {a.device}; "
-        f"{a.batches} timed batches after {SKIP}.",
+        f"{a.batches} timed batches after {a.warmup_s:g} s and at least {SKIP} batches.",
         "",
         "| recipe | threads / workers | ringfeed | DataLoader + torchvision v2 | x DataLoader |",
         "|---|---:|---:|---:|---:|",

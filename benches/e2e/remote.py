@@ -5,17 +5,17 @@ images from the same local S3 server.
 
     python3 benches/e2e/remote.py --images DIR --out OUT [--mbps 40] [--threads 2]
         [--batch-size 64] [--size 224] [--shard-size 8MiB] [--cache-bytes SIZE]
-        [--s3s-fs PATH] [--only ringfeed,streaming,litdata] [--order-block N]
+        [--s3s-fs PATH] [--only ringfeed,streaming,litdata] [--order-block N] [--bin PATH]
 
 What runs, in one process, in this order:
 
 1. `s3s-fs` (PATH, or `--s3s-fs`: a carried binary) on 127.0.0.1 with a bucket, and in front of
    it `client-py/tests/_s3.FaultProxy` limiting every response to `--mbps` MB/s over all
    connections (a token bucket): the "remote link". Uploads go straight to the server.
-2. ringfeed: `ringfeed pack --images s3://bucket/rf`; a private `ringfeed serve --threads N` with
-   a fresh `--cache-dir` (`--cache-bytes`, default: the whole dataset fits) whose endpoint is the
-   proxy; `ringfeed.Loader(s3://...)` with RandomResizedCrop(size) + flip, two epochs. The same
-   dataset packed locally gives the no-network rate beside it.
+2. ringfeed: `ringfeed pack --images s3://bucket/rf`; a private `ringfeed serve --threads N`
+   (`harness.Server`) with a fresh `--cache-dir` (`--cache-bytes`, default: the whole dataset
+   fits) whose endpoint is the proxy; `ringfeed.Loader(s3://...)` with RandomResizedCrop(size) +
+   flip, two epochs. The same dataset packed locally gives the no-network rate beside it.
 3. MosaicML Streaming (`streaming`): `MDSWriter` (JPEG bytes + label) locally, uploaded with
    boto3; `StreamingDataset(remote=s3://..., local=fresh dir)` (`S3_ENDPOINT_URL` = the proxy)
    in a DataLoader with N workers decoding with PIL + torchvision's RandomResizedCrop + flip.
@@ -24,8 +24,9 @@ What runs, in one process, in this order:
    `StreamingDataLoader` with N workers, the same decode and transform.
 
 For each: img/s of epoch 1 (cold: everything comes over the link) and epoch 2 (from each one's
-cache), and the bytes that crossed the proxy in each epoch. `OUT/remote.json` and
-`OUT/remote.md` (with the command line).
+cache), and the bytes that crossed the proxy in each epoch. Nothing is warmed up: the cold first
+epoch is the figure. `OUT/remote.json` (a `harness` record; the baseline is ringfeed on the local
+copy) and `OUT/remote.md` (with the command line).
 
 On the GPU machine (no network; carry the `s3s-fs` binary, built here with `cargo install
 s3s-fs@0.14.1 --features binary --locked`, and the wheels of whatever is compared):
@@ -40,7 +41,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,11 +49,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benches"))  # harness.py
 sys.path.insert(0, str(REPO / "client-py" / "tests"))  # the proxy and the server wrapper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # what the DataLoader workers import
 import _remote_decode  # noqa: E402
 import _s3  # noqa: E402
+import harness  # noqa: E402
 
 import ringfeed  # noqa: E402
 
@@ -103,7 +105,7 @@ class Link:
 
 
 def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.FaultProxy, work: Path) -> dict[str, Any]:
-    binary = os.environ.get("RINGFEED_BIN") or shutil.which("ringfeed") or str(REPO / "target/release/ringfeed")
+    binary = harness.find_binary(a.bin)
     local = work / "rf-local"
     run([binary, "pack", str(a.images), str(local), "--progress", "none", "--shard-size", a.shard_size])
     url = f"s3://{_s3.BUCKET}/rf"
@@ -113,21 +115,15 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
     )
     dataset_bytes = sum(p.stat().st_size for p in local.iterdir())
     cache_bytes = a.cache_bytes or str(dataset_bytes * 2)
-    sock = work / "rf.sock"
-    log = (work / "serve.log").open("wb")
-    cmd = [binary, "serve", "--socket", str(sock), "--threads", str(a.threads), "--cache-dir", str(work / "cache")]
-    cmd += ["--cache-bytes", cache_bytes]
-    proc = subprocess.Popen(cmd, stderr=log, env={**os.environ, **server.env(proxy.url)})
-    try:
-        while not sock.exists():
-            if proc.poll() is not None:
-                raise RuntimeError((work / "serve.log").read_text())
-            time.sleep(0.02)
+    flags = ["--cache-dir", str(work / "cache"), "--cache-bytes", cache_bytes]
+    # The server's S3 endpoint is the proxy: every byte it downloads crosses the limited link.
+    with harness.Server(a.threads, flags, binary=binary, env=server.env(proxy.url), log=work / "serve.log") as rf:
+        sock = rf.sock
         transform = ringfeed.RandomResizedCrop(a.size) + ringfeed.Flip()
         out: dict[str, Any] = {"dataset_bytes": dataset_bytes, "cache_bytes": int(cache_bytes)}
         link = Link(proxy)
         block = {} if a.order_block is None else {"order_block": a.order_block}
-        with ringfeed.Loader(url, a.batch_size, transform=transform, socket=str(sock), timeout=600, **block) as ld:
+        with ringfeed.Loader(url, a.batch_size, transform=transform, socket=sock, timeout=600, **block) as ld:
             for e in (1, 2):
                 ld.set_epoch(e - 1)
                 n, t0 = 0, time.perf_counter()
@@ -145,16 +141,13 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
                 out[f"epoch{e}_loader_wait_s"] = st["wait_s"]
             out["remote"] = out["epoch2_remote"]
             out["order"] = ld.order
-        with ringfeed.Loader(local, a.batch_size, transform=transform, socket=str(sock), timeout=600) as ld:
+        with ringfeed.Loader(local, a.batch_size, transform=transform, socket=sock, timeout=600) as ld:
             ld.set_epoch(1)
             n, t0 = 0, time.perf_counter()
             for _images, labels in ld:
                 n += len(labels)
             out["local_img_s"] = n / (time.perf_counter() - t0)
         return out
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 def epochs_of(loader: Any, proxy: _s3.FaultProxy, set_epoch: Any = None) -> dict[str, Any]:
@@ -255,6 +248,7 @@ def main() -> None:
         default=None,
         help="ringfeed: shards per block of the shard_blocks order (default: the server's, 16)",
     )
+    harness.add_arguments(ap, warmup=False)
     a = ap.parse_args()
     if a.s3s_fs:
         os.environ["PATH"] = f"{Path(a.s3s_fs).resolve().parent}{os.pathsep}{os.environ['PATH']}"
@@ -288,7 +282,9 @@ def main() -> None:
         server.close()
         shutil.rmtree(work, ignore_errors=True)
     results["load_end"] = os.getloadavg()
-    (a.out / "remote.json").write_text(json.dumps(results, indent=2) + "\n")
+    rf = results["runs"].get("ringfeed", {})
+    ratios = {e: harness.ratio(rf.get(f"{e}_img_s"), rf.get("local_img_s")) for e in ("epoch1", "epoch2")}
+    harness.write_record(a.out / "remote.json", results, args=a, baseline="ringfeed on the local copy", ratios=ratios)
     lines = [
         f"# Remote datasets over a {a.mbps:g} MB/s link (local s3s-fs behind a throttling proxy)",
         "",

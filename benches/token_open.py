@@ -41,8 +41,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py"))
 
 import ringfeed
-from ringfeed import _tokfile as tf
-from ringfeed._crc32c import crc32c
+from ringfeed.formats import tokfile as tf
+from ringfeed.formats.crc32c import crc32c
 
 
 def write_sparse(directory: Path, starts: np.ndarray, chunk: int = 1 << 20) -> None:

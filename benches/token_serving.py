@@ -36,8 +36,8 @@ import harness
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "client-py"))
 
 import ringfeed
-from ringfeed import _tokfile as tf
-from ringfeed._crc32c import crc32c
+from ringfeed.formats import tokfile as tf
+from ringfeed.formats.crc32c import crc32c
 
 DOC_TOKENS = 100_000
 

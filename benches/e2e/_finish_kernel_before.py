@@ -1,6 +1,6 @@
-"""The direct finishing kernel of 970c170 (``ringfeed._finish_kernel`` before the tiled one), kept
+"""The direct finishing kernel of 970c170 (``ringfeed.gpu.finish_kernel`` before the tiled one), kept
 for ``nvjpeg_probe.py --compare`` and ``hybrid_step.py``'s ``finish/before`` to time beside it in
-the same run. Same table, filters and API as ``ringfeed._finish_kernel`` (whose ``_kern``,
+the same run. Same table, filters and API as ``ringfeed.gpu.finish_kernel`` (whose ``_kern``,
 ``_taps`` and warm-up it uses); each program computes ``BLOCK`` output pixels of one output row,
 gathering every tap of every output pixel (column taps ``TAPS`` at a time, row taps ``ROWS``).
 """
@@ -12,8 +12,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ringfeed import _finish_kernel as _tiled
-from ringfeed._finish_kernel import TABLE_LEN, _kern, _taps
+from ringfeed.gpu import finish_kernel as _tiled
+from ringfeed.gpu.finish_kernel import TABLE_LEN, _kern, _taps
 
 #: Output pixels per program.
 BLOCK = 128
@@ -117,13 +117,13 @@ def _finish_kernel(
 
 
 def warm(device: Any, layout: str, size: tuple[int, int]) -> None:
-    """Compiles this kernel as ``ringfeed._finish_kernel.warm`` does its own."""
+    """Compiles this kernel as ``ringfeed.gpu.finish_kernel.warm`` does its own."""
     _tiled.warm(device, layout, size, run=finish)
 
 
 def finish(table: Any, image: Any, layout: str, *, block: int = BLOCK, warps: int = WARPS, taps: int = TAPS) -> None:
     """Runs the kernel over ``table`` into ``image`` on the current stream, as
-    ``ringfeed._finish_kernel.finish`` does."""
+    ``ringfeed.gpu.finish_kernel.finish`` does."""
     k = table.shape[0]
     if k == 0:
         return

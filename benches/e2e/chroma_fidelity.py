@@ -58,7 +58,10 @@ def main() -> None:
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.v2.functional import resized_crop
 
-    from ringfeed import PackedDataset, _chroma_kernel, _finish_kernel, _nvjpeg
+    from ringfeed import PackedDataset
+    from ringfeed.gpu import chroma_kernel as _chroma_kernel
+    from ringfeed.gpu import finish_kernel as _finish_kernel
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     dev = torch.device("cuda")
     with PackedDataset(a.packed) as ds:

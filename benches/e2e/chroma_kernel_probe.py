@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the chroma rebuild kernels (``ringfeed._chroma_kernel``) cost by themselves, on an idle GPU.
+"""What the chroma rebuild kernels (``ringfeed.gpu.chroma_kernel``) cost by themselves, on an idle GPU.
 
     PYTHONPATH=client-py python3 benches/e2e/chroma_kernel_probe.py [--count 192] [--size 500x375]
         [--factors 2x2] [--out DIR]
@@ -29,7 +29,7 @@ import torch
 from chroma_reconstruct import rebuild as reference
 from nvjpeg_probe import decodes, psnr
 
-from ringfeed import _chroma_kernel
+from ringfeed.gpu import chroma_kernel as _chroma_kernel
 
 
 def planes(rng: np.random.Generator, h: int, w: int, fh: int, fv: int) -> tuple[np.ndarray, ...]:

@@ -62,7 +62,7 @@ def rebuild(rep: np.ndarray, fh: int = 2, fv: int = 2) -> np.ndarray:
 
     ``fh, fv``: the chroma factors, each 1 or 2 ((2, 2) 4:2:0, (2, 1) 4:2:2, (1, 2) 4:4:0; (1, 1)
     gives ``rep`` back). Along an axis of factor 1 nothing is interpolated. This is the reference
-    of the GPU kernel ``ringfeed._chroma_kernel`` (``client-py/tests/test_chroma_kernel.py``)."""
+    of the GPU kernel ``ringfeed.gpu.chroma_kernel`` (``client-py/tests/test_chroma_kernel.py``)."""
     h, w, _ = rep.shape
     if (fh, fv) == (1, 1):
         return rep.copy()

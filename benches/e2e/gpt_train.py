@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benches/: harnes
 import harness
 
 import ringfeed
-from ringfeed import _tokfile as tf
+from ringfeed.formats import tokfile as tf
 
 IGNORE = -100
 

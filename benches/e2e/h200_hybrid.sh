@@ -252,7 +252,7 @@ settled)
   rm -f "$out"/*/serve.log
   ;;
 nvjpeg)
-  # nvJPEG's batched hardware decoder (ringfeed._nvjpeg, one call a batch without the GIL) against
+  # nvJPEG's batched hardware decoder (ringfeed.gpu.nvjpeg, one call a batch without the GIL) against
   # nvImageCodec's per-image Python decode: the GPU tests, what each costs ResNet-18's step, and
   # ResNet-18 on 6 threads with pinned and autotuned shares (no DALI needed).
   cp .carry/bin/ringfeed /tmp/rf/ringfeed

@@ -72,7 +72,7 @@ def stages(images: Path) -> None:
             x[i, : t.shape[0], : t.shape[1]] = t
 
     timed(f"copy into padded fp16 [256, {ph}, {pw}, 3]", copy)
-    from ringfeed import _hybrid
+    from ringfeed.gpu import hybrid as _hybrid
 
     rec = np.zeros((256, _hybrid.RECORD_LEN), dtype=np.int32)
     for i, t in enumerate(ts):

@@ -16,12 +16,12 @@ up to `--per-step` images per model step:
   image lies, building the table): the GIL and the host thread;
 - decode-hw: nvImageCodec's batched decode with the hardware backend only, on its own stream;
 - decode-gpu: the same with the CUDA backend only (no hardware decoder);
-- decode-nvjpeg: nvJPEG's batched hardware decoder through ringfeed._nvjpeg (one call a batch,
+- decode-nvjpeg: nvJPEG's batched hardware decoder through ringfeed.gpu.nvjpeg (one call a batch,
   without the GIL, into one buffer), what the Finisher uses by default; decode-nvjpeg+finish: it
   and the kernel;
 - decode-nvjpeg/replicated: the same without interpolated chroma upsampling (the hardware
   replicates chroma); decode-nvjpeg/planar: planar YCbCr output, no colour conversion;
-- rebuild: the chroma rebuild (RINGFEED_GPU_CHROMA=rebuild, ringfeed._chroma_kernel) over a
+- rebuild: the chroma rebuild (RINGFEED_GPU_CHROMA=rebuild, ringfeed.gpu.chroma_kernel) over a
   replicated decode, alone; decode-nvjpeg+rebuild+finish: the batched decode, the rebuild and
   the kernel, what that mode does;
 - decode-hw/pinned: the hardware decode of the same bytes in pinned memory (as the ring is);
@@ -129,7 +129,7 @@ def decode_process(packed: str, n: int, steps_v, done_v, stop, ready) -> None:
     in a process of its own (its own CUDA context: its CUDA calls take no lock of the training
     process's, and the GPU time-slices between the two contexts), at most `n` images per model
     step of the parent (`steps_v`), counting its images in `done_v`. For "decode-nvjpeg@process"."""
-    from ringfeed import _nvjpeg
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     batch = NvjpegBatch.from_packed(packed, n)
     dec = _nvjpeg.HardwareDecoder(torch.device("cuda"), flags=0)
@@ -161,7 +161,9 @@ def main() -> None:
 
     from nvidia import nvimgcodec
 
-    from ringfeed import PackedDataset, _finish_kernel, _hybrid
+    from ringfeed import PackedDataset
+    from ringfeed.gpu import finish_kernel as _finish_kernel
+    from ringfeed.gpu import hybrid as _hybrid
 
     torch.backends.cudnn.benchmark = True
     dev = torch.device("cuda")
@@ -188,7 +190,7 @@ def main() -> None:
     pinned_datas = [pinned_np[o : o + len(d)] for o, d in zip(offsets, datas, strict=True)]
     few = {t: decoder(nvimgcodec.BackendKind.HW_GPU_ONLY, t) for t in (1, 2, 4)}
     # nvJPEG's batched hardware decoder (what the Finisher uses by default): one call, no GIL.
-    from ringfeed import _nvjpeg
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     batched = _nvjpeg.HardwareDecoder(dev)
     # The same without interpolated chroma upsampling (the hardware replicates chroma), and
@@ -218,7 +220,7 @@ def main() -> None:
     yuv_planes = np.stack([yuv_offs, yuv_offs + ysz, yuv_offs + ysz + csz], 1).astype(np.uint64)
     yuv_pitches = np.stack([yw, np.maximum(cw, 1), np.maximum(cw, 1)], 1).astype(np.uint64)
     out = torch.empty((n, 224, 224, 3), dtype=torch.uint8, device=dev)
-    from ringfeed import _chroma_kernel
+    from ringfeed.gpu import chroma_kernel as _chroma_kernel
 
     _chroma_kernel.warm(dev)
     # One replicated decode of the batch, for the rebuild alone.

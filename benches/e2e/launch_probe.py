@@ -67,7 +67,7 @@ def main() -> None:
 
     from hybrid_step import NvjpegBatch
 
-    from ringfeed import _nvjpeg
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     lib = build()
     dev = torch.device("cuda")

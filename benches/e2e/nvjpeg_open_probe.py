@@ -7,7 +7,7 @@ Seen in the GPU tests once the Finisher opened and warmed its decoders at constr
 one or two of the batched cases fell back to nvImageCodec with status 5. This decodes batches of
 six small JPEGs like the tests' (60-221 x 48-73, 4:2:0, 4:2:2, 4:4:4 and grey mixed) in two
 threads, each with a decoder of its own, for each way of opening them: in the main thread or
-in the decoding thread, warmed (ringfeed._nvjpeg.HardwareDecoder.warm) or not. Prints how many
+in the decoding thread, warmed (ringfeed.gpu.nvjpeg.HardwareDecoder.warm) or not. Prints how many
 batches each way refused.
 """
 
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--out", type=Path, default=Path())
     a = ap.parse_args()
-    from ringfeed import _nvjpeg
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     dev = torch.device("cuda")
     data = jpegs(100)

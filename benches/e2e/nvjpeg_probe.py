@@ -8,7 +8,7 @@ format and the finishing kernel, each alone on an idle GPU.
 A trace of the training loop (benches/results/2026-12-01-h200-nvjpeg, trace-nvjpeg.md) shows the
 client's kernels beside the model's, where each lasts as long as the model lets it: it cannot
 say what each costs alone. This decodes the first `--count` samples of a packed dataset (the
-standard corpus) with ``ringfeed._nvjpeg`` in one call a batch, for interleaved RGB (what the
+standard corpus) with ``ringfeed.gpu.nvjpeg`` in one call a batch, for interleaved RGB (what the
 Finisher asks for) and planar YCbCr, each with and without interpolated chroma upsampling, and
 reports per batch: the wall time (the GPU synchronised), and under ``torch.profiler`` each GPU
 kernel's and copy's time by name. For the planar output it also checks the planes: converted to
@@ -20,7 +20,7 @@ launch shape and at others (tile rows and columns, the source pieces, warps), an
 ``--compare`` another kernel module's time and how far its pixels are from the default's.
 ``--kernels-only`` decodes one way only (the kernel's input); ``--nv12`` adds an NV12 row. (Until
 2026-12-02 an ``--ex`` flag also timed ``nvjpegDecodeBatchedEx``: the hardware's downscale and a
-centre region saved nothing, benches/results/2026-12-02-h200-kinds, and ``ringfeed._nvjpeg`` no
+centre region saved nothing, benches/results/2026-12-02-h200-kinds, and ``ringfeed.gpu.nvjpeg`` no
 longer offers them.) Writes nvjpeg_probe.json/.md into --out.
 """
 
@@ -178,7 +178,9 @@ def main() -> None:
 
     from PIL import Image
 
-    from ringfeed import PackedDataset, _finish_kernel, _nvjpeg
+    from ringfeed import PackedDataset
+    from ringfeed.gpu import finish_kernel as _finish_kernel
+    from ringfeed.gpu import nvjpeg as _nvjpeg
 
     dev = torch.device("cuda")
     with PackedDataset(a.packed) as ds:

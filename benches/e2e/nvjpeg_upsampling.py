@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""nvJPEG's batched hardware decoder (ringfeed._nvjpeg) with and without
+"""nvJPEG's batched hardware decoder (ringfeed.gpu.nvjpeg) with and without
 NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, against Pillow (libjpeg's "fancy" chroma upsampling,
 what the server's CPU path matches) and nvImageCodec's hardware decode, on 4:2:0, 4:4:4 and 4:2:2
 JPEGs of smooth random content. Needs a GPU with a hardware JPEG decoder.
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ringfeed import _nvjpeg
+from ringfeed.gpu import nvjpeg as _nvjpeg
 
 
 def jpeg(seed: int, w: int, h: int, **kw: object) -> bytes:

@@ -5,7 +5,7 @@ A bench script imports this module (a script in ``benches/`` finds it beside its
 
 - ``add_arguments(ap)`` gives the script ``--bin`` (the ``ringfeed`` binary) and, for a script that
   times a rate, ``--warmup-s``; ``find_binary(a.bin)`` resolves the binary once: ``--bin``, else
-  ``$RINGFEED_BIN``, else ``ringfeed`` on ``PATH``, else this checkout's release or debug build.
+  ``$RINGFEED_BIN``, else ``ringfeed`` on ``PATH``, else this checkout's dist, release or debug build.
   The result is exported as ``$RINGFEED_BIN``, so that every process the bench starts (torchrun
   ranks, a nested bench, the test fleet's helpers) runs the same build.
 - ``Server(threads=N, flags=[...])`` is ``ringfeed serve`` on a socket in a fresh temporary
@@ -78,8 +78,8 @@ def add_arguments(ap: argparse.ArgumentParser, *, warmup: bool = True, warmup_s:
         "--bin",
         type=Path,
         default=None,
-        help="the ringfeed binary (default: $RINGFEED_BIN, else `ringfeed` on PATH, else target/release or "
-        "target/debug of this checkout)",
+        help="the ringfeed binary (default: $RINGFEED_BIN, else `ringfeed` on PATH, else target/dist, "
+        "target/release or target/debug of this checkout)",
     )
     if warmup:
         ap.add_argument(
@@ -94,13 +94,15 @@ def find_binary(explicit: str | Path | None = None) -> str:
     """The ``ringfeed`` binary to run, exported as ``$RINGFEED_BIN`` for the bench's children.
 
     ``explicit`` (a ``--bin`` flag), else ``$RINGFEED_BIN``, else ``ringfeed`` on ``PATH``, else
-    ``target/release/ringfeed`` and then ``target/debug/ringfeed`` of this checkout.
+    ``target/dist/ringfeed``, ``target/release/ringfeed`` and then ``target/debug/ringfeed`` of this
+    checkout.
     """
     tried = []
     for label, cand in (
         ("--bin", explicit),
         ("$RINGFEED_BIN", os.environ.get("RINGFEED_BIN")),
         ("PATH", shutil.which("ringfeed")),
+        ("the dist build", REPO / "target" / "dist" / "ringfeed"),
         ("the release build", REPO / "target" / "release" / "ringfeed"),
         ("the debug build", REPO / "target" / "debug" / "ringfeed"),
     ):

@@ -46,7 +46,8 @@ pub use crate::progress::ProgressMode;
 pub use ringfeed_source::listing::{InputKind, Plan};
 
 /// What to do when one input file cannot be packed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum OnError {
     /// Stop at the first bad file, name it and the reason, and leave no output.
     Fail,
@@ -55,7 +56,8 @@ pub enum OnError {
 }
 
 /// How thoroughly each image is checked while packing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Check {
     /// Decode every image fully: catches truncated and corrupt files (the default).
     Decode,

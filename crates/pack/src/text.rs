@@ -31,7 +31,8 @@ use ringfeed_format::tokens::{DEFAULT_CHUNK_BYTES, TOKENS_FILE, TokenWriter, Tok
 pub const EOS_CANDIDATES: [&str; 5] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>"];
 
 /// What the text input is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum TextInput {
     /// From the path: `.jsonl`/`.json`/`.ndjson` files are JSON Lines, anything else plain text.
     Auto,

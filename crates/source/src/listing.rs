@@ -23,7 +23,8 @@ pub const IMAGE_EXTENSIONS: &[&str] = &[
 ];
 
 /// Which kind of input `SRC` is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum InputKind {
     /// Decide from the path: an LMDB (a directory with `data.mdb`, or an `.mdb`/`.lmdb` file),
     /// a manifest (`.csv`, `.jsonl`, `.ndjson`), or else an image folder.

@@ -19,7 +19,8 @@ pub const MEGATRON_MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
 const MEGATRON_HEADER_LEN: usize = 9 + 8 + 1 + 8 + 8;
 
 /// The token type of a flat token file (`--dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum FlatDtype {
     Uint16,
     Uint32,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::net::unix::OwnedWriteHalf;
 
+use ringfeed_format::control::message::GpuDecodeRequest;
 use ringfeed_format::control::{ErrorCode, OpenRequest, ServerMessage, TransformRequest};
 use ringfeed_ops::{Layout, Pipeline, Transform};
 use ringfeed_order::blocks;
@@ -40,7 +41,7 @@ pub(crate) async fn prepare_images(
         "skip" => true,
         other => return Err(bad(format!("open.on_error {other:?} must be \"raise\" or \"skip\""))),
     };
-    let pipeline = pipeline_from(open).map_err(bad)?;
+    let pipeline = pipeline_from(open)?;
     let fields = open.fields.clone().unwrap_or_default();
     for f in &fields {
         if !["image", "label", "index", "crop"].contains(&f.as_str()) && !pipeline.views.iter().any(|v| v.name == *f) {
@@ -65,7 +66,33 @@ pub(crate) async fn prepare_images(
         ));
     }
     // 1.3: the shard-aware order, when asked for (or chosen automatically for this source).
-    let order = shard_order(open, source.as_ref()).map_err(bad)?;
+    let order = shard_order(open, source.as_ref())?;
+    let mut specs = image_fields(&pipeline, layout, &fields);
+    let gpu = match &open.gpu_decode {
+        None => None,
+        Some(g) => {
+            specs.extend(gpu_fields(open, g, &pipeline)?);
+            Some(g.clone())
+        }
+    };
+    let per_sample = format!("samples of {} images", pipeline.outputs());
+    Ok(Prepared {
+        source,
+        specs,
+        skip_errors,
+        own_order: false,
+        gpu,
+        order,
+        reports_order: true,
+        start_threads: None,
+        per_sample,
+        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout)),
+    })
+}
+
+/// The ring's image fields: one per view (and its erase boxes), the label, and `index` and
+/// `crop` where `fields` asks for them.
+fn image_fields(pipeline: &Pipeline, layout: Layout, fields: &[String]) -> Vec<FieldSpec> {
     let mut specs = Vec::new();
     for v in &pipeline.views {
         let (h, w) = v.size;
@@ -112,86 +139,82 @@ pub(crate) async fn prepare_images(
             shape: vec![5],
         });
     }
-    let gpu = match &open.gpu_decode {
-        None => None,
-        Some(g) => {
-            ringfeed_ops::gpu::finishable(&pipeline)
-                .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
-            if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
-                return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
-            }
-            let (h, w) = pipeline.views[0].size;
-            let per = g
-                .bytes_per_sample
-                .unwrap_or((3 * u64::from(h) * u64::from(w)).max(65536));
-            if !(4096..=64 << 20).contains(&per) {
-                return Err(bad(format!(
-                    "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
-                )));
-            }
-            if per * u64::from(open.batch_size) > i32::MAX as u64 {
-                return Err(bad(format!(
-                    "open.gpu_decode: {} bytes of encoded samples per batch ({per} per sample) do not fit the ring's 31-bit offsets; lower bytes_per_sample or batch_size",
-                    per * u64::from(open.batch_size)
-                )));
-            }
-            specs.push(FieldSpec {
-                name: "gpu_job".into(),
-                dtype: DType::I32,
-                shape: vec![ringfeed_ops::gpu::RECORD_LEN as u32],
-            });
-            specs.push(FieldSpec {
-                name: "gpu_bytes".into(),
-                dtype: DType::U8,
-                shape: vec![per as u32],
-            });
-            Some(g.clone())
-        }
-    };
-    let per_sample = format!("samples of {} images", pipeline.outputs());
-    Ok(Prepared {
-        source,
-        specs,
-        skip_errors,
-        own_order: false,
-        gpu,
-        order,
-        reports_order: true,
-        start_threads: None,
-        per_sample,
-        finish: Box::new(move |segment: &Segment| {
-            let field = |n: &str| segment.layout().field(n).cloned();
-            let views = pipeline
-                .views
-                .iter()
-                .map(|v| ViewFields {
-                    image: field(&v.name).expect("every view has its field"),
-                    erase: field(&format!("{}_erase", v.name)),
-                })
-                .collect();
-            KindParts {
-                views,
-                label: field("label").expect("the label field is always present"),
-                index: field("index"),
-                crop: field("crop"),
-                gpu: field("gpu_job")
-                    .zip(field("gpu_bytes"))
-                    .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
-                pipeline,
-                layout,
-                kind: crate::pool::SampleKind::Image,
-            }
-        }),
-    })
+    specs
+}
+
+/// Hybrid decode's fields (`gpu_job`, `gpu_bytes`), once `open.gpu_decode` is checked against
+/// the pipeline and the ring's offsets.
+fn gpu_fields(open: &OpenRequest, g: &GpuDecodeRequest, pipeline: &Pipeline) -> Result<[FieldSpec; 2], OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    ringfeed_ops::gpu::finishable(pipeline)
+        .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
+    if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
+        return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
+    }
+    let (h, w) = pipeline.views[0].size;
+    let per = g
+        .bytes_per_sample
+        .unwrap_or((3 * u64::from(h) * u64::from(w)).max(65536));
+    if !(4096..=64 << 20).contains(&per) {
+        return Err(bad(format!(
+            "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
+        )));
+    }
+    if per * u64::from(open.batch_size) > i32::MAX as u64 {
+        return Err(bad(format!(
+            "open.gpu_decode: {} bytes of encoded samples per batch ({per} per sample) do not fit the ring's 31-bit offsets; lower bytes_per_sample or batch_size",
+            per * u64::from(open.batch_size)
+        )));
+    }
+    Ok([
+        FieldSpec {
+            name: "gpu_job".into(),
+            dtype: DType::I32,
+            shape: vec![ringfeed_ops::gpu::RECORD_LEN as u32],
+        },
+        FieldSpec {
+            name: "gpu_bytes".into(),
+            dtype: DType::U8,
+            shape: vec![per as u32],
+        },
+    ])
+}
+
+/// The image kind's parts once the ring is made: each field's place in a slot.
+fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindParts {
+    let field = |n: &str| segment.layout().field(n).cloned();
+    let views = pipeline
+        .views
+        .iter()
+        .map(|v| ViewFields {
+            image: field(&v.name).expect("every view has its field"),
+            erase: field(&format!("{}_erase", v.name)),
+        })
+        .collect();
+    KindParts {
+        views,
+        label: field("label").expect("the label field is always present"),
+        index: field("index"),
+        crop: field("crop"),
+        gpu: field("gpu_job")
+            .zip(field("gpu_bytes"))
+            .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
+        pipeline,
+        layout,
+        kind: crate::pool::SampleKind::Image,
+    }
 }
 
 /// The stream's pipeline: the 1.2 `pipeline` member, or the 1.1 `transform` as the pipeline it
 /// means (validated by `ops::Transform::validate`, which holds the bounds of control.md,
 /// "Transforms").
-fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
+fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
     match (&open.pipeline, &open.transform) {
-        (Some(_), Some(_)) => Err("open: give either pipeline (1.2) or transform (1.1), not both".to_owned()),
-        (Some(p), None) => Pipeline::parse(p),
+        (Some(_), Some(_)) => Err(bad(
+            "open: give either pipeline (1.2) or transform (1.1), not both".to_owned()
+        )),
+        (Some(p), None) => Pipeline::parse(p).map_err(|e| bad(e.to_string())),
         (None, Some(t)) => {
             let transform = match *t {
                 TransformRequest::RandomResizedCrop {
@@ -213,10 +236,10 @@ fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
                     size: (size[0], size[1]),
                 },
             };
-            transform.validate()?;
+            transform.validate().map_err(|e| bad(e.to_string()))?;
             Ok(transform.to_pipeline())
         }
-        (None, None) => Err("open: a pipeline (1.2) or a transform (1.1) is required".to_owned()),
+        (None, None) => Err(bad("open: a pipeline (1.2) or a transform (1.1) is required".to_owned())),
     }
 }
 
@@ -284,20 +307,19 @@ async fn open_source(
                 },
             };
             let check_crc = open.check_crc();
-            tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, String> {
+            tokio::task::spawn_blocking(move || -> Result<Arc<dyn Source>, OpenError> {
                 if kind == ServedKind::Lmdb {
                     ringfeed_source::lmdb::LmdbSource::open(&canonical, &lmdb_opts)
                         .map(|s| Arc::new(s) as Arc<dyn Source>)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| dataset_err(e.to_string()))
                 } else {
                     PackedSource::open(&canonical, check_crc)
                         .map(|s| Arc::new(s) as Arc<dyn Source>)
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| dataset_err(e.to_string()))
                 }
             })
             .await
-            .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-            .map_err(dataset_err)?
+            .map_err(|e| (ErrorCode::Internal, e.to_string()))??
         }
     };
     shared.cache_source(key, &opened);
@@ -336,12 +358,11 @@ async fn open_remote(
             Ok(s) => Ok(Some(Arc::new(s) as Arc<dyn Source>)),
             // No packed dataset: the prefix may hold tars.
             Err(ringfeed_remote::source::OpenError::NoIndex(_)) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(dataset_err(e.to_string())),
         }
     })
     .await
-    .map_err(|e| (ErrorCode::Internal, e.to_string()))?
-    .map_err(dataset_err)?;
+    .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
     let Some(opened) = opened else {
         return open_remote_webdataset(shared, url, open, progress).await;
     };
@@ -382,7 +403,7 @@ async fn open_remote_webdataset(
                 );
                 Arc::new(s) as Arc<dyn Source>
             })
-            .map_err(|e| e.to_string())
+            .map_err(crate::opening::ListingError::failed)
     };
     join_listing(shared, key, index, open, progress).await
 }
@@ -396,7 +417,7 @@ async fn join_listing(
         &std::sync::atomic::AtomicBool,
         &std::sync::atomic::AtomicU64,
         std::time::Instant,
-    ) -> Result<Arc<dyn Source>, String>
+    ) -> crate::opening::Listed
     + Send
     + 'static,
     open: &OpenRequest,
@@ -434,12 +455,12 @@ async fn wait_for_listing(
                     elapsed_ms: opening.elapsed().as_millis() as u64,
                 };
                 // The client has gone: stop waiting (the last waiter cancels the listing).
-                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e))?;
+                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e.to_string()))?;
             },
         }
     };
     drop(waiter);
-    opened.map_err(|m| (ErrorCode::Dataset, m))
+    opened.map_err(|e| (ErrorCode::Dataset, e.to_string()))
 }
 
 /// 1.3: opens (or reuses) the WebDataset tars `open.dataset` names (a directory, a `.tar`, a
@@ -484,7 +505,7 @@ async fn open_webdataset(
                 );
                 Arc::new(s) as Arc<dyn Source>
             })
-            .map_err(|e| e.to_string())
+            .map_err(crate::opening::ListingError::failed)
     };
     join_listing(shared, key, index, open, progress).await
 }
@@ -493,18 +514,30 @@ async fn open_webdataset(
 /// else the shard-blocks order over the source's shards (its files, or ranges of
 /// `order_shard`). `auto` is `shard_blocks` for sources that prefer it (remote ones) and
 /// `global` otherwise, so local data keeps its batches. The error names the member.
-fn shard_order(open: &OpenRequest, source: &dyn Source) -> Result<Option<std::sync::Arc<blocks::ShardBlocks>>, String> {
-    let kind: blocks::OrderKind = open.order.as_deref().unwrap_or("auto").parse()?;
+fn shard_order(
+    open: &OpenRequest,
+    source: &dyn Source,
+) -> Result<Option<std::sync::Arc<blocks::ShardBlocks>>, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    let kind: blocks::OrderKind = open
+        .order
+        .as_deref()
+        .unwrap_or("auto")
+        .parse::<blocks::OrderKind>()
+        .map_err(|e| bad(e.to_string()))?;
     let block = open.order_block.unwrap_or(blocks::DEFAULT_BLOCK);
     if !(1..=blocks::MAX_BLOCK).contains(&block) {
-        return Err(format!("open.order_block {block} is outside 1..={}", blocks::MAX_BLOCK));
+        return Err(bad(format!(
+            "open.order_block {block} is outside 1..={}",
+            blocks::MAX_BLOCK
+        )));
     }
     let shard = open.order_shard.unwrap_or(blocks::DEFAULT_SHARD_SAMPLES);
     if !(1..=blocks::MAX_SHARD_SAMPLES).contains(&shard) {
-        return Err(format!(
+        return Err(bad(format!(
             "open.order_shard {shard} is outside 1..={}",
             blocks::MAX_SHARD_SAMPLES
-        ));
+        )));
     }
     let shard_blocks = match kind {
         blocks::OrderKind::Global => false,
@@ -519,12 +552,12 @@ fn shard_order(open: &OpenRequest, source: &dyn Source) -> Result<Option<std::sy
         None => blocks::ShardBlocks::ranges(source.len(), shard, block),
     };
     if order.len() != source.len() {
-        return Err(format!(
+        return Err(bad(format!(
             "{}: its shards hold {} samples but it has {}; pass order=\"global\"",
             source.describe(),
             order.len(),
             source.len()
-        ));
+        )));
     }
     Ok(Some(std::sync::Arc::new(order)))
 }

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ringfeed_format::control::Snapshot;
 use ringfeed_format::control::{
     ClientMessage, PROTOCOL, ServerMessage, decode_frame, encode_frame, frame::check_length,
 };
+use ringfeed_format::control::{RemoteSnapshot, ServerSnapshot, Snapshot, StreamSnapshot};
 
 /// A blocking observer connection to a server.
 #[derive(Debug)]
@@ -216,10 +216,16 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// The snapshot in the Prometheus text exposition format, version 0.0.4.
-pub fn prometheus(s: &Snapshot) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
+/// Metric families being written in the Prometheus text exposition format.
+#[derive(Default)]
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    /// One family: its help and type lines, then one line per `(labels, value)` sample.
+    fn metric(&mut self, name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>) {
+        let out = &mut self.out;
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (labels, v) in samples {
@@ -229,124 +235,143 @@ pub fn prometheus(s: &Snapshot) -> String {
                 let _ = writeln!(out, "{name}{{{labels}}} {v}");
             }
         }
-    };
-    let sv = &s.server;
-    metric(
+    }
+}
+
+/// The snapshot in the Prometheus text exposition format, version 0.0.4.
+pub fn prometheus(s: &Snapshot) -> String {
+    let mut e = Exposition::default();
+    server_metrics(&mut e, &s.server);
+    if let Some(r) = &s.server.remote {
+        remote_metrics(&mut e, r);
+    }
+    stream_metrics(&mut e, &s.streams);
+    e.out
+}
+
+/// The server's and its pool's families.
+fn server_metrics(e: &mut Exposition, sv: &ServerSnapshot) {
+    e.metric(
         "ringfeed_uptime_seconds",
         "gauge",
         "Seconds since the server started.",
         vec![(String::new(), sv.uptime_s)],
     );
-    metric(
+    e.metric(
         "ringfeed_cores",
         "gauge",
         "CPUs the server may run on.",
         vec![(String::new(), f64::from(sv.cores))],
     );
-    metric(
+    e.metric(
         "ringfeed_cpu_budget_threads",
         "gauge",
         "Decode threads the autotuner may use for all streams together.",
         vec![(String::new(), f64::from(sv.cpu_budget))],
     );
-    metric(
+    e.metric(
         "ringfeed_pool_threads",
         "gauge",
         "Decode threads in the pool.",
         vec![(String::new(), f64::from(sv.threads))],
     );
-    metric(
+    e.metric(
         "ringfeed_pool_allotted_threads",
         "gauge",
         "Decode threads allotted to streams.",
         vec![(String::new(), f64::from(sv.active_threads))],
     );
-    metric(
+    e.metric(
         "ringfeed_pool_busy_threads",
         "gauge",
         "Threads' worth of decode work over the last interval.",
         vec![(String::new(), sv.busy)],
     );
-    if let Some(r) = &sv.remote {
-        for (name, kind, help, v) in [
-            (
-                "ringfeed_remote_fetches_total",
-                "counter",
-                "Objects downloaded completely from object storage.",
-                r.fetches as f64,
-            ),
-            (
-                "ringfeed_remote_bytes_total",
-                "counter",
-                "Bytes received from object storage.",
-                r.bytes as f64,
-            ),
-            (
-                "ringfeed_remote_retries_total",
-                "counter",
-                "Remote requests or downloads repeated after a failure.",
-                r.retries as f64,
-            ),
-            (
-                "ringfeed_remote_errors_total",
-                "counter",
-                "Remote objects that failed for good.",
-                r.errors as f64,
-            ),
-            (
-                "ringfeed_remote_hits_total",
-                "counter",
-                "Shard reads that found their shard in the cache.",
-                r.hits as f64,
-            ),
-            (
-                "ringfeed_remote_misses_total",
-                "counter",
-                "Shard reads that waited for a download.",
-                r.misses as f64,
-            ),
-            (
-                "ringfeed_remote_evictions_total",
-                "counter",
-                "Cached shards removed to make room.",
-                r.evictions as f64,
-            ),
-            (
-                "ringfeed_remote_rejected_total",
-                "counter",
-                "Cached or downloaded shards that failed their check.",
-                r.rejected as f64,
-            ),
-            (
-                "ringfeed_remote_wait_seconds_total",
-                "counter",
-                "Time readers waited for downloads.",
-                r.wait_s,
-            ),
-            (
-                "ringfeed_remote_cache_bytes",
-                "gauge",
-                "Bytes in the shard cache.",
-                r.cache_bytes as f64,
-            ),
-            (
-                "ringfeed_remote_cache_limit_bytes",
-                "gauge",
-                "The shard cache's bound.",
-                r.cache_limit as f64,
-            ),
-            (
-                "ringfeed_remote_fetch_concurrency",
-                "gauge",
-                "Shard downloads allowed at once (the autotuner's, or --fetch-concurrency).",
-                r.fetch_concurrency as f64,
-            ),
-        ] {
-            metric(name, kind, help, vec![(String::new(), v)]);
-        }
+}
+
+/// Object storage's and the shard cache's families.
+fn remote_metrics(e: &mut Exposition, r: &RemoteSnapshot) {
+    for (name, kind, help, v) in [
+        (
+            "ringfeed_remote_fetches_total",
+            "counter",
+            "Objects downloaded completely from object storage.",
+            r.fetches as f64,
+        ),
+        (
+            "ringfeed_remote_bytes_total",
+            "counter",
+            "Bytes received from object storage.",
+            r.bytes as f64,
+        ),
+        (
+            "ringfeed_remote_retries_total",
+            "counter",
+            "Remote requests or downloads repeated after a failure.",
+            r.retries as f64,
+        ),
+        (
+            "ringfeed_remote_errors_total",
+            "counter",
+            "Remote objects that failed for good.",
+            r.errors as f64,
+        ),
+        (
+            "ringfeed_remote_hits_total",
+            "counter",
+            "Shard reads that found their shard in the cache.",
+            r.hits as f64,
+        ),
+        (
+            "ringfeed_remote_misses_total",
+            "counter",
+            "Shard reads that waited for a download.",
+            r.misses as f64,
+        ),
+        (
+            "ringfeed_remote_evictions_total",
+            "counter",
+            "Cached shards removed to make room.",
+            r.evictions as f64,
+        ),
+        (
+            "ringfeed_remote_rejected_total",
+            "counter",
+            "Cached or downloaded shards that failed their check.",
+            r.rejected as f64,
+        ),
+        (
+            "ringfeed_remote_wait_seconds_total",
+            "counter",
+            "Time readers waited for downloads.",
+            r.wait_s,
+        ),
+        (
+            "ringfeed_remote_cache_bytes",
+            "gauge",
+            "Bytes in the shard cache.",
+            r.cache_bytes as f64,
+        ),
+        (
+            "ringfeed_remote_cache_limit_bytes",
+            "gauge",
+            "The shard cache's bound.",
+            r.cache_limit as f64,
+        ),
+        (
+            "ringfeed_remote_fetch_concurrency",
+            "gauge",
+            "Shard downloads allowed at once (the autotuner's, or --fetch-concurrency).",
+            r.fetch_concurrency as f64,
+        ),
+    ] {
+        e.metric(name, kind, help, vec![(String::new(), v)]);
     }
-    let ids: Vec<String> = s
-        .streams
+}
+
+/// One family per stream figure, labelled by stream, pid and dataset.
+fn stream_metrics(e: &mut Exposition, streams: &[StreamSnapshot]) {
+    let ids: Vec<String> = streams
         .iter()
         .map(|t| {
             format!(
@@ -357,92 +382,92 @@ pub fn prometheus(s: &Snapshot) -> String {
             )
         })
         .collect();
-    let per = |f: &dyn Fn(&ringfeed_format::control::StreamSnapshot) -> Option<f64>| -> Vec<(String, f64)> {
-        s.streams
+    let per = |f: &dyn Fn(&StreamSnapshot) -> Option<f64>| -> Vec<(String, f64)> {
+        streams
             .iter()
             .zip(&ids)
             .filter_map(|(t, l)| f(t).map(|v| (l.clone(), v)))
             .collect()
     };
-    metric(
+    e.metric(
         "ringfeed_stream_samples_total",
         "counter",
         "Samples delivered.",
         per(&|t| Some(t.samples as f64)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_batches_total",
         "counter",
         "Batches delivered.",
         per(&|t| Some(t.batches as f64)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_skipped_total",
         "counter",
         "Samples left out under on_error=skip.",
         per(&|t| Some(t.skipped as f64)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_samples_per_second",
         "gauge",
         "Samples delivered per second over the last interval.",
         per(&|t| Some(t.samples_per_s)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_wait_ratio",
         "gauge",
         "Share of the training loop's time spent waiting for data, net of its wait behind its own GPU (client-measured).",
         per(&|t| t.wait),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_gpu_wait_ratio",
         "gauge",
         "Share of the training loop's time spent waiting behind its own GPU inside next(), not for data (client-measured).",
         per(&|t| t.gpu_wait),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_gpu_decode_share",
         "gauge",
         "Share of each batch offered to the client's GPU decoder (hybrid decode).",
         per(&|t| t.gpu_share),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_gpu_decoded_samples_total",
         "counter",
         "Samples handed to the client's GPU decoder since the stream opened.",
         per(&|t| t.gpu_samples.map(|n| n as f64)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_gpu_decode_seconds_per_sample",
         "gauge",
         "The client's host time per GPU-decoded sample over the last interval.",
         per(&|t| t.gpu_decode_us.map(|u| u / 1e6)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_busy_ratio",
         "gauge",
         "Share of the stream's allotted decode threads' time spent on its samples over the last interval.",
         per(&|t| t.busy),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_step_seconds",
         "gauge",
         "The training loop's compute time per step (client-measured).",
         per(&|t| t.step_ms.map(|m| m / 1e3)),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_threads",
         "gauge",
         "Decode threads allotted to the stream.",
         per(&|t| Some(f64::from(t.threads))),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_depth",
         "gauge",
         "Batches the stream may have in flight.",
         per(&|t| Some(f64::from(t.depth))),
     );
-    metric(
+    e.metric(
         "ringfeed_stream_epoch",
         "gauge",
         "The current epoch.",
@@ -450,7 +475,7 @@ pub fn prometheus(s: &Snapshot) -> String {
     );
     let mut slots = Vec::new();
     let mut stages = Vec::new();
-    for (t, l) in s.streams.iter().zip(&ids) {
+    for (t, l) in streams.iter().zip(&ids) {
         for (state, n) in [
             ("free", t.slots.free),
             ("filling", t.slots.filling),
@@ -468,26 +493,39 @@ pub fn prometheus(s: &Snapshot) -> String {
             stages.push((format!("{l},stage=\"{stage}\""), us / 1e6));
         }
     }
-    metric("ringfeed_stream_slots", "gauge", "Ring slots by state.", slots);
-    metric(
+    e.metric("ringfeed_stream_slots", "gauge", "Ring slots by state.", slots);
+    e.metric(
         "ringfeed_stream_stage_seconds",
         "gauge",
         "Mean time per sample in each pipeline stage over the last interval.",
         stages,
     );
-    out
+}
+
+/// A `--metrics` address that names no socket address.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsAddrError {
+    /// `HOST:PORT` did not resolve.
+    #[error("--metrics {given:?}: {source}; give PORT (on 127.0.0.1) or HOST:PORT")]
+    Resolve { given: String, source: std::io::Error },
+    /// It resolved to nothing.
+    #[error("--metrics {0:?} resolves to no address")]
+    NoAddress(String),
 }
 
 /// Parses `--metrics`: `PORT` (loopback) or `HOST:PORT`.
-pub fn metrics_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+pub fn metrics_addr(s: &str) -> Result<std::net::SocketAddr, MetricsAddrError> {
     if let Ok(port) = s.parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
     use std::net::ToSocketAddrs;
     s.to_socket_addrs()
-        .map_err(|e| format!("--metrics {s:?}: {e}; give PORT (on 127.0.0.1) or HOST:PORT"))?
+        .map_err(|source| MetricsAddrError::Resolve {
+            given: s.to_owned(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("--metrics {s:?} resolves to no address"))
+        .ok_or_else(|| MetricsAddrError::NoAddress(s.to_owned()))
 }
 
 /// Serves `GET /metrics` on `listener` until dropped.
@@ -615,7 +653,7 @@ mod tests {
     #[test]
     fn the_fetch_concurrency_is_in_top_and_the_metrics() {
         let mut s = sample();
-        s.server.remote = Some(ringfeed_format::control::RemoteSnapshot {
+        s.server.remote = Some(RemoteSnapshot {
             fetch_concurrency: 6,
             ..Default::default()
         });
@@ -648,6 +686,6 @@ mod tests {
     fn metrics_addresses_default_to_loopback() {
         assert_eq!(metrics_addr("9464").unwrap().to_string(), "127.0.0.1:9464");
         assert_eq!(metrics_addr("0.0.0.0:80").unwrap().to_string(), "0.0.0.0:80");
-        assert!(metrics_addr("nope").unwrap_err().contains("--metrics"));
+        assert!(metrics_addr("nope").unwrap_err().to_string().contains("--metrics"));
     }
 }

@@ -25,6 +25,27 @@ use std::time::{Duration, Instant};
 use ringfeed_source::listing::{InputError, InputKind};
 use ringfeed_source::{FilesSource, Source};
 
+/// Why a listing gave no source: one value, cloned for every stream that waited for it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ListingError {
+    /// Every stream that asked for the listing went away before it ended.
+    #[error("listing {} was cancelled: every stream that asked for it has gone", .0.display())]
+    Cancelled(PathBuf),
+    /// Listing the files or indexing the tars failed.
+    #[error(transparent)]
+    Failed(Arc<dyn std::error::Error + Send + Sync>),
+}
+
+impl ListingError {
+    /// The failure `e` of a listing or indexing.
+    pub fn failed(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ListingError::Failed(Arc::new(e))
+    }
+}
+
+/// What a listing ends with.
+pub type Listed = Result<Arc<dyn Source>, ListingError>;
+
 /// How often a waiting client hears of the listing's progress (`serve --open-progress`).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
@@ -43,7 +64,7 @@ pub struct Opening {
     cancel: AtomicBool,
     /// Streams waiting for the result. Changed only under [`Openings::map`]'s lock.
     waiters: Mutex<usize>,
-    result: OnceLock<Result<Arc<dyn Source>, String>>,
+    result: OnceLock<Listed>,
     /// Becomes `true` once `result` is set.
     done: tokio::sync::watch::Sender<bool>,
     started: Instant,
@@ -61,7 +82,7 @@ impl Opening {
     }
 
     /// Waits until the listing has finished and returns its result.
-    pub async fn result(&self) -> Result<Arc<dyn Source>, String> {
+    pub async fn result(&self) -> Listed {
         let mut rx = self.done.subscribe();
         // The sender lives in `self`, so the channel cannot close while we wait.
         let _ = rx.wait_for(|done| *done).await;
@@ -120,11 +141,8 @@ impl Openings {
                 );
                 Ok(Arc::new(s) as Arc<dyn Source>)
             }
-            Err(InputError::Interrupted) => Err(format!(
-                "listing {} was cancelled: every stream that asked for it has gone",
-                path.display()
-            )),
-            Err(e) => Err(e.to_string()),
+            Err(InputError::Interrupted) => Err(ListingError::Cancelled(path.clone())),
+            Err(e) => Err(ListingError::failed(e)),
         };
         self.join_with(key, list, publish)
     }
@@ -135,7 +153,7 @@ impl Openings {
     pub fn join_with(
         self: &Arc<Self>,
         key: &str,
-        open: impl FnOnce(&AtomicBool, &AtomicU64, Instant) -> Result<Arc<dyn Source>, String> + Send + 'static,
+        open: impl FnOnce(&AtomicBool, &AtomicU64, Instant) -> Listed + Send + 'static,
         publish: impl FnOnce(&Arc<dyn Source>) + Send + 'static,
     ) -> Waiter<'_> {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());

@@ -25,7 +25,7 @@ use crate::images::prepare_images;
 use crate::pool::{BatchTask, StreamCtx};
 use crate::segment::Segment;
 use crate::shared::{OpenError, Shared};
-use crate::wire::{Reply, fail, read_messages, send, send_with_fd};
+use crate::wire::{ConnectionEnd, Reply, fail, read_messages, send, send_with_fd};
 use ringfeed_format::control::{ClientMessage, ErrorCode, OpenRequest, PROTOCOL, SampleKindRequest, ServerMessage};
 use ringfeed_format::ring::{FieldDesc, RingLayout, SlotHeader};
 use ringfeed_order::sampler::{EpochPlan, Order, SamplerConfig};
@@ -80,7 +80,7 @@ pub async fn serve_connection(
         };
         let (mut state, ring_msg) = opened;
         shared.registry.insert(Arc::clone(&state.ctx.stats));
-        let sent = send_with_fd(&mut write, &ring_msg, state.ctx.segment.fd()).await.map_err(|e| e.to_string());
+        let sent = send_with_fd(&mut write, &ring_msg, state.ctx.segment.fd()).await.map_err(ConnectionEnd::Write);
         let result = match sent {
             Ok(()) => state.run_loop(&shared, &mut write, &mut msg_rx, done_rx, &mut shutdown).await,
             Err(e) => Err(e),
@@ -187,41 +187,8 @@ async fn open_stream(
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<(StreamState, ServerMessage), OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
-    if !(1..=65536).contains(&open.batch_size) {
-        return Err(bad(format!("open.batch_size {} is outside 1..=65536", open.batch_size)));
-    }
-    if !(1..=64).contains(&open.slots) {
-        return Err(bad(format!("open.slots {} is outside 1..=64", open.slots)));
-    }
-    if let Some(t) = open.threads.filter(|t| !(1..=1024).contains(t)) {
-        return Err(bad(format!("open.threads {t} is outside 1..=1024")));
-    }
-    if let Some(p) = open.prefetch.filter(|p| !(1..=open.slots).contains(p)) {
-        return Err(bad(format!(
-            "open.prefetch {p} is outside 1..=slots ({}); raise slots or lower prefetch",
-            open.slots
-        )));
-    }
-    if let Some(n) = open.local_world_size.filter(|n| !(1..=4096).contains(n)) {
-        return Err(bad(format!("open.local_world_size {n} is outside 1..=4096")));
-    }
-    let kind = open.kind();
-    if let Some(m) = open.foreign_members().first() {
-        let (what, other) = match kind {
-            SampleKindRequest::Images => ("an image stream", "\"sample_kind\": \"tokens\""),
-            SampleKindRequest::Tokens => ("a token stream", "an image stream"),
-        };
-        return Err(bad(format!(
-            "open.{m} is not a member of {what} (it belongs to {other})"
-        )));
-    }
-    let path = PathBuf::from(&open.dataset);
-    // 1.3: an `s3://` URL names a remote packed dataset (images only); anything else is a path.
-    let remote = ringfeed_remote::RemoteUrl::parse(&open.dataset).is_some();
-    if !remote && !path.is_absolute() {
-        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
-    }
-    let prepared = match kind {
+    let path = check_open(open)?;
+    let prepared = match open.kind() {
         SampleKindRequest::Images => prepare_images(open, shared, &path, progress).await?,
         SampleKindRequest::Tokens => crate::tokens::prepare(open, shared).await?,
     };
@@ -331,6 +298,46 @@ async fn open_stream(
     let mut state = StreamState::new(ctx, sampler, open.slots, prepared.skip_errors);
     state.order = prepared.order;
     Ok((state, ring_msg))
+}
+
+/// The members of an `open` every sample kind has, checked; the dataset's path.
+fn check_open(open: &OpenRequest) -> Result<PathBuf, OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    if !(1..=65536).contains(&open.batch_size) {
+        return Err(bad(format!("open.batch_size {} is outside 1..=65536", open.batch_size)));
+    }
+    if !(1..=64).contains(&open.slots) {
+        return Err(bad(format!("open.slots {} is outside 1..=64", open.slots)));
+    }
+    if let Some(t) = open.threads.filter(|t| !(1..=1024).contains(t)) {
+        return Err(bad(format!("open.threads {t} is outside 1..=1024")));
+    }
+    if let Some(p) = open.prefetch.filter(|p| !(1..=open.slots).contains(p)) {
+        return Err(bad(format!(
+            "open.prefetch {p} is outside 1..=slots ({}); raise slots or lower prefetch",
+            open.slots
+        )));
+    }
+    if let Some(n) = open.local_world_size.filter(|n| !(1..=4096).contains(n)) {
+        return Err(bad(format!("open.local_world_size {n} is outside 1..=4096")));
+    }
+    let kind = open.kind();
+    if let Some(m) = open.foreign_members().first() {
+        let (what, other) = match kind {
+            SampleKindRequest::Images => ("an image stream", "\"sample_kind\": \"tokens\""),
+            SampleKindRequest::Tokens => ("a token stream", "an image stream"),
+        };
+        return Err(bad(format!(
+            "open.{m} is not a member of {what} (it belongs to {other})"
+        )));
+    }
+    let path = PathBuf::from(&open.dataset);
+    // 1.3: an `s3://` URL names a remote packed dataset (images only); anything else is a path.
+    let remote = ringfeed_remote::RemoteUrl::parse(&open.dataset).is_some();
+    if !remote && !path.is_absolute() {
+        return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
+    }
+    Ok(path)
 }
 
 impl StreamState {

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ringfeed_format::control::{ErrorCode, OpenRequest};
+use ringfeed_format::control::{ErrorCode, OpenRequest, TokenOptions};
 use ringfeed_format::ring::{DType, FieldDesc, FieldSpec};
 use ringfeed_format::tokens::{FlatDtype, TokenSource};
 use ringfeed_order::mix::Mix;
@@ -175,6 +175,50 @@ fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) -> Result<(), (String, Str
 /// the token data and its windows, and names the ring's fields. The stream's set-up is
 /// `stream::open_stream`'s, as for images.
 pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<Prepared, OpenError> {
+    let TokenOpen {
+        t,
+        mode,
+        flat,
+        fields,
+        named,
+        weights,
+    } = check_open(open)?;
+    let mut parts = Vec::with_capacity(named.len());
+    for (dataset, _) in &named {
+        parts.push(open_windows(shared, &t, mode, flat, PathBuf::from(dataset)).await?);
+    }
+    let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
+    // The mix's schedule is computed off the tokio workers, as the windows are.
+    // One dataset is the mix of one (weight 1: a period of one slot).
+    let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
+    let q = weights.unwrap_or_else(|| vec![1]);
+    let mix = tokio::task::spawn_blocking(move || Mix::new(sizes, q))
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+    let specs = field_specs(seq_len, max_docs, &fields);
+    let windows = Arc::new(TokenWindows {
+        parts,
+        mix,
+        shuffle: open.shuffle,
+        seed: open.seed,
+    });
+    Ok(prepared(windows, specs, seq_len))
+}
+
+/// A token `open`'s members, checked.
+struct TokenOpen {
+    t: TokenOptions,
+    mode: Mode,
+    flat: Option<FlatDtype>,
+    fields: Vec<String>,
+    /// `open.dataset`, then the mix's, each with its weight.
+    named: Vec<(String, f64)>,
+    /// The quantised weights of a mix; `None` for one dataset.
+    weights: Option<Vec<u64>>,
+}
+
+/// Checks `open.tokens` and `open.fields` before anything is opened.
+fn check_open(open: &OpenRequest) -> Result<TokenOpen, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     let Some(t) = open.tokens.clone() else {
         return Err(bad(
@@ -235,9 +279,26 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
     } else {
         None
     };
-    let mut parts = Vec::with_capacity(named.len());
-    for (dataset, _) in &named {
-        let path = PathBuf::from(dataset);
+    Ok(TokenOpen {
+        t,
+        mode,
+        flat,
+        fields,
+        named,
+        weights,
+    })
+}
+
+/// Opens one dataset of a token stream and cuts it into windows, off the tokio workers.
+async fn open_windows(
+    shared: &Arc<Shared>,
+    t: &TokenOptions,
+    mode: Mode,
+    flat: Option<FlatDtype>,
+    path: PathBuf,
+) -> Result<(PathBuf, Windows), OpenError> {
+    let bad = |m: String| (ErrorCode::BadRequest, m);
+    {
         let canonical = crate::shared::admit(shared, &path)?;
         let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
         let shown = path.clone();
@@ -264,16 +325,12 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
                 windows.source.token_count()
             )));
         }
-        parts.push((path, windows));
+        Ok((path, windows))
     }
-    let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
-    // The mix's schedule is computed off the tokio workers, as the windows are.
-    // One dataset is the mix of one (weight 1: a period of one slot).
-    let sizes: Vec<u64> = parts.iter().map(|(_, w)| w.len()).collect();
-    let q = weights.unwrap_or_else(|| vec![1]);
-    let mix = tokio::task::spawn_blocking(move || Mix::new(sizes, q))
-        .await
-        .map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+}
+
+/// The ring's fields of a token stream: `input_ids` and `labels`, then those `fields` asks for.
+fn field_specs(seq_len: u32, max_docs: u32, fields: &[String]) -> Vec<FieldSpec> {
     let want = |n: &str| fields.iter().any(|f| f == n);
     let mut specs = vec![
         FieldSpec {
@@ -317,14 +374,14 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
             shape: vec![],
         });
     }
-    let windows = Arc::new(TokenWindows {
-        parts,
-        mix,
-        shuffle: open.shuffle,
-        seed: open.seed,
-    });
+    specs
+}
+
+/// What the stream's set-up needs of a token stream: its windows as the source, its fields, and
+/// how the kind is finished once the ring is made.
+fn prepared(windows: Arc<TokenWindows>, specs: Vec<FieldSpec>, seq_len: u32) -> Prepared {
     let source = Arc::clone(&windows) as Arc<dyn Source>;
-    Ok(Prepared {
+    Prepared {
         source,
         specs,
         // Windows do not fail one by one: a token file that cannot be read fails the open.
@@ -365,5 +422,5 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
                 kind: SampleKind::Filled(kind),
             }
         }),
-    })
+    }
 }

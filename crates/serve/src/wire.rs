@@ -12,20 +12,28 @@ use tokio::sync::mpsc;
 use ringfeed_format::control::frame::check_length;
 use ringfeed_format::control::{ClientMessage, ErrorCode, ServerMessage, decode_frame, encode_frame};
 
-/// A message for the client, or the reason the connection must end.
-pub(crate) type Reply = Result<(), String>;
+/// Why a connection ends before the client closes it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectionEnd {
+    /// A fatal error, sent to the client as an `error` message.
+    #[error("{message}")]
+    Failed { code: ErrorCode, message: String },
+    /// Writing to the client failed: it has gone.
+    #[error("writing to the client: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// A message handled, or the reason the connection must end.
+pub(crate) type Reply = Result<(), ConnectionEnd>;
 
 /// Sends a fatal error and ends the connection.
 pub(crate) async fn fail(write: &mut OwnedWriteHalf, code: ErrorCode, message: String) -> Reply {
     let _ = send(write, &ServerMessage::error(code, message.clone(), true)).await;
-    Err(message)
+    Err(ConnectionEnd::Failed { code, message })
 }
 
 pub(crate) async fn send(write: &mut OwnedWriteHalf, msg: &ServerMessage) -> Reply {
-    write
-        .write_all(&encode_frame(msg))
-        .await
-        .map_err(|e| format!("writing to the client: {e}"))
+    write.write_all(&encode_frame(msg)).await.map_err(ConnectionEnd::Write)
 }
 
 /// Sends `msg` with `fd` attached to its first byte (control.md, "Framing").

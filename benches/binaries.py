@@ -53,7 +53,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True, help="an image folder (the pack bench's input)")
     ap.add_argument("--dataset", type=Path, required=True, help="a packed dataset (the feed bench's input)")
-    ap.add_argument("--bin", action="append", required=True, metavar="NAME=PATH", help="a binary; the first is the baseline")
+    ap.add_argument(
+        "--bin", action="append", required=True, metavar="NAME=PATH", help="a binary; the first is the baseline"
+    )
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--pack-threads", default="1,8")
     ap.add_argument("--feed-threads", type=int, default=8)

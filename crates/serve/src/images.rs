@@ -191,7 +191,7 @@ pub(crate) async fn prepare_images(
 fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
     match (&open.pipeline, &open.transform) {
         (Some(_), Some(_)) => Err("open: give either pipeline (1.2) or transform (1.1), not both".to_owned()),
-        (Some(p), None) => Pipeline::parse(p),
+        (Some(p), None) => Pipeline::parse(p).map_err(|e| e.to_string()),
         (None, Some(t)) => {
             let transform = match *t {
                 TransformRequest::RandomResizedCrop {
@@ -213,7 +213,7 @@ fn pipeline_from(open: &OpenRequest) -> Result<Pipeline, String> {
                     size: (size[0], size[1]),
                 },
             };
-            transform.validate()?;
+            transform.validate().map_err(|e| e.to_string())?;
             Ok(transform.to_pipeline())
         }
         (None, None) => Err("open: a pipeline (1.2) or a transform (1.1) is required".to_owned()),
@@ -235,7 +235,7 @@ async fn open_source(
         return open_webdataset(shared, open, progress).await;
     }
     let canonical = admit(shared, path)?;
-    let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
+    let kind = ServedKind::detect(&canonical).map_err(|e| dataset_err(e.to_string()))?;
     let key = match kind {
         ServedKind::Packed | ServedKind::Lmdb => {
             format!(
@@ -359,7 +359,7 @@ async fn open_remote_webdataset(
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     use ringfeed_source::wds::WdsOptions;
     let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
-        .map_err(|m| (ErrorCode::BadRequest, m))?;
+        .map_err(|m| (ErrorCode::BadRequest, m.to_string()))?;
     let key = format!("webdataset|{opts:?}|{url}|remote");
     if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
@@ -452,8 +452,8 @@ async fn open_webdataset(
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     use ringfeed_source::wds::{WdsOptions, WdsSource, pattern};
     let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
-        .map_err(|m| (ErrorCode::BadRequest, m))?;
-    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m))?;
+        .map_err(|m| (ErrorCode::BadRequest, m.to_string()))?;
+    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m.to_string()))?;
     let mut canonical = Vec::with_capacity(tars.len());
     for t in &tars {
         canonical.push(admit(shared, t)?);
@@ -494,7 +494,8 @@ async fn open_webdataset(
 /// `order_shard`). `auto` is `shard_blocks` for sources that prefer it (remote ones) and
 /// `global` otherwise, so local data keeps its batches. The error names the member.
 fn shard_order(open: &OpenRequest, source: &dyn Source) -> Result<Option<std::sync::Arc<blocks::ShardBlocks>>, String> {
-    let kind: blocks::OrderKind = open.order.as_deref().unwrap_or("auto").parse()?;
+    let order = open.order.as_deref().unwrap_or("auto");
+    let kind: blocks::OrderKind = order.parse().map_err(|e: blocks::UnknownOrder| e.to_string())?;
     let block = open.order_block.unwrap_or(blocks::DEFAULT_BLOCK);
     if !(1..=blocks::MAX_BLOCK).contains(&block) {
         return Err(format!("open.order_block {block} is outside 1..={}", blocks::MAX_BLOCK));

@@ -154,18 +154,15 @@ pub fn offered(pos: u32, share: f64) -> bool {
 
 /// Why `pipeline` cannot be finished on the GPU, or `Ok`: one view of one image whose ops are all
 /// geometric (crops, flips, at most one resize).
-pub fn finishable(pipeline: &Pipeline) -> Result<(), String> {
+pub fn finishable(pipeline: &Pipeline) -> Result<(), NotFinishable> {
     let [view] = pipeline.views.as_slice() else {
-        return Err(format!(
-            "the pipeline has {} views; GPU decode finishes one view",
-            pipeline.views.len()
-        ));
+        return Err(NotFinishable::Views(pipeline.views.len()));
     };
     if view.count != 1 {
-        return Err(format!(
-            "view {:?} makes {} images per sample; GPU decode finishes one",
-            view.name, view.count
-        ));
+        return Err(NotFinishable::Count {
+            view: view.name.clone(),
+            count: view.count,
+        });
     }
     let mut resizes = 0;
     for (i, op) in view.ops.iter().enumerate() {
@@ -173,21 +170,44 @@ pub fn finishable(pipeline: &Pipeline) -> Result<(), String> {
             Op::RandomResizedCrop { .. } | Op::Resize { .. } => resizes += 1,
             Op::CenterCrop { .. } | Op::RandomCrop { .. } | Op::HorizontalFlip { .. } | Op::VerticalFlip { .. } => {}
             other => {
-                return Err(format!(
-                    "op {i} of view {:?} ({}) is not geometric; GPU decode finishes crops, flips and one resize, the other ops run on the CPU",
-                    view.name,
-                    other.name()
-                ));
+                return Err(NotFinishable::NotGeometric {
+                    op: i,
+                    view: view.name.clone(),
+                    name: other.name(),
+                });
             }
         }
         if resizes > 1 {
-            return Err(format!(
-                "op {i} of view {:?} is a second resize; GPU decode finishes one",
-                view.name
-            ));
+            return Err(NotFinishable::SecondResize {
+                op: i,
+                view: view.name.clone(),
+            });
         }
     }
     Ok(())
+}
+
+/// Why a pipeline cannot be finished on the GPU ([`finishable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotFinishable {
+    /// More (or fewer) views than one.
+    #[error("the pipeline has {0} views; GPU decode finishes one view")]
+    Views(usize),
+    /// The view makes several images per sample.
+    #[error("view {view:?} makes {count} images per sample; GPU decode finishes one")]
+    Count { view: String, count: u32 },
+    /// Op `op` of the view (named `name`) is not a crop, flip or resize.
+    #[error(
+        "op {op} of view {view:?} ({name}) is not geometric; GPU decode finishes crops, flips and one resize, the other ops run on the CPU"
+    )]
+    NotGeometric {
+        op: usize,
+        view: String,
+        name: &'static str,
+    },
+    /// Op `op` of the view is its second resize.
+    #[error("op {op} of view {view:?} is a second resize; GPU decode finishes one")]
+    SecondResize { op: usize, view: String },
 }
 
 impl Processor {
@@ -300,9 +320,9 @@ mod tests {
         let jitter = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"color_jitter","brightness":[0.6,1.4]}]}]}"#,
         );
-        let e = finishable(&jitter).unwrap_err();
+        let e = finishable(&jitter).unwrap_err().to_string();
         assert!(e.contains("color_jitter") && e.contains("not geometric"), "{e}");
         let two = p(r#"{"views":[{"count":2,"ops":[{"op":"random_resized_crop","size":[96]}]}]}"#);
-        assert!(finishable(&two).unwrap_err().contains("2 images"));
+        assert!(finishable(&two).unwrap_err().to_string().contains("2 images"));
     }
 }

@@ -71,7 +71,7 @@ mod write;
 
 pub use geometry::{random_resized_crop_params, resize_shorter, resize_target};
 pub use image::Image;
-pub use spec::{Erasing, Op, Pipeline, View};
+pub use spec::{Erasing, Op, Pipeline, PipelineError, View};
 pub use trace::Trace;
 
 use geometry::round_py;
@@ -96,14 +96,19 @@ pub enum Layout {
 
 impl Layout {
     /// Parses the protocol's names, `"NHWC"` and `"NCHW"`.
-    pub fn parse(name: &str) -> Result<Self, String> {
+    pub fn parse(name: &str) -> Result<Self, UnknownLayout> {
         match name {
             "NHWC" => Ok(Layout::Nhwc),
             "NCHW" => Ok(Layout::Nchw),
-            other => Err(format!("layout: expected \"NHWC\" or \"NCHW\", got {other:?}")),
+            other => Err(UnknownLayout(other.to_owned())),
         }
     }
 }
+
+/// A layout name that is neither `"NHWC"` nor `"NCHW"` ([`Layout::parse`]); holds the name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("layout: expected \"NHWC\" or \"NCHW\", got {0:?}")]
+pub struct UnknownLayout(pub String);
 
 /// A per-sample transform (`proto/control.md`, "Transforms"). Sizes are `(height, width)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -164,40 +169,55 @@ impl Transform {
     /// Checks the bounds of `proto/control.md`: sizes in `1..=4096`,
     /// `0 < scale[0] <= scale[1] <= 1`, `0 < ratio[0] <= ratio[1]` (finite),
     /// `0 <= flip <= 1`. The message names the member, as a `bad_request` must.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TransformError> {
         let (h, w) = self.size();
         if !(1..=MAX_SIZE).contains(&h) || !(1..=MAX_SIZE).contains(&w) {
-            return Err(format!(
-                "transform.size: each side must be in 1..={MAX_SIZE}, got [{h}, {w}]"
-            ));
+            return Err(TransformError::Size { height: h, width: w });
         }
         match *self {
             Transform::RandomResizedCrop { scale, ratio, flip, .. } => {
                 let (s0, s1) = scale;
                 if !(s0 > 0.0 && s0 <= s1 && s1 <= 1.0) {
-                    return Err(format!(
-                        "transform.scale: must satisfy 0 < scale[0] <= scale[1] <= 1, got [{s0}, {s1}]"
-                    ));
+                    return Err(TransformError::Scale(s0, s1));
                 }
                 let (r0, r1) = ratio;
                 if !(r0 > 0.0 && r0 <= r1 && r1.is_finite()) {
-                    return Err(format!(
-                        "transform.ratio: must satisfy 0 < ratio[0] <= ratio[1] (finite), got [{r0}, {r1}]"
-                    ));
+                    return Err(TransformError::Ratio(r0, r1));
                 }
                 if !(0.0..=1.0).contains(&flip) {
-                    return Err(format!("transform.flip: must be in [0, 1], got {flip}"));
+                    return Err(TransformError::Flip(flip));
                 }
             }
             Transform::CenterCrop { resize, .. } => {
                 if !(1..=MAX_SIZE).contains(&resize) {
-                    return Err(format!("transform.resize: must be in 1..={MAX_SIZE}, got {resize}"));
+                    return Err(TransformError::Resize(resize));
                 }
             }
             Transform::Resize { .. } => {}
         }
         Ok(())
     }
+}
+
+/// A [`Transform`] outside the bounds of `proto/control.md` ([`Transform::validate`]); the
+/// message names the member.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TransformError {
+    /// A side of the output size is outside `1..=MAX_SIZE`.
+    #[error("transform.size: each side must be in 1..={MAX_SIZE}, got [{height}, {width}]")]
+    Size { height: u32, width: u32 },
+    /// The scale range is not `0 < min <= max <= 1`.
+    #[error("transform.scale: must satisfy 0 < scale[0] <= scale[1] <= 1, got [{0}, {1}]")]
+    Scale(f64, f64),
+    /// The ratio range is not `0 < min <= max`, finite.
+    #[error("transform.ratio: must satisfy 0 < ratio[0] <= ratio[1] (finite), got [{0}, {1}]")]
+    Ratio(f64, f64),
+    /// The flip probability is outside `[0, 1]`.
+    #[error("transform.flip: must be in [0, 1], got {0}")]
+    Flip(f64),
+    /// The shorter side to resize to is outside `1..=MAX_SIZE`.
+    #[error("transform.resize: must be in 1..={MAX_SIZE}, got {0}")]
+    Resize(u32),
 }
 
 /// The part of the decoded, EXIF-oriented image a sample was taken from (the ring's `crop`
@@ -250,9 +270,37 @@ pub enum OpError {
         /// Output width.
         width: u32,
     },
-    /// The transform is out of bounds ([`Transform::validate`]'s message).
-    #[error("{0}")]
-    Transform(String),
+    /// The transform is out of bounds ([`Transform::validate`]).
+    #[error(transparent)]
+    Bounds(#[from] TransformError),
+    /// A `random_crop` of `size` (height, width) does not fit the image, even padded.
+    #[error(
+        "random_crop: a {}x{} crop does not fit the {height}x{width} image with its padding; set pad_if_needed or pad more",
+        size.0, size.1
+    )]
+    CropDoesNotFit {
+        /// The crop's (height, width).
+        size: (u32, u32),
+        /// The image's height.
+        height: u32,
+        /// The image's width.
+        width: u32,
+    },
+    /// Op `op` (or the pipeline's fused resize) would make an image of more pixels than
+    /// `--max-pixels` allows.
+    #[error(
+        "{op}: the image would become {width}x{height}, more than the {max} pixels the server allows (--max-pixels); crop before resizing, or cap the longer side with max_size"
+    )]
+    TooManyPixels {
+        /// The op's name, or "the pipeline".
+        op: &'static str,
+        /// The width it would make.
+        width: u32,
+        /// The height it would make.
+        height: u32,
+        /// The limit, in pixels.
+        max: u64,
+    },
     /// The resampler refused its arguments: a bug in our geometry, never the input's fault.
     #[error("internal resize error: {0}")]
     Resize(String),
@@ -572,7 +620,7 @@ impl Processor {
         out: &mut [u8],
     ) -> Result<Crop, OpError> {
         // The output's length is checked by `run`, against the view's declared size.
-        t.validate().map_err(OpError::Transform)?;
+        t.validate()?;
         let k = match self.legacy.iter().position(|(old, _)| old == t) {
             Some(k) => k,
             None => {
@@ -898,7 +946,9 @@ fn perm4(rng: &mut SampleRng) -> [u8; 4] {
 }
 
 impl Processor {
-    /// Runs one op on `img` (after the fused prefix).
+    /// Runs one op on `img` (after the fused prefix): the geometric ops and the random
+    /// containers here, the photometric ops in [`Processor::apply_photometric`], the
+    /// augmentation policies in [`Processor::apply_policy`].
     fn apply(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) -> Result<(), OpError> {
         let (w, h) = (img.width, img.height);
         let coin = |rng: &mut SampleRng, p: f64| rng.uniform(0.0, 1.0) < p;
@@ -929,12 +979,13 @@ impl Processor {
                 pad_if_needed,
                 fill,
             } => {
-                let (t, l) = plan::random_crop_offsets(w, h, size, padding, pad_if_needed, rng).ok_or_else(|| {
-                    OpError::Transform(format!(
-                        "random_crop: a {}x{} crop does not fit the {h}x{w} image with its padding; set pad_if_needed or pad more",
-                        size.0, size.1
-                    ))
-                })?;
+                let (t, l) = plan::random_crop_offsets(w, h, size, padding, pad_if_needed, rng).ok_or(
+                    OpError::CropDoesNotFit {
+                        size,
+                        height: h,
+                        width: w,
+                    },
+                )?;
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
                 image::crop_into(img, l, t, size.1, size.0, fill, &mut self.img2);
                 std::mem::swap(img, &mut self.img2);
@@ -971,6 +1022,46 @@ impl Processor {
                 trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
                 self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
             }
+            Op::ColorJitter { .. }
+            | Op::Grayscale { .. }
+            | Op::GaussianBlur { .. }
+            | Op::Solarize { .. }
+            | Op::Posterize { .. }
+            | Op::Autocontrast { .. }
+            | Op::Equalize { .. }
+            | Op::Invert { .. }
+            | Op::AdjustSharpness { .. } => self.apply_photometric(op, img, rng, trace),
+            Op::TrivialAugmentWide { .. } | Op::RandAugment { .. } | Op::AutoAugment { .. } => {
+                self.apply_policy(op, img, rng, trace);
+            }
+            Op::RandomApply { p, ref ops } => {
+                // torchvision: `if torch.rand(1) >= p: return`.
+                let on = coin(rng, p);
+                trace.record(op, || [("apply", on.into())]);
+                if on {
+                    for o in ops {
+                        self.apply(o, img, rng, trace)?;
+                    }
+                }
+            }
+            Op::RandomChoice {
+                ref ops,
+                ref cumulative,
+            } => {
+                let u = rng.uniform(0.0, 1.0);
+                let k = cumulative.iter().position(|&c| u < c).unwrap_or(ops.len() - 1);
+                trace.record(op, || [("choice", k.into())]);
+                self.apply(&ops[k], img, rng, trace)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Processor::apply`] of a photometric op (colour, tone, blur, sharpness): one that keeps
+    /// the image's size.
+    fn apply_photometric(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) {
+        let (w, h) = (img.width, img.height);
+        match *op {
             Op::ColorJitter {
                 brightness,
                 contrast,
@@ -1007,9 +1098,7 @@ impl Processor {
                 }
             }
             Op::Grayscale { p } => {
-                let on = coin(rng, p);
-                trace.record(op, || [("apply", on.into())]);
-                if on {
+                if self.coin_traced(op, rng, p, trace) {
                     color::grayscale(img.data_mut());
                 }
             }
@@ -1059,6 +1148,15 @@ impl Processor {
                     self.img2.pixels = scratch;
                 }
             }
+            _ => unreachable!("{} is not a photometric op", op.name()),
+        }
+    }
+
+    /// [`Processor::apply`] of an augmentation policy: TrivialAugmentWide, RandAugment or
+    /// AutoAugment, each drawing its augmentations and their magnitudes.
+    fn apply_policy(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) {
+        let (w, h) = (img.width, img.height);
+        match *op {
             Op::TrivialAugmentWide {
                 bins,
                 interpolation,
@@ -1119,27 +1217,8 @@ impl Processor {
                     self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
                 }
             }
-            Op::RandomApply { p, ref ops } => {
-                // torchvision: `if torch.rand(1) >= p: return`.
-                let on = coin(rng, p);
-                trace.record(op, || [("apply", on.into())]);
-                if on {
-                    for o in ops {
-                        self.apply(o, img, rng, trace)?;
-                    }
-                }
-            }
-            Op::RandomChoice {
-                ref ops,
-                ref cumulative,
-            } => {
-                let u = rng.uniform(0.0, 1.0);
-                let k = cumulative.iter().position(|&c| u < c).unwrap_or(ops.len() - 1);
-                trace.record(op, || [("choice", k.into())]);
-                self.apply(&ops[k], img, rng, trace)?;
-            }
+            _ => unreachable!("{} is not an augmentation policy", op.name()),
         }
-        Ok(())
     }
 
     fn coin_traced(&mut self, op: &Op, rng: &mut SampleRng, p: f64, trace: &mut Trace) -> bool {
@@ -1256,10 +1335,12 @@ impl Processor {
     fn check_size(&self, w: u32, h: u32, op: Option<&Op>) -> Result<(), OpError> {
         let max = self.decoder.limits().max_pixels;
         if u64::from(w) * u64::from(h) > max {
-            return Err(OpError::Transform(format!(
-                "{}: the image would become {w}x{h}, more than the {max} pixels the server allows (--max-pixels); crop before resizing, or cap the longer side with max_size",
-                op.map_or("the pipeline", Op::name)
-            )));
+            return Err(OpError::TooManyPixels {
+                op: op.map_or("the pipeline", Op::name),
+                width: w,
+                height: h,
+                max,
+            });
         }
         Ok(())
     }
@@ -1371,7 +1452,7 @@ mod tests {
             ),
         ];
         for (t, member) in cases {
-            let msg = t.validate().unwrap_err();
+            let msg = t.validate().unwrap_err().to_string();
             assert!(msg.starts_with(&format!("{member}: ")), "{t:?}: {msg}");
         }
         let edge = Transform::RandomResizedCrop {
@@ -1387,7 +1468,7 @@ mod tests {
     fn layout_names() {
         assert_eq!(Layout::parse("NHWC"), Ok(Layout::Nhwc));
         assert_eq!(Layout::parse("NCHW"), Ok(Layout::Nchw));
-        assert!(Layout::parse("nchw").unwrap_err().starts_with("layout: "));
+        assert!(Layout::parse("nchw").unwrap_err().to_string().starts_with("layout: "));
     }
 
     #[test]

@@ -335,7 +335,7 @@ impl Pipeline {
     }
 
     /// The one-view pipeline named `image` that runs `ops`, ending in `size`.
-    pub fn single(ops: Vec<Op>) -> Result<Pipeline, String> {
+    pub fn single(ops: Vec<Op>) -> Result<Pipeline, PipelineError> {
         let size = check_ops(&ops, "pipeline.views[0].ops")?;
         let size = size.ok_or_else(|| ends_unsized("pipeline.views[0]"))?;
         Ok(Pipeline {
@@ -351,18 +351,18 @@ impl Pipeline {
     }
 
     /// Parses and validates the `pipeline` member of an `open`.
-    pub fn parse(value: &Value) -> Result<Pipeline, String> {
+    pub fn parse(value: &Value) -> Result<Pipeline, PipelineError> {
         let obj = value
             .as_object()
-            .ok_or_else(|| "pipeline: must be an object with a member \"views\"".to_owned())?;
+            .ok_or_else(|| PipelineError::invalid("pipeline", "must be an object with a member \"views\""))?;
         let views = obj
             .get("views")
             .and_then(Value::as_array)
-            .ok_or_else(|| "pipeline.views: must be an array of views".to_owned())?;
+            .ok_or_else(|| PipelineError::invalid("pipeline.views", "must be an array of views"))?;
         if views.is_empty() || views.len() > MAX_VIEWS {
-            return Err(format!(
-                "pipeline.views: must hold 1..={MAX_VIEWS} views, got {}",
-                views.len()
+            return Err(PipelineError::invalid(
+                "pipeline.views",
+                format!("must hold 1..={MAX_VIEWS} views, got {}", views.len()),
             ));
         }
         let mut out = Vec::with_capacity(views.len());
@@ -370,33 +370,81 @@ impl Pipeline {
             let at = format!("pipeline.views[{i}]");
             let view = parse_view(v, &at)?;
             if out.iter().any(|o: &View| o.name == view.name) {
-                return Err(format!("{at}.name: {:?} names two views", view.name));
+                return Err(PipelineError::invalid(
+                    format!("{at}.name"),
+                    format!("{:?} names two views", view.name),
+                ));
             }
             out.push(view);
         }
         let p = Pipeline { views: out };
         if p.outputs() > MAX_OUTPUTS {
-            return Err(format!(
-                "pipeline: {} images per sample over all views, more than {MAX_OUTPUTS}",
-                p.outputs()
+            return Err(PipelineError::invalid(
+                "pipeline",
+                format!(
+                    "{} images per sample over all views, more than {MAX_OUTPUTS}",
+                    p.outputs()
+                ),
             ));
         }
         Ok(p)
     }
 }
 
-fn ends_unsized(at: &str) -> String {
-    format!(
-        "{at}: the pipeline's output size depends on the image; end it with a crop or a resize to (height, width), as torchvision batches need"
-    )
+fn ends_unsized(at: &str) -> PipelineError {
+    PipelineError::Unsized { at: at.to_owned() }
 }
 
-fn parse_view(v: &Value, at: &str) -> Result<View, String> {
-    let obj = v.as_object().ok_or_else(|| format!("{at}: must be an object"))?;
+/// Why a `pipeline` is refused: where in the request (`pipeline.views[0].ops[2]`, with the op's
+/// name where there is one) and what is wrong there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PipelineError {
+    /// A member of an op is missing or has a bad value.
+    #[error("{at}.{member} ({op}): {problem}")]
+    Member {
+        at: String,
+        member: String,
+        op: String,
+        problem: String,
+    },
+    /// An op has a member it does not know: a typo must not silently fall back to a default.
+    #[error("{at}.{member} ({op}): unknown member (known: {known})")]
+    UnknownMember {
+        at: String,
+        member: String,
+        op: String,
+        known: String,
+    },
+    /// An op name the protocol does not know ([`KNOWN_OPS`]).
+    #[error("{at}: unknown op {name:?} (known: {})", KNOWN_OPS.join(", "))]
+    UnknownOp { at: String, name: String },
+    /// A view's output size depends on the image.
+    #[error(
+        "{at}: the pipeline's output size depends on the image; end it with a crop or a resize to (height, width), as torchvision batches need"
+    )]
+    Unsized { at: String },
+    /// Any other problem of the pipeline, a view or an op at `at`.
+    #[error("{at}: {problem}")]
+    Invalid { at: String, problem: String },
+}
+
+impl PipelineError {
+    fn invalid(at: impl Into<String>, problem: impl Into<String>) -> Self {
+        PipelineError::Invalid {
+            at: at.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| PipelineError::invalid(at, "must be an object"))?;
     let name = match obj.get("name") {
         None => "image".to_owned(),
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err(format!("{at}.name: must be a string")),
+        Some(_) => return Err(PipelineError::invalid(format!("{at}.name"), "must be a string")),
     };
     if name.is_empty()
         || name.len() > MAX_VIEW_NAME
@@ -405,13 +453,15 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         || name.as_bytes()[0].is_ascii_digit()
     {
-        return Err(format!(
-            "{at}.name: {name:?} must be 1..={MAX_VIEW_NAME} characters of a-z, 0-9 and _, not starting with a digit"
+        return Err(PipelineError::invalid(
+            format!("{at}.name"),
+            format!("{name:?} must be 1..={MAX_VIEW_NAME} characters of a-z, 0-9 and _, not starting with a digit"),
         ));
     }
     if ["label", "index", "crop"].contains(&name.as_str()) {
-        return Err(format!(
-            "{at}.name: {name:?} is a field the server always names otherwise"
+        return Err(PipelineError::invalid(
+            format!("{at}.name"),
+            format!("{name:?} is a field the server always names otherwise"),
         ));
     }
     let count = match obj.get("count") {
@@ -419,13 +469,17 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
         Some(c) => c
             .as_u64()
             .filter(|c| (1..=u64::from(MAX_OUTPUTS)).contains(c))
-            .ok_or_else(|| format!("{at}.count: must be an integer in 1..={MAX_OUTPUTS}, got {c}"))?
-            as u32,
+            .ok_or_else(|| {
+                PipelineError::invalid(
+                    format!("{at}.count"),
+                    format!("must be an integer in 1..={MAX_OUTPUTS}, got {c}"),
+                )
+            })? as u32,
     };
     let ops_v = obj
         .get("ops")
         .and_then(Value::as_array)
-        .ok_or_else(|| format!("{at}.ops: must be an array of ops"))?;
+        .ok_or_else(|| PipelineError::invalid(format!("{at}.ops"), "must be an array of ops"))?;
     let mut ops = Vec::new();
     let mut normalize = None;
     let mut erasing = Vec::new();
@@ -435,11 +489,15 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
         match name {
             "normalize" => {
                 if normalize.is_some() {
-                    return Err(format!("{oat} (normalize): a view normalises once"));
+                    return Err(PipelineError::invalid(
+                        format!("{oat} (normalize)"),
+                        "a view normalises once",
+                    ));
                 }
                 if !erasing.is_empty() {
-                    return Err(format!(
-                        "{oat} (normalize): must come before random_erasing (torchvision's recipes erase after normalising)"
+                    return Err(PipelineError::invalid(
+                        format!("{oat} (normalize)"),
+                        "must come before random_erasing (torchvision's recipes erase after normalising)",
                     ));
                 }
                 let f = Fields::new(m, &oat, name);
@@ -454,8 +512,9 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
             "random_erasing" => erasing.push(parse_erasing(m, &oat)?),
             _ => {
                 if normalize.is_some() || !erasing.is_empty() {
-                    return Err(format!(
-                        "{oat} ({name}): per-image ops come before normalize and random_erasing, which the client applies to the batch"
+                    return Err(PipelineError::invalid(
+                        format!("{oat} ({name})"),
+                        "per-image ops come before normalize and random_erasing, which the client applies to the batch",
                     ));
                 }
                 ops.push(parse_op(name, m, &oat, 0)?);
@@ -475,7 +534,7 @@ fn parse_view(v: &Value, at: &str) -> Result<View, String> {
 
 /// The output size of `ops` applied in order to an image of unknown size, checking that every
 /// `random_apply`/`random_choice` keeps a size its neighbours can rely on.
-fn check_ops(ops: &[Op], at: &str) -> Result<Option<(u32, u32)>, String> {
+fn check_ops(ops: &[Op], at: &str) -> Result<Option<(u32, u32)>, PipelineError> {
     let mut size = None;
     for (j, op) in ops.iter().enumerate() {
         size = check_op(op, size, &format!("{at}[{j}]"))?;
@@ -483,15 +542,18 @@ fn check_ops(ops: &[Op], at: &str) -> Result<Option<(u32, u32)>, String> {
     Ok(size)
 }
 
-fn check_op(op: &Op, size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, u32)>, String> {
+fn check_op(op: &Op, size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, u32)>, PipelineError> {
     match op {
         Op::RandomApply { ops, .. } => {
             let inner = check_ops_from(ops, size, &format!("{at}.ops"))?;
             if inner != size {
-                return Err(format!(
-                    "{at} (random_apply): its ops change the image's size ({} to {}), so the output size would depend on the draw; apply size-changing ops outside it",
-                    show(size),
-                    show(inner)
+                return Err(PipelineError::invalid(
+                    format!("{at} (random_apply)"),
+                    format!(
+                        "its ops change the image's size ({} to {}), so the output size would depend on the draw; apply size-changing ops outside it",
+                        show(size),
+                        show(inner)
+                    ),
                 ));
             }
             Ok(size)
@@ -503,10 +565,13 @@ fn check_op(op: &Op, size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, 
                 if k == 0 {
                     out = s;
                 } else if s != out || s.is_none() && size.is_none() && !same_size_op(o) {
-                    return Err(format!(
-                        "{at} (random_choice): its choices give different sizes ({} and {}); every choice must give the same",
-                        show(out),
-                        show(s)
+                    return Err(PipelineError::invalid(
+                        format!("{at} (random_choice)"),
+                        format!(
+                            "its choices give different sizes ({} and {}); every choice must give the same",
+                            show(out),
+                            show(s)
+                        ),
                     ));
                 }
             }
@@ -516,15 +581,15 @@ fn check_op(op: &Op, size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, 
     }
 }
 
-fn check_ops_from(ops: &[Op], mut size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, u32)>, String> {
+fn check_ops_from(ops: &[Op], mut size: Option<(u32, u32)>, at: &str) -> Result<Option<(u32, u32)>, PipelineError> {
     for (j, op) in ops.iter().enumerate() {
         let before = size;
         size = check_op(op, size, &format!("{at}[{j}]"))?;
         // An unknown size stays "the same unknown size" only through ops that keep it.
         if before.is_none() && size.is_none() && !same_size_op(op) {
-            return Err(format!(
-                "{at}[{j}] ({}): resizes an image whose size depends on the draw inside a random op; resize outside it",
-                op.name()
+            return Err(PipelineError::invalid(
+                format!("{at}[{j}] ({})", op.name()),
+                "resizes an image whose size depends on the draw inside a random op; resize outside it",
             ));
         }
     }
@@ -547,14 +612,14 @@ fn show(s: Option<(u32, u32)>) -> String {
     }
 }
 
-fn op_object<'a>(o: &'a Value, at: &str) -> Result<(&'a str, &'a Map<String, Value>), String> {
+fn op_object<'a>(o: &'a Value, at: &str) -> Result<(&'a str, &'a Map<String, Value>), PipelineError> {
     let m = o
         .as_object()
-        .ok_or_else(|| format!("{at}: must be an object with a string member \"op\""))?;
+        .ok_or_else(|| PipelineError::invalid(at, "must be an object with a string member \"op\""))?;
     let name = m
         .get("op")
         .and_then(Value::as_str)
-        .ok_or_else(|| format!("{at}: must have a string member \"op\""))?;
+        .ok_or_else(|| PipelineError::invalid(at, "must have a string member \"op\""))?;
     Ok((name, m))
 }
 
@@ -570,8 +635,13 @@ impl<'a> Fields<'a> {
         Fields { m, at, op }
     }
 
-    fn err(&self, member: &str, what: &str) -> String {
-        format!("{}.{member} ({}): {what}", self.at, self.op)
+    fn err(&self, member: &str, what: &str) -> PipelineError {
+        PipelineError::Member {
+            at: self.at.to_owned(),
+            member: member.to_owned(),
+            op: self.op.to_owned(),
+            problem: what.to_owned(),
+        }
     }
 
     fn get(&self, k: &str) -> Option<&'a Value> {
@@ -579,21 +649,21 @@ impl<'a> Fields<'a> {
     }
 
     /// Unknown members are errors: a typo must not silently fall back to a default.
-    fn done(&self, known: &[&str]) -> Result<(), String> {
+    fn done(&self, known: &[&str]) -> Result<(), PipelineError> {
         for k in self.m.keys() {
             if k != "op" && !known.contains(&k.as_str()) {
-                return Err(format!(
-                    "{}.{k} ({}): unknown member (known: {})",
-                    self.at,
-                    self.op,
-                    known.join(", ")
-                ));
+                return Err(PipelineError::UnknownMember {
+                    at: self.at.to_owned(),
+                    member: k.clone(),
+                    op: self.op.to_owned(),
+                    known: known.join(", "),
+                });
             }
         }
         Ok(())
     }
 
-    fn num(&self, k: &str, default: Option<f64>) -> Result<f64, String> {
+    fn num(&self, k: &str, default: Option<f64>) -> Result<f64, PipelineError> {
         match self.get(k) {
             None => default.ok_or_else(|| self.err(k, "is required")),
             Some(v) => v
@@ -603,7 +673,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn prob(&self, k: &str, default: f64) -> Result<f64, String> {
+    fn prob(&self, k: &str, default: f64) -> Result<f64, PipelineError> {
         let p = self.num(k, Some(default))?;
         if !(0.0..=1.0).contains(&p) {
             return Err(self.err(k, &format!("must be a probability in [0, 1], got {p}")));
@@ -611,7 +681,7 @@ impl<'a> Fields<'a> {
         Ok(p)
     }
 
-    fn uint(&self, k: &str, default: Option<u32>, range: std::ops::RangeInclusive<u32>) -> Result<u32, String> {
+    fn uint(&self, k: &str, default: Option<u32>, range: std::ops::RangeInclusive<u32>) -> Result<u32, PipelineError> {
         match self.get(k) {
             None => default.ok_or_else(|| self.err(k, "is required")),
             Some(v) => v
@@ -627,7 +697,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn boolean(&self, k: &str, default: bool) -> Result<bool, String> {
+    fn boolean(&self, k: &str, default: bool) -> Result<bool, PipelineError> {
         match self.get(k) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -635,7 +705,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn nums(&self, k: &str) -> Result<Option<Vec<f64>>, String> {
+    fn nums(&self, k: &str) -> Result<Option<Vec<f64>>, PipelineError> {
         match self.get(k) {
             None => Ok(None),
             Some(Value::Array(a)) => a
@@ -649,7 +719,12 @@ impl<'a> Fields<'a> {
     }
 
     /// A `[lo, hi]` pair with `lo <= hi` inside `bounds`.
-    fn pair(&self, k: &str, default: Option<(f64, f64)>, bounds: (f64, f64)) -> Result<Option<(f64, f64)>, String> {
+    fn pair(
+        &self,
+        k: &str,
+        default: Option<(f64, f64)>,
+        bounds: (f64, f64),
+    ) -> Result<Option<(f64, f64)>, PipelineError> {
         let Some(v) = self.nums(k)? else {
             return Ok(default);
         };
@@ -666,7 +741,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A pair of positive bounds `0 < lo <= hi (<= upper)`.
-    fn positive_pair(&self, k: &str, default: (f64, f64), upper: f64) -> Result<(f64, f64), String> {
+    fn positive_pair(&self, k: &str, default: (f64, f64), upper: f64) -> Result<(f64, f64), PipelineError> {
         let Some(v) = self.nums(k)? else {
             return Ok(default);
         };
@@ -679,7 +754,7 @@ impl<'a> Fields<'a> {
         Ok((v[0], v[1]))
     }
 
-    fn triple(&self, k: &str, default: Option<[f64; 3]>) -> Result<[f64; 3], String> {
+    fn triple(&self, k: &str, default: Option<[f64; 3]>) -> Result<[f64; 3], PipelineError> {
         match self.nums(k)? {
             None => default.ok_or_else(|| self.err(k, "is required")),
             Some(v) if v.len() == 1 => Ok([v[0]; 3]),
@@ -688,7 +763,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn size(&self, k: &str) -> Result<(u32, u32), String> {
+    fn size(&self, k: &str) -> Result<(u32, u32), PipelineError> {
         let v = self.nums(k)?.ok_or_else(|| self.err(k, "is required"))?;
         let ok = |x: f64| x.fract() == 0.0 && (1.0..=f64::from(MAX_SIZE)).contains(&x);
         match v.as_slice() {
@@ -701,14 +776,14 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn resampling(&self, default_interp: Interpolation) -> Result<Resampling, String> {
+    fn resampling(&self, default_interp: Interpolation) -> Result<Resampling, PipelineError> {
         Ok(Resampling {
             interpolation: self.interpolation(default_interp, true)?,
             antialias: self.boolean("antialias", true)?,
         })
     }
 
-    fn interpolation(&self, default: Interpolation, cubic: bool) -> Result<Interpolation, String> {
+    fn interpolation(&self, default: Interpolation, cubic: bool) -> Result<Interpolation, PipelineError> {
         match self.get("interpolation") {
             None => Ok(default),
             Some(Value::String(s)) => match Interpolation::parse(s) {
@@ -726,7 +801,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn fill_u8(&self, k: &str) -> Result<[u8; 3], String> {
+    fn fill_u8(&self, k: &str) -> Result<[u8; 3], PipelineError> {
         let f = self.triple(k, Some([0.0; 3]))?;
         if f.iter().any(|x| !(0.0..=255.0).contains(x) || x.fract() != 0.0) {
             return Err(self.err(k, &format!("must be integers in 0..=255, got {f:?}")));
@@ -734,7 +809,7 @@ impl<'a> Fields<'a> {
         Ok([f[0] as u8, f[1] as u8, f[2] as u8])
     }
 
-    fn warp_fill(&self) -> Result<WarpFill, String> {
+    fn warp_fill(&self) -> Result<WarpFill, PipelineError> {
         if self.get("fill").is_none() {
             return Ok(None);
         }
@@ -745,7 +820,7 @@ impl<'a> Fields<'a> {
         Ok(Some([f[0] as f32, f[1] as f32, f[2] as f32]))
     }
 
-    fn ops(&self, k: &str, depth: usize) -> Result<Vec<Op>, String> {
+    fn ops(&self, k: &str, depth: usize) -> Result<Vec<Op>, PipelineError> {
         let a = self
             .get(k)
             .and_then(Value::as_array)
@@ -762,9 +837,12 @@ impl<'a> Fields<'a> {
                 let at = format!("{}.{k}[{j}]", self.at);
                 let (name, m) = op_object(o, &at)?;
                 if name == "normalize" || name == "random_erasing" {
-                    return Err(format!(
-                        "{at} ({name}): applied by the client to the whole batch, so it cannot be inside {}",
-                        self.op
+                    return Err(PipelineError::invalid(
+                        format!("{at} ({name})"),
+                        format!(
+                            "applied by the client to the whole batch, so it cannot be inside {}",
+                            self.op
+                        ),
                     ));
                 }
                 parse_op(name, m, &at, depth + 1)
@@ -773,7 +851,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Result<Op, String> {
+fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Result<Op, PipelineError> {
     let f = Fields::new(m, at, name);
     let op = match name {
         "random_resized_crop" => {
@@ -786,96 +864,13 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             f.done(&["size", "scale", "ratio", "interpolation", "antialias"])?;
             op
         }
-        "resize" => {
-            let v = f.nums("size")?.ok_or_else(|| f.err("size", "is required"))?;
-            let ok = |x: f64| x.fract() == 0.0 && (1.0..=f64::from(MAX_SIZE)).contains(&x);
-            let size = match v.as_slice() {
-                [s] if ok(*s) => ResizeTo::Shorter(*s as u32),
-                [h, w] if ok(*h) && ok(*w) => ResizeTo::Exact(*h as u32, *w as u32),
-                _ => {
-                    return Err(f.err(
-                        "size",
-                        &format!(
-                            "must be [side] (the shorter side, as torchvision's Resize(int)) or [height, width], integers in 1..={MAX_SIZE}, got {v:?}"
-                        ),
-                    ));
-                }
-            };
-            let max_size = match f.get("max_size") {
-                None => None,
-                Some(_) => Some(f.uint("max_size", None, 1..=MAX_SIZE)?),
-            };
-            match (size, max_size) {
-                (ResizeTo::Exact(..), Some(_)) => {
-                    return Err(f.err(
-                        "max_size",
-                        "applies only when size is the shorter side ([side]), as in torchvision",
-                    ));
-                }
-                (ResizeTo::Shorter(s), Some(m)) if m <= s => {
-                    return Err(f.err(
-                        "max_size",
-                        &format!("must be greater than the shorter side {s}, got {m}"),
-                    ));
-                }
-                _ => {}
-            }
-            let op = Op::Resize {
-                size,
-                max_size,
-                resampling: f.resampling(Interpolation::Bilinear)?,
-            };
-            f.done(&["size", "max_size", "interpolation", "antialias"])?;
-            op
-        }
+        "resize" => parse_resize(&f)?,
         "center_crop" => {
             let op = Op::CenterCrop { size: f.size("size")? };
             f.done(&["size"])?;
             op
         }
-        "random_crop" => {
-            let padding = match f.nums("padding")? {
-                None => [0; 4],
-                Some(v) => {
-                    let ok = v
-                        .iter()
-                        .all(|x| x.fract() == 0.0 && (0.0..=f64::from(MAX_SIZE)).contains(x));
-                    match v.as_slice() {
-                        [a] if ok => [*a as u32; 4],
-                        [x, y] if ok => [*x as u32, *y as u32, *x as u32, *y as u32],
-                        [l, t, r, b] if ok => [*l as u32, *t as u32, *r as u32, *b as u32],
-                        _ => {
-                            return Err(f.err(
-                                "padding",
-                                &format!(
-                                    "must be [all], [left/right, top/bottom] or [left, top, right, bottom] of integers in 0..={MAX_SIZE}, got {v:?}"
-                                ),
-                            ));
-                        }
-                    }
-                }
-            };
-            if let Some(mode) = f.get("padding_mode")
-                && mode.as_str() != Some("constant")
-            {
-                {
-                    return Err(f.err(
-                        "padding_mode",
-                        &format!(
-                            "only \"constant\" is supported (a deliberate difference from torchvision), got {mode}"
-                        ),
-                    ));
-                }
-            }
-            let op = Op::RandomCrop {
-                size: f.size("size")?,
-                padding,
-                pad_if_needed: f.boolean("pad_if_needed", false)?,
-                fill: f.fill_u8("fill")?,
-            };
-            f.done(&["size", "padding", "pad_if_needed", "fill", "padding_mode"])?;
-            op
-        }
+        "random_crop" => parse_random_crop(&f)?,
         "horizontal_flip" | "vertical_flip" => {
             let p = f.prob("p", 0.5)?;
             f.done(&["p"])?;
@@ -901,28 +896,7 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             f.done(&["p"])?;
             op
         }
-        "gaussian_blur" => {
-            let v = f
-                .nums("kernel_size")?
-                .ok_or_else(|| f.err("kernel_size", "is required"))?;
-            let odd = |x: f64| x.fract() == 0.0 && (1.0..=255.0).contains(&x) && (x as u32) % 2 == 1;
-            let kernel = match v.as_slice() {
-                [k] if odd(*k) => (*k as u32, *k as u32),
-                [x, y] if odd(*x) && odd(*y) => (*x as u32, *y as u32),
-                _ => {
-                    return Err(f.err(
-                        "kernel_size",
-                        &format!("must be [k] or [kx, ky] of odd integers in 1..=255, got {v:?}"),
-                    ));
-                }
-            };
-            let op = Op::GaussianBlur {
-                kernel,
-                sigma: f.positive_pair("sigma", (0.1, 2.0), f64::MAX)?,
-            };
-            f.done(&["kernel_size", "sigma"])?;
-            op
-        }
+        "gaussian_blur" => parse_gaussian_blur(&f)?,
         "solarize" => {
             let threshold = f.num("threshold", None)?;
             if !(0.0..=255.0).contains(&threshold) {
@@ -985,23 +959,7 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             f.done(&["num_ops", "magnitude", "num_magnitude_bins", "interpolation", "fill"])?;
             op
         }
-        "auto_augment" => {
-            let policy = match f.get("policy").map(|v| v.as_str()) {
-                None | Some(Some("imagenet")) => AutoPolicy::Imagenet,
-                Some(Some("cifar10")) => AutoPolicy::Cifar10,
-                Some(Some("svhn")) => AutoPolicy::Svhn,
-                Some(_) => {
-                    return Err(f.err("policy", "must be \"imagenet\", \"cifar10\" or \"svhn\""));
-                }
-            };
-            let op = Op::AutoAugment {
-                policy,
-                interpolation: f.interpolation(Interpolation::Nearest, false)?,
-                fill: f.warp_fill()?,
-            };
-            f.done(&["policy", "interpolation", "fill"])?;
-            op
-        }
+        "auto_augment" => parse_auto_augment(&f)?,
         "random_apply" => {
             let op = Op::RandomApply {
                 p: f.prob("p", 0.5)?,
@@ -1010,41 +968,175 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             f.done(&["p", "ops"])?;
             op
         }
-        "random_choice" => {
-            let ops = f.ops("ops", depth)?;
-            let p = match f.nums("p")? {
-                None => vec![1.0; ops.len()],
-                Some(p) => p,
-            };
-            if p.len() != ops.len() || p.iter().any(|x| *x < 0.0) || p.iter().sum::<f64>() <= 0.0 {
-                return Err(f.err(
-                    "p",
-                    &format!(
-                        "must hold one non-negative weight per op ({}), not all zero, got {p:?}",
-                        ops.len()
-                    ),
-                ));
-            }
-            let total: f64 = p.iter().sum();
-            let mut acc = 0.0;
-            let mut cumulative: Vec<f64> = p
-                .iter()
-                .map(|x| {
-                    acc += x / total;
-                    acc
-                })
-                .collect();
-            if let Some(last) = cumulative.last_mut() {
-                *last = 1.0;
-            }
-            f.done(&["ops", "p"])?;
-            Op::RandomChoice { ops, cumulative }
-        }
+        "random_choice" => parse_random_choice(&f, depth)?,
         other => {
-            return Err(format!("{at}: unknown op {other:?} (known: {})", KNOWN_OPS.join(", ")));
+            return Err(PipelineError::UnknownOp {
+                at: at.to_owned(),
+                name: other.to_owned(),
+            });
         }
     };
     Ok(op)
+}
+
+/// `resize`: the shorter side (capped by `max_size`) or an exact (height, width).
+fn parse_resize(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let v = f.nums("size")?.ok_or_else(|| f.err("size", "is required"))?;
+    let ok = |x: f64| x.fract() == 0.0 && (1.0..=f64::from(MAX_SIZE)).contains(&x);
+    let size = match v.as_slice() {
+        [s] if ok(*s) => ResizeTo::Shorter(*s as u32),
+        [h, w] if ok(*h) && ok(*w) => ResizeTo::Exact(*h as u32, *w as u32),
+        _ => {
+            return Err(f.err(
+                "size",
+                &format!(
+                    "must be [side] (the shorter side, as torchvision's Resize(int)) or [height, width], integers in 1..={MAX_SIZE}, got {v:?}"
+                ),
+            ));
+        }
+    };
+    let max_size = match f.get("max_size") {
+        None => None,
+        Some(_) => Some(f.uint("max_size", None, 1..=MAX_SIZE)?),
+    };
+    match (size, max_size) {
+        (ResizeTo::Exact(..), Some(_)) => {
+            return Err(f.err(
+                "max_size",
+                "applies only when size is the shorter side ([side]), as in torchvision",
+            ));
+        }
+        (ResizeTo::Shorter(s), Some(m)) if m <= s => {
+            return Err(f.err(
+                "max_size",
+                &format!("must be greater than the shorter side {s}, got {m}"),
+            ));
+        }
+        _ => {}
+    }
+    let op = Op::Resize {
+        size,
+        max_size,
+        resampling: f.resampling(Interpolation::Bilinear)?,
+    };
+    f.done(&["size", "max_size", "interpolation", "antialias"])?;
+    Ok(op)
+}
+
+/// `random_crop`: torchvision's padding forms, constant padding only.
+fn parse_random_crop(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let padding = match f.nums("padding")? {
+        None => [0; 4],
+        Some(v) => {
+            let ok = v
+                .iter()
+                .all(|x| x.fract() == 0.0 && (0.0..=f64::from(MAX_SIZE)).contains(x));
+            match v.as_slice() {
+                [a] if ok => [*a as u32; 4],
+                [x, y] if ok => [*x as u32, *y as u32, *x as u32, *y as u32],
+                [l, t, r, b] if ok => [*l as u32, *t as u32, *r as u32, *b as u32],
+                _ => {
+                    return Err(f.err(
+                        "padding",
+                        &format!(
+                            "must be [all], [left/right, top/bottom] or [left, top, right, bottom] of integers in 0..={MAX_SIZE}, got {v:?}"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    if let Some(mode) = f.get("padding_mode")
+        && mode.as_str() != Some("constant")
+    {
+        return Err(f.err(
+            "padding_mode",
+            &format!("only \"constant\" is supported (a deliberate difference from torchvision), got {mode}"),
+        ));
+    }
+    let op = Op::RandomCrop {
+        size: f.size("size")?,
+        padding,
+        pad_if_needed: f.boolean("pad_if_needed", false)?,
+        fill: f.fill_u8("fill")?,
+    };
+    f.done(&["size", "padding", "pad_if_needed", "fill", "padding_mode"])?;
+    Ok(op)
+}
+
+/// `gaussian_blur`: an odd kernel, square or not, and the range sigma is drawn from.
+fn parse_gaussian_blur(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let v = f
+        .nums("kernel_size")?
+        .ok_or_else(|| f.err("kernel_size", "is required"))?;
+    let odd = |x: f64| x.fract() == 0.0 && (1.0..=255.0).contains(&x) && (x as u32) % 2 == 1;
+    let kernel = match v.as_slice() {
+        [k] if odd(*k) => (*k as u32, *k as u32),
+        [x, y] if odd(*x) && odd(*y) => (*x as u32, *y as u32),
+        _ => {
+            return Err(f.err(
+                "kernel_size",
+                &format!("must be [k] or [kx, ky] of odd integers in 1..=255, got {v:?}"),
+            ));
+        }
+    };
+    let op = Op::GaussianBlur {
+        kernel,
+        sigma: f.positive_pair("sigma", (0.1, 2.0), f64::MAX)?,
+    };
+    f.done(&["kernel_size", "sigma"])?;
+    Ok(op)
+}
+
+/// `auto_augment`: one of torchvision's three policies.
+fn parse_auto_augment(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let policy = match f.get("policy").map(|v| v.as_str()) {
+        None | Some(Some("imagenet")) => AutoPolicy::Imagenet,
+        Some(Some("cifar10")) => AutoPolicy::Cifar10,
+        Some(Some("svhn")) => AutoPolicy::Svhn,
+        Some(_) => {
+            return Err(f.err("policy", "must be \"imagenet\", \"cifar10\" or \"svhn\""));
+        }
+    };
+    let op = Op::AutoAugment {
+        policy,
+        interpolation: f.interpolation(Interpolation::Nearest, false)?,
+        fill: f.warp_fill()?,
+    };
+    f.done(&["policy", "interpolation", "fill"])?;
+    Ok(op)
+}
+
+/// `random_choice`: its ops and their weights, kept as a cumulative distribution.
+fn parse_random_choice(f: &Fields<'_>, depth: usize) -> Result<Op, PipelineError> {
+    let ops = f.ops("ops", depth)?;
+    let p = match f.nums("p")? {
+        None => vec![1.0; ops.len()],
+        Some(p) => p,
+    };
+    if p.len() != ops.len() || p.iter().any(|x| *x < 0.0) || p.iter().sum::<f64>() <= 0.0 {
+        return Err(f.err(
+            "p",
+            &format!(
+                "must hold one non-negative weight per op ({}), not all zero, got {p:?}",
+                ops.len()
+            ),
+        ));
+    }
+    let total: f64 = p.iter().sum();
+    let mut acc = 0.0;
+    let mut cumulative: Vec<f64> = p
+        .iter()
+        .map(|x| {
+            acc += x / total;
+            acc
+        })
+        .collect();
+    if let Some(last) = cumulative.last_mut() {
+        *last = 1.0;
+    }
+    f.done(&["ops", "p"])?;
+    Ok(Op::RandomChoice { ops, cumulative })
 }
 
 /// Every op name the protocol knows, in control.md's order.
@@ -1073,7 +1165,7 @@ pub const KNOWN_OPS: &[&str] = &[
     "random_erasing",
 ];
 
-fn parse_erasing(m: &Map<String, Value>, at: &str) -> Result<Erasing, String> {
+fn parse_erasing(m: &Map<String, Value>, at: &str) -> Result<Erasing, PipelineError> {
     let f = Fields::new(m, at, "random_erasing");
     let scale = f.positive_pair("scale", (0.02, 0.33), 1.0)?;
     let ratio = f.positive_pair("ratio", (0.3, 3.3), f64::MAX)?;
@@ -1101,7 +1193,7 @@ mod tests {
     use serde_json::json;
 
     fn err(v: Value) -> String {
-        Pipeline::parse(&v).unwrap_err()
+        Pipeline::parse(&v).unwrap_err().to_string()
     }
 
     #[test]

@@ -47,16 +47,19 @@ pub enum OrderKind {
     ShardBlocks,
 }
 
+/// `open.order` names no [`OrderKind`]; holds what it named.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("open.order {0:?} must be \"auto\", \"global\" or \"shard_blocks\"")]
+pub struct UnknownOrder(pub String);
+
 impl std::str::FromStr for OrderKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownOrder;
+    fn from_str(s: &str) -> Result<Self, UnknownOrder> {
         match s {
             "auto" => Ok(OrderKind::Auto),
             "global" => Ok(OrderKind::Global),
             "shard_blocks" => Ok(OrderKind::ShardBlocks),
-            other => Err(format!(
-                "open.order {other:?} must be \"auto\", \"global\" or \"shard_blocks\""
-            )),
+            other => Err(UnknownOrder(other.to_owned())),
         }
     }
 }

@@ -439,8 +439,9 @@ fn write_dataset(
             scope.spawn(move || {
                 let mut worker = match Worker::new(plan, opts) {
                     Ok(w) => w,
-                    Err(reason) => {
+                    Err(e) => {
                         // Every job this worker would take fails the same way.
+                        let reason = e.to_string();
                         for seq in job_rx.iter() {
                             let _ = res_tx.send((seq, Outcome::Bad { reason: reason.clone() }));
                         }
@@ -539,14 +540,25 @@ struct Worker<'a> {
     scratch: Vec<u8>,
 }
 
+/// Why a [`Worker`] cannot start: every sample it would take fails with this reason.
+#[derive(Debug, thiserror::Error)]
+enum WorkerError {
+    /// The LMDB reader (its read transaction) cannot be made.
+    #[error(transparent)]
+    Lmdb(#[from] ringfeed_source::SourceError),
+    /// The decoder cannot be made.
+    #[error(transparent)]
+    Decoder(#[from] ringfeed_decode::CodecError),
+}
+
 impl<'a> Worker<'a> {
-    fn new(plan: &'a Plan, opts: &'a PackOptions) -> Result<Self, String> {
+    fn new(plan: &'a Plan, opts: &'a PackOptions) -> Result<Self, WorkerError> {
         let lmdb = match &plan.lmdb {
-            Some(source) => Some(source.reader().map_err(|e| e.to_string())?),
+            Some(source) => Some(source.reader()?),
             None => None,
         };
         Ok(Worker {
-            decoder: Decoder::new(opts.limits).map_err(|e| e.to_string())?,
+            decoder: Decoder::new(opts.limits)?,
             lmdb,
             opts,
             scratch: Vec::new(),

@@ -331,7 +331,7 @@ pub fn inspect_tars(
         let indexed = listing.indexes.contains_key(&index_key).then(|| {
             store
                 .probe_bytes(&index_key)
-                .map_err(|e| e.to_string())
+                .map_err(wds::TarIndexError::from)
                 .and_then(|(b, _)| wds::check_index(store, o, &b))
         });
         let scan = match indexed {
@@ -350,7 +350,11 @@ pub fn inspect_tars(
         cat.add(PathBuf::from(object_url(&o.key)), scan.members, &scan.end);
     }
     if let Some(p) = cat.problems().first() {
-        return Err(InspectError::WebDataset(format!("{}: {}", String::from_utf8_lossy(&p.key), p.reason)).into());
+        return Err(InspectError::Damaged {
+            key: String::from_utf8_lossy(&p.key).into_owned(),
+            reason: p.reason.clone(),
+        }
+        .into());
     }
     // One ranged GET of sample `i`'s members: the sample looked up in it.
     let window = |i: u64| -> Result<(Vec<u8>, u64), ToolError> {

@@ -162,7 +162,49 @@ struct Doc {
 enum DocOut {
     Ready { tokens: Vec<u32>, prompt_len: u32 },
     Blank,
-    Bad { reason: String },
+    Bad { reason: DocError },
+}
+
+/// Why a document cannot be packed (the reason of a [`PackError::BadSample`], or of a line of
+/// the report under `--on-error skip`). A field is a JSONL line's, a column a Parquet row's;
+/// `flag` is the setting that named it.
+#[derive(Debug, thiserror::Error)]
+enum DocError {
+    #[error("column `{column}` is null ({flag} names the text column)")]
+    NullColumn { column: String, flag: &'static str },
+    /// Holds the length of the column's valid UTF-8 prefix.
+    #[error("column `{column}`: invalid UTF-8 at byte {at}")]
+    ColumnUtf8 { column: String, at: usize },
+    /// Holds the length of the line's valid UTF-8 prefix.
+    #[error("invalid UTF-8 at byte {0} of the line")]
+    LineUtf8(usize),
+    #[error("not a JSON object: {0}")]
+    NotJson(serde_json::Error),
+    #[error("not a JSON object")]
+    NotObject,
+    #[error("no field `{field}` (the document is read from {flag} {field})")]
+    NoField { field: String, flag: &'static str },
+    /// Holds what the field is instead ("a number", "null", ...).
+    #[error("field `{field}` is {kind}, not a string ({flag} names the text field)")]
+    NotString {
+        field: String,
+        kind: &'static str,
+        flag: &'static str,
+    },
+    /// A field or column (`place`) holding the empty string.
+    #[error("empty document: {place} `{name}` is \"\"")]
+    EmptyText { place: &'static str, name: String },
+    /// A field or column (`place`) whose text gives no tokens.
+    #[error("empty document: {place} `{name}` has no tokens")]
+    NoTokensIn { place: &'static str, name: String },
+    #[error("empty document: the file is empty")]
+    EmptyFile,
+    #[error("empty document: the text has no tokens")]
+    NoTokens,
+    #[error("the tokenizer failed: {0}")]
+    Tokenizer(tokenizers::Error),
+    #[error("token id {id} does not fit: the tokenizer's vocabulary has {vocab} ids (token width {} bytes)", width_for_vocab(*vocab))]
+    OutOfVocabulary { id: u32, vocab: u32 },
 }
 
 struct Batch {
@@ -427,11 +469,11 @@ impl Ctx<'_> {
         }
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, DocError> {
         self.tok
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| format!("the tokenizer failed: {e}"))
+            .map_err(DocError::Tokenizer)
     }
 
     fn process(&self, doc: &Doc) -> DocOut {
@@ -442,40 +484,47 @@ impl Ctx<'_> {
         }
     }
 
-    fn process_inner(&self, doc: &Doc) -> Result<Option<DocOut>, String> {
+    fn process_inner(&self, doc: &Doc) -> Result<Option<DocOut>, DocError> {
         if self.kind == TextInput::Parquet {
             let mut texts = Vec::with_capacity(doc.columns.len());
             for ((name, flag), value) in self.parquet_columns().into_iter().zip(&doc.columns) {
                 let Some(bytes) = value else {
-                    return Err(format!("column `{name}` is null ({flag} names the text column)"));
+                    return Err(DocError::NullColumn {
+                        column: name.to_owned(),
+                        flag,
+                    });
                 };
-                let text = std::str::from_utf8(bytes)
-                    .map_err(|e| format!("column `{name}`: invalid UTF-8 at byte {}", e.valid_up_to()))?;
+                let text = std::str::from_utf8(bytes).map_err(|e| DocError::ColumnUtf8 {
+                    column: name.to_owned(),
+                    at: e.valid_up_to(),
+                })?;
                 texts.push((name, text));
             }
             return self.document(&texts).map(Some);
         }
         let text = match std::str::from_utf8(&doc.bytes) {
             Ok(t) => t,
-            Err(e) => {
-                return Err(format!("invalid UTF-8 at byte {} of the line", e.valid_up_to()));
-            }
+            Err(e) => return Err(DocError::LineUtf8(e.valid_up_to())),
         };
         let (tokens, prompt_len) = match self.kind {
             TextInput::Jsonl => {
                 if text.trim().is_empty() {
                     return Ok(None);
                 }
-                let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
-                let obj = v.as_object().ok_or("not a JSON object")?;
-                let field = |name: &str, flag: &str| -> Result<String, String> {
+                let v: serde_json::Value = serde_json::from_str(text).map_err(DocError::NotJson)?;
+                let obj = v.as_object().ok_or(DocError::NotObject)?;
+                let field = |name: &str, flag: &'static str| -> Result<String, DocError> {
                     match obj.get(name) {
-                        None => Err(format!("no field `{name}` (the document is read from {flag} {name})")),
+                        None => Err(DocError::NoField {
+                            field: name.to_owned(),
+                            flag,
+                        }),
                         Some(serde_json::Value::String(s)) => Ok(s.clone()),
-                        Some(other) => Err(format!(
-                            "field `{name}` is {}, not a string ({flag} names the text field)",
-                            json_kind(other)
-                        )),
+                        Some(other) => Err(DocError::NotString {
+                            field: name.to_owned(),
+                            kind: json_kind(other),
+                            flag,
+                        }),
                     }
                 };
                 match (&self.opts.prompt_field, &self.opts.completion_field) {
@@ -483,13 +532,19 @@ impl Ctx<'_> {
                         let prompt = field(p, "--prompt-field")?;
                         let completion = field(c, "--completion-field")?;
                         if completion.is_empty() {
-                            return Err(format!("empty document: field `{c}` is \"\""));
+                            return Err(DocError::EmptyText {
+                                place: "field",
+                                name: c.clone(),
+                            });
                         }
                         let mut t = self.encode(&prompt)?;
                         let n = t.len() as u32;
                         let ct = self.encode(&completion)?;
                         if ct.is_empty() {
-                            return Err(format!("empty document: field `{c}` has no tokens"));
+                            return Err(DocError::NoTokensIn {
+                                place: "field",
+                                name: c.clone(),
+                            });
                         }
                         t.extend(ct);
                         (t, n)
@@ -498,7 +553,10 @@ impl Ctx<'_> {
                         let f = &self.opts.text_field;
                         let s = field(f, "--text-field")?;
                         if s.is_empty() {
-                            return Err(format!("empty document: field `{f}` is \"\""));
+                            return Err(DocError::EmptyText {
+                                place: "field",
+                                name: f.clone(),
+                            });
                         }
                         (self.encode(&s)?, 0)
                     }
@@ -506,7 +564,7 @@ impl Ctx<'_> {
             }
             _ => {
                 if text.is_empty() {
-                    return Err("empty document: the file is empty".into());
+                    return Err(DocError::EmptyFile);
                 }
                 (self.encode(text)?, 0)
             }
@@ -518,24 +576,33 @@ impl Ctx<'_> {
 impl Ctx<'_> {
     /// The tokens of a document given as its text column, or its prompt and completion columns
     /// (Parquet), with the same checks as a JSONL line's fields.
-    fn document(&self, texts: &[(&str, &str)]) -> Result<DocOut, String> {
+    fn document(&self, texts: &[(&str, &str)]) -> Result<DocOut, DocError> {
         let (tokens, prompt_len) = match texts {
             [(_, prompt), (c, completion)] => {
                 if completion.is_empty() {
-                    return Err(format!("empty document: column `{c}` is \"\""));
+                    return Err(DocError::EmptyText {
+                        place: "column",
+                        name: (*c).to_owned(),
+                    });
                 }
                 let mut t = self.encode(prompt)?;
                 let n = t.len() as u32;
                 let ct = self.encode(completion)?;
                 if ct.is_empty() {
-                    return Err(format!("empty document: column `{c}` has no tokens"));
+                    return Err(DocError::NoTokensIn {
+                        place: "column",
+                        name: (*c).to_owned(),
+                    });
                 }
                 t.extend(ct);
                 (t, n)
             }
             [(f, text)] => {
                 if text.is_empty() {
-                    return Err(format!("empty document: column `{f}` is \"\""));
+                    return Err(DocError::EmptyText {
+                        place: "column",
+                        name: (*f).to_owned(),
+                    });
                 }
                 (self.encode(text)?, 0)
             }
@@ -546,16 +613,12 @@ impl Ctx<'_> {
 
     /// The checks every document's tokens pass, whatever its input (a JSONL line's fields, a
     /// Parquet row's columns, a text file): some tokens, each within the vocabulary; then EOS.
-    fn finish_document(&self, mut tokens: Vec<u32>, prompt_len: u32) -> Result<DocOut, String> {
+    fn finish_document(&self, mut tokens: Vec<u32>, prompt_len: u32) -> Result<DocOut, DocError> {
         if tokens.is_empty() {
-            return Err("empty document: the text has no tokens".into());
+            return Err(DocError::NoTokens);
         }
         if let Some(&id) = tokens.iter().find(|&&t| t >= self.vocab) {
-            return Err(format!(
-                "token id {id} does not fit: the tokenizer's vocabulary has {} ids (token width {} bytes)",
-                self.vocab,
-                width_for_vocab(self.vocab)
-            ));
+            return Err(DocError::OutOfVocabulary { id, vocab: self.vocab });
         }
         if let Some(e) = self.eos_id {
             tokens.push(e);
@@ -861,7 +924,7 @@ fn write_tokens(
                             }
                             DocOut::Blank => blank += 1,
                             DocOut::Bad { reason } => {
-                                let key = ctx.key(&doc);
+                                let (key, reason) = (ctx.key(&doc), reason.to_string());
                                 if ctx.opts.on_error == OnError::Fail {
                                     return Err(PackError::BadSample { key, reason });
                                 }

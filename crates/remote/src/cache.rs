@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ringfeed_format::shard::ShardError;
+
 use super::{Counters, RemoteConfig, RemoteError};
 
 /// How long a failed object keeps failing without a new download (so a gone shard under
@@ -48,7 +50,55 @@ pub trait Fetch: Send + Sync {
 }
 
 /// Whether a local file is a good copy of its object; `Err` says what is wrong with it.
-pub type Check = dyn Fn(&Path) -> Result<(), String> + Send + Sync;
+pub type Check = dyn Fn(&Path) -> Result<(), CheckError> + Send + Sync;
+
+/// What is wrong with a local copy of an object: the reasons of the checks of packed shards
+/// (`source.rs`) and of WebDataset tars (`wds.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The copy cannot be read as its kind of file (mapped, or opened as a shard).
+    #[error(transparent)]
+    Read(#[from] ShardError),
+    /// Reading the mapped copy raised SIGBUS at byte `at`.
+    #[error("reading the file failed at byte {at} (it changed while being checked)")]
+    Changed { at: u64 },
+    /// A shard's body does not have the CRC-32C its dataset's index records.
+    #[error("body crc {computed:#010x}, the index expects {expected:#010x}")]
+    BodyCrc { computed: u32, expected: u32 },
+    /// A tar's members differ from the member table its index gave at open.
+    #[error(
+        "{url}: its members are not those its index lists ({members} members, the index {indexed}); the tar was rewritten after it was indexed: run `ringfeed index` on it again, or delete {url}.rfidx"
+    )]
+    Members {
+        url: String,
+        members: usize,
+        indexed: usize,
+    },
+}
+
+/// Why the cache could not make a checked copy of an object. A failure is kept for
+/// [`FAILED_FOR`], and every reader asking for the object meanwhile gets it.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// The download itself failed (after its own retries).
+    #[error(transparent)]
+    Store(#[from] RemoteError),
+    /// The checked download could not be renamed into the cache directory.
+    #[error("{}: moving the download into the cache: {source}", path.display())]
+    Move { path: PathBuf, source: std::io::Error },
+    /// Every download of the object failed its check; `last` is the last check's reason.
+    #[error(
+        "{key}: {attempts} downloads failed their check, the last: {last}; the object differs from what the dataset's index expects (repack and upload it again)"
+    )]
+    Check {
+        key: String,
+        attempts: u32,
+        last: CheckError,
+    },
+    /// No thread could be started for the download.
+    #[error("cannot start a download thread: {0}")]
+    Thread(std::io::Error),
+}
 
 /// An object a caller wants as a local file.
 #[derive(Clone)]
@@ -94,22 +144,23 @@ pub enum CacheError {
         limit: u64,
         secs: f64,
     },
-    #[error("{0}")]
-    Fetch(String),
+    /// The object's download failed (now, or less than [`FAILED_FOR`] ago).
+    #[error(transparent)]
+    Fetch(Arc<FetchError>),
     #[error(
         "{key}: no download finished within {secs:.0} s; raise --fetch-timeout (RINGFEED_FETCH_TIMEOUT) or check the store"
     )]
     Timeout { key: String, secs: f64 },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 enum State {
     /// Found in the directory at open, not yet checked.
     Unchecked,
     Fetching,
     Ready,
-    /// The last download failed, with this message, at this time.
-    Failed(String, Instant),
+    /// The last download failed, with this error, at this time.
+    Failed(Arc<FetchError>, Instant),
 }
 
 struct Entry {
@@ -447,7 +498,7 @@ impl Cache {
                     }
                     return Ok(self.pin(name, false, generation));
                 }
-                Some(State::Failed(msg, at)) if at.elapsed() < FAILED_FOR => return Err(CacheError::Fetch(msg)),
+                Some(State::Failed(failed, at)) if at.elapsed() < FAILED_FOR => return Err(CacheError::Fetch(failed)),
                 Some(State::Fetching) => {}
                 Some(State::Unchecked) if inner.running < self.concurrency() => {
                     let e = inner.entries.get_mut(&name).expect("present");
@@ -634,7 +685,7 @@ impl Cache {
         if let Err(e) = spawned {
             inner.running -= 1;
             let freed = inner.entries.get_mut(&key).map_or(0, |en| {
-                en.state = State::Failed(format!("cannot start a download thread: {e}"), Instant::now());
+                en.state = State::Failed(Arc::new(FetchError::Thread(e)), Instant::now());
                 std::mem::take(&mut en.len)
             });
             inner.used -= freed;
@@ -663,10 +714,10 @@ impl Cache {
                     e.len = obj.len;
                 }
             }
-            Err(msg) => {
+            Err(failed) => {
                 let _ = std::fs::remove_file(&path);
                 if let Some(e) = inner.entries.get_mut(name) {
-                    e.state = State::Failed(msg, Instant::now());
+                    e.state = State::Failed(Arc::new(failed), Instant::now());
                     inner.used -= e.len;
                     e.len = 0;
                 }
@@ -679,7 +730,7 @@ impl Cache {
 
     /// Makes `path` a checked copy of `obj`: checks a file found at open, else downloads it to a
     /// partial file, checks that, and renames it into place.
-    fn produce(&self, obj: &Object, path: &Path, unchecked: bool) -> Result<(), String> {
+    fn produce(&self, obj: &Object, path: &Path, unchecked: bool) -> Result<(), FetchError> {
         if unchecked {
             match (obj.check)(path) {
                 Ok(()) => {
@@ -696,7 +747,7 @@ impl Cache {
                 }
             }
         }
-        let mut last = String::new();
+        let mut last = None;
         for attempt in 0..=CHECK_RETRIES {
             if attempt > 0 {
                 Counters::bump(&self.counters.retries);
@@ -709,13 +760,16 @@ impl Cache {
             let fetched = obj.fetch.fetch(&obj.key, &partial, obj.len);
             if let Err(e) = fetched {
                 let _ = std::fs::remove_file(&partial);
-                return Err(e.to_string());
+                return Err(e.into());
             }
             match (obj.check)(&partial) {
                 Ok(()) => {
-                    std::fs::rename(&partial, path).map_err(|e| {
+                    std::fs::rename(&partial, path).map_err(|source| {
                         let _ = std::fs::remove_file(&partial);
-                        format!("{}: moving the download into the cache: {e}", path.display())
+                        FetchError::Move {
+                            path: path.to_owned(),
+                            source,
+                        }
                     })?;
                     return Ok(());
                 }
@@ -723,16 +777,16 @@ impl Cache {
                     Counters::bump(&self.counters.rejected);
                     let _ = std::fs::remove_file(&partial);
                     tracing::warn!("{}: the downloaded copy fails its check ({why})", obj.key);
-                    last = why;
+                    last = Some(why);
                 }
             }
         }
         Counters::bump(&self.counters.errors);
-        Err(format!(
-            "{}: {} downloads failed their check, the last: {last}; the object differs from what the dataset's index expects (repack and upload it again)",
-            obj.key,
-            CHECK_RETRIES + 1
-        ))
+        Err(FetchError::Check {
+            key: obj.key.clone(),
+            attempts: CHECK_RETRIES + 1,
+            last: last.expect("every attempt that did not return failed its check"),
+        })
     }
 }
 
@@ -797,11 +851,14 @@ mod tests {
             key: key.to_owned(),
             len,
             check: Arc::new(move |p: &Path| {
-                let b = std::fs::read(p).map_err(|e| e.to_string())?;
+                let b = std::fs::read(p).map_err(|e| ShardError::io(p, e))?;
                 if b.len() as u64 == len && b.iter().all(|&x| x == k) {
                     Ok(())
                 } else {
-                    Err("wrong bytes".into())
+                    Err(CheckError::BodyCrc {
+                        computed: ringfeed_format::shard::crc(&b),
+                        expected: ringfeed_format::shard::crc(&vec![k; len as usize]),
+                    })
                 }
             }),
             fetch: Arc::clone(fetch) as Arc<dyn Fetch>,

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::cache::{Check, Fetch, Object};
+use super::cache::{Check, CheckError, Fetch, Object};
 use super::{Cache, Hub, RemoteError, RemoteUrl, Store};
 use ringfeed_format::shard::reader::Shard;
 use ringfeed_format::shard::{Dataset, INDEX_FILE, ShardError, crc};
@@ -221,20 +221,18 @@ fn shard_check(index: &Dataset, n: u32) -> Arc<Check> {
     // A copy of the index's header facts this check needs, without borrowing the index.
     let number = n;
     Arc::new(move |path: &Path| {
-        let mapped = ringfeed_format::shard::reader::Mapped::open(path).map_err(|e| e.to_string())?;
-        let shard = Shard::open(mapped, number, &entry).map_err(|e| e.to_string())?;
+        let mapped = ringfeed_format::shard::reader::Mapped::open(path)?;
+        let shard = Shard::open(mapped, number, &entry)?;
         let body = shard.file.len() - ringfeed_format::shard::SHARD_FOOTER_LEN as u64;
-        let computed = crc(shard.file.slice(0, body, "body").map_err(|e| e.to_string())?);
+        let computed = crc(shard.file.slice(0, body, "body")?);
         if let Some(at) = shard.file.fault() {
-            return Err(format!(
-                "reading the file failed at byte {at} (it changed while being checked)"
-            ));
+            return Err(CheckError::Changed { at });
         }
         if computed != entry.body_crc {
-            return Err(format!(
-                "body crc {computed:#010x}, the index expects {:#010x}",
-                entry.body_crc
-            ));
+            return Err(CheckError::BodyCrc {
+                computed,
+                expected: entry.body_crc,
+            });
         }
         Ok(())
     })

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::cache::{Check, Fetch, Object, Pin, file_name};
+use super::cache::{CacheError, Check, CheckError, Fetch, Object, Pin, file_name};
 use super::source::{OpenError, StoreFetch};
 use super::store::Listed;
 use super::{Cache, Hub, RemoteError, RemoteUrl, Store};
@@ -83,7 +83,7 @@ pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError>
         let l = list(&url.prefix, &mut listing)?;
         listing.tars = l.into_iter().filter(|o| o.key.ends_with(".tar")).collect();
     } else {
-        for key in pattern::expand_braces(&url.prefix).map_err(bad)? {
+        for key in pattern::expand_braces(&url.prefix).map_err(|e| bad(e.to_string()))? {
             let (dir, name) = split(&key);
             if dir.contains(['*', '?']) {
                 return Err(bad(format!(
@@ -119,6 +119,30 @@ pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError>
         });
     }
     Ok(listing)
+}
+
+/// Why a tar's member table cannot be had from an index file ([`check_index`]: the tar is then
+/// indexed from a download), or at all (the open fails, naming the tar).
+#[derive(Debug, thiserror::Error)]
+pub enum TarIndexError {
+    /// The index file is unreadable or does not match the tar's member headers.
+    #[error(transparent)]
+    Index(#[from] index::IndexError),
+    /// The index was made for a tar of another length.
+    #[error("it was made for a tar of {made} bytes, the object has {len}")]
+    Length { made: u64, len: u64 },
+    /// The index was made for another version of the object.
+    #[error("it was made for the object's etag {made}, it now has {now}")]
+    Etag { made: String, now: String },
+    /// Reading the index, or the headers it names, from the store failed.
+    #[error(transparent)]
+    Store(#[from] RemoteError),
+    /// The tar could not be downloaded into the cache.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    /// The cache handed out the download without running the tar's check.
+    #[error("{url}: the download was not checked")]
+    Unchecked { url: String },
 }
 
 /// A tar's mapping and the cache generation of the file it maps.
@@ -209,7 +233,7 @@ impl RemoteWdsSource {
             source: e,
         })?;
         let next = AtomicUsize::new(0);
-        let results: Vec<Mutex<Option<Result<Had, String>>>> = slots.iter().map(|_| Mutex::new(None)).collect();
+        let results: Vec<Mutex<Option<Result<Had, TarIndexError>>>> = slots.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..threads.clamp(1, slots.len().max(1)) {
                 s.spawn(|| {
@@ -343,7 +367,7 @@ impl TarCtx<'_> {
     }
 
     /// Sets the tar's member table (preferring an index file; see the module docs).
-    fn member_table(&self) -> Result<Had, String> {
+    fn member_table(&self) -> Result<Had, TarIndexError> {
         if self.listed.size == 0 {
             let _ = self.table.set(tar::Scan {
                 members: Vec::new(),
@@ -365,7 +389,7 @@ impl TarCtx<'_> {
             match self
                 .store
                 .get_bytes(&index_key)
-                .map_err(|e| e.to_string())
+                .map_err(TarIndexError::from)
                 .and_then(|(b, _)| self.usable(&b))
             {
                 Ok(scan) => {
@@ -381,20 +405,20 @@ impl TarCtx<'_> {
             }
         }
         // Download it (the cache's check scans it and fixes the member table) and keep the index.
-        let pin = self.cache.get(self.object).map_err(|e| e.to_string())?;
+        let pin = self.cache.get(self.object)?;
         drop(pin);
         let scan = self
             .table
             .get()
             .cloned()
-            .ok_or_else(|| format!("{}: the download was not checked", self.url()))?;
+            .ok_or_else(|| TarIndexError::Unchecked { url: self.url() })?;
         self.keep(&scan);
         Ok(Had::Scanned)
     }
 
     /// The member table of index file `bytes` if it belongs to the object as listed
     /// ([`check_index`]); an ETag learned from its checking reads is the object's from now on.
-    fn usable(&self, bytes: &[u8]) -> Result<tar::Scan, String> {
+    fn usable(&self, bytes: &[u8]) -> Result<tar::Scan, TarIndexError> {
         let (scan, learned) = check_index(self.store, self.listed, bytes)?;
         // A listing without ETags (some stores): the one these reads saw is the object's from
         // now on, so a tar rewritten later is reported when it is downloaded.
@@ -429,19 +453,17 @@ impl TarCtx<'_> {
 /// and the listing both have one; else rule 5 from two ranged GETs, and the ETag those GETs
 /// were answered with against the index's). `Err` says why not (the tar is then indexed
 /// again). Also returns the ETag the GETs saw when the listing gave none.
-pub fn check_index(store: &Store, o: &Listed, bytes: &[u8]) -> Result<(tar::Scan, Option<String>), String> {
+pub fn check_index(store: &Store, o: &Listed, bytes: &[u8]) -> Result<(tar::Scan, Option<String>), TarIndexError> {
     let parsed = index::parse(bytes)?;
     if parsed.made.len != o.size {
-        return Err(format!(
-            "it was made for a tar of {} bytes, the object has {}",
-            parsed.made.len, o.size
-        ));
+        return Err(TarIndexError::Length {
+            made: parsed.made.len,
+            len: o.size,
+        });
     }
-    let stale = |a: &[u8], b: &str| {
-        format!(
-            "it was made for the object's etag {}, it now has {b}",
-            String::from_utf8_lossy(a)
-        )
+    let stale = |a: &[u8], b: &str| TarIndexError::Etag {
+        made: String::from_utf8_lossy(a).into_owned(),
+        now: b.to_owned(),
     };
     match (&parsed.etag, &o.etag) {
         (Some(a), Some(b)) if a.as_slice() == b.as_bytes() => return Ok((parsed.scan, None)),
@@ -449,9 +471,7 @@ pub fn check_index(store: &Store, o: &Listed, bytes: &[u8]) -> Result<(tar::Scan
         _ => {}
     }
     let ranges = index::spot_ranges(&parsed.scan.members);
-    let (got, etag) = store
-        .get_ranges(&o.key, &ranges, o.etag.as_deref())
-        .map_err(|e| e.to_string())?;
+    let (got, etag) = store.get_ranges(&o.key, &ranges, o.etag.as_deref())?;
     // A listing without ETags: the reads' ETag is the object's, and binds as the listing's would.
     if let (Some(a), None, Some(now)) = (&parsed.etag, &o.etag, &etag)
         && a.as_slice() != now.as_bytes()
@@ -507,7 +527,7 @@ pub fn index_object(
     if has_index {
         let checked = store
             .probe_bytes(&index_key)
-            .map_err(|e| e.to_string())
+            .map_err(TarIndexError::from)
             .and_then(|(b, _)| check_index(store, o, &b));
         match checked {
             Ok((scan, _)) => {
@@ -520,7 +540,7 @@ pub fn index_object(
                     read: 0,
                 });
             }
-            Err(why) => rebuilt = Some(why),
+            Err(why) => rebuilt = Some(why.to_string()),
         }
     }
     let (scan, etag) = download_scan(store, &url, o, dir)?;
@@ -623,20 +643,18 @@ pub fn index_objects(
 /// at open (or, when none is fixed yet, fix it).
 fn tar_check(table: Arc<OnceLock<tar::Scan>>, url: String) -> Arc<Check> {
     Arc::new(move |path: &Path| {
-        let mapped = Mapped::open(path).map_err(|e| e.to_string())?;
+        let mapped = Mapped::open(path)?;
         let scan = tar::scan(&mapped.map, &mut |_| {});
         if let Some(at) = mapped.fault() {
-            return Err(format!(
-                "reading the file failed at byte {at} (it changed while being checked)"
-            ));
+            return Err(CheckError::Changed { at });
         }
         let want = table.get_or_init(|| scan.clone());
         if *want != scan {
-            return Err(format!(
-                "{url}: its members are not those its index lists ({} members, the index {}); the tar was rewritten after it was indexed: run `ringfeed index` on it again, or delete {url}.rfidx",
-                scan.members.len(),
-                want.members.len()
-            ));
+            return Err(CheckError::Members {
+                url: url.clone(),
+                members: scan.members.len(),
+                indexed: want.members.len(),
+            });
         }
         Ok(())
     })

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use ringfeed_decode::{Decoder, Limits};
-use ringfeed_format::shard::{VerifyError, VerifyOptions};
+use ringfeed_format::shard::{SampleCheckError, VerifyError, VerifyOptions};
 use ringfeed_format::tokens::{FlatDtype, TokenSource};
 use ringfeed_pack::ProgressMode;
 use ringfeed_pack::progress::Progress;
@@ -96,18 +96,18 @@ pub(crate) fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
         static DECODER: std::cell::RefCell<Option<Decoder>> = const { std::cell::RefCell::new(None) };
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let decode = move |data: &[u8]| -> Result<(), String> {
+    let decode = move |data: &[u8]| -> Result<(), SampleCheckError> {
         DECODER.with(|d| {
             let mut d = d.borrow_mut();
             if d.is_none() {
-                *d = Some(Decoder::new(limits).map_err(|e| e.to_string())?);
+                *d = Some(Decoder::new(limits)?);
             }
             let decoder = d.as_mut().expect("set above");
             SCRATCH.with(|s| {
                 decoder
                     .decode_rgb8(data, &mut s.borrow_mut())
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(Into::into)
             })
         })
     };

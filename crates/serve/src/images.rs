@@ -258,7 +258,7 @@ async fn open_source(
         return open_webdataset(shared, open, progress).await;
     }
     let canonical = admit(shared, path)?;
-    let kind = ServedKind::detect(&canonical).map_err(dataset_err)?;
+    let kind = ServedKind::detect(&canonical).map_err(|e| dataset_err(e.to_string()))?;
     let key = match kind {
         ServedKind::Packed | ServedKind::Lmdb => {
             format!(
@@ -380,7 +380,7 @@ async fn open_remote_webdataset(
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     use ringfeed_source::wds::WdsOptions;
     let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
-        .map_err(|m| (ErrorCode::BadRequest, m))?;
+        .map_err(|m| (ErrorCode::BadRequest, m.to_string()))?;
     let key = format!("webdataset|{opts:?}|{url}|remote");
     if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
@@ -473,8 +473,8 @@ async fn open_webdataset(
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     use ringfeed_source::wds::{WdsOptions, WdsSource, pattern};
     let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
-        .map_err(|m| (ErrorCode::BadRequest, m))?;
-    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m))?;
+        .map_err(|m| (ErrorCode::BadRequest, m.to_string()))?;
+    let tars = pattern::tars(&open.dataset).map_err(|m| (ErrorCode::Dataset, m.to_string()))?;
     let mut canonical = Vec::with_capacity(tars.len());
     for t in &tars {
         canonical.push(admit(shared, t)?);

@@ -244,7 +244,7 @@ pub enum ServedKind {
 impl ServedKind {
     /// Decides from what is at `path` (which exists), as `pack --input auto` does, with packed
     /// datasets first. A path that is none of them is an error naming what was looked for.
-    pub fn detect(path: &Path) -> Result<Self, String> {
+    pub fn detect(path: &Path) -> Result<Self, UnknownKind> {
         if path.is_dir() {
             if path.join(ringfeed_format::shard::INDEX_FILE).is_file() {
                 return Ok(ServedKind::Packed);
@@ -253,11 +253,7 @@ impl ServedKind {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
                 _ if crate::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => Ok(ServedKind::WebDataset),
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
-                _ => Err(format!(
-                    "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
-                    path.display(),
-                    ringfeed_format::shard::INDEX_FILE
-                )),
+                _ => Err(UnknownKind::Directory { path: path.to_owned() }),
             };
         }
         match InputKind::Auto.detect(path) {
@@ -267,10 +263,7 @@ impl ServedKind {
                 match ext.as_deref() {
                     Some("csv" | "jsonl" | "ndjson") => Ok(ServedKind::Manifest),
                     Some("tar") => Ok(ServedKind::WebDataset),
-                    _ => Err(format!(
-                        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
-                        path.display()
-                    )),
+                    _ => Err(UnknownKind::File { path: path.to_owned() }),
                 }
             }
         }
@@ -286,6 +279,25 @@ impl ServedKind {
             ServedKind::WebDataset => "webdataset",
         }
     }
+}
+
+/// What is at a path is no dataset the server serves ([`ServedKind::detect`]); the message names
+/// what was looked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnknownKind {
+    /// A directory that is none of the kinds.
+    #[error(
+        "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
+        path.display(),
+        ringfeed_format::shard::INDEX_FILE
+    )]
+    Directory { path: PathBuf },
+    /// A file that is none of the kinds.
+    #[error(
+        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
+        path.display()
+    )]
+    File { path: PathBuf },
 }
 
 /// Whether `dir` has at least one sub-directory (following symlinks, as the listing does). A

@@ -19,7 +19,7 @@ pub mod verify;
 pub mod writer;
 
 pub use reader::{Dataset, PackedSample};
-pub use verify::{VerifyError, VerifyOptions, VerifyReport, verify, verify_dataset};
+pub use verify::{SampleCheckError, VerifyError, VerifyOptions, VerifyReport, verify, verify_dataset};
 pub use writer::{DatasetWriter, WriteSummary, WriterOptions};
 
 /// Major version written and read by this implementation.

@@ -13,8 +13,12 @@ use super::{
 };
 
 /// A per-sample check supplied by the caller (`--decode` passes an image decoder). It gets the
-/// sample's bytes and returns a reason on failure. Called from several threads at once.
-pub type SampleCheck<'a> = &'a (dyn Fn(&[u8]) -> Result<(), String> + Sync);
+/// sample's bytes and returns the caller's error on failure (this crate is below the decoders,
+/// so it cannot name their error types). Called from several threads at once.
+pub type SampleCheck<'a> = &'a (dyn Fn(&[u8]) -> Result<(), SampleCheckError> + Sync);
+
+/// Why a [`SampleCheck`] rejected a sample: the caller's own error.
+pub type SampleCheckError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What to verify beyond the format itself.
 #[derive(Clone, Copy, Default)]
@@ -59,7 +63,8 @@ pub enum VerifyError {
         offset: u64,
         index: u64,
         key: String,
-        reason: String,
+        #[source]
+        reason: SampleCheckError,
     },
 }
 

@@ -51,14 +51,15 @@ impl SizeStats {
 }
 
 /// One sample, described.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SampleInfo {
     pub index: u64,
     pub key: String,
     pub label: i64,
     pub class: Option<String>,
     pub bytes: u64,
-    pub image: Result<String, String>,
+    /// The image's format, size, colour and depth, as probed; or why it does not probe.
+    pub image: Result<String, codec::CodecError>,
     pub meta: Option<String>,
     /// Shard file, byte offset and CRC (packed datasets only).
     pub location: Option<(String, u64, u32)>,
@@ -164,7 +165,7 @@ pub fn wds_sample_info(
 }
 
 /// Everything `inspect` prints.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Inspection {
     pub kind: String,
     pub path: String,
@@ -194,17 +195,21 @@ pub enum InspectError {
     Lmdb(#[from] ringfeed_source::lmdb::LmdbError),
     #[error("sample {index} is out of range: the dataset has {len} samples")]
     NoSuchSample { index: u64, len: u64 },
-    #[error("{0}")]
-    WebDataset(String),
+    /// The dataset path or pattern names no tars.
+    #[error(transparent)]
+    Pattern(#[from] ringfeed_source::wds::pattern::PatternError),
+    /// A tar of the dataset is damaged where sample `key` is.
+    #[error("{key}: {reason}")]
+    Damaged { key: String, reason: String },
 }
 
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn describe_image(data: &[u8]) -> Result<String, String> {
-    let mut decoder = Decoder::new(Limits::default()).map_err(|e| e.to_string())?;
-    let info = decoder.probe(data).map_err(|e| e.to_string())?;
+fn describe_image(data: &[u8]) -> Result<String, codec::CodecError> {
+    let mut decoder = Decoder::new(Limits::default())?;
+    let info = decoder.probe(data)?;
     Ok(format!(
         "{} {}x{} {:?} {}-bit{}",
         info.format,
@@ -326,7 +331,7 @@ pub fn inspect_lmdb(path: &Path, opts: &LmdbOptions, sample: Option<u64>) -> Res
 pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspection, InspectError> {
     use ringfeed_source::wds::{WdsOptions, WdsSource, pattern};
     use std::sync::atomic::{AtomicBool, AtomicU64};
-    let tars = pattern::tars(dataset).map_err(InspectError::WebDataset)?;
+    let tars = pattern::tars(dataset)?;
     let opts = WdsOptions {
         write_index: false,
         ..WdsOptions::default()
@@ -342,7 +347,10 @@ pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspecti
     )
     .map_err(SourceError::from)?;
     if let Some(p) = src.listing_problems().first() {
-        return Err(InspectError::WebDataset(format!("{}: {}", lossy(&p.key), p.reason)));
+        return Err(InspectError::Damaged {
+            key: lossy(&p.key),
+            reason: p.reason.clone(),
+        });
     }
     let cat = src.catalog();
     let n = cat.len();
@@ -590,7 +598,7 @@ impl Inspection {
             })),
             "sample": self.sample.as_ref().map(|s| serde_json::json!({
                 "index": s.index, "key": s.key, "label": s.label, "class": s.class, "bytes": s.bytes,
-                "image": s.image.as_ref().ok(), "image_error": s.image.as_ref().err(),
+                "image": s.image.as_ref().ok(), "image_error": s.image.as_ref().err().map(ToString::to_string),
                 "metadata": s.meta.as_ref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok()),
                 "shard": s.location.as_ref().map(|l| &l.0), "offset": s.location.as_ref().map(|l| l.1),
                 "crc32c": s.location.as_ref().map(|l| l.2),

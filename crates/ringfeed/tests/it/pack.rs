@@ -450,12 +450,9 @@ fn verify_decode_names_the_sample() {
         ..opts()
     };
     pack(&src, &out, &o, &no_cancel()).unwrap();
-    let check = |b: &[u8]| -> Result<(), String> {
+    let check = |b: &[u8]| -> Result<(), ringfeed_format::shard::SampleCheckError> {
         let mut decoder = ringfeed_decode::Decoder::new(Default::default()).unwrap();
-        decoder
-            .decode_rgb8(b, &mut Vec::new())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        decoder.decode_rgb8(b, &mut Vec::new()).map(|_| ()).map_err(Into::into)
     };
     let err = verify(
         &out,

@@ -115,8 +115,69 @@ pub(super) fn detect(bytes: &[u8], extension: Option<&str>) -> Format {
     }
 }
 
-/// Parses a table in `format`. Errors are lowercase reasons, without the table's origin.
-pub(super) fn parse(bytes: &[u8], format: Format) -> Result<Table, String> {
+/// Why a label table cannot be parsed: a lowercase reason, without the table's origin (the
+/// caller names it and the setting that chose it). Lines are 1-based.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum TableError {
+    /// A JSON array that is not an array of labels.
+    #[error("{0}")]
+    JsonArray(serde_json::Error),
+    /// JSON that is not an object of labels.
+    #[error("{0} (expected an object {{\"key\": label}} or an array)")]
+    JsonObject(serde_json::Error),
+    #[error("line {line}: {source}")]
+    JsonLine { line: usize, source: serde_json::Error },
+    /// Two JSON lines with one key.
+    #[error("line {0}: duplicate key")]
+    JsonLineDuplicate(usize),
+    #[error("empty csv (expected a `key,label` header)")]
+    EmptyCsv,
+    #[error("line {0}: unterminated quote")]
+    UnterminatedQuote(usize),
+    /// Holds the header's names, lowercased and joined with commas.
+    #[error("the csv header is {0:?}; expected `key,label`")]
+    CsvHeader(String),
+    #[error("line {line}: {fields} fields, expected 2 (key,label); quote keys that contain commas")]
+    CsvFields { line: usize, fields: usize },
+    /// Holds the key, escaped.
+    #[error("line {line}: duplicate key \"{key}\"")]
+    CsvDuplicate { line: usize, key: String },
+    #[error(transparent)]
+    Pickle(#[from] pickle::PickleError),
+    /// A pickled bytes key (as latin-1 text) holding a character above U+00FF.
+    #[error("a bytes key holds {0:?}, which is not latin-1")]
+    NotLatin1(char),
+    /// A key that is not a str or bytes; holds the pickled type.
+    #[error("a key is a pickled {0}, not str or bytes")]
+    PickleKey(&'static str),
+    #[error("a label does not fit in 64 bits")]
+    PickleBigLabel,
+    /// A label that is not an int or a str; holds the pickled type.
+    #[error("a label is a pickled {0}, not int or str")]
+    PickleLabel(&'static str),
+    /// Holds the pickled type of the table.
+    #[error("the pickle holds a {0}, expected a dict {{key: label}} or a list of labels")]
+    PickleTable(&'static str),
+    #[error(transparent)]
+    Msgpack(#[from] msgpack::MsgpackError),
+    #[error("label {0} does not fit in 64 bits")]
+    MsgpackBigLabel(i128),
+    /// A label that is not an int or a str; holds the msgpack type.
+    #[error("a label is a msgpack {0}, not int or str")]
+    MsgpackLabel(&'static str),
+    /// A key that is not a str or bin; holds the msgpack type.
+    #[error("a key is a msgpack {0}, not str or bin")]
+    MsgpackKey(&'static str),
+    /// Holds the msgpack type of the table.
+    #[error("the msgpack holds a {0}, expected a map {{key: label}} or an array of labels")]
+    MsgpackTable(&'static str),
+    /// Holds how many bytes are left.
+    #[error("{0} trailing bytes after the msgpack table")]
+    Trailing(usize),
+}
+
+/// Parses a table in `format`.
+pub(super) fn parse(bytes: &[u8], format: Format) -> Result<Table, TableError> {
     let text = || bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     match format {
         Format::Json => parse_json(text()),
@@ -127,14 +188,13 @@ pub(super) fn parse(bytes: &[u8], format: Format) -> Result<Table, String> {
     }
 }
 
-fn parse_json(text: &[u8]) -> Result<Table, String> {
+fn parse_json(text: &[u8]) -> Result<Table, TableError> {
     let first = text.iter().find(|b| !b.is_ascii_whitespace());
     if first == Some(&b'[') {
-        let list: Vec<Label> = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+        let list: Vec<Label> = serde_json::from_slice(text).map_err(TableError::JsonArray)?;
         return Ok(Table::InOrder(list));
     }
-    let map: HashMap<String, Label> =
-        serde_json::from_slice(text).map_err(|e| format!("{e} (expected an object {{\"key\": label}} or an array)"))?;
+    let map: HashMap<String, Label> = serde_json::from_slice(text).map_err(TableError::JsonObject)?;
     // A single JSON line {"key": "k", "label": 3} is a one-sample JSON lines table.
     if map.len() == 2
         && let (Some(Label::Name(key)), Some(label)) = (map.get("key"), map.get("label"))
@@ -146,7 +206,7 @@ fn parse_json(text: &[u8]) -> Result<Table, String> {
     ))
 }
 
-fn parse_json_lines(text: &[u8]) -> Result<Table, String> {
+fn parse_json_lines(text: &[u8]) -> Result<Table, TableError> {
     #[derive(Deserialize)]
     struct Line {
         key: String,
@@ -157,16 +217,17 @@ fn parse_json_lines(text: &[u8]) -> Result<Table, String> {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let line: Line = serde_json::from_slice(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let line: Line = serde_json::from_slice(line).map_err(|source| TableError::JsonLine { line: n + 1, source })?;
         if map.insert(line.key.into_bytes(), line.label).is_some() {
-            return Err(format!("line {}: duplicate key", n + 1));
+            return Err(TableError::JsonLineDuplicate(n + 1));
         }
     }
     Ok(Table::ByKey(map))
 }
 
-/// Splits one CSV record into fields, with RFC 4180 quotes (`"a,b"`, `""` for a quote).
-fn csv_fields(line: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
+/// Splits one CSV record into fields, with RFC 4180 quotes (`"a,b"`, `""` for a quote); `None`
+/// when a quote is not closed.
+fn csv_fields(line: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut fields = Vec::new();
     let mut field = Vec::new();
     let mut quoted = false;
@@ -198,45 +259,47 @@ fn csv_fields(line: &[u8]) -> Result<Vec<Vec<u8>>, &'static str> {
         i += 1;
     }
     if quoted {
-        return Err("unterminated quote");
+        return None;
     }
     fields.push(field);
-    Ok(fields)
+    Some(fields)
 }
 
-fn parse_csv(text: &[u8]) -> Result<Table, String> {
+fn parse_csv(text: &[u8]) -> Result<Table, TableError> {
     let mut lines = text
         .split(|&b| b == b'\n')
         .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
         .enumerate()
         .filter(|(_, l)| !l.iter().all(u8::is_ascii_whitespace));
     let Some((_, header)) = lines.next() else {
-        return Err("empty csv (expected a `key,label` header)".into());
+        return Err(TableError::EmptyCsv);
     };
-    let header = csv_fields(header).map_err(|e| format!("line 1: {e}"))?;
+    let header = csv_fields(header).ok_or(TableError::UnterminatedQuote(1))?;
     let names: Vec<String> = header
         .iter()
         .map(|f| String::from_utf8_lossy(f).trim().to_ascii_lowercase())
         .collect();
     if names != ["key", "label"] {
-        return Err(format!("the csv header is {:?}; expected `key,label`", names.join(",")));
+        return Err(TableError::CsvHeader(names.join(",")));
     }
     let mut rows: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (n, line) in lines {
-        let mut fields = csv_fields(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let mut fields = csv_fields(line).ok_or(TableError::UnterminatedQuote(n + 1))?;
         if fields.len() != 2 {
-            return Err(format!(
-                "line {}: {} fields, expected 2 (key,label); quote keys that contain commas",
-                n + 1,
-                fields.len()
-            ));
+            return Err(TableError::CsvFields {
+                line: n + 1,
+                fields: fields.len(),
+            });
         }
         let label = fields.pop().unwrap_or_default();
         let key = fields.pop().unwrap_or_default();
         let label = label.trim_ascii().to_vec();
         if !seen.insert(key.clone()) {
-            return Err(format!("line {}: duplicate key \"{}\"", n + 1, key.escape_ascii()));
+            return Err(TableError::CsvDuplicate {
+                line: n + 1,
+                key: key.escape_ascii().to_string(),
+            });
         }
         rows.push((key, label));
     }
@@ -256,33 +319,32 @@ fn parse_csv(text: &[u8]) -> Result<Table, String> {
     Ok(Table::ByKey(map))
 }
 
-fn pickle_key(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Vec<u8>, String> {
+fn pickle_key(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Vec<u8>, TableError> {
     match p.node(id) {
         Node::Str(s) => Ok(s.as_bytes().to_vec()),
         Node::Bytes(b) => Ok(b.to_vec()),
         Node::Latin1(t) => {
             let mut out = Vec::new();
-            pickle::latin1_to_bytes(t, &mut out)
-                .map_err(|c| format!("a bytes key holds {c:?}, which is not latin-1"))?;
+            pickle::latin1_to_bytes(t, &mut out).map_err(TableError::NotLatin1)?;
             Ok(out)
         }
-        other => Err(format!("a key is a pickled {}, not str or bytes", other.type_name())),
+        other => Err(TableError::PickleKey(other.type_name())),
     }
 }
 
-fn pickle_label(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Label, String> {
+fn pickle_label(p: &Pickle<'_>, id: pickle::NodeId) -> Result<Label, TableError> {
     match p.node(id) {
         Node::Int(v) => Ok(Label::Int(*v)),
         Node::Bool(b) => Ok(Label::Int((*b).into())),
         Node::Str(s) => Ok(Label::Name(s.as_bytes().to_vec())),
         Node::Bytes(b) => Ok(Label::Name(b.to_vec())),
-        Node::BigInt => Err("a label does not fit in 64 bits".into()),
-        other => Err(format!("a label is a pickled {}, not int or str", other.type_name())),
+        Node::BigInt => Err(TableError::PickleBigLabel),
+        other => Err(TableError::PickleLabel(other.type_name())),
     }
 }
 
-fn parse_pickle(bytes: &[u8]) -> Result<Table, String> {
-    let p = Pickle::parse(bytes, pickle::TABLE_LIMITS).map_err(|e| e.to_string())?;
+fn parse_pickle(bytes: &[u8]) -> Result<Table, TableError> {
+    let p = Pickle::parse(bytes, pickle::TABLE_LIMITS)?;
     match p.root() {
         Node::Dict(entries) => {
             let mut map = HashMap::with_capacity(entries.len());
@@ -294,57 +356,46 @@ fn parse_pickle(bytes: &[u8]) -> Result<Table, String> {
         Node::List(items) | Node::Tuple(items) => Ok(Table::InOrder(
             items.iter().map(|&i| pickle_label(&p, i)).collect::<Result<_, _>>()?,
         )),
-        other => Err(format!(
-            "the pickle holds a {}, expected a dict {{key: label}} or a list of labels",
-            other.type_name()
-        )),
+        other => Err(TableError::PickleTable(other.type_name())),
     }
 }
 
-fn msgpack_label(item: Item<'_>) -> Result<Label, String> {
+fn msgpack_label(item: Item<'_>) -> Result<Label, TableError> {
     match item {
         Item::Int(v) => i64::try_from(v)
             .map(Label::Int)
-            .map_err(|_| format!("label {v} does not fit in 64 bits")),
+            .map_err(|_| TableError::MsgpackBigLabel(v)),
         Item::Bool(b) => Ok(Label::Int(b.into())),
         Item::Str(s) | Item::Bin(s) => Ok(Label::Name(s.to_vec())),
-        other => Err(format!("a label is a msgpack {}, not int or str", other.type_name())),
+        other => Err(TableError::MsgpackLabel(other.type_name())),
     }
 }
 
-fn parse_msgpack(bytes: &[u8]) -> Result<Table, String> {
+fn parse_msgpack(bytes: &[u8]) -> Result<Table, TableError> {
     let mut c = Cursor::new(bytes);
-    let err = |e: msgpack::MsgpackError| e.to_string();
-    let table = match c.next().map_err(err)? {
+    let table = match c.next()? {
         Item::Map(n) => {
             let mut map = HashMap::with_capacity(n);
             for _ in 0..n {
-                let key = match c.next().map_err(err)? {
+                let key = match c.next()? {
                     Item::Str(s) | Item::Bin(s) => s.to_vec(),
-                    other => {
-                        return Err(format!("a key is a msgpack {}, not str or bin", other.type_name()));
-                    }
+                    other => return Err(TableError::MsgpackKey(other.type_name())),
                 };
-                map.insert(key, msgpack_label(c.next().map_err(err)?)?);
+                map.insert(key, msgpack_label(c.next()?)?);
             }
             Table::ByKey(map)
         }
         Item::Array(n) => {
             let mut list = Vec::with_capacity(n);
             for _ in 0..n {
-                list.push(msgpack_label(c.next().map_err(err)?)?);
+                list.push(msgpack_label(c.next()?)?);
             }
             Table::InOrder(list)
         }
-        other => {
-            return Err(format!(
-                "the msgpack holds a {}, expected a map {{key: label}} or an array of labels",
-                other.type_name()
-            ));
-        }
+        other => return Err(TableError::MsgpackTable(other.type_name())),
     };
     if c.left() > 0 {
-        return Err(format!("{} trailing bytes after the msgpack table", c.left()));
+        return Err(TableError::Trailing(c.left()));
     }
     Ok(table)
 }
@@ -456,9 +507,11 @@ mod tests {
             parse_any(b"\xef\xbb\xbf[\"cat\", \"dog\"]", None),
             Table::InOrder(vec![name("cat"), name("dog")])
         );
-        let e = parse(b"{\"a\": 1.5}", Format::Json).unwrap_err();
+        let e = parse(b"{\"a\": 1.5}", Format::Json).unwrap_err().to_string();
         assert!(e.contains("an integer or a string label"), "{e}");
-        let e = parse(b"{\"a\": 18446744073709551615}", Format::Json).unwrap_err();
+        let e = parse(b"{\"a\": 18446744073709551615}", Format::Json)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not fit"), "{e}");
     }
 
@@ -478,9 +531,10 @@ mod tests {
             b"{\"key\": \"a\", \"label\": 1}\n{\"key\": \"a\", \"label\": 1}",
             Format::JsonLines,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("line 2: duplicate"), "{e}");
-        let e = parse(b"{\"key\": \"a\"}", Format::JsonLines).unwrap_err();
+        let e = parse(b"{\"key\": \"a\"}", Format::JsonLines).unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("label"), "{e}");
     }
 
@@ -504,7 +558,7 @@ mod tests {
             (b"key,label\na,1\na,2\n", "line 3: duplicate key \"a\""),
             (b"", "empty csv"),
         ] {
-            let e = parse(text, Format::Csv).unwrap_err();
+            let e = parse(text, Format::Csv).unwrap_err().to_string();
             assert!(e.contains(want), "{e}");
         }
     }
@@ -526,9 +580,11 @@ mod tests {
             parse_any(b"\x80\x03]q\x00(K\x03K\x04e.", None),
             Table::InOrder(vec![Label::Int(3), Label::Int(4)])
         );
-        let e = parse(b"\x80\x03K\x03.", Format::Pickle).unwrap_err();
+        let e = parse(b"\x80\x03K\x03.", Format::Pickle).unwrap_err().to_string();
         assert!(e.contains("holds a int"), "{e}");
-        let e = parse(b"\x80\x03]G?\xf8\x00\x00\x00\x00\x00\x00a.", Format::Pickle).unwrap_err();
+        let e = parse(b"\x80\x03]G?\xf8\x00\x00\x00\x00\x00\x00a.", Format::Pickle)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("label is a pickled float"), "{e}");
     }
 
@@ -544,9 +600,9 @@ mod tests {
             parse_any(b"\x92\x03\xd0\xfe", None),
             Table::InOrder(vec![Label::Int(3), Label::Int(-2)])
         );
-        let e = parse(b"\x92\x03\x03\x03", Format::Msgpack).unwrap_err();
+        let e = parse(b"\x92\x03\x03\x03", Format::Msgpack).unwrap_err().to_string();
         assert!(e.contains("trailing"), "{e}");
-        let e = parse(b"\x81\x01\x01", Format::Msgpack).unwrap_err();
+        let e = parse(b"\x81\x01\x01", Format::Msgpack).unwrap_err().to_string();
         assert!(e.contains("key is a msgpack int"), "{e}");
     }
 

@@ -5,8 +5,10 @@
 //! The label is a Python int (`None` means "no label"). Errors are plain lowercase reasons; the
 //! caller adds the path, index and key.
 
-use super::msgpack::{Cursor, Item};
-use super::pickle::{self, Node, Pickle};
+use std::fmt;
+
+use super::msgpack::{Cursor, Item, MsgpackError};
+use super::pickle::{self, Node, Pickle, PickleError};
 use crate::NO_LABEL;
 
 /// Field names that hold the image, most preferred first.
@@ -65,19 +67,110 @@ const STR_LABEL: &str = "records need integer labels: map class names to ints wh
                          lmdb, or store raw images and use --lmdb-layout raw with a labels file \
                          (--labels), which accepts class names";
 
+/// The encoding of a record, in the words of its messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Codec {
+    Pickle,
+    Msgpack,
+}
+
+impl Codec {
+    /// Its name for a dict.
+    fn dict(self) -> &'static str {
+        match self {
+            Codec::Pickle => "dict",
+            Codec::Msgpack => "map",
+        }
+    }
+
+    /// Its name for a byte string.
+    fn bytes(self) -> &'static str {
+        match self {
+            Codec::Pickle => "bytes",
+            Codec::Msgpack => "bin",
+        }
+    }
+
+    /// Its name for "no value".
+    fn none(self) -> &'static str {
+        match self {
+            Codec::Pickle => "None",
+            Codec::Msgpack => "nil",
+        }
+    }
+}
+
+/// "pickled" or "msgpack", as in "a pickled int".
+impl fmt::Display for Codec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Codec::Pickle => "pickled",
+            Codec::Msgpack => "msgpack",
+        })
+    }
+}
+
+/// Why a value is not a record: a lowercase reason, without the path, index and key (the
+/// caller adds them, and the `--lmdb-layout` that chose the decoding). Types are the
+/// encoding's names (`tuple`, `str`, `float`).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RecordError {
+    #[error(transparent)]
+    Pickle(#[from] PickleError),
+    #[error(transparent)]
+    Msgpack(#[from] MsgpackError),
+    /// A tuple or list (array) of other than two items.
+    #[error("record is a {codec} {kind} of {items} items; {}", fields_hint())]
+    Items {
+        codec: Codec,
+        kind: &'static str,
+        items: usize,
+    },
+    /// Neither a sequence nor a dict.
+    #[error("record is a {codec} {kind}; {}", fields_hint())]
+    NotRecord { codec: Codec, kind: &'static str },
+    /// A dict without an image field; `fields` lists the fields it has.
+    #[error("{codec} {} has no image field (fields: {fields}); {}", codec.dict(), fields_hint())]
+    NoImageField { codec: Codec, fields: String },
+    /// A dict without a label field; `fields` lists the fields it has.
+    #[error(
+        "{codec} {} has no label field (fields: {fields}); {} (use {} for an unlabeled sample)",
+        codec.dict(),
+        fields_hint(),
+        codec.none()
+    )]
+    NoLabelField { codec: Codec, fields: String },
+    /// The image is not a byte string.
+    #[error("the image is a {codec} {kind}, not {}", codec.bytes())]
+    ImageType { codec: Codec, kind: &'static str },
+    /// A pickled int beyond 64 bits (its value is not kept).
+    #[error("the label does not fit in 64 bits")]
+    BigLabel,
+    #[error("the label {0} does not fit in 64 bits")]
+    LabelRange(i128),
+    /// A class name for a label; holds it, escaped.
+    #[error("the label is a str (\"{0}\"); {STR_LABEL}")]
+    StrLabel(String),
+    #[error("the label is a {codec} {kind}; {STR_LABEL}")]
+    LabelType { codec: Codec, kind: &'static str },
+    /// Bytes after a whole msgpack record: `left` of them from byte `at`.
+    #[error("{left} trailing bytes after the msgpack record (at byte {at})")]
+    Trailing { left: usize, at: usize },
+}
+
 /// Decodes a pickled record; zero-copy except for protocol-2 bytes ([`Image::Latin1`]).
-pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, String> {
-    let p = Pickle::parse(value, pickle::RECORD_LIMITS).map_err(|e| e.to_string())?;
+pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, RecordError> {
+    let codec = Codec::Pickle;
+    let p = Pickle::parse(value, pickle::RECORD_LIMITS)?;
     let (image, label) = match p.root() {
         Node::Tuple(items) | Node::List(items) => match items.as_slice() {
             &[image, label] => (p.node(image), p.node(label)),
             _ => {
-                return Err(format!(
-                    "record is a pickled {} of {} items; {}",
-                    p.root().type_name(),
-                    items.len(),
-                    fields_hint()
-                ));
+                return Err(RecordError::Items {
+                    codec,
+                    kind: p.root().type_name(),
+                    items: items.len(),
+                });
             }
         },
         Node::Dict(entries) => {
@@ -104,67 +197,77 @@ pub(super) fn from_pickle(value: &[u8]) -> Result<Record<'_>, String> {
             match (image, label) {
                 (Some((_, i)), Some((_, l))) => (i, l),
                 (None, _) => {
-                    return Err(format!(
-                        "pickled dict has no image field (fields: {}); {}",
-                        list_fields(&seen),
-                        fields_hint()
-                    ));
+                    return Err(RecordError::NoImageField {
+                        codec,
+                        fields: list_fields(&seen),
+                    });
                 }
                 (_, None) => {
-                    return Err(format!(
-                        "pickled dict has no label field (fields: {}); {} (use None for an \
-                         unlabeled sample)",
-                        list_fields(&seen),
-                        fields_hint()
-                    ));
+                    return Err(RecordError::NoLabelField {
+                        codec,
+                        fields: list_fields(&seen),
+                    });
                 }
             }
         }
         other => {
-            return Err(format!("record is a pickled {}; {}", other.type_name(), fields_hint()));
+            return Err(RecordError::NotRecord {
+                codec,
+                kind: other.type_name(),
+            });
         }
     };
     let image = match *image {
         Node::Bytes(b) => Image::Borrowed(b),
         Node::Latin1(t) => Image::Latin1(t),
         ref other => {
-            return Err(format!("the image is a pickled {}, not bytes", other.type_name()));
+            return Err(RecordError::ImageType {
+                codec,
+                kind: other.type_name(),
+            });
         }
     };
     let label = match *label {
         Node::Int(v) => v,
         Node::Bool(b) => i64::from(b),
         Node::None => NO_LABEL,
-        Node::BigInt => return Err("the label does not fit in 64 bits".into()),
-        Node::Str(s) => {
-            return Err(format!("the label is a str (\"{}\"); {STR_LABEL}", s.escape_debug()));
-        }
+        Node::BigInt => return Err(RecordError::BigLabel),
+        Node::Str(s) => return Err(RecordError::StrLabel(s.escape_debug().to_string())),
         ref other => {
-            return Err(format!("the label is a pickled {}; {STR_LABEL}", other.type_name()));
+            return Err(RecordError::LabelType {
+                codec,
+                kind: other.type_name(),
+            });
         }
     };
     Ok(Record { image, label })
 }
 
-fn msgpack_label(item: Item<'_>) -> Result<i64, String> {
+fn msgpack_label(item: Item<'_>) -> Result<i64, RecordError> {
     match item {
-        Item::Int(v) => i64::try_from(v).map_err(|_| format!("the label {v} does not fit in 64 bits")),
+        Item::Int(v) => i64::try_from(v).map_err(|_| RecordError::LabelRange(v)),
         Item::Bool(b) => Ok(i64::from(b)),
         Item::Nil => Ok(NO_LABEL),
-        Item::Str(s) => Err(format!("the label is a str (\"{}\"); {STR_LABEL}", s.escape_ascii())),
-        other => Err(format!("the label is a msgpack {}; {STR_LABEL}", other.type_name())),
+        Item::Str(s) => Err(RecordError::StrLabel(s.escape_ascii().to_string())),
+        other => Err(RecordError::LabelType {
+            codec: Codec::Msgpack,
+            kind: other.type_name(),
+        }),
     }
 }
 
-fn msgpack_image(item: Item<'_>) -> Result<&[u8], String> {
+fn msgpack_image(item: Item<'_>) -> Result<&[u8], RecordError> {
     match item {
         Item::Bin(b) | Item::Str(b) => Ok(b),
-        other => Err(format!("the image is a msgpack {}, not bin", other.type_name())),
+        other => Err(RecordError::ImageType {
+            codec: Codec::Msgpack,
+            kind: other.type_name(),
+        }),
     }
 }
 
 /// Reads one item; for a container, also skips its contents and returns just its header.
-fn whole_item<'a>(c: &mut Cursor<'a>) -> Result<Item<'a>, super::msgpack::MsgpackError> {
+fn whole_item<'a>(c: &mut Cursor<'a>) -> Result<Item<'a>, MsgpackError> {
     let item = c.next()?;
     match item {
         Item::Array(k) => c.skip(k)?,
@@ -175,20 +278,24 @@ fn whole_item<'a>(c: &mut Cursor<'a>) -> Result<Item<'a>, super::msgpack::Msgpac
 }
 
 /// Decodes a msgpack record, zero-copy.
-pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
+pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, RecordError> {
+    let codec = Codec::Msgpack;
     let mut c = Cursor::new(value);
-    let err = |e: super::msgpack::MsgpackError| e.to_string();
-    let record = match c.next().map_err(err)? {
+    let record = match c.next()? {
         Item::Array(2) => {
-            let image = msgpack_image(c.next().map_err(err)?)?;
-            let label = msgpack_label(c.next().map_err(err)?)?;
+            let image = msgpack_image(c.next()?)?;
+            let label = msgpack_label(c.next()?)?;
             Record {
                 image: Image::Borrowed(image),
                 label,
             }
         }
         Item::Array(n) => {
-            return Err(format!("record is a msgpack array of {n} items; {}", fields_hint()));
+            return Err(RecordError::Items {
+                codec,
+                kind: "array",
+                items: n,
+            });
         }
         Item::Map(n) => {
             // Pick fields by name first and check their types after, so that a preferred field
@@ -197,8 +304,8 @@ pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
             let mut label: Option<(usize, Item<'_>)> = None;
             let mut seen = Vec::new();
             for _ in 0..n {
-                let key = whole_item(&mut c).map_err(err)?;
-                let value = whole_item(&mut c).map_err(err)?;
+                let key = whole_item(&mut c)?;
+                let value = whole_item(&mut c)?;
                 let (Item::Str(name) | Item::Bin(name)) = key else {
                     continue;
                 };
@@ -219,32 +326,31 @@ pub(super) fn from_msgpack(value: &[u8]) -> Result<Record<'_>, String> {
                     label: msgpack_label(label)?,
                 },
                 (None, _) => {
-                    return Err(format!(
-                        "msgpack map has no image field (fields: {}); {}",
-                        list_fields(&seen),
-                        fields_hint()
-                    ));
+                    return Err(RecordError::NoImageField {
+                        codec,
+                        fields: list_fields(&seen),
+                    });
                 }
                 (_, None) => {
-                    return Err(format!(
-                        "msgpack map has no label field (fields: {}); {} (use nil for an \
-                         unlabeled sample)",
-                        list_fields(&seen),
-                        fields_hint()
-                    ));
+                    return Err(RecordError::NoLabelField {
+                        codec,
+                        fields: list_fields(&seen),
+                    });
                 }
             }
         }
         other => {
-            return Err(format!("record is a msgpack {}; {}", other.type_name(), fields_hint()));
+            return Err(RecordError::NotRecord {
+                codec,
+                kind: other.type_name(),
+            });
         }
     };
     if c.left() > 0 {
-        return Err(format!(
-            "{} trailing bytes after the msgpack record (at byte {})",
-            c.left(),
-            c.pos()
-        ));
+        return Err(RecordError::Trailing {
+            left: c.left(),
+            at: c.pos(),
+        });
     }
     Ok(record)
 }
@@ -307,19 +413,23 @@ mod tests {
     #[test]
     fn pickle_errors_are_clear() {
         // {'image': b'x'} has no label.
-        let e = from_pickle(b"\x80\x04}\x94\x8c\x05image\x94C\x01xs.").unwrap_err();
+        let e = from_pickle(b"\x80\x04}\x94\x8c\x05image\x94C\x01xs.")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no label field") && e.contains("\"image\""), "{e}");
         // ('x', 1): image is a str.
-        let e = from_pickle(b"\x80\x04\x8c\x01xK\x01\x86.").unwrap_err();
+        let e = from_pickle(b"\x80\x04\x8c\x01xK\x01\x86.").unwrap_err().to_string();
         assert!(e.contains("image is a pickled str"), "{e}");
         // (b'x', 'cat'): string label.
-        let e = from_pickle(b"\x80\x04C\x01x\x8c\x03cat\x86.").unwrap_err();
+        let e = from_pickle(b"\x80\x04C\x01x\x8c\x03cat\x86.").unwrap_err().to_string();
         assert!(e.contains("label is a str (\"cat\")") && e.contains("--labels"), "{e}");
         // (b'x', 1.5)
-        let e = from_pickle(b"\x80\x04C\x01xG?\xf8\x00\x00\x00\x00\x00\x00\x86.").unwrap_err();
+        let e = from_pickle(b"\x80\x04C\x01xG?\xf8\x00\x00\x00\x00\x00\x00\x86.")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("label is a pickled float"), "{e}");
         // 3 items
-        let e = from_pickle(b"\x80\x04K\x01K\x01K\x01\x87.").unwrap_err();
+        let e = from_pickle(b"\x80\x04K\x01K\x01K\x01\x87.").unwrap_err().to_string();
         assert!(e.contains("tuple of 3 items"), "{e}");
         // (b'x', None) is unlabeled; (b'x', True) is 1.
         assert_eq!(from_pickle(b"\x80\x04C\x01xN\x86.").unwrap().label, NO_LABEL);
@@ -377,17 +487,19 @@ mod tests {
 
     #[test]
     fn msgpack_errors_are_clear() {
-        let e = from_msgpack(b"\x92\xc4\x01x\xa3cat").unwrap_err();
+        let e = from_msgpack(b"\x92\xc4\x01x\xa3cat").unwrap_err().to_string();
         assert!(e.contains("label is a str (\"cat\")"), "{e}");
-        let e = from_msgpack(b"\x92\xc4\x01x\xcf\xff\xff\xff\xff\xff\xff\xff\xff").unwrap_err();
+        let e = from_msgpack(b"\x92\xc4\x01x\xcf\xff\xff\xff\xff\xff\xff\xff\xff")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("does not fit"), "{e}");
-        let e = from_msgpack(b"\x92\xc4\x01x\x01\x01").unwrap_err();
+        let e = from_msgpack(b"\x92\xc4\x01x\x01\x01").unwrap_err().to_string();
         assert!(e.contains("trailing"), "{e}");
-        let e = from_msgpack(b"\x81\xa5label\x01").unwrap_err();
+        let e = from_msgpack(b"\x81\xa5label\x01").unwrap_err().to_string();
         assert!(e.contains("no image field") && e.contains("\"label\""), "{e}");
-        let e = from_msgpack(b"\x93\x01\x01\x01").unwrap_err();
+        let e = from_msgpack(b"\x93\x01\x01\x01").unwrap_err().to_string();
         assert!(e.contains("array of 3 items"), "{e}");
-        let e = from_msgpack(b"\x92\x01\x01").unwrap_err();
+        let e = from_msgpack(b"\x92\x01\x01").unwrap_err().to_string();
         assert!(e.contains("image is a msgpack int"), "{e}");
     }
 

@@ -88,6 +88,49 @@ pub fn encode_with(scan: &Scan, stamp: Stamp, etag: Option<&[u8]>) -> Vec<u8> {
     out
 }
 
+/// Why an index file cannot be used for its tar (it is then rebuilt from the tar).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    #[error("not a ringfeed tar index")]
+    NotIndex,
+    #[error("its checksum does not match")]
+    Checksum,
+    /// A major version this reader does not know.
+    #[error("it is version {major}.{minor}, this server reads {}.x", VERSION.0)]
+    Version { major: u16, minor: u16 },
+    #[error("its ETag is longer than the file")]
+    Etag,
+    #[error("it is cut short")]
+    Short,
+    #[error("unknown end kind {0}")]
+    EndKind(u8),
+    #[error("its member count is larger than the file")]
+    Count,
+    /// Member `0` is not inside the tar, after the one before it, on a block boundary.
+    #[error("member {0} lies outside the tar or out of order")]
+    Member(u64),
+    #[error("it has bytes after its last member")]
+    Trailing,
+    /// It was made for another version of the local file.
+    #[error(
+        "it was made for a tar of {} bytes modified at {} ns, the tar now has {} bytes, modified at {} ns",
+        made.len, made.mtime_ns, now.len, now.mtime_ns
+    )]
+    Stale { made: Stamp, now: Stamp },
+    /// Reading rule 5: no regular file's header before a member.
+    #[error("the tar has no member header at byte {at}")]
+    NoHeader { at: u64 },
+    /// Reading rule 5 with `same_member`: the header names another member.
+    #[error("the member header at byte {at} is {name:?} of {size} bytes, the index says {indexed:?} of {indexed_size}")]
+    OtherMember {
+        at: u64,
+        name: String,
+        size: u64,
+        indexed: String,
+        indexed_size: u64,
+    },
+}
+
 /// An index file's contents, read and structurally checked but not yet matched to a tar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Parsed {
@@ -100,14 +143,11 @@ pub struct Parsed {
 
 /// Decodes an index file made for a tar of `stamp` whose bytes are `tar` (a local file: reading
 /// rules 1 to 5 of `proto/webdataset.md`); `Err` says why it cannot be used (it is then rebuilt).
-pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
+pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, IndexError> {
     let parsed = parse(bytes)?;
     let made = parsed.made;
     if made != stamp {
-        return Err(format!(
-            "it was made for a tar of {} bytes modified at {} ns, the tar now has {} bytes, modified at {} ns",
-            made.len, made.mtime_ns, stamp.len, stamp.mtime_ns
-        ));
+        return Err(IndexError::Stale { made, now: stamp });
     }
     spot_check(&parsed.scan.members, false, &mut |at| {
         tar.get(at as usize..(at + BLOCK) as usize).map(<[u8]>::to_vec)
@@ -117,24 +157,22 @@ pub fn decode(bytes: &[u8], stamp: Stamp, tar: &[u8]) -> Result<Scan, String> {
 
 /// Reads an index file: reading rules 1, 3 (against the length it records) and 4; rule 2 (or,
 /// for a tar in a store, its ETag) and rule 5 are the caller's ([`decode`], [`spot_check`]).
-pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
+pub fn parse(bytes: &[u8]) -> Result<Parsed, IndexError> {
     if bytes.len() < 60 || &bytes[..8] != MAGIC {
-        return Err("not a ringfeed tar index".into());
+        return Err(IndexError::NotIndex);
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
-        return Err("its checksum does not match".into());
+        return Err(IndexError::Checksum);
     }
     let u16_at = |i: usize| u16::from_le_bytes(body[i..i + 2].try_into().expect("2 bytes"));
     let u32_at = |i: usize| u32::from_le_bytes(body[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
     if u16_at(8) != VERSION.0 {
-        return Err(format!(
-            "it is version {}.{}, this server reads {}.x",
-            u16_at(8),
-            u16_at(10),
-            VERSION.0
-        ));
+        return Err(IndexError::Version {
+            major: u16_at(8),
+            minor: u16_at(10),
+        });
     }
     let made = Stamp {
         len: u64_at(16),
@@ -143,17 +181,17 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     // 1.1: the ETag's length (1.0: reserved, 0); its bytes end the body.
     let etag_len = u32_at(12) as usize;
     if etag_len > body.len() - 56 {
-        return Err("its ETag is longer than the file".into());
+        return Err(IndexError::Etag);
     }
     let (body, etag) = body.split_at(body.len() - etag_len);
     let count = u64_at(32);
     let (kind, has_member, detail_len, at) = (body[40], body[41], u32_at(44) as usize, u64_at(48));
     let mut pos = 56;
-    let take = |pos: &mut usize, n: usize| -> Result<std::ops::Range<usize>, String> {
+    let take = |pos: &mut usize, n: usize| -> Result<std::ops::Range<usize>, IndexError> {
         let end = pos
             .checked_add(n)
             .filter(|&e| e <= body.len())
-            .ok_or("it is cut short")?;
+            .ok_or(IndexError::Short)?;
         let r = *pos..end;
         *pos = end;
         Ok(r)
@@ -169,10 +207,10 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
             at,
             reason: String::from_utf8_lossy(&detail).into_owned(),
         },
-        k => return Err(format!("unknown end kind {k}")),
+        k => return Err(IndexError::EndKind(k)),
     };
     if count > (body.len() as u64) / 20 {
-        return Err("its member count is larger than the file".into());
+        return Err(IndexError::Count);
     }
     let mut members = Vec::with_capacity(count as usize);
     let mut next = BLOCK;
@@ -183,13 +221,13 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
         let cut = i + 1 == count && matches!(end, End::Truncated { member: Some(_), .. });
         let fits = offset.checked_add(size).is_some_and(|e| e <= made.len) || cut;
         if offset < next || offset % BLOCK != 0 || !fits {
-            return Err(format!("member {i} lies outside the tar or out of order"));
+            return Err(IndexError::Member(i));
         }
         next = offset.saturating_add(size).saturating_add(BLOCK);
         members.push(Member { name, offset, size });
     }
     if pos != body.len() {
-        return Err("it has bytes after its last member".into());
+        return Err(IndexError::Trailing);
     }
     Ok(Parsed {
         scan: Scan { members, end },
@@ -207,7 +245,7 @@ pub fn spot_check(
     members: &[Member],
     same_member: bool,
     header: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
-) -> Result<(), String> {
+) -> Result<(), IndexError> {
     let mut seen = None;
     for m in [members.first(), members.last()].into_iter().flatten() {
         let at = m.offset - BLOCK;
@@ -215,7 +253,7 @@ pub fn spot_check(
             continue;
         }
         seen = Some(at);
-        let no = || format!("the tar has no member header at byte {at}");
+        let no = || IndexError::NoHeader { at };
         let Some(h) = header(at).filter(|h| h.len() == BLOCK as usize) else {
             return Err(no());
         };
@@ -234,13 +272,13 @@ pub fn spot_check(
             return Err(no());
         };
         if h.size != m.size || h.name != m.name {
-            return Err(format!(
-                "the member header at byte {at} is {:?} of {} bytes, the index says {:?} of {}",
-                String::from_utf8_lossy(&h.name),
-                h.size,
-                String::from_utf8_lossy(&m.name),
-                m.size
-            ));
+            return Err(IndexError::OtherMember {
+                at,
+                name: String::from_utf8_lossy(&h.name).into_owned(),
+                size: h.size,
+                indexed: String::from_utf8_lossy(&m.name).into_owned(),
+                indexed_size: m.size,
+            });
         }
     }
     Ok(())
@@ -301,15 +339,25 @@ mod tests {
             mtime_ns: stamp.mtime_ns + 1,
             ..stamp
         };
-        assert!(decode(&bytes, other, &tar).unwrap_err().contains("modified at"));
+        assert!(
+            decode(&bytes, other, &tar)
+                .unwrap_err()
+                .to_string()
+                .contains("modified at")
+        );
         let mut flipped = bytes.clone();
         flipped[60] ^= 1;
-        assert!(decode(&flipped, stamp, &tar).unwrap_err().contains("checksum"));
+        assert!(
+            decode(&flipped, stamp, &tar)
+                .unwrap_err()
+                .to_string()
+                .contains("checksum")
+        );
         assert!(decode(&bytes[..bytes.len() - 9], stamp, &tar).is_err());
         // A well-formed index whose offsets point at data, not at a header.
         let mut moved = scan.clone();
         moved.members[1].offset += 512;
-        let e = decode(&encode(&moved, stamp), stamp, &tar).unwrap_err();
+        let e = decode(&encode(&moved, stamp), stamp, &tar).unwrap_err().to_string();
         assert!(e.contains("no member header") || e.contains("outside"), "{e}");
         assert_eq!(path_for(Path::new("/d/s-001.tar")), Path::new("/d/s-001.tar.rfidx"));
     }

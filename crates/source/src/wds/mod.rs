@@ -40,8 +40,9 @@ pub const DEFAULT_IMAGE: &str = "jpg;jpeg;png;webp";
 pub enum WdsError {
     #[error("cannot read {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Options(String),
+    /// `open.webdataset.image` names no extension.
+    #[error("open.webdataset.image names no extension (e.g. \"jpg;png\")")]
+    NoImageExtension,
     #[error("listing was cancelled: every stream that asked for it has gone")]
     Cancelled,
     /// One sample cannot be served.
@@ -75,7 +76,7 @@ impl Default for WdsOptions {
 
 impl WdsOptions {
     /// The options of an `open`, checked; errors name the member.
-    pub fn from_request(r: &WdsRequest) -> Result<Self, String> {
+    pub fn from_request(r: &WdsRequest) -> Result<Self, WdsError> {
         let image: Vec<Vec<u8>> = r
             .image
             .as_deref()
@@ -85,7 +86,7 @@ impl WdsOptions {
             .filter(|e| !e.is_empty())
             .collect();
         if image.is_empty() {
-            return Err("open.webdataset.image names no extension (e.g. \"jpg;png\")".into());
+            return Err(WdsError::NoImageExtension);
         }
         let label = match r.label.as_deref().unwrap_or("cls").trim().trim_start_matches('.') {
             "" => None,
@@ -375,7 +376,7 @@ impl Catalog {
                     bytes(m)?,
                     self.opts.json_label().then_some(self.opts.label_key.as_str()),
                 )
-                .map_err(|reason| fail(Some(m), reason))?
+                .map_err(|reason| fail(Some(m), reason.to_string()))?
             }
         };
         Ok(Sample {
@@ -515,33 +516,42 @@ fn member_ext(name: &[u8]) -> Vec<u8> {
     tar::split_key(name).map_or_else(Vec::new, |(_, e)| name[e].to_ascii_lowercase())
 }
 
+/// Why a sample's label member gives no label ([`parse_label`]).
+#[derive(Debug, thiserror::Error)]
+enum LabelError {
+    /// A `cls`-style member that is not an integer; holds its first 40 bytes, as text.
+    #[error("the label {0:?} is not an integer")]
+    NotInteger(String),
+    #[error("the label member is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("the JSON label has no member {key:?}; set webdataset={{\"label_key\": ...}}")]
+    NoMember { key: String },
+    #[error("the JSON label's {key:?} is {value}, not an integer")]
+    JsonNotInteger { key: String, value: serde_json::Value },
+    #[error("the label {0} is negative; labels are class indices from 0")]
+    Negative(i64),
+}
+
 /// A label member: an ASCII integer (`cls`), or the integer member `key` of a JSON object.
-fn parse_label(bytes: &[u8], json_key: Option<&str>) -> Result<i64, String> {
+fn parse_label(bytes: &[u8], json_key: Option<&str>) -> Result<i64, LabelError> {
     let value = match json_key {
         None => {
             let text = std::str::from_utf8(bytes).map(str::trim).unwrap_or("");
             text.parse::<i64>().map_err(|_| {
-                format!(
-                    "the label {:?} is not an integer",
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
-                )
+                LabelError::NotInteger(String::from_utf8_lossy(&bytes[..bytes.len().min(40)]).into_owned())
             })?
         }
         Some(key) => {
-            let v: serde_json::Value =
-                serde_json::from_slice(bytes).map_err(|e| format!("the label member is not JSON: {e}"))?;
-            let field = v.get(key).ok_or_else(|| {
-                format!("the JSON label has no member {key:?}; set webdataset={{\"label_key\": ...}}")
-            })?;
-            field
-                .as_i64()
-                .ok_or_else(|| format!("the JSON label's {key:?} is {field}, not an integer"))?
+            let v: serde_json::Value = serde_json::from_slice(bytes).map_err(LabelError::NotJson)?;
+            let field = v.get(key).ok_or_else(|| LabelError::NoMember { key: key.to_owned() })?;
+            field.as_i64().ok_or_else(|| LabelError::JsonNotInteger {
+                key: key.to_owned(),
+                value: field.clone(),
+            })?
         }
     };
     if value < 0 {
-        return Err(format!(
-            "the label {value} is negative; labels are class indices from 0"
-        ));
+        return Err(LabelError::Negative(value));
     }
     Ok(value)
 }

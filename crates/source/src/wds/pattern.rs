@@ -12,6 +12,45 @@ use std::path::{Path, PathBuf};
 /// Most paths one pattern may expand to.
 pub const MAX_PATHS: usize = 1 << 20;
 
+/// Why a dataset path or pattern names no tars ([`tars`], [`expand_braces`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PatternError {
+    /// The directory the dataset names cannot be listed.
+    #[error("listing {}: {source}", path.display())]
+    List { path: PathBuf, source: std::io::Error },
+    /// A glob in a directory of the pattern, not its file name.
+    #[error("{dataset}: `*` and `?` may only match in the file name, not in {}", dir.display())]
+    GlobInDirectory { dataset: String, dir: PathBuf },
+    /// The directory a glob matches in cannot be listed.
+    #[error("{dataset}: listing {}: {source}", dir.display())]
+    ListGlob {
+        dataset: String,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    /// A path the braces expand to is not a file.
+    #[error("{dataset}: {} does not exist or is not a file", path.display())]
+    Missing { dataset: String, path: PathBuf },
+    /// More than [`MAX_PATHS`] files match.
+    #[error("{dataset} matches more than {MAX_PATHS} files")]
+    TooMany { dataset: String },
+    /// Nothing matches.
+    #[error("{dataset} matches no file")]
+    NoMatch { dataset: String },
+    /// A `{` is never closed.
+    #[error("{pattern}: a `{{` without its `}}`")]
+    Unclosed { pattern: String },
+    /// `{a..b}` whose ends do not parse as numbers.
+    #[error("{pattern}: {{{inner}}} is not a range of numbers")]
+    NotNumbers { pattern: String, inner: String },
+    /// `{a..b}` with `a > b`, or too many numbers.
+    #[error("{pattern}: the range {{{inner}}} is empty or too long")]
+    BadRange { pattern: String, inner: String },
+    /// The braces expand to more than [`MAX_PATHS`] paths.
+    #[error("{pattern} expands to more than {MAX_PATHS} paths")]
+    Expands { pattern: String },
+}
+
 /// Whether `s` is a pattern rather than a path.
 pub fn is_pattern(s: &str) -> bool {
     s.contains(['{', '*', '?'])
@@ -19,11 +58,14 @@ pub fn is_pattern(s: &str) -> bool {
 
 /// The tar files a dataset path names: a directory's `*.tar` files (sorted bytewise), a file,
 /// or a pattern's matches. Every result exists; an error says what matched nothing.
-pub fn tars(dataset: &str) -> Result<Vec<PathBuf>, String> {
+pub fn tars(dataset: &str) -> Result<Vec<PathBuf>, PatternError> {
     let path = Path::new(dataset);
     if !is_pattern(dataset) || path.exists() {
         if path.is_dir() {
-            let mut tars = tars_in(path).map_err(|e| format!("listing {}: {e}", path.display()))?;
+            let mut tars = tars_in(path).map_err(|source| PatternError::List {
+                path: path.to_owned(),
+                source,
+            })?;
             tars.sort_by(|a, b| a.as_os_str().as_bytes().cmp(b.as_os_str().as_bytes()));
             return Ok(tars);
         }
@@ -36,13 +78,17 @@ pub fn tars(dataset: &str) -> Result<Vec<PathBuf>, String> {
         if name.iter().any(|b| matches!(b, b'*' | b'?')) {
             let dir = p.parent().unwrap_or(Path::new("/"));
             if dir.as_os_str().as_bytes().iter().any(|b| matches!(b, b'*' | b'?')) {
-                return Err(format!(
-                    "{dataset}: `*` and `?` may only match in the file name, not in {}",
-                    dir.display()
-                ));
+                return Err(PatternError::GlobInDirectory {
+                    dataset: dataset.to_owned(),
+                    dir: dir.to_owned(),
+                });
             }
             let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                .map_err(|e| format!("{dataset}: listing {}: {e}", dir.display()))?
+                .map_err(|source| PatternError::ListGlob {
+                    dataset: dataset.to_owned(),
+                    dir: dir.to_owned(),
+                    source,
+                })?
                 .flatten()
                 .filter(|e| glob_match(&name, e.file_name().as_bytes()))
                 .map(|e| e.path())
@@ -53,14 +99,21 @@ pub fn tars(dataset: &str) -> Result<Vec<PathBuf>, String> {
         } else if p.is_file() {
             out.push(p);
         } else {
-            return Err(format!("{dataset}: {} does not exist or is not a file", p.display()));
+            return Err(PatternError::Missing {
+                dataset: dataset.to_owned(),
+                path: p,
+            });
         }
         if out.len() > MAX_PATHS {
-            return Err(format!("{dataset} matches more than {MAX_PATHS} files"));
+            return Err(PatternError::TooMany {
+                dataset: dataset.to_owned(),
+            });
         }
     }
     if out.is_empty() {
-        return Err(format!("{dataset} matches no file"));
+        return Err(PatternError::NoMatch {
+            dataset: dataset.to_owned(),
+        });
     }
     Ok(out)
 }
@@ -98,7 +151,7 @@ pub fn glob_match(pat: &[u8], name: &[u8]) -> bool {
 }
 
 /// Expands every brace group of `s`, left to right.
-pub fn expand_braces(s: &str) -> Result<Vec<String>, String> {
+pub fn expand_braces(s: &str) -> Result<Vec<String>, PatternError> {
     let Some(open) = s.find('{') else {
         return Ok(vec![s.to_owned()]);
     };
@@ -118,15 +171,21 @@ pub fn expand_braces(s: &str) -> Result<Vec<String>, String> {
             }
             None
         })
-        .ok_or_else(|| format!("{s}: a `{{` without its `}}`"))?;
+        .ok_or_else(|| PatternError::Unclosed { pattern: s.to_owned() })?;
     let (head, inner, tail) = (&s[..open], &s[open + 1..close], &s[close + 1..]);
     let alternatives: Vec<String> = if let Some((a, b)) = numeric_range(inner) {
         let (lo, hi) = (a.parse::<u64>().ok(), b.parse::<u64>().ok());
         let (Some(lo), Some(hi)) = (lo, hi) else {
-            return Err(format!("{s}: {{{inner}}} is not a range of numbers"));
+            return Err(PatternError::NotNumbers {
+                pattern: s.to_owned(),
+                inner: inner.to_owned(),
+            });
         };
         if lo > hi || hi - lo >= MAX_PATHS as u64 {
-            return Err(format!("{s}: the range {{{inner}}} is empty or too long"));
+            return Err(PatternError::BadRange {
+                pattern: s.to_owned(),
+                inner: inner.to_owned(),
+            });
         }
         let width = if a.len() > 1 && a.starts_with('0') { a.len() } else { 0 };
         (lo..=hi).map(|v| format!("{v:0width$}")).collect()
@@ -138,7 +197,7 @@ pub fn expand_braces(s: &str) -> Result<Vec<String>, String> {
         for rest in expand_braces(&format!("{alt}{tail}"))? {
             out.push(format!("{head}{rest}"));
             if out.len() > MAX_PATHS {
-                return Err(format!("{s} expands to more than {MAX_PATHS} paths"));
+                return Err(PatternError::Expands { pattern: s.to_owned() });
             }
         }
     }
@@ -206,8 +265,14 @@ mod tests {
         assert!(
             tars(&format!("{d}/{{a,z}}.tar"))
                 .unwrap_err()
+                .to_string()
                 .contains("z.tar does not exist")
         );
-        assert!(tars(&format!("{d}/q*.tar")).unwrap_err().contains("matches no file"));
+        assert!(
+            tars(&format!("{d}/q*.tar"))
+                .unwrap_err()
+                .to_string()
+                .contains("matches no file")
+        );
     }
 }

@@ -98,7 +98,10 @@ pub fn scan(data: &[u8], progress: &mut dyn FnMut(u64)) -> Scan {
             break End::Complete;
         }
         if let Err(reason) = check_sum(h) {
-            break End::BadHeader { at, reason };
+            break End::BadHeader {
+                at,
+                reason: reason.to_string(),
+            };
         }
         let size = match next_size.take() {
             Some(s) => s,
@@ -149,7 +152,12 @@ pub fn scan(data: &[u8], progress: &mut dyn FnMut(u64)) -> Scan {
                     next_name = path.or(next_name);
                     next_size = psize;
                 }
-                Err(reason) => break End::BadHeader { at, reason },
+                Err(reason) => {
+                    break End::BadHeader {
+                        at,
+                        reason: reason.to_string(),
+                    };
+                }
             },
             b'L' => {
                 let n = body.iter().position(|&b| b == 0).unwrap_or(body.len());
@@ -183,10 +191,43 @@ fn cstr(b: &[u8]) -> &[u8] {
     &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
 }
 
+/// Why a header cannot be read: the reason recorded in [`End::BadHeader`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum HeaderError {
+    #[error("checksum field: {0}")]
+    ChecksumField(#[source] NumberError),
+    #[error("checksum {stored} but the header sums to {sum}")]
+    Checksum { stored: u64, sum: u64 },
+    #[error("a pax record without a length")]
+    PaxNoLength,
+    #[error("a pax record with a bad length")]
+    PaxBadLength,
+    #[error("a pax record whose length does not match")]
+    PaxLengthMismatch,
+    #[error("a pax record without '='")]
+    PaxNoEquals,
+    #[error("a pax size that is not a number")]
+    PaxSize,
+}
+
+/// Why a numeric header field cannot be read ([`number`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NumberError {
+    #[error("a negative base-256 number")]
+    NegativeBase256,
+    #[error("a base-256 number over 2^64")]
+    Base256Overflow,
+    /// Holds the field's digits, as text.
+    #[error("{0:?} is not an octal number")]
+    NotOctal(String),
+    #[error("an octal number over 2^64")]
+    OctalOverflow,
+}
+
 /// The header checksum: the sum of its bytes with the checksum field as spaces (unsigned, or
 /// signed as some old writers computed it).
-fn check_sum(h: &[u8]) -> Result<(), String> {
-    let stored = number(&h[148..156]).map_err(|e| format!("checksum field: {e}"))?;
+fn check_sum(h: &[u8]) -> Result<(), HeaderError> {
+    let stored = number(&h[148..156]).map_err(HeaderError::ChecksumField)?;
     let field = 148..156;
     let (mut unsigned, mut signed) = (0u64, 0i64);
     for (i, &b) in h.iter().enumerate() {
@@ -197,23 +238,23 @@ fn check_sum(h: &[u8]) -> Result<(), String> {
     if stored == unsigned || i64::try_from(stored).is_ok_and(|s| s == signed) {
         Ok(())
     } else {
-        Err(format!("checksum {stored} but the header sums to {unsigned}"))
+        Err(HeaderError::Checksum { stored, sum: unsigned })
     }
 }
 
 /// A numeric field: octal ASCII (leading spaces, NUL or space terminated), or GNU base-256 when
 /// the first byte's high bit is set.
-fn number(f: &[u8]) -> Result<u64, String> {
+fn number(f: &[u8]) -> Result<u64, NumberError> {
     if f.first().is_some_and(|&b| b & 0x80 != 0) {
         if f[0] & 0x40 != 0 {
-            return Err("a negative base-256 number".into());
+            return Err(NumberError::NegativeBase256);
         }
         let mut v: u64 = u64::from(f[0] & 0x3F);
         for &b in &f[1..] {
             v = v
                 .checked_mul(256)
                 .and_then(|v| v.checked_add(u64::from(b)))
-                .ok_or("a base-256 number over 2^64")?;
+                .ok_or(NumberError::Base256Overflow)?;
         }
         return Ok(v);
     }
@@ -228,33 +269,27 @@ fn number(f: &[u8]) -> Result<u64, String> {
     let mut v = 0u64;
     for &d in digits {
         if !(b'0'..=b'7').contains(&d) {
-            return Err(format!("{:?} is not an octal number", String::from_utf8_lossy(digits)));
+            return Err(NumberError::NotOctal(String::from_utf8_lossy(digits).into_owned()));
         }
-        v = v.checked_mul(8).ok_or("an octal number over 2^64")? + u64::from(d - b'0');
+        v = v.checked_mul(8).ok_or(NumberError::OctalOverflow)? + u64::from(d - b'0');
     }
     Ok(v)
 }
 
 /// A pax extended header's `path` and `size` (records `"LEN KEY=VALUE\n"`).
-fn pax(mut body: &[u8]) -> Result<(Option<Vec<u8>>, Option<u64>), String> {
+fn pax(mut body: &[u8]) -> Result<(Option<Vec<u8>>, Option<u64>), HeaderError> {
     let (mut path, mut size) = (None, None);
     while !body.is_empty() && body[0] != 0 {
-        let sp = body
-            .iter()
-            .position(|&b| b == b' ')
-            .ok_or("a pax record without a length")?;
+        let sp = body.iter().position(|&b| b == b' ').ok_or(HeaderError::PaxNoLength)?;
         let n: usize = std::str::from_utf8(&body[..sp])
             .ok()
             .and_then(|s| s.parse().ok())
-            .ok_or("a pax record with a bad length")?;
+            .ok_or(HeaderError::PaxBadLength)?;
         if n <= sp + 1 || n > body.len() || body[n - 1] != b'\n' {
-            return Err("a pax record whose length does not match".into());
+            return Err(HeaderError::PaxLengthMismatch);
         }
         let record = &body[sp + 1..n - 1];
-        let eq = record
-            .iter()
-            .position(|&b| b == b'=')
-            .ok_or("a pax record without '='")?;
+        let eq = record.iter().position(|&b| b == b'=').ok_or(HeaderError::PaxNoEquals)?;
         let (key, value) = (&record[..eq], &record[eq + 1..]);
         match key {
             b"path" => path = Some(value.to_vec()),
@@ -263,7 +298,7 @@ fn pax(mut body: &[u8]) -> Result<(Option<Vec<u8>>, Option<u64>), String> {
                     std::str::from_utf8(value)
                         .ok()
                         .and_then(|s| s.parse().ok())
-                        .ok_or("a pax size that is not a number")?,
+                        .ok_or(HeaderError::PaxSize)?,
                 );
             }
             _ => {}

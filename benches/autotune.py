@@ -74,7 +74,14 @@ def run(
     poller = threading.Thread(target=poll, daemon=True)
     samples: list[tuple[float, int]] = []
     tf = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
-    kw: dict[str, Any] = {"socket": server.sock, "spawn": False, "device": device, **loader_kw}
+    kw: dict[str, Any] = {
+        "socket": server.sock,
+        "spawn": False,
+        "device": device,
+        "shuffle": True,
+        "drop_last": True,
+        **loader_kw,
+    }
     if model is not None:
         kw["normalize"] = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
         import torch

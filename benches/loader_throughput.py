@@ -46,7 +46,9 @@ def main() -> None:
     tf = bench.make_transform("rrc-flip", a.size)
     with (
         harness.Server(a.threads, binary=a.bin) as server,
-        ringfeed.Loader(a.dataset, a.batch_size, transform=tf, device=a.device, socket=server.sock) as ld,
+        ringfeed.Loader(
+            a.dataset, a.batch_size, transform=tf, device=a.device, socket=server.sock, shuffle=True, drop_last=True
+        ) as ld,
     ):
         batches = harness.epochs(ld)
         warm = harness.warm_up(batches, a.warmup_s)

@@ -131,7 +131,16 @@ def run_once(binary: str, work: Path, name: str, dataset, **kw) -> dict:
         idle = status_mb(server.pid)
         t = time.perf_counter()
         loader = ringfeed.TokenLoader(
-            dataset, batch_size=8, socket=server.sock, autotune=False, threads=1, slots=4, seed=1, **kw
+            dataset,
+            batch_size=8,
+            socket=server.sock,
+            autotune=False,
+            threads=1,
+            slots=4,
+            seed=1,
+            shuffle=True,
+            drop_last=True,
+            **kw,
         )
         batch = next(iter(loader))
         first = time.perf_counter() - t
@@ -144,7 +153,7 @@ def run_once(binary: str, work: Path, name: str, dataset, **kw) -> dict:
         # position"): the rest of the epoch re-striped over 2 ranks, on the same server.
         resumed = ringfeed.TokenLoader(
             dataset, batch_size=8, socket=server.sock, autotune=False, threads=1, slots=4, seed=1, rank=0,
-            world_size=2, **kw,
+            world_size=2, shuffle=True, drop_last=True, **kw,
         )  # fmt: skip
         resumed.load_state_dict(state)
         assert next(iter(resumed))["input_ids"].shape == (8, kw["seq_len"])

@@ -119,7 +119,15 @@ def main() -> int:
             rss0 = rss_mb(server.pid)
             t = time.perf_counter()
             loader = ringfeed.TokenLoader(
-                ds, batch_size=a.batch_size, seq_len=a.seq_len, socket=server.sock, autotune=False, threads=1, slots=8
+                ds,
+                batch_size=a.batch_size,
+                seq_len=a.seq_len,
+                socket=server.sock,
+                autotune=False,
+                threads=1,
+                slots=8,
+                shuffle=True,
+                drop_last=True,
             )
             it = harness.epochs(loader)
             next(it)
@@ -132,7 +140,7 @@ def main() -> int:
             if a.dataset is not None:
                 loader = ringfeed.TokenLoader(
                     a.dataset, batch_size=a.batch_size, seq_len=a.seq_len, socket=server.sock, autotune=False,
-                    threads=1,
+                    threads=1, shuffle=True, drop_last=True
                 )  # fmt: skip
                 it = harness.epochs(loader)
                 warm_rate = harness.measure(it, warmup_s=a.warmup_s, min_seconds=a.seconds, count=windows)["img_per_s"]

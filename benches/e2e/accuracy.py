@@ -85,6 +85,8 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
         socket=sock,
         threads=workers,
         slots=6,
+        shuffle=True,
+        drop_last=True,
     )
     yield from harness.epochs(ld)
 

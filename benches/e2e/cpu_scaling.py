@@ -113,7 +113,16 @@ def ringfeed_loader(packed: Path, threads: int, batches: int, warmup_s: float, p
     # Fixed settings: this measures the decode path, not the autotuner (benches/autotune.py).
     with (
         harness.Server(threads, ["--pin-threads"] if pin else []) as server,
-        ringfeed.Loader(packed, BATCH, transform=tf, socket=server.sock, autotune=False, threads=threads) as ld,
+        ringfeed.Loader(
+            packed,
+            BATCH,
+            transform=tf,
+            socket=server.sock,
+            autotune=False,
+            threads=threads,
+            shuffle=True,
+            drop_last=True,
+        ) as ld,
     ):
         # Skip the batches the ring may already hold (4 slots) before timing starts.
         return timed(harness.epochs(ld), 6, batches, warmup_s)

@@ -95,6 +95,8 @@ def _batches(a: argparse.Namespace, dev: torch.device, rank: int, world: int):
             slots=6,
             threads=a.threads_cap,
             gpu_decode=share,
+            shuffle=True,
+            drop_last=True,
         )
         _LOADER[:] = [ld]
         yield from harness.epochs(ld)

@@ -190,7 +190,14 @@ def main() -> int:
                     batches = repeat(fixed)
                 elif mode == "ringfeed":
                     loader = ringfeed.TokenLoader(
-                        packed, batch_size=a.batch_size, seq_len=a.seq_len, device=a.device, socket=sock, slots=8
+                        packed,
+                        batch_size=a.batch_size,
+                        seq_len=a.seq_len,
+                        device=a.device,
+                        socket=sock,
+                        slots=8,
+                        shuffle=True,
+                        drop_last=True,
                     )
                     closer = loader.close
                     batches = harness.epochs(loader)

@@ -309,6 +309,8 @@ def ringfeed_batches(
         slots=slots,
         threads=threads,
         gpu_decode=gpu_decode,
+        shuffle=True,
+        drop_last=True,
     )
     LOADERS[:] = [ld]
     yield from harness.epochs(ld)

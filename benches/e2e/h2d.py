@@ -51,7 +51,9 @@ def main() -> None:
     a = ap.parse_args()
     with harness.Server(binary=a.bin) as server:
         tf = ringfeed.RandomResizedCrop(a.size)
-        with ringfeed.Loader(a.packed, a.batch_size, tf, socket=server.sock, spawn=False, device="cuda") as ld:
+        with ringfeed.Loader(
+            a.packed, a.batch_size, tf, socket=server.sock, spawn=False, device="cuda", shuffle=True, drop_last=True
+        ) as ld:
             next(iter(ld))  # the ring is mapped and registered
             res = ld._res
             copier, segment = res.cuda, res.segment

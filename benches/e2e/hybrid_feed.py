@@ -107,6 +107,8 @@ def ringfeed_loader(
         autotune=autotune,
         gpu_decode=share,
         gpu_decode_bytes=(1 << 20) if big else None,
+        shuffle=True,
+        drop_last=True,
     )
 
 

@@ -133,6 +133,8 @@ def profile(packed: Path, threads: int, share: float, quiet: bool = False, binar
             gpu_decode=share,
             normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
             dtype=torch.bfloat16,
+            shuffle=True,
+            drop_last=True,
         ) as ld,
     ):
         it = harness.epochs(ld)

@@ -53,7 +53,16 @@ def measure(path: Path, sock: str, threads: int, batches: int, warmup_s: float) 
     tf = bench.make_transform("rrc-flip", 224)
     t0 = time.perf_counter()
     loader = ringfeed.Loader(
-        path, BATCH, transform=tf, socket=sock, spawn=False, autotune=False, threads=threads, timeout=600
+        path,
+        BATCH,
+        transform=tf,
+        socket=sock,
+        spawn=False,
+        autotune=False,
+        threads=threads,
+        timeout=600,
+        shuffle=True,
+        drop_last=True,
     )
     opened = time.perf_counter() - t0
     with loader:

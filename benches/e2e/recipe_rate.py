@@ -79,6 +79,8 @@ def ringfeed_loader(packed: Path, recipe: str, threads: int, device: str, sock: 
         autotune=False,
         threads=threads,
         slots=6,
+        shuffle=True,
+        drop_last=True,
     )
     yield from harness.epochs(ld)
 

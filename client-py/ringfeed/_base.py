@@ -98,8 +98,9 @@ class BaseLoader:
     def __iter__(self) -> Generator[Any, None, None]:
         """Starts a run at the current epoch and cursor; yields batches until the epoch's end.
 
-        A new iteration abandons the previous one: its batches are released (CPU views of them
-        become invalid) and its iterator raises ``RuntimeError`` if used again.
+        A new iteration abandons the previous one: its batches are released (CPU batches the
+        user still refers to move to private memory first, keeping their values) and its
+        iterator raises ``RuntimeError`` if used again.
         """
         return self._stream.iterate()
 

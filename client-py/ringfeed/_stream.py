@@ -12,11 +12,15 @@ stream and its batch maker (``_base.BaseLoader``).
 Ownership (ring.md, "Slot states and ownership"): every ``ready`` makes a slot HELD by this
 stream (``Resources.held``), and every held slot is released exactly once:
 
-- CPU mode: the batch handed out is a zero-copy view of the slot, valid until ``hold`` more
-  batches have been requested, a new iteration starts, or the loader is closed; its slot is
-  released at that moment. When an iteration ends early (``break``, a dropped iterator), batches
-  nobody refers to any more are released at once, and one the user still holds stays valid until
-  the next iteration or ``close()``, so it is never overwritten under the user's eyes.
+- CPU mode: the batch handed out is a zero-copy view of the slot. Its slot is released once
+  ``hold`` more batches have been requested, a new iteration starts, or the loader is closed.
+  When an iteration ends early (``break``, a dropped iterator), batches nobody refers to any more
+  are released at once. A batch is never overwritten under the user's eyes: a slot going back
+  while the user still refers to its tensors first moves them to private memory (``_give_back``:
+  a copy, then ``Tensor.set_``, so the user's tensor objects keep their values), which makes
+  ``list(loader)`` and kept references correct; when the user lets go in time, nothing is
+  copied. Views the user cut from a batch (an index, ``.view``, ``.numpy()``) are not moved: they
+  are valid until the batch's slot goes back.
 - CUDA mode: the slot is copied to the GPU on a side stream, and released once the copy's event
   has completed (polled at every batch; awaited when the stream would otherwise wait on the
   server while holding every slot, and at ``close()``). The user never sees ring memory.
@@ -40,6 +44,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Generator, Mapping
 from typing import Any, Literal, overload
@@ -204,7 +209,12 @@ class Stream:
         self._next_batch_index = 0  # the batch the next `ready` of the current run must hold
         self._last_seq = 0
         # CPU: (slot, weak references to the arrays handed out) of the batches still valid, oldest first.
+        #: CPU batches handed out and not yet given back: (slot, weak references to its tensors).
         self._yielded: collections.deque[tuple[int, list[weakref.ref[Any]]]] = collections.deque()
+        #: The epoch whose run last ended, until ``set_epoch`` or ``load_state_dict``: a shuffled
+        #: iteration starting at it again repeats its order (warned of once).
+        self._ended_epoch: int | None = None
+        self._warned_repeat = False
         self._broken: BaseException | None = None
         self.closed = False
         self._reconnects_in_row = 0  # re-establishments since the last batch or `end` (see `_recover`)
@@ -516,6 +526,20 @@ class Stream:
         self._yielded.append((slot, [weakref.ref(v) for v in views.values()]))
         return views
 
+    def _give_back(self, slot: int, refs: list[weakref.ref[Any]]) -> None:
+        """Releases a CPU slot handed out as the tensors ``refs``.
+
+        The tensors the user still refers to move to private memory first: each is copied and
+        takes the copy's storage (``Tensor.set_``), so the objects the user holds keep their
+        values while the server refills the slot. Nothing is copied when the user has let go.
+        Views the user cut from the batch share the slot's storage and are not moved.
+        """
+        for r in refs:
+            t = r()
+            if t is not None:
+                _to_private_memory(t)
+        self.res.release(slot)
+
     def count_delivered(self, header: Any) -> None:
         """A batch made of a held slot is handed out (it counts for ``state_dict()`` and ``end``)."""
         self.delivered += 1
@@ -526,11 +550,20 @@ class Stream:
     def iterate(self) -> Generator[Any, None, None]:
         """Starts a run at the current epoch and cursor; a generator of its batches.
 
-        A new iteration abandons the previous one: its batches are released (CPU views of them
-        become invalid) and its iterator raises ``RuntimeError`` if used again.
+        A new iteration abandons the previous one: its batches are released (CPU batches the
+        user still refers to move to private memory first, keeping their values) and its
+        iterator raises ``RuntimeError`` if used again.
         """
         self.check_usable()
         self._abandon()
+        if self.cfg.shuffle and self._ended_epoch == self.epoch and not self._warned_repeat:
+            self._warned_repeat = True
+            warnings.warn(
+                f"this shuffled loader starts epoch {self.epoch} again, so it repeats that epoch's "
+                "order; call loader.set_epoch(epoch) before each epoch, as with DistributedSampler",
+                UserWarning,
+                stacklevel=3,
+            )
         iteration = self._iteration
         first, self._cursor = self._cursor, 0
         if not self._resumed:
@@ -590,6 +623,7 @@ class Stream:
                     if not self._on_end(msg):
                         continue
                     self._reconnects_in_row = 0
+                    self._ended_epoch = self.epoch
                     return None  # `skipped` was counted batch by batch, from the slot headers
                 if kind != "ready":
                     raise ProtocolError(f"unexpected `{kind}` message during an epoch")
@@ -609,7 +643,7 @@ class Stream:
     def _release_due(self) -> None:
         """Releases what may be released before waiting for the next batch."""
         while len(self._yielded) >= self.cfg.hold:
-            self.res.release(self._yielded.popleft()[0])
+            self._give_back(*self._yielded.popleft())
         self.release_copied()
 
     def release_copied(self) -> None:
@@ -643,7 +677,7 @@ class Stream:
                 if unreferenced_only and any(r() is not None for r in refs):
                     keep.append((slot, refs))
                 else:
-                    self.res.release(slot)
+                    self._give_back(slot, refs)
         self._yielded.extend(keep)
 
     def _abandon(self) -> None:
@@ -818,6 +852,7 @@ class Stream:
     def set_epoch(self, epoch: int) -> None:
         """``Loader.set_epoch``: a different epoch abandons the iteration and starts from its first batch."""
         epoch = int_in("epoch", epoch, 0, MAX_EPOCH)
+        self._ended_epoch = None
         if epoch != self.epoch:
             self._abandon()
             self.epoch = epoch
@@ -856,6 +891,7 @@ class Stream:
         """``Loader.load_state_dict``: the next iteration delivers the rest of the saved epoch."""
         run_position, cursor = self._resume_point(state)
         self._abandon()
+        self._ended_epoch = None
         self.epoch = int(state["epoch"])
         self._run_position = run_position
         self._resumed = True
@@ -911,6 +947,15 @@ class Stream:
         self.closed = True
         self._yielded.clear()
         self._finalizer()
+
+
+def _to_private_memory(t: Any) -> None:
+    """Moves tensor ``t`` off the ring: it takes a private copy's storage, in place, keeping its
+    values. A numpy array (a loader without torch) cannot be moved and stays a view."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(t, torch.Tensor):
+        with torch.no_grad():
+            t.set_(t.clone())
 
 
 def _nothing() -> Generator[Any, None, None]:

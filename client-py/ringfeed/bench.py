@@ -137,7 +137,7 @@ def ringfeed_rate(
     """img/s of a ``Loader`` pinned at ``threads`` decode threads, from the server at ``socket``."""
     with Loader(
         dataset, batch_size, transform=transform, socket=socket, spawn=False, autotune=False,
-        threads=threads, drop_last=True, timeout=120.0,
+        threads=threads, shuffle=True, drop_last=True, timeout=120.0,
     ) as ld:  # fmt: skip
 
         def epoch(e: int) -> Iterator[Any]:

@@ -89,10 +89,13 @@ class Loader(BaseLoader):
         batch_transform: ``MixUp(...)``, ``CutMix(...)`` or ``RandomChoice([MixUp(...),
             CutMix(...)])``, applied to each batch after normalisation (labels become soft
             one-hot floats), seeded by ``(seed, epoch, batch)``.
-        shuffle: a new permutation of the dataset every epoch (seeded by ``seed`` and the epoch).
+        shuffle: a new permutation of the dataset every epoch (seeded by ``seed`` and the epoch;
+            call ``set_epoch`` each epoch, as with ``DistributedSampler``). Default ``False``, as
+            ``torch.utils.data.DataLoader``'s: pass ``shuffle=True`` for training.
         seed: seeds the order and every sample's augmentation, ``0 ..= 2^53 - 1``.
         drop_last: drop the last partial batch of each rank (and cut the permutation to a multiple
-            of ``world_size``); without it the permutation is padded like ``DistributedSampler``.
+            of ``world_size``); without it (the default, as the DataLoader's) the last batch may be
+            smaller and the permutation is padded like ``DistributedSampler``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. ``"cuda"`` means
             ``cuda:$LOCAL_RANK`` under torchrun, else the current CUDA device.
         rank: this process's rank, ``0 <= rank < world_size``; default ``$RANK`` (torchrun), else 0.
@@ -209,9 +212,9 @@ class Loader(BaseLoader):
         transform: Any,
         *,
         batch_transform: Any = None,
-        shuffle: bool = True,
+        shuffle: bool = False,
         seed: int = 0,
-        drop_last: bool = True,
+        drop_last: bool = False,
         device: Any = "cpu",
         rank: int | None = None,
         world_size: int | None = None,

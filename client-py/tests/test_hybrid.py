@@ -70,6 +70,8 @@ def _epoch(
         socket=sock,
         spawn=True,
         seed=5,
+        shuffle=True,
+        drop_last=True,
         fields=["index", "crop"],
         gpu_decode=gpu,
         _gpu_backend="host",
@@ -440,6 +442,8 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             socket=sock,
             spawn=True,
             seed=5,
+            shuffle=True,
+            drop_last=True,
             fields=["index", "crop"],
             layout=layout,
             device="cuda",
@@ -481,7 +485,8 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
 
     def loader(**kw: object) -> ringfeed.Loader:
         return ringfeed.Loader(
-            root, 3, RRC, socket=sock, spawn=True, seed=2, fields=["index"], slots=4, gpu_decode=1.0,
+            root, 3, RRC, socket=sock, spawn=True, seed=2, shuffle=True, drop_last=True, fields=["index"], slots=4,
+            gpu_decode=1.0,
             _gpu_backend="host", timeout=60, **kw,
         )  # fmt: skip
 

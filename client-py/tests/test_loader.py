@@ -38,6 +38,7 @@ def make(server: FakeServer, batch_size: int = 3, **kw: Any) -> ringfeed.Loader:
     kw.setdefault("transform", ringfeed.Resize((H, W)))
     kw.setdefault("timeout", 5.0)
     kw.setdefault("shuffle", False)
+    kw.setdefault("drop_last", True)
     return ringfeed.Loader(DATASET, batch_size, socket=server.path, spawn=False, **kw)
 
 
@@ -130,7 +131,8 @@ def test_extra_fields_come_as_a_dict(serve: Callable[..., FakeServer]) -> None:
 
 
 def test_cpu_batch_is_valid_until_the_next_one_is_requested(serve: Callable[..., FakeServer]) -> None:
-    """A CPU batch is a view of its slot, released (and overwritten) only when the next batch is requested."""
+    """A CPU batch is a view of its slot, released only when the next batch is requested; a batch
+    still referenced then moves to private memory first, so the server's refill does not reach it."""
     server = serve(dataset_len=9)
     with make(server, 3, slots=3) as loader:
         it = iter(loader)
@@ -143,7 +145,13 @@ def test_cpu_batch_is_valid_until_the_next_one_is_requested(serve: Callable[...,
         images2, labels2 = next(it)
         assert images2.data_ptr() != ptr  # another slot
         server.wait(lambda: len(server.sent("release")) == 1)
-        assert int(images.flatten()[0]) == POISON  # the first batch's slot went back: documented
+        seg = loader._res.segment
+        assert seg is not None
+        ring = seg.as_uint8()
+        assert int(ring[ptr - ring.data_ptr()]) == POISON  # the first batch's slot went back
+        assert images.data_ptr() != ptr  # but the images still held had moved out of it
+        assert int(images[0, 0, 0, 0]) == 0
+        assert labels.tolist() == [0, 1, 2]
         assert labels2.tolist() == [3, 4, 5]
         assert server.sent("release") == [{"type": "release", "slot": 0, "seq": 1}]
 

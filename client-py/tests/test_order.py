@@ -59,7 +59,16 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
 
 def indices(path: Path, sock: str, **kw: object) -> tuple[str, list[int]]:
     with ringfeed.Loader(
-        path, 4, ringfeed.Resize((8, 8)), socket=sock, spawn=True, seed=5, fields=["index"], drop_last=False, **kw
+        path,
+        4,
+        ringfeed.Resize((8, 8)),
+        socket=sock,
+        spawn=True,
+        seed=5,
+        fields=["index"],
+        shuffle=True,
+        drop_last=False,
+        **kw,
     ) as loader:
         loader.set_epoch(2)
         return loader.order, [i for b in loader for i in b["index"].tolist()]
@@ -99,7 +108,15 @@ def test_stand_in_shards_are_ranges_of_order_shard_samples(packed: tuple[Path, l
 def test_a_resumed_shard_blocks_epoch_delivers_exactly_the_rest(packed: tuple[Path, list[int]], sock: str) -> None:
     """state_dict() records the order; resuming at batch k gives exactly batches k.. of the shard_blocks epoch."""
     path, _ = packed
-    kw: dict[str, object] = {"socket": sock, "spawn": True, "seed": 5, "fields": ["index"], "order": "shard_blocks"}
+    kw: dict[str, object] = {
+        "socket": sock,
+        "spawn": True,
+        "seed": 5,
+        "shuffle": True,
+        "drop_last": True,
+        "fields": ["index"],
+        "order": "shard_blocks",
+    }
     with ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), **kw) as loader:
         loader.set_epoch(1)
         it = iter(loader)

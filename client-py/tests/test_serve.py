@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ def loader(dataset: Path, sock: str, batch_size: int = 4, **kw: Any) -> ringfeed
     kw.setdefault("transform", ringfeed.RandomResizedCrop(16) + ringfeed.Flip())
     kw.setdefault("fields", ["index"])
     kw.setdefault("seed", 11)
+    kw.setdefault("shuffle", True)
+    kw.setdefault("drop_last", True)
     kw.setdefault("timeout", 30.0)
     return ringfeed.Loader(dataset, batch_size, socket=sock, spawn=True, **kw)
 
@@ -94,6 +97,7 @@ def test_batches_are_a_function_of_seed_and_epoch(dataset: Path, sock: str) -> N
     with loader(dataset, sock) as ld:
         ld.set_epoch(3)
         a = epoch(ld)
+        ld.set_epoch(3)  # on purpose: the same epoch again
         b = epoch(ld)
         ld.set_epoch(4)
         c = epoch(ld)
@@ -109,6 +113,7 @@ def test_resume_mid_epoch_in_a_new_loader(dataset: Path, sock: str) -> None:
     with loader(dataset, sock) as ld:
         ld.set_epoch(1)
         full = epoch(ld)
+        ld.set_epoch(1)
         it = iter(ld)
         for _ in range(2):
             next(it)
@@ -187,6 +192,62 @@ def test_cpu_views_point_into_the_ring(dataset: Path, sock: str) -> None:
             assert base <= b["image"].data_ptr() < base + seg.length
 
 
+@pytest.mark.parametrize("hold", [1, 3])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_kept_cpu_batches_never_change(dataset: Path, sock: str, hold: int, normalize: bool) -> None:
+    """``list(loader)`` equals the same epoch cloned batch by batch, and a batch kept across a new
+    iteration keeps its values: a slot going back moves the tensors still referenced to private
+    memory first."""
+    kw: dict[str, Any] = {"hold": hold, "slots": hold + 2, "seed": 1}
+    if normalize:
+        kw["normalize"] = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    with loader(dataset, sock, batch_size=2, **kw) as ld:
+        ld.set_epoch(3)
+        cloned = epoch(ld)
+        ld.set_epoch(3)
+        kept = list(ld)
+        assert len(kept) == len(cloned) == N // 2
+        for a, b in zip(kept, cloned, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert torch.equal(a[k], b[k]), k
+        ld.set_epoch(4)
+        for _ in ld:  # another iteration refills every slot
+            pass
+        for a, b in zip(kept, cloned, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_defaults_are_the_dataloaders(dataset: Path, sock: str) -> None:
+    """Like ``torch.utils.data.DataLoader``: no shuffle, and the last partial batch is delivered."""
+    with ringfeed.Loader(dataset, 4, ringfeed.Resize((8, 8)), fields=["index"], socket=sock, spawn=True) as ld:
+        assert (ld.shuffle, ld.drop_last) == (False, False)
+        batches = epoch(ld)
+        assert len(ld) == len(batches) == -(-N // 4)
+        assert [len(b["index"]) for b in batches] == [4] * (N // 4) + [N % 4]
+        assert torch.cat([b["index"] for b in batches]).tolist() == list(range(N))
+
+
+def test_a_shuffled_epoch_repeated_without_set_epoch_is_warned_of(dataset: Path, sock: str) -> None:
+    """The order would repeat: one warning names set_epoch; set_epoch or a resume silences it."""
+    with loader(dataset, sock, shuffle=True) as ld:
+        first = epoch(ld)
+        with pytest.warns(UserWarning, match="call loader.set_epoch"):
+            again = epoch(ld)
+        assert [b["index"].tolist() for b in again] == [b["index"].tolist() for b in first]
+    with loader(dataset, sock, shuffle=True) as ld, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for e in range(2):
+            ld.set_epoch(e)
+            epoch(ld)
+        ld.set_epoch(1)  # the same epoch on purpose: no warning
+        epoch(ld)
+    with loader(dataset, sock, shuffle=False) as ld, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        epoch(ld)
+        epoch(ld)  # without shuffle, one order is what was asked for
+
+
 def test_eval_transform_nchw_and_normalize(dataset: Path, sock: str) -> None:
     """CenterCrop in NCHW, and normalize on the CPU: float32 [N, 3, h, w] channels_last."""
     with loader(
@@ -244,7 +305,9 @@ def test_a_killed_server_is_server_died_at_once(dataset: Path, sock: str) -> Non
 def test_the_embedded_sidecar_exits_when_idle(dataset: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no socket=, the loader starts `ringfeed serve --exit-when-idle` at $RINGFEED_SOCKET; it exits when idle."""
     monkeypatch.setenv("RINGFEED_SOCKET", sock)
-    with ringfeed.Loader(dataset, 4, transform=ringfeed.Resize((8, 8)), timeout=30.0) as ld:
+    with ringfeed.Loader(
+        dataset, 4, transform=ringfeed.Resize((8, 8)), timeout=30.0, shuffle=True, drop_last=True
+    ) as ld:
         assert len(epoch_tuples(ld)) == N // 4
         proc = sidecar._SPAWNED[-1]
         assert ld.server_log == sock[: -len(".sock")] + ".log"

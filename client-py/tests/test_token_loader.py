@@ -219,6 +219,8 @@ def test_windows_match_the_reference(mode: str, data: str, request: pytest.Fixtu
         socket=sock,
         spawn=True,
         seed=3,
+        shuffle=True,
+        drop_last=True,
     ) as loader:
         assert len(loader) == len(ref) // 4
         got = collect(loader)
@@ -275,6 +277,7 @@ def test_pack_never_splits_a_document(corpus: Path, sock: str) -> None:
         socket=sock,
         spawn=True,
         drop_last=False,
+        shuffle=True,
     ) as loader:
         for b in loader:
             for ids_t, docs_t, labels_t in zip(b["input_ids"], b["document_ids"], b["labels"], strict=True):
@@ -401,6 +404,7 @@ def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pyt
         drop_last=want["drop_last"],
         socket=sock,
         spawn=True,
+        shuffle=True,
     ) as loader:
         assert len(loader) >= 1
     got = next(m for m in sent if m["type"] == "open")
@@ -513,12 +517,14 @@ def test_a_stream_is_the_reference_window_order(corpus: Path, sock: str, mode: s
     windows (a mix of one: position k holds window permute(n, key(seed, epoch, 0, 0), k)), and after a
     resume at a global position on 2 ranks exactly the reference's rest of the epoch from there."""
     kw: dict[str, Any] = {"seq_len": 20, "mode": mode, "fields": ["index"], "socket": sock, "spawn": True, "seed": 13}
-    with ringfeed.TokenLoader(corpus, batch_size=1, **kw) as ld:
+    with ringfeed.TokenLoader(corpus, batch_size=1, shuffle=True, drop_last=True, **kw) as ld:
         n = ld.dataset_len
     order = epoch_order([n], None, 13, 3, True)
     assert sorted(w for _, w in order) == list(range(n))
     for rank in range(3):
-        with ringfeed.TokenLoader(corpus, batch_size=4, rank=rank, world_size=3, drop_last=False, **kw) as ld:
+        with ringfeed.TokenLoader(
+            corpus, batch_size=4, rank=rank, world_size=3, shuffle=True, drop_last=False, **kw
+        ) as ld:
             ld.set_epoch(3)
             it = iter(ld)
             got = [i for _ in range(2) for i in next(it)["index"].tolist()]
@@ -527,7 +533,9 @@ def test_a_stream_is_the_reference_window_order(corpus: Path, sock: str, mode: s
         assert got == [w for _, w in rest_of_epoch(order, 0, 3, rank, False)], f"rank {rank}"
     assert state["position"] == 2 * 4 * 3
     for rank in range(2):
-        with ringfeed.TokenLoader(corpus, batch_size=5, rank=rank, world_size=2, drop_last=False, **kw) as ld:
+        with ringfeed.TokenLoader(
+            corpus, batch_size=5, rank=rank, world_size=2, shuffle=True, drop_last=False, **kw
+        ) as ld:
             ld.load_state_dict(state)
             got = [i for b in ld for i in b["index"].tolist()]
         assert got == [w for _, w in rest_of_epoch(order, 24, 2, rank, False)], f"resumed rank {rank}"
@@ -548,6 +556,7 @@ def test_a_shuffled_mix_is_the_reference_window_order(corpus: Path, sft: Path, t
         spawn=True,
         seed=21,
         drop_last=False,
+        shuffle=True,
     ) as loader:
         loader.set_epoch(6)
         got = [(d, i) for b in loader for d, i in zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True)]
@@ -564,3 +573,19 @@ def test_a_token_stream_starts_at_one_thread_under_autotune(corpus: Path, sock: 
         assert server["autotune"]
     with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True, autotune=False) as ld:
         assert ld.stats()["server"]["threads"] == 1
+
+
+def test_defaults_are_the_dataloaders_and_kept_batches_stay(corpus: Path, sock: str) -> None:
+    """No shuffle, the last partial batch delivered, and ``list(loader)`` on the CPU equals the
+    epoch cloned batch by batch (held windows move to private memory before their slot is refilled)."""
+    with ringfeed.TokenLoader(corpus, batch_size=5, seq_len=16, fields=["index"], socket=sock, spawn=True) as ld:
+        assert (ld.shuffle, ld.drop_last) == (False, False)
+        cloned = [{k: v.clone() for k, v in b.items()} for b in ld]
+        ld.set_epoch(0)
+        kept = list(ld)
+        n = ld.dataset_len
+    assert n % 5, "the corpus should end in a partial batch"
+    assert [len(b["index"]) for b in kept] == [5] * (n // 5) + [n % 5]
+    assert torch.cat([b["index"] for b in kept]).tolist() == list(range(n))
+    for a, b in zip(kept, cloned, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)

@@ -84,7 +84,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def epoch(path: Path | str, sock: str, **kw: object) -> list[tuple[torch.Tensor, ...]]:
     """Every batch of epoch 1: (index, label, image) clones."""
-    opts: dict[str, object] = {"seed": 3, "fields": ["index"], "drop_last": False, "socket": sock, "spawn": True}
+    opts: dict[str, object] = {
+        "seed": 3,
+        "shuffle": True,
+        "fields": ["index"],
+        "drop_last": False,
+        "socket": sock,
+        "spawn": True,
+    }
     opts.update(kw)
     with ringfeed.Loader(path, 4, ringfeed.RandomResizedCrop(20) + ringfeed.Flip(), **opts) as loader:
         loader.set_epoch(1)

@@ -20,6 +20,10 @@ Why Python: the baseline *is* Python (torch, PIL, torchvision), and the ringfeed
 Rates are images delivered per second of wall time after a warm-up (batches the ring or the
 workers may have prepared ahead are skipped), over at least ``--seconds`` and ``--batches``.
 Nothing here is a pass/fail speed test; ``benches/`` holds those.
+
+``--plot FILE.png`` draws the printed table as a bar chart (``plot``). It needs matplotlib
+(``pip install matplotlib``), which is checked before anything is measured; nothing else here
+imports it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,7 +48,7 @@ from ._transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResize
 from .loader import Loader
 from .wire import sidecar
 
-__all__ = ["dataloader_rate", "main", "needed", "ringfeed_rate", "run"]
+__all__ = ["dataloader_rate", "main", "needed", "plot", "ringfeed_rate", "run"]
 
 #: ``--transform`` names: the transforms ringfeed has today.
 TRANSFORMS = ("rrc-flip", "rrc", "center", "resize")
@@ -303,6 +308,58 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The message when ``--plot`` cannot draw.
+NO_MATPLOTLIB = "--plot needs matplotlib, which is not installed: pip install matplotlib"
+
+
+def _figure_class() -> Any:
+    """matplotlib's ``Figure``, which draws without pyplot or a global backend, or a
+    ``RingfeedError`` naming the install."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise RingfeedError(NO_MATPLOTLIB) from None
+    return Figure
+
+
+def plot(report: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Draws the table ``render`` prints as a bar chart into ``path`` (a PNG): img/s by thread
+    count for ringfeed and, when measured, the DataLoader + PIL, each bar labelled with its rate
+    and the ringfeed bar with its ratio to the DataLoader."""
+    figure = _figure_class()
+    points = report["points"]
+    baseline = all(p["dataloader_pil"] is not None for p in points)
+    fig = figure(figsize=(max(4.0, 1.1 * len(points) + 2.5), 3.6))
+    ax = fig.subplots()
+    width = 0.38 if baseline else 0.6
+    for i, p in enumerate(points):
+        rf = p["ringfeed"]["img_per_s"]
+        x = i - width / 2 if baseline else i
+        ax.bar(x, rf, width, color="#1f77b4", label="ringfeed" if i == 0 else None)
+        label = f"{rf:,.0f}"
+        if baseline:
+            dl = p["dataloader_pil"]["img_per_s"]
+            ax.bar(i + width / 2, dl, width, color="#d62728", label="DataLoader + PIL" if i == 0 else None)
+            ax.text(i + width / 2, dl, f"{dl:,.0f}", ha="center", va="bottom", fontsize=7)
+            label += f"\n{rf / dl:.1f}x"
+        ax.text(x, rf, label, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(points)), [str(p["threads"]) for p in points])
+    ax.set_xlabel("decode threads (DataLoader: workers)")
+    ax.set_ylabel("images/s")
+    top = max(max(p["ringfeed"]["img_per_s"], (p["dataloader_pil"] or {}).get("img_per_s", 0.0)) for p in points)
+    ax.set_ylim(0, 1.2 * top)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(frameon=False, fontsize=8)
+    ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:,.0f}")
+    ops = " + ".join(op for op in re.findall(r"(\w+)\(", report["transform"]) if op != "Compose")
+    ax.set_title(
+        f"ringfeed bench: {Path(report['dataset']).name}, {ops}\nbatch {report['batch_size']}, {report['cores']} cores",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=110, metadata={"Software": None})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="ringfeed bench",
@@ -321,11 +378,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="minimum timed seconds per measurement")
     ap.add_argument("--batches", type=int, default=8, help="minimum timed batches per measurement")
     ap.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-': stdout only)")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the table as a bar chart (needs matplotlib)")
     a = ap.parse_args(argv)
     try:
         threads = [int(x) for x in a.threads.split(",")] if a.threads else None
     except ValueError:
         ap.error(f"--threads must be comma-separated integers, got {a.threads!r}")
+    if a.plot:
+        try:
+            _figure_class()
+        except RingfeedError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     try:
         report = run(
             a.dataset, transform=a.transform, size=a.size, batch_size=a.batch_size, threads=threads,
@@ -335,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RingfeedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if a.plot:
+        plot(report, a.plot)
     if a.json == "-":
         print(json.dumps(report, indent=2))
         return 0

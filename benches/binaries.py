@@ -8,7 +8,7 @@ For a change that must not move the hot path (a refactor, a build-profile change
 per binary, in the order given, so that drift of the machine (thermal, page cache, neighbours)
 falls on every binary alike. The baseline is the first `--bin`, measured in the same run; the
 ratios are each binary's mean over the reps against the baseline's. DIR is an image folder (make
-the standard one with `python3 ../shared/datasets/make_photos.py DIR --count 8000`); PACKED is
+the standard one with `python3 benches/make_photos.py DIR --count 8000`); PACKED is
 it packed by `ringfeed pack`. Writes binaries.json (every run, in a `harness` record) and
 binaries.md (the table) into --out.
 """

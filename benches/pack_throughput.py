@@ -6,7 +6,7 @@ re-encode modes.
         [--threads 1,2,4,8,16] [--reencode 256:90] [--out benches/results/DATE-MACHINE]
 
 DIR is an image folder; make the standard one with
-`python3 ../shared/datasets/make_photos.py DIR --count 8000`. The corpus is read once before
+`python3 benches/make_photos.py DIR --count 8000`. The corpus is read once before
 timing, so every run reads from a warm page cache and the figures measure ringfeed, not the disk.
 Every run packs the same files with the default checks (a full decode of every image). The
 binary: --bin, RINGFEED_BIN, PATH or the workspace build (`harness.find_binary`). Writes pack.json

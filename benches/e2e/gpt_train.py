@@ -5,7 +5,7 @@
         [--models gpt2-small,llama-1b] [--seq-len 1024] [--batch-size 16] [--steps 50]
         [--workers 4] [--device cuda] [--out DIR]
 
-DIR holds corpus.jsonl and tokenizer.json (`python3 ../shared/datasets/make_text.py DIR`); the
+DIR holds corpus.jsonl and tokenizer.json (`python3 scripts/make_text.py DIR`); the
 corpus is packed into DIR/packed.tok with `ringfeed pack --tokenizer` first if it is not there.
 Each model (transformers, random init, bf16 weights, AdamW, loss = cross-entropy of the logits
 against the already-shifted labels) is trained for `--steps` timed steps after `--warmup`, fed by:

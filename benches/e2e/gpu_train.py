@@ -20,7 +20,8 @@ the autotuner has settled; every loader gets the same), then times `--steps` ste
 - GPU idle: the sum over steps of the gap, on the GPU's own clock (CUDA events), between the end of
   one step's last kernel and the start of the next step's first: time the GPU had nothing queued,
   because the loop was waiting for a batch (or for the copy that brings it). This is the share of
-  time the GPU waits for data.
+  time the GPU waits for data. Each step's gap is kept too (`gpu_idle_steps`: seconds since the
+  timed steps began, idle ms), which `benches/charts.py --idle gpu.json` draws over time.
 - loop blocked in `next()`: the wall time the Python loop spends inside `next(iterator)`. When the
   loader keeps up, this still includes back-pressure from a GPU that is behind (a CUDA loader's
   `next()` waits for its copy, which queues behind the GPU's work), so for a GPU-bound model it
@@ -151,6 +152,8 @@ def train(
     start = None
     # (end of step k, start of step k + 1) on the GPU's clock, for the timed steps.
     gaps: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    # When each gap's next step was queued, in seconds since the timed steps began (host clock).
+    gap_at: list[float] = []
     last_end = None
     began = time.perf_counter()
     step, timed = 0, 0
@@ -170,6 +173,7 @@ def train(
             begin.record()
             if last_end is not None:
                 gaps.append((last_end, begin))
+                gap_at.append(time.perf_counter() - start)
         train_step(model, opt, loss_fn, x, y)
         step += 1
         if start is not None:
@@ -179,7 +183,8 @@ def train(
     torch.cuda.synchronize()
     total = time.perf_counter() - start
     cpu = _cpu.tree_cpu_seconds() - cpu0
-    idle = sum(a.elapsed_time(b) for a, b in gaps) / 1000
+    gap_ms = [a.elapsed_time(b) for a, b in gaps]
+    idle = sum(gap_ms) / 1000
     out = {
         "img_per_s": steps * BATCH / total,
         # This process's threads, its DataLoader workers and the sidecar it started (_cpu.py).
@@ -188,6 +193,9 @@ def train(
         "gpu_idle_share": idle / total,
         "wait_share": wait / total,
         "seconds": total,
+        # Per timed step: [seconds since the timed steps began, GPU idle ms before it]
+        # (benches/charts.py --idle draws it over time).
+        "gpu_idle_steps": [[round(t, 4), round(ms, 4)] for t, ms in zip(gap_at, gap_ms, strict=True)],
     }
     if watch is not None:
         timeline = watch.stop()

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU-machine benchmark of results/2026-11-30-h200-host-3/, in the order they ran there.
-# The GPU machine reaches no registry: build on a development machine first
+# Build first (on a machine without a registry, build elsewhere and copy the two binaries):
 #   cargo build --release -p ringfeed --bin ringfeed --example corpus_rate
-# and bring target/release/ringfeed, target/release/examples/corpus_rate and
-# ../shared/datasets/make_photos.py (the device tool's `carry`). Usage:
-#   RINGFEED_BIN=... CORPUS_RATE_BIN=... MAKE_PHOTOS=... benches/e2e/h200_all.sh OUT_DIR
-# (the device runs split these lines over several calls of at most 10 minutes each).
+# Usage:
+#   RINGFEED_BIN=target/release/ringfeed CORPUS_RATE_BIN=target/release/examples/corpus_rate \
+#     MAKE_PHOTOS=benches/make_photos.py benches/e2e/h200_all.sh OUT_DIR
+# (the committed results ran these lines split over several runs of at most 10 minutes each).
 set -euxo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: h200_all.sh OUT_DIR}

@@ -1,7 +1,7 @@
 """Two or more `ringfeed` binaries side by side in one run: the pack and feed benches, alternately.
 
     python3 benches/binaries.py --corpus DIR --dataset PACKED --bin old=PATH --bin new=PATH
-        [--bin dist=PATH] [--reps 2] [--pack-threads 1,8] [--feed-threads 8] [--out DIR]
+        [--bin dist=PATH] [--reps 2] [--pack-threads 1,8] [--feed-threads 8] [--feed-epochs 2] [--out DIR]
 
 For a change that must not move the hot path (a refactor, a build-profile change): each rep runs
 `pack_throughput.py --reencode none` and `loader_throughput.py` (CPU delivery, crop + flip) once
@@ -39,12 +39,12 @@ def pack_rates(binary: str, corpus: Path, threads: str) -> dict[str, float]:
     return {f"pack {r['threads']}t": r["images_per_sec"] for r in runs}
 
 
-def feed_rate(binary: str, dataset: Path, threads: int, warmup_s: float) -> dict[str, float]:
+def feed_rate(binary: str, dataset: Path, threads: int, warmup_s: float, epochs: int) -> dict[str, float]:
     """Images/s at which `ringfeed.Loader` delivers CPU batches (crop + flip to 224)."""
     with tempfile.TemporaryDirectory() as out:
         js = Path(out) / "feed.json"
         cmd = [sys.executable, str(HERE / "loader_throughput.py"), str(dataset), "--threads", str(threads)]
-        cmd += ["--warmup-s", str(warmup_s), "--bin", binary, "--json", str(js)]
+        cmd += ["--warmup-s", str(warmup_s), "--epochs", str(epochs), "--bin", binary, "--json", str(js)]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return {f"feed {threads}t": json.loads(js.read_text())["img_per_s"]}
 
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--pack-threads", default="1,8")
     ap.add_argument("--feed-threads", type=int, default=8)
+    ap.add_argument("--feed-epochs", type=int, default=2, help="timed windows of one epoch each, per feed run")
     ap.add_argument("--warmup-s", type=float, default=harness.DEFAULT_WARMUP_S)
     ap.add_argument("--out", type=Path, default=Path("benches/results") / time.strftime("%Y-%m-%d-binaries"))
     a = ap.parse_args()
@@ -70,7 +71,7 @@ def main() -> None:
     for rep in range(a.reps):
         for name, path in binaries.items():
             rates = pack_rates(path, a.corpus, a.pack_threads)
-            rates |= feed_rate(path, a.dataset, a.feed_threads, a.warmup_s)
+            rates |= feed_rate(path, a.dataset, a.feed_threads, a.warmup_s, a.feed_epochs)
             runs.append({"rep": rep, "binary": name, "rates": rates})
             print(f"rep {rep} {name}: " + ", ".join(f"{k} {v:.0f} img/s" for k, v in rates.items()), flush=True)
 

@@ -30,7 +30,8 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
   finishing (nvJPEG, nvImageCodec, the Triton kernels). Imported only when a stream needs it.
 - ``formats``: the on-disk formats: the packed format (``PackedDataset``, ``verify``), the token
   dataset format (reader, ``verify_tokens``, Megatron reader), CRC-32C.
-- ``bench``, ``lightning``: ``ringfeed bench`` and the Lightning ``DataModule``.
+- ``bench``, ``lightning``, ``_preview``: ``ringfeed bench``, the Lightning ``DataModule``, and
+  ``preview`` (a recipe's draws on one image, by a private sidecar).
 
 ``_crc32c``, ``_tokfile``, ``_sidecar``, ``_hybrid``, ``_nvjpeg``, ``_finish_kernel`` and
 ``_chroma_kernel`` are the old names of modules in ``formats``, ``wire`` and ``gpu``, kept for
@@ -38,6 +39,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
+from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
     AutoAugment,
@@ -94,6 +96,7 @@ __all__ = [
     "Normalize",
     "Op",
     "PackedDataset",
+    "Preview",
     "ProtocolError",
     "RandAugment",
     "RandomAdjustSharpness",
@@ -122,6 +125,7 @@ __all__ = [
     "View",
     "Views",
     "__version__",
+    "preview",
     "snapshot",
     "verify",
 ]

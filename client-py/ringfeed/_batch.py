@@ -2,8 +2,9 @@
 
 In order, on the batch's device (the side stream in CUDA mode): each view's ``Normalize``
 (``gpu.device.Normalizer``), then its ``RandomErasing`` boxes (drawn per image by the server into the
-view's ``<name>_erase`` field), then the loader's ``batch_transform`` (``MixUp``, ``CutMix`` or a
-``RandomChoice`` of them) on the view's images and the labels.
+view's ``<name>_erase`` field), then the loader's ``batch_transform``: ``MixUp``, ``CutMix`` or a
+``RandomChoice`` of them on the view's images and the labels, or the user's own callable on the
+batch's fields.
 
 Randomness the client draws (MixUp/CutMix's lam, box and choice; erasing's ``"random"`` noise) comes
 from generators seeded by ``(seed, epoch, batch index)``, so a resumed epoch repeats it exactly.
@@ -37,7 +38,9 @@ class BatchOps:
         layout: the ring's image layout, ``"NHWC"`` or ``"NCHW"``.
         normalize: the loader-level ``normalize=(mean, std)``, for every view without its own.
         dtype: the floating dtype of normalised images.
-        batch_transform: ``MixUp``, ``CutMix``, ``RandomChoice`` of them, or ``None``.
+        batch_transform: ``MixUp``, ``CutMix``, ``RandomChoice`` of them, any other callable (given
+            the batch's fields by name, a dict of tensors on the batch's device, after the built-in
+            ops; it returns the fields the loop gets), or ``None``.
         seed: the loader's seed.
     """
 
@@ -76,17 +79,21 @@ class BatchOps:
             raise ValueError("dtype applies to normalized images only; pass normalize=(mean, std) or Normalize too")
         self.mix: list[Any] = []
         self.mix_p: list[float] = []
+        #: The user's own batch transform: runs last, on the fields by name.
+        self.user: Any = None
         if batch_transform is not None:
             if isinstance(batch_transform, (MixUp, CutMix)):
                 self.mix, self.mix_p = [batch_transform], [1.0]
             elif isinstance(batch_transform, RandomChoice) and batch_transform.batch:
                 self.mix, self.mix_p = list(batch_transform.transforms), list(batch_transform.p)
+            elif callable(batch_transform) and not isinstance(batch_transform, RandomChoice):
+                self.user = batch_transform
             else:
                 raise ValueError(
-                    f"batch_transform must be MixUp, CutMix or RandomChoice([MixUp(...), CutMix(...)]), "
-                    f"got {batch_transform!r}"
+                    f"batch_transform must be MixUp, CutMix, RandomChoice([MixUp(...), CutMix(...)]) or a "
+                    f"callable on the batch's fields, got {batch_transform!r}"
                 )
-            if len(views.views) != 1:
+            if self.mix and len(views.views) != 1:
                 raise ValueError("batch_transform: MixUp/CutMix mix one view's images; this loader has several views")
         self.mixed_view = next(iter(views.views))
         #: Erasing's constant fills, per (value, device, dtype, layout): made once, not per batch.
@@ -109,7 +116,7 @@ class BatchOps:
     @property
     def active(self) -> bool:
         """Whether any op runs (else batches are the ring's own views)."""
-        return bool(self.normalizers or self.erasing or self.mix)
+        return bool(self.normalizers or self.erasing or self.mix or self.user is not None)
 
     def __call__(self, out: dict[str, Any], epoch: int, batch: int) -> dict[str, Any]:
         for name in list(out):
@@ -131,6 +138,13 @@ class BatchOps:
             out[name] = flat.reshape((*lead, *flat.shape[1:])) if len(lead) > 1 else flat
         if self.mix:
             self._mix(out, epoch, batch)
+        if self.user is not None:
+            out = self.user(out)
+            if not isinstance(out, dict):
+                raise TypeError(
+                    f"batch_transform {self.user!r} must return the batch's fields as a dict (name to "
+                    f"tensor), got {type(out).__name__}"
+                )
         return out
 
     def _erase(self, x: Any, boxes: Any, ops: list[Any], nchw: bool, epoch: int, batch: int) -> Any:

@@ -219,10 +219,12 @@ class ImageBatches(BatchMaker):
         if st.res.cuda is not None:
             out = self._to_device(st, views, slot, header, finish)
         elif post is not None:
-            # The batch ops make new tensors; copy whatever they left as a view of the ring, and
-            # hand the slot back now.
+            # The batch ops make new tensors; copy whatever they left in the ring (a field they did
+            # not touch, or a view a user's batch_transform cut), and hand the slot back now.
             out = post(dict(views), header.epoch, header.batch)
-            out = {k: (v.clone() if any(v is r for r in views.values()) else v) for k, v in out.items()}
+            segment = st.res.segment
+            assert segment is not None
+            out = {k: (v.clone() if segment.holds(v) else v) for k, v in out.items()}
             st.res.release(slot)
         else:
             out = st.hand_out(slot, views)

@@ -260,6 +260,8 @@ class Stream:
         self.batches_per_epoch = ring["batches_per_epoch"]
         self.stream_id = ring.get("stream")
         self.order = ring.get("order", "global")
+        #: 1.6: the server's fingerprint of the served data (control.md, "Dataset identity").
+        self.dataset_id: str | None = ring.get("dataset_id")
         if self.cfg.cuda:
             from .gpu.device import CudaCopier
 
@@ -808,13 +810,13 @@ class Stream:
             "lost the ringfeed server at %s (%s); reconnecting (%d of %d in a row), then resuming epoch %d at batch %d",
             cfg.socket_path, cause, self._reconnects_in_row, cfg.reconnect, self._run_epoch, self.delivered,
         )  # fmt: skip
-        known = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch)
+        known = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch, self.dataset_id)
         self._reconnect_within(cfg.reconnect_timeout, cause)
-        now = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch)
+        now = (self.dataset_len, self.samples_per_rank, self.batches_per_epoch, self.dataset_id)
         if now != known:
             self.res.close()
             raise RingfeedError(
-                f"after reconnecting, the dataset {cfg.path} has (samples, samples per rank, batches per epoch) "
+                f"after reconnecting, the dataset {cfg.path} has (samples, samples per rank, batches per epoch, id) "
                 f"{now}, not {known}: it changed, so the epoch cannot be resumed"
             ) from cause
         self._broken = None
@@ -885,6 +887,8 @@ class Stream:
             "drop_last": cfg.drop_last,
             "order": self.order,
             "order_block": cfg.order_block,
+            "dataset": cfg.path,
+            "dataset_id": self.dataset_id,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -916,6 +920,13 @@ class Stream:
                     f"the state was saved with {key}={state[key]!r} but this loader has {key}={have!r}; "
                     f"construct the Loader with {key}={state[key]!r} to resume exactly"
                 )
+        saved_id = state.get("dataset_id")
+        if saved_id is not None and self.dataset_id is not None and saved_id != self.dataset_id:
+            raise ValueError(
+                f"the state was saved on dataset {state.get('dataset', '?')!r} (id {saved_id}), but this loader "
+                f"serves {cfg.path!r} (id {self.dataset_id}): another dataset, split or mix, where the saved "
+                f"position means nothing; load the state into a loader of the dataset it was saved on"
+            )
         for key in ("epoch", "batches_delivered"):
             if key not in state:
                 raise ValueError(f"the state has no {key!r}")

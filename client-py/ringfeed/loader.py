@@ -88,7 +88,10 @@ class Loader(BaseLoader):
             protocol 1.1 ``transform`` object as a dict is still accepted.
         batch_transform: ``MixUp(...)``, ``CutMix(...)`` or ``RandomChoice([MixUp(...),
             CutMix(...)])``, applied to each batch after normalisation (labels become soft
-            one-hot floats), seeded by ``(seed, epoch, batch)``.
+            one-hot floats), seeded by ``(seed, epoch, batch)``; or any callable of your own,
+            ``f(fields) -> fields`` on the batch's fields by name (``{"image": ..., "label": ...,
+            ...}``, tensors on the batch's device, after the built-in batch ops), whose result is
+            the batch the loop gets.
         shuffle: a new permutation of the dataset every epoch (seeded by ``seed`` and the epoch;
             call ``set_epoch`` each epoch, as with ``DistributedSampler``). Default ``False``, as
             ``torch.utils.data.DataLoader``'s: pass ``shuffle=True`` for training.

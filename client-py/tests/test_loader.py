@@ -285,6 +285,8 @@ def test_state_dict_round_trip_resumes_mid_epoch(serve: Callable[..., FakeServer
         "drop_last": True,
         "order": "global",
         "order_block": None,
+        "dataset": DATASET,
+        "dataset_id": None,  # the fake server speaks 1.5: no ring.dataset_id
     }
     with make(server, 2, shuffle=True, seed=3) as again:
         again.load_state_dict(state)

@@ -565,3 +565,30 @@ def test_a_remote_dataset_url_is_sent_unchanged() -> None:
     url = cases["open, 1.3 remote dataset"]["message"]["dataset"]
     assert dataset_path(url) == url
     assert dataset_path("rel/ds") == os.path.abspath("rel/ds")  # noqa: PTH100
+
+
+def _fnv1a_64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def test_dataset_ids_are_the_specs_fnv1a_of_the_description() -> None:
+    """``ring.dataset_id`` (control.md, "Dataset identity"): each vector's id is FNV-1a 64 of the
+    description the spec lays out, recomputed here independently of the server's code."""
+    cases = json.loads((VECTORS / "dataset_id.json").read_text())["cases"]
+    assert len(cases) >= 5
+    for case in cases:
+        d = bytearray(b"ringfeed-dataset\0")
+        d += struct.pack("<QI", case["len"], len(case["classes"]))
+        for c in case["classes"]:
+            raw = c.encode()
+            d += struct.pack("<I", len(raw)) + raw
+        shards = case["shards"] or []
+        d += struct.pack("<I", len(shards)) + b"".join(struct.pack("<Q", s) for s in shards)
+        tokens = case.get("tokens")
+        if tokens is not None:
+            d += struct.pack("<IBI", tokens["seq_len"], tokens["mode"], len(tokens["parts"]))
+            d += b"".join(struct.pack("<4Q", *p) for p in tokens["parts"])
+        assert f"{_fnv1a_64(bytes(d)):016x}" == case["id"], case["name"]

@@ -9,6 +9,7 @@ business; these tests pin what the client promises: order, coverage, resume, ran
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import time
 import warnings
@@ -129,6 +130,31 @@ def test_resume_mid_epoch_in_a_new_loader(dataset: Path, sock: str) -> None:
         assert torch.equal(x["image"], y["image"])
 
 
+def test_a_state_loads_only_into_a_loader_of_its_dataset(dataset: Path, sock: str, tmp_path: Path) -> None:
+    """The state records the server's dataset id: a copy of the dataset at another path resumes, another
+    dataset is refused with an error naming both."""
+    with loader(dataset, sock) as ld:
+        it = iter(ld)
+        next(it)
+        state = ld.state_dict()
+    assert state["dataset"] == str(dataset)
+    assert len(state["dataset_id"]) == 16
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    with loader(copy, sock) as again:
+        again.load_state_dict(state)
+        assert again.state_dict()["dataset_id"] == state["dataset_id"]
+    other = tmp_path / "other"
+    for i in range(N + 2):
+        p = other / "src" / f"c{i % 2}" / f"{i:03d}.jpg"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(jpeg(40, 30, i))
+    with loader(other / "src", sock) as elsewhere:
+        with pytest.raises(ValueError, match=r"saved on dataset .*serve.* but this loader serves .*other"):
+            elsewhere.load_state_dict(state)
+        elsewhere.load_state_dict({k: v for k, v in state.items() if k not in ("dataset", "dataset_id")})
+
+
 @pytest.mark.parametrize("order", ["global", "shard_blocks"])
 def test_resume_with_another_world_size_restripes_the_rest(tmp_path: Path, sock: str, order: str) -> None:
     """Four ranks take 4 batches each; the job resumes from their state at world 2, at world 3 and at world 3
@@ -216,6 +242,36 @@ def test_kept_cpu_batches_never_change(dataset: Path, sock: str, hold: int, norm
             pass
         for a, b in zip(kept, cloned, strict=True):
             assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_callable_batch_transform_runs_last_and_may_cut_views(dataset: Path, sock: str) -> None:
+    """Any callable is a batch transform: it gets the fields by name after the built-in ops (here
+    normalize) and its result is the batch; a view it cuts of the ring is copied out before the slot
+    goes back, so kept batches keep their values."""
+    seen: list[torch.dtype] = []
+
+    def mine(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        seen.append(fields["image"].dtype)
+        return {"image": fields["image"][..., :4], "label": fields["label"] + 100, "index": fields["index"][:2]}
+
+    norm = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    with loader(dataset, sock, normalize=norm, batch_transform=mine, shuffle=False) as ld:
+        kept = list(ld)
+    assert seen
+    assert all(d == torch.float32 for d in seen)
+    assert all(tuple(b["image"].shape[1:]) == (3, 16, 4) and b["label"].min() >= 100 for b in kept)
+    assert [i for b in kept for i in b["index"].tolist()] == [j for k in range(0, N - 3, 4) for j in (k, k + 1)]
+    with loader(
+        dataset, sock, batch_transform=lambda f: {"image": f["image"][:, :2]}, fields=None, shuffle=False
+    ) as ld:
+        first = [b["image"] for b in ld]
+        again = [b["image"].clone() for b in ld]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))  # views cut of the ring were copied
+    with pytest.raises(ValueError, match="a callable on the batch's fields"):
+        loader(dataset, sock, batch_transform=ringfeed.Flip())
+    bad = loader(dataset, sock, batch_transform=lambda f: [f["image"]])
+    with bad as ld, pytest.raises(TypeError, match="as a dict"):
+        next(iter(ld))
 
 
 def test_defaults_are_the_dataloaders(dataset: Path, sock: str) -> None:
@@ -372,3 +428,31 @@ def test_corrupt_samples_raise_or_are_skipped(tmp_path: Path, sock: str) -> None
         # Resuming after the empty batch starts at the right place.
         ld.load_state_dict({**ld.state_dict(), "batches_delivered": 5})
         assert [b["index"].tolist() for b in epoch(ld)] == [[6], [7]]
+
+
+def test_preview_shows_the_draws_a_dataset_sample_gets(tmp_path: Path) -> None:
+    """``ringfeed.preview`` runs the server's ops on one image: draw ``i`` is what sample ``i`` of a
+    dataset of that image gets with the same seed and epoch (pixels and crop), from a file or a PIL image."""
+    img = Image.new("RGB", (48, 40))
+    img.putdata([((x * 5) % 256, (y * 7) % 256, (x * y) % 256) for y in range(40) for x in range(48)])
+    path = tmp_path / "one.png"
+    img.save(path)
+    tf = ringfeed.RandomResizedCrop(16) + ringfeed.Flip()
+    p = ringfeed.preview(tf, path, seed=4, n=6, epoch=2)
+    assert tuple(p.images.shape) == (6, 16, 16, 3)
+    assert tuple(p.crops.shape) == (6, 5)
+    assert len({tuple(c) for c in p.crops.tolist()}) > 1  # six draws, not one
+    root = tmp_path / "ds" / "c"
+    root.mkdir(parents=True)
+    for i in range(6):
+        (root / f"{i}.png").write_bytes(path.read_bytes())
+    with ringfeed.Loader(
+        tmp_path / "ds", 6, tf, seed=4, fields=["index", "crop"], socket=str(tmp_path / "s.sock"), spawn=True
+    ) as ld:
+        ld.set_epoch(2)
+        b = next(iter(ld))
+    assert torch.equal(p.images, b["image"])
+    assert torch.equal(p.crops, b["crop"])
+    assert torch.equal(ringfeed.preview(tf, img, seed=4, n=6, epoch=2).images, p.images)  # a PIL image too
+    with pytest.raises(ValueError, match="n must be"):
+        ringfeed.preview(tf, path, n=0)

@@ -57,7 +57,7 @@ __all__ = [
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
 #: same major is accepted; the session then uses the smaller minor.
-PROTOCOL = (1, 5)
+PROTOCOL = (1, 6)
 
 #: The frame's length prefix: u32 little-endian.
 LENGTH = struct.Struct("<I")
@@ -93,7 +93,7 @@ _REQUIRED: dict[str, dict[str, str]] = {
 _OPTIONAL: dict[str, dict[str, str]] = {
     "welcome": {"server": "str"},
     "error": {"sample": "uint", "key": "str"},
-    "ring": {"stream": "uint"},
+    "ring": {"stream": "uint", "dataset_id": "str"},
 }
 
 #: 1.3: the integer members of a snapshot's ``server.remote`` (control.md, ``snapshot``); it also

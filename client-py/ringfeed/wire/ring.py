@@ -312,6 +312,7 @@ class Segment:
         #: The one buffer every view is made from (see the module's invariants).
         self._buf: memoryview | None = memoryview(self._mm)
         self._views: dict[tuple[int, str], Any] = {}
+        self._base: int | None = None  # the mapping's address, for ``holds``
         try:
             self.header, self.fields = decode_segment_header(self._buf, length)
         except BaseException:
@@ -372,6 +373,12 @@ class Segment:
         self._views[key] = v
         return v
 
+    def holds(self, t: Any) -> bool:
+        """Whether tensor (or array) ``t``'s memory lies in this segment: a view of the ring."""
+        if self._base is None:
+            self._base = _address(self.as_uint8())
+        return self._base <= _address(t) < self._base + self.length
+
     def as_uint8(self) -> Any:
         """The whole segment as one flat uint8 tensor (or array), zero-copy: e.g. to pin it."""
         if self.array == "torch":
@@ -409,3 +416,8 @@ class Segment:
             f"<ringfeed Segment {h.major}.{h.minor}, {h.slot_count} slots of {h.batch_size}, "
             f"fields {', '.join(self.fields)}, {state}>"
         )
+
+
+def _address(a: Any) -> int:
+    """Where the first element of torch tensor or numpy array ``a`` lies in memory."""
+    return int(a.data_ptr()) if hasattr(a, "data_ptr") else int(a.ctypes.data)

@@ -286,6 +286,11 @@ async fn open_stream(
             .map(|c| String::from_utf8_lossy(c).into_owned())
             .collect(),
         stream: Some(ctx.stats.id),
+        dataset_id: Some({
+            let mut id = ringfeed_format::control::DatasetId::new();
+            source.identify(&mut id);
+            id.hex()
+        }),
         order: prepared.reports_order.then(|| {
             if prepared.order.is_some() {
                 "shard_blocks"

@@ -68,6 +68,26 @@ pub struct TokenKind {
 /// The stream's `source`: the windows, counted as samples. Windows are written by [`fill`], so
 /// reading one as an encoded sample is an error.
 impl Source for TokenWindows {
+    /// After the common part (windows, no classes, no shards): the window shape (`seq_len` as a
+    /// `u32`, the mode as a `u8`: 0 `concat`, 1 `pack`), then a `u32` count of datasets and for
+    /// each its tokens, documents, windows and quantised weight, as `u64`s (control.md, "Dataset
+    /// identity").
+    fn identify(&self, id: &mut ringfeed_format::control::DatasetId) {
+        id.samples(self.len(), &[], None);
+        let spec = self.parts[0].1.spec;
+        let mode = match spec.mode {
+            Mode::Concat => 0,
+            Mode::Pack => 1,
+        };
+        id.u32(spec.seq_len).u8(mode).u32(self.parts.len() as u32);
+        for ((_, w), &weight) in self.parts.iter().zip(&self.mix.weights) {
+            id.u64(w.source.token_count())
+                .u64(w.source.doc_count())
+                .u64(w.len())
+                .u64(weight);
+        }
+    }
+
     fn len(&self) -> u64 {
         self.mix.len()
     }

@@ -87,6 +87,13 @@ pub trait Source: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Adds what identifies the served data to `id` (`ring.dataset_id`, control.md "Dataset
+    /// identity"): its length, class names and shard sizes. Sources that index other things
+    /// (token windows) add those after.
+    fn identify(&self, id: &mut ringfeed_format::control::DatasetId) {
+        id.samples(self.len(), &self.class_names(), self.shard_sizes().as_deref());
+    }
+
     /// Whether touching a new shard is expensive (a remote source), so that `open.order =
     /// auto` picks the `shard_blocks` order. Local sources keep the global order.
     fn prefers_shard_order(&self) -> bool {

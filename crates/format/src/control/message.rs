@@ -332,6 +332,10 @@ pub enum ServerMessage {
         /// 1.3: the order the stream uses (`global` or `shard_blocks`: what `auto` became).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         order: Option<String>,
+        /// 1.6: the fingerprint of what the stream serves (`DatasetId`, control.md "Dataset
+        /// identity"), which a client's state records.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dataset_id: Option<String>,
     },
     Ready {
         run: u32,

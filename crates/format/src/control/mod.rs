@@ -5,10 +5,12 @@
 //! never crosses the socket. This module is the single Rust truth for the protocol version, the
 //! frame limit and the message shapes; `proto/vectors/control/` pins them for both languages.
 
+pub mod dataset_id;
 pub mod frame;
 pub mod message;
 pub mod snapshot;
 
+pub use dataset_id::DatasetId;
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
 pub use message::{
     ClientMessage, ErrorCode, LmdbRequest, MixEntry, OpenRequest, SampleKindRequest, ServerMessage, TokenOptions,
@@ -17,4 +19,4 @@ pub use message::{
 pub use snapshot::{RemoteSnapshot, ServerSnapshot, SlotCounts, Snapshot, StageTimes, StreamSnapshot};
 
 /// Protocol version spoken by this server, `(major, minor)`.
-pub const PROTOCOL: (u16, u16) = (1, 5);
+pub const PROTOCOL: (u16, u16) = (1, 6);

@@ -241,6 +241,12 @@ fn messages() -> Vec<(&'static str, Value)> {
             json!({"type": "ring", "segment_len": 4096, "dataset_len": 10, "samples_per_rank": 10,
                 "batches_per_epoch": 2, "classes": [], "stream": 2, "order": "shard_blocks"}),
         ),
+        (
+            "ring, 1.6 with its dataset id",
+            json!({"type": "ring", "segment_len": 4096, "dataset_len": 10, "samples_per_rank": 10,
+                "batches_per_epoch": 2, "classes": ["cat", "dog"], "stream": 3, "order": "global",
+                "dataset_id": "0123456789abcdef"}),
+        ),
     ]
 }
 
@@ -524,4 +530,52 @@ fn hybrid_vectors() {
     let mut text = serde_json::to_string_pretty(&doc).unwrap();
     text.push('\n');
     pinned(&vectors().join("control/hybrid.json"), text.as_bytes());
+}
+
+/// `proto/vectors/control/dataset_id.json` (control.md, "Dataset identity"): descriptions and the
+/// `ring.dataset_id` each gives, which the Python tests recompute with their own FNV-1a.
+#[test]
+fn dataset_id_vectors() {
+    use ringfeed_format::control::DatasetId;
+    let image = |len: u64, classes: &[&str], shards: Option<&[u64]>| {
+        let classes: Vec<Vec<u8>> = classes.iter().map(|c| c.as_bytes().to_vec()).collect();
+        let mut id = DatasetId::new();
+        id.samples(len, &classes, shards);
+        id.hex()
+    };
+    let mut cases = vec![
+        json!({"name": "no samples", "len": 0, "classes": [], "shards": null, "id": image(0, &[], None)}),
+        json!({"name": "integer labels, no shard files", "len": 1000, "classes": [], "shards": null,
+            "id": image(1000, &[], None)}),
+        json!({"name": "classes and shards", "len": 10, "classes": ["cat", "dog"], "shards": [4, 6],
+            "id": image(10, &["cat", "dog"], Some(&[4, 6]))}),
+        json!({"name": "the same with its shards cut otherwise", "len": 10, "classes": ["cat", "dog"],
+            "shards": [5, 5], "id": image(10, &["cat", "dog"], Some(&[5, 5]))}),
+        json!({"name": "non-ASCII class", "len": 3, "classes": ["caf\u{e9}"], "shards": [3],
+            "id": image(3, &["caf\u{e9}"], Some(&[3]))}),
+    ];
+    // A token stream of two datasets: (tokens, documents, windows, weight) each, seq_len 128, pack.
+    let mut id = DatasetId::new();
+    id.samples(300, &[], None).u32(128).u8(1).u32(2);
+    for (tokens, docs, windows, weight) in [(20000u64, 310u64, 200u64, 699051u64), (9000, 120, 100, 349525)] {
+        id.u64(tokens).u64(docs).u64(windows).u64(weight);
+    }
+    cases.push(
+        json!({"name": "a token mix of two", "len": 300, "classes": [], "shards": null,
+        "tokens": {"seq_len": 128, "mode": 1, "parts": [[20000, 310, 200, 699051], [9000, 120, 100, 349525]]},
+        "id": id.hex()}),
+    );
+    let ids: Vec<&str> = cases.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "every case has its own id: {ids:?}");
+    let doc = json!({
+        "description": "ring.dataset_id (control.md, \"Dataset identity\"): FNV-1a 64 of the description, written by crates/ringfeed/tests/it/wire_vectors.rs",
+        "cases": cases,
+    });
+    pinned(
+        &vectors().join("control/dataset_id.json"),
+        (serde_json::to_string_pretty(&doc).unwrap() + "\n").as_bytes(),
+    );
 }

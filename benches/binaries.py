@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=harness.DEFAULT_WARMUP_S)
     ap.add_argument("--out", type=Path, default=Path("benches/results") / time.strftime("%Y-%m-%d-binaries"))
     a = ap.parse_args()
+    if any("=" not in b for b in a.bin):
+        ap.error("each --bin is NAME=PATH")
     binaries = dict(b.split("=", 1) for b in a.bin)
     if len(binaries) < 2 or any(not Path(p).is_file() for p in binaries.values()):
         ap.error("give at least two --bin NAME=PATH, each an existing file")

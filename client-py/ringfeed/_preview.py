@@ -79,8 +79,9 @@ def preview(pipeline: Any, image: Any, *, seed: int = 0, n: int = 8, epoch: int 
         ) as ld:
             ld.set_epoch(epoch)
             batch = next(iter(ld))
+            # Indexing by the order copies the batch out of the ring.
             order = batch["index"].argsort()
-            return Preview(batch["image"][order].clone(), batch["crop"][order].clone())
+            return Preview(batch["image"][order], batch["crop"][order])
 
 
 def _suffix(image: Any) -> str:

@@ -208,8 +208,8 @@ class Stream:
         self._first = 0  # the current run's first batch
         self._next_batch_index = 0  # the batch the next `ready` of the current run must hold
         self._last_seq = 0
-        # CPU: (slot, weak references to the arrays handed out) of the batches still valid, oldest first.
-        #: CPU batches handed out and not yet given back: (slot, weak references to its tensors).
+        #: CPU batches handed out and not yet given back, oldest first: (slot, weak references to
+        #: its tensors).
         self._yielded: collections.deque[tuple[int, list[weakref.ref[Any]]]] = collections.deque()
         #: The epoch whose run last ended, until ``set_epoch`` or ``load_state_dict``: a shuffled
         #: iteration starting at it again repeats its order (warned of once).

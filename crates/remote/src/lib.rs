@@ -43,7 +43,7 @@ pub use store::Store;
 pub use wds::RemoteWdsSource;
 
 /// The URL scheme of remote datasets.
-pub const SCHEME: &str = "s3://";
+pub const SCHEME: &str = ringfeed_format::control::REMOTE_SCHEME;
 
 /// A parsed `s3://bucket/prefix` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

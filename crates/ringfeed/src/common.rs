@@ -1,67 +1,13 @@
-//! Arguments and helpers more than one subcommand uses: remote and LMDB options, sizes, temporary
-//! directories, signals.
+//! Arguments and helpers more than one subcommand uses: LMDB options, sizes, temporary directories,
+//! signals. (Object storage's options and commands are `crate::remote`'s.)
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use ringfeed_format::tokens::FlatDtype;
 use ringfeed_source::lmdb::{LabelSource, Layout, LmdbOptions};
-
-/// Remote datasets (`s3://bucket/prefix`, docs/remote.md): the shard cache and fetching.
-#[derive(clap::Args, Debug)]
-pub(crate) struct RemoteArgs {
-    /// Directory of the shard cache [default: $XDG_CACHE_HOME/ringfeed/shards, else
-    /// ~/.cache/ringfeed/shards].
-    #[arg(long, value_name = "DIR", env = "RINGFEED_CACHE_DIR")]
-    pub(crate) cache_dir: Option<PathBuf>,
-    /// Most bytes the shard cache may hold, e.g. 100GiB [default: half the space free in its
-    /// directory, at most 64 GiB].
-    #[arg(long, value_name = "SIZE", env = "RINGFEED_CACHE_BYTES", value_parser = parse_size)]
-    pub(crate) cache_bytes: Option<u64>,
-    /// Downloads running at once, over every stream: pins it [default: set by the autotuner,
-    /// starting at 4, within what the cache's bound holds].
-    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub(crate) fetch_concurrency: Option<u32>,
-    /// Shards each stream downloads ahead of its reads, in the order it will read them (0: none).
-    #[arg(long, value_name = "N", env = "RINGFEED_PREFETCH_SHARDS", default_value_t = 4)]
-    pub(crate) prefetch_shards: usize,
-    /// Deadline of one request to the object store, its whole body included, in seconds.
-    #[arg(long, value_name = "SECS", env = "RINGFEED_FETCH_TIMEOUT", default_value_t = 120.0)]
-    pub(crate) fetch_timeout: f64,
-    /// Attempts after the first for a failed request (timeouts, 5xx, 429/503, resets, short or
-    /// corrupted bodies).
-    #[arg(long, value_name = "N", env = "RINGFEED_FETCH_RETRIES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=100))]
-    pub(crate) fetch_retries: u32,
-}
-
-impl RemoteArgs {
-    pub(crate) fn config(&self) -> Result<ringfeed_remote::RemoteConfig> {
-        if !(0.1..=86400.0).contains(&self.fetch_timeout) {
-            bail!(
-                "--fetch-timeout {} must be between 0.1 and 86400 seconds",
-                self.fetch_timeout
-            );
-        }
-        let mut c = ringfeed_remote::RemoteConfig::defaults();
-        if let Some(d) = &self.cache_dir {
-            c.cache_bytes = ringfeed_remote::default_cache_bytes(d);
-            c.cache_dir = d.clone();
-        }
-        if let Some(b) = self.cache_bytes {
-            c.cache_bytes = b;
-        }
-        if let Some(n) = self.fetch_concurrency {
-            c.concurrency = n as usize;
-            c.concurrency_pinned = true;
-        }
-        c.prefetch_shards = self.prefetch_shards;
-        c.timeout = std::time::Duration::from_secs_f64(self.fetch_timeout);
-        c.retries = self.fetch_retries;
-        Ok(c)
-    }
-}
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct LmdbArgs {
@@ -88,32 +34,19 @@ impl LmdbArgs {
     }
 }
 
-/// The `s3://` URL `p` names, if it names one.
-pub(crate) fn remote_url(p: &Path) -> Result<Option<ringfeed_remote::RemoteUrl>> {
-    match p.to_str().and_then(ringfeed_remote::RemoteUrl::parse) {
-        None => Ok(None),
-        Some(u) => Ok(Some(u?)),
-    }
-}
-
-/// A temporary directory for a remote dataset's local copy, removed on drop.
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(what: &str) -> Result<Self> {
-        let p = std::env::temp_dir().join(format!(".ringfeed-{what}-{}", std::process::id()));
-        if p.exists() {
-            std::fs::remove_dir_all(&p).with_context(|| format!("removing {}", p.display()))?;
-        }
-        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// What every `pack` run takes besides what it packs (images or text): `PackArgs`' shared half.
+#[derive(Debug)]
+// Without `text`, only `text_absent`'s refusal receives it, which reads nothing of it.
+#[cfg_attr(not(feature = "text"), allow(dead_code))]
+pub(crate) struct PackRun {
+    pub(crate) src: PathBuf,
+    pub(crate) out: PathBuf,
+    pub(crate) threads: usize,
+    pub(crate) on_error: ringfeed_pack::OnError,
+    pub(crate) report: Option<PathBuf>,
+    pub(crate) force: bool,
+    pub(crate) progress: ringfeed_pack::ProgressMode,
+    pub(crate) summary_json: Option<PathBuf>,
 }
 
 /// Parses a byte size: a number with an optional K/M/G/T suffix (powers of 1000), or

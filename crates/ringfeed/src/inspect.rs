@@ -4,9 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use ringfeed_format::tokens::{FlatDtype, TokenSource};
+use ringfeed_format::tokens::FlatDtype;
 
-use crate::common::{LmdbArgs, RemoteArgs, TempDir, is_lmdb, is_token_data, remote_url};
+use crate::common::{LmdbArgs, is_lmdb, is_token_data};
+use crate::remote::{RemoteArgs, remote_url};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct InspectArgs {
@@ -35,48 +36,12 @@ pub(crate) struct InspectArgs {
 }
 
 pub(crate) fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
-    if let Some(url) = remote_url(&a.dataset)? {
-        let store = ringfeed_pack::remote::store_for(&url, &a.remote.config()?)?;
-        let inspection = if ringfeed_remote::wds::names_tars(&url) || !ringfeed_pack::remote::exists(&store, &url)? {
-            // WebDataset tars: ranged GETs where their index files are valid, else each tar
-            // read whole through a temporary directory.
-            let tmp = TempDir::new("inspect")?;
-            ringfeed_pack::remote::inspect_tars(&store, &url, Some(a.sample), &tmp.0)?
-        } else {
-            // Ranged GETs of the index, the record tables and a few samples' first bytes only.
-            ringfeed_pack::remote::inspect(&store, &url, Some(a.sample))?
-        };
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&inspection.to_json())?);
-        } else {
-            print!("{}", inspection.to_text());
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    if is_token_data(&a.dataset, a.dtype) {
-        let src = TokenSource::open(&a.dataset, a.dtype)?;
-        let tok = match &a.tokenizer {
-            Some(p) => Some(ringfeed_pack::text::load_tokenizer(p)?),
-            None => None,
-        };
-        let v = ringfeed_pack::inspect::tokens::inspect(&src, a.sample, tok.as_ref())?;
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        } else {
-            print!("{}", ringfeed_pack::inspect::tokens::to_text(&v));
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    let text = a.dataset.to_string_lossy();
-    let tars = ringfeed_source::files::ServedKind::detect(&a.dataset)
-        .is_ok_and(|k| k == ringfeed_source::files::ServedKind::WebDataset)
-        || (!a.dataset.exists() && ringfeed_source::wds::pattern::is_pattern(&text));
-    let inspection = if tars {
-        ringfeed_pack::inspect::inspect_webdataset(&text, Some(a.sample))?
-    } else if is_lmdb(&a.dataset) {
-        ringfeed_pack::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
+    let inspection = if let Some(url) = remote_url(&a.dataset)? {
+        crate::remote::inspect(&a.remote, &url, a.sample)?
+    } else if is_token_data(&a.dataset, a.dtype) {
+        return crate::text::inspect(&a.dataset, a.dtype, a.sample, a.tokenizer.as_deref(), a.json);
     } else {
-        ringfeed_pack::inspect::inspect_packed(&a.dataset, Some(a.sample))?
+        local(&a)?
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&inspection.to_json())?);
@@ -84,4 +49,19 @@ pub(crate) fn run_inspect(a: InspectArgs) -> Result<ExitCode> {
         print!("{}", inspection.to_text());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A local dataset's description: WebDataset tars, an LMDB or a packed dataset.
+fn local(a: &InspectArgs) -> Result<ringfeed_pack::inspect::Inspection> {
+    let text = a.dataset.to_string_lossy();
+    let tars = ringfeed_source::files::ServedKind::detect(&a.dataset)
+        .is_ok_and(|k| k == ringfeed_source::files::ServedKind::WebDataset)
+        || (!a.dataset.exists() && ringfeed_source::wds::pattern::is_pattern(&text));
+    Ok(if tars {
+        ringfeed_pack::inspect::inspect_webdataset(&text, Some(a.sample))?
+    } else if is_lmdb(&a.dataset) {
+        ringfeed_pack::inspect::inspect_lmdb(&a.dataset, &a.lmdb.options()?, Some(a.sample))?
+    } else {
+        ringfeed_pack::inspect::inspect_packed(&a.dataset, Some(a.sample))?
+    })
 }

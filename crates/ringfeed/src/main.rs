@@ -9,7 +9,11 @@ mod inspect;
 mod ops;
 mod pack;
 mod packing;
+#[cfg_attr(not(feature = "remote"), path = "remote_absent.rs")]
+mod remote;
 mod serve;
+#[cfg_attr(not(feature = "text"), path = "text_absent.rs")]
+mod text;
 mod top;
 mod verify;
 

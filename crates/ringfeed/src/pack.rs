@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use ringfeed_decode::{Limits, Reencode};
 use ringfeed_format::shard::WriterOptions;
-use ringfeed_pack::text::{Eos, TextInput, TextPackOptions};
 use ringfeed_pack::{Check, InputKind, OnError, PackError, PackOptions, ProgressMode};
 
 use crate::EXIT_INTERRUPTED;
-use crate::common::{LmdbArgs, RemoteArgs, TempDir, cancel_on_signals, parse_size, remote_url};
+use crate::common::{LmdbArgs, PackRun, cancel_on_signals, parse_size};
+use crate::remote::{RemoteArgs, Upload, remote_url};
+use crate::text::TextArgs;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct PackArgs {
@@ -76,77 +77,35 @@ pub(crate) struct PackArgs {
     pub(crate) remote: RemoteArgs,
 }
 
-/// `pack SRC s3://...`: packs into a temporary directory, then uploads it (index last).
-pub(crate) fn run_pack_remote(mut a: PackArgs, url: ringfeed_remote::RemoteUrl) -> Result<ExitCode> {
-    let config = a.remote.config()?;
-    let store = ringfeed_pack::remote::store_for(&url, &config)?;
-    if !a.force && ringfeed_pack::remote::exists(&store, &url)? {
-        bail!(
-            "{url} already holds a dataset (its {}); pass --force to replace it",
-            ringfeed_format::shard::INDEX_FILE
-        );
-    }
-    let tmp = TempDir::new("pack")?;
-    let local = tmp.0.join("dataset");
-    a.out = local.clone();
-    a.force = false;
-    let code = if a.text.tokenizer.is_some() {
-        run_pack_text(a)?
-    } else {
-        run_pack_local(a)?
+pub(crate) fn run_pack(mut a: PackArgs) -> Result<ExitCode> {
+    let Some(url) = remote_url(&a.out)? else {
+        return run_pack_local(a);
     };
+    // `pack SRC s3://...`: packs into a temporary directory, then uploads it (index last).
+    let upload = Upload::start(&a.remote, url, a.force)?;
+    a.out = upload.local().to_owned();
+    a.force = false;
+    let code = run_pack_local(a)?;
     if code != ExitCode::SUCCESS {
         return Ok(code);
     }
-    let (files, bytes) = ringfeed_pack::remote::upload(&store, &local, &url)?;
-    println!("uploaded {files} files, {:.1} MB, to {url}", bytes as f64 / 1e6);
+    upload.finish()?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Text packing: with `--tokenizer`, SRC is text (JSONL, Parquet or plain text) and OUT a token
-/// dataset.
-#[derive(clap::Args, Debug)]
-pub(crate) struct TextArgs {
-    /// Pack text into a token dataset with this Hugging Face tokenizer.json: SRC is a JSONL file,
-    /// a Parquet file, a plain-text file, or a directory of them (`--text-input` picks the kind
-    /// of a directory's files: `*.txt` by default).
-    #[arg(long, value_name = "FILE")]
-    pub(crate) tokenizer: Option<PathBuf>,
-    /// What the text input is.
-    #[arg(long, value_enum, default_value_t = TextInput::Auto, requires = "tokenizer")]
-    pub(crate) text_input: TextInput,
-    /// JSONL and Parquet: the field (column) holding each document's text.
-    #[arg(long, value_name = "NAME", default_value = "text", requires = "tokenizer")]
-    pub(crate) text_field: String,
-    /// JSONL: the prompt field of prompt/completion pairs (its tokens carry no loss).
-    #[arg(long, value_name = "NAME", requires_all = ["tokenizer", "completion_field"])]
-    pub(crate) prompt_field: Option<String>,
-    /// JSONL: the completion field of prompt/completion pairs.
-    #[arg(long, value_name = "NAME", requires_all = ["tokenizer", "prompt_field"])]
-    pub(crate) completion_field: Option<String>,
-    /// The token appended after each document [default: the tokenizer's <|endoftext|>, </s>, ...].
-    #[arg(long, value_name = "TOKEN", requires = "tokenizer", conflicts_with = "no_eos")]
-    pub(crate) eos: Option<String>,
-    /// Append no end-of-document token.
-    #[arg(long, requires = "tokenizer")]
-    pub(crate) no_eos: bool,
-    /// Also write the `pack`-mode windows for this seq_len (DATASET/packing-N.rfp), so that a
-    /// `pack` stream of that seq_len opens without packing every document at start-up.
-    /// Repeatable, or comma-separated: `--pack-seq-len 2048,4096`.
-    #[arg(long, value_name = "N", requires = "tokenizer", value_delimiter = ',')]
-    pub(crate) pack_seq_len: Vec<u32>,
-}
-
-pub(crate) fn run_pack(a: PackArgs) -> Result<ExitCode> {
-    if let Some(url) = remote_url(&a.out)? {
-        return run_pack_remote(a, url);
-    }
-    run_pack_local(a)
 }
 
 pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
     if a.text.tokenizer.is_some() {
-        return run_pack_text(a);
+        let run = PackRun {
+            src: a.src,
+            out: a.out,
+            threads: a.threads,
+            on_error: a.on_error,
+            report: a.report,
+            force: a.force,
+            progress: a.progress,
+            summary_json: a.summary_json,
+        };
+        return crate::text::pack(a.text, run);
     }
     let cancel = cancel_on_signals()?;
     let opts = PackOptions {
@@ -218,65 +177,6 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
     }
     if let Some(path) = &a.summary_json {
         std::fs::write(path, serde_json::to_string_pretty(&summary.to_json())?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub(crate) fn run_pack_text(a: PackArgs) -> Result<ExitCode> {
-    let cancel = cancel_on_signals()?;
-    let t = a.text;
-    let mut opts = TextPackOptions::new(t.tokenizer.expect("checked by the caller"));
-    opts.input = t.text_input;
-    opts.eos = match (t.eos, t.no_eos) {
-        (_, true) => Eos::None,
-        (Some(tok), false) => Eos::Token(tok),
-        (None, false) => Eos::Auto,
-    };
-    opts.text_field = t.text_field;
-    opts.prompt_field = t.prompt_field;
-    opts.completion_field = t.completion_field;
-    opts.threads = a.threads;
-    opts.on_error = a.on_error;
-    opts.report = a.report;
-    opts.force = a.force;
-    opts.progress = a.progress;
-    opts.pack_seq_lens = t.pack_seq_len;
-    let s = match ringfeed_pack::text::pack_text(&a.src, &a.out, &opts, &cancel) {
-        Ok(s) => s,
-        Err(PackError::Interrupted) => {
-            eprintln!("ringfeed: pack interrupted; no output was written");
-            return Ok(ExitCode::from(EXIT_INTERRUPTED));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    println!(
-        "packed {} documents, {} tokens from {} ({}) into {}: uint{} tokens (vocabulary {}), {:.1} MB",
-        s.documents,
-        s.tokens,
-        a.src.display(),
-        s.input,
-        a.out.display(),
-        u32::from(s.width) * 8,
-        s.vocab_size,
-        s.bytes as f64 / 1e6
-    );
-    println!(
-        "{:.1} s with {} threads: {:.0} tokens/s, {:.1} MB/s read",
-        s.elapsed.as_secs_f64(),
-        s.threads,
-        s.tokens_per_sec(),
-        s.input_mb_per_sec()
-    );
-    for (seq_len, windows, cut) in &s.packings {
-        println!("pack mode, seq_len {seq_len}: {windows} windows ({cut} tokens cut), stored");
-    }
-    match &s.report {
-        Some(r) => println!("skipped {} (listed in {})", s.skipped.len(), r.display()),
-        None => println!("skipped 0"),
-    }
-    if let Some(path) = &a.summary_json {
-        std::fs::write(path, serde_json::to_string_pretty(&s.to_json())?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use ringfeed_decode::Limits;
 
-use crate::common::{RemoteArgs, parse_size};
+use crate::common::parse_size;
+use crate::remote::RemoteArgs;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct ServeArgs {
@@ -79,6 +80,7 @@ pub(crate) fn run_serve(a: ServeArgs) -> Result<ExitCode> {
         cpu_budget: a.cpu_budget,
         metrics: a.metrics,
         pin_threads: a.pin_threads,
+        #[cfg(feature = "remote")]
         remote: a.remote.config()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -10,7 +10,8 @@ use ringfeed_format::tokens::{FlatDtype, TokenSource};
 use ringfeed_pack::ProgressMode;
 use ringfeed_pack::progress::Progress;
 
-use crate::common::{RemoteArgs, TempDir, is_token_data, remote_url};
+use crate::common::is_token_data;
+use crate::remote::{RemoteArgs, remote_url};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct VerifyArgs {
@@ -124,26 +125,9 @@ pub(crate) fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
         progress: Some(&on_progress),
     };
     if let Some(url) = remote {
-        // Streamed: one shard at a time in a temporary directory, never the whole dataset.
-        let tmp = TempDir::new("verify")?;
-        let store = ringfeed_pack::remote::store_for(&url, &a.remote.config()?)?;
-        let mut on_shard = |n: u32, of: u32| progress.message(&format!("verifying {url}: shard {} of {of}", n + 1));
-        let result = ringfeed_pack::remote::verify(&store, &url, &tmp.0.join("shard"), &opts, &mut on_shard);
-        progress.finish();
-        return match result {
-            Ok(r) => {
-                print_verified(&r, a.decode, &format!(" (streamed from {url}, one shard at a time)"));
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => {
-                let kind = e.kind();
-                let e: anyhow::Error = match e {
-                    ringfeed_pack::remote::ToolError::Verify(VerifyError::Format(f)) => f.into(),
-                    other => other.into(),
-                };
-                Err(e.context(format!("verify failed ({kind})")))
-            }
-        };
+        let r = crate::remote::verify(&a.remote, &url, &opts, &progress)?;
+        print_verified(&r, a.decode, &format!(" (streamed from {url}, one shard at a time)"));
+        return Ok(ExitCode::SUCCESS);
     }
     let result = ringfeed_format::shard::verify(&a.dataset, &opts);
     progress.finish();

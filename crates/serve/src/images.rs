@@ -50,9 +50,10 @@ pub(crate) async fn prepare_images(
             )));
         }
     }
-    let source = match ringfeed_remote::RemoteUrl::parse(&open.dataset) {
-        Some(url) => open_remote(shared, url, open, progress).await?,
-        None => open_source(shared, path, open, progress).await?,
+    let source = if ringfeed_format::control::names_object_storage(&open.dataset) {
+        open_remote(shared, open, progress).await?
+    } else {
+        open_source(shared, path, open, progress).await?
     };
     if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
         return Err((
@@ -330,14 +331,16 @@ async fn open_source(
 /// index fetched on a blocking thread, or WebDataset tars (a pattern, a `.tar` key, a prefix of
 /// tars without `index.rfi`, or any URL opened with `webdataset` options), indexed as a
 /// listing; their shards come through the server's cache.
+#[cfg(feature = "remote")]
 async fn open_remote(
     shared: &Arc<Shared>,
-    url: Result<ringfeed_remote::RemoteUrl, ringfeed_remote::RemoteError>,
     open: &OpenRequest,
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     let dataset_err = |m: String| (ErrorCode::Dataset, m);
-    let url = url.map_err(|e| dataset_err(e.to_string()))?;
+    let url = ringfeed_remote::RemoteUrl::parse(&open.dataset)
+        .expect("names_object_storage checked the scheme")
+        .map_err(|e| dataset_err(e.to_string()))?;
     if !shared.data_roots.is_empty() {
         return Err(dataset_err(format!(
             "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
@@ -370,8 +373,22 @@ async fn open_remote(
     Ok(opened)
 }
 
+/// A server built without object storage refuses a remote dataset, naming the feature.
+#[cfg(not(feature = "remote"))]
+async fn open_remote(
+    _shared: &Arc<Shared>,
+    open: &OpenRequest,
+    _progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    Err((
+        ErrorCode::Dataset,
+        crate::remote_not_built(&format!("dataset {}", open.dataset)),
+    ))
+}
+
 /// 1.3: opens (or reuses) WebDataset tars on object storage (`ringfeed_remote::wds`), indexed
 /// like a local WebDataset's tars, with `opening` progress (members indexed).
+#[cfg(feature = "remote")]
 async fn open_remote_webdataset(
     shared: &Arc<Shared>,
     url: ringfeed_remote::RemoteUrl,

@@ -33,3 +33,13 @@ pub mod stream;
 pub mod tokens;
 pub mod tune;
 mod wire;
+
+/// What a build without the `remote` feature answers to `what` (a dataset, a command line
+/// argument) on object storage: the server's open error and the binary's, in one wording.
+#[cfg(not(feature = "remote"))]
+pub fn remote_not_built(what: &str) -> String {
+    format!(
+        "{what}: this ringfeed was built without object storage (the `remote` feature); use a build \
+         with default features (`cargo build --release -p ringfeed`, or the wheel)"
+    )
+}

@@ -43,6 +43,7 @@ pub struct ServeConfig {
     /// progress (`opening`, control.md 1.2).
     pub open_progress: Duration,
     /// Remote datasets: the shard cache and fetching (`ringfeed_remote`).
+    #[cfg(feature = "remote")]
     pub remote: ringfeed_remote::RemoteConfig,
 }
 
@@ -124,7 +125,10 @@ pub async fn run(
     );
     shared.cpu_budget = config.cpu_budget;
     shared.open_progress = config.open_progress;
-    shared.remote = Arc::new(ringfeed_remote::Hub::new(config.remote.clone()));
+    #[cfg(feature = "remote")]
+    {
+        shared.remote = Arc::new(ringfeed_remote::Hub::new(config.remote.clone()));
+    }
     let shared = Arc::new(shared);
     tracing::info!(socket = %config.socket.display(), threads, "ringfeed serving");
     let metrics = match config.metrics {

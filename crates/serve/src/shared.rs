@@ -46,6 +46,7 @@ pub struct Shared {
     /// How often a client waiting for a listing gets an `opening` message.
     pub open_progress: std::time::Duration,
     /// Remote datasets: the settings, the shard cache and the stores (`ringfeed_remote`).
+    #[cfg(feature = "remote")]
     pub remote: Arc<ringfeed_remote::Hub>,
 }
 
@@ -74,6 +75,7 @@ impl Shared {
             idle: tokio::sync::Notify::new(),
             openings: Default::default(),
             open_progress: crate::opening::PROGRESS_EVERY,
+            #[cfg(feature = "remote")]
             remote: Arc::new(ringfeed_remote::Hub::new(ringfeed_remote::RemoteConfig::defaults())),
         }
     }
@@ -116,7 +118,10 @@ impl Shared {
                 threads: self.pool.threads() as u32,
                 active_threads: active.min(self.pool.threads() as u32),
                 busy: (busy * 100.0).round() / 100.0,
+                #[cfg(feature = "remote")]
                 remote: self.remote.snapshot(),
+                #[cfg(not(feature = "remote"))]
+                remote: None,
             },
             streams,
         }
@@ -139,6 +144,7 @@ impl crate::tune::Target for Shared {
     fn set_busy(&self, busy: f64, active: u32) {
         *self.busy.lock().unwrap_or_else(|p| p.into_inner()) = (busy, active);
     }
+    #[cfg(feature = "remote")]
     fn fetches(&self) -> Option<Arc<dyn crate::tune::Fetches>> {
         let cache = self.remote.opened_cache()?;
         let pinned = cache.pinned();

@@ -337,9 +337,8 @@ fn check_open(open: &OpenRequest) -> Result<PathBuf, OpenError> {
         )));
     }
     let path = PathBuf::from(&open.dataset);
-    // 1.3: an `s3://` URL names a remote packed dataset (images only); anything else is a path.
-    let remote = ringfeed_remote::RemoteUrl::parse(&open.dataset).is_some();
-    if !remote && !path.is_absolute() {
+    // 1.3: an `s3://` URL names a remote dataset; anything else is a path.
+    if !ringfeed_format::control::names_object_storage(&open.dataset) && !path.is_absolute() {
         return Err(bad(format!("open.dataset {:?} must be an absolute path", open.dataset)));
     }
     Ok(path)

@@ -1325,6 +1325,7 @@ pub trait Fetches: Send + Sync {
 }
 
 /// The remote cache is the one fetcher the server has.
+#[cfg(feature = "remote")]
 impl Fetches for ringfeed_remote::Cache {
     fn concurrency(&self) -> usize {
         ringfeed_remote::Cache::concurrency(self)

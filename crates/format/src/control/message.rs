@@ -237,6 +237,15 @@ pub struct GpuDecodeRequest {
     pub bytes_per_sample: Option<u64>,
 }
 
+/// The URL scheme of a dataset on object storage (control.md, "open", 1.3): an `open.dataset`
+/// that starts with it is sent unchanged and fetched by the server; anything else is a path.
+pub const REMOTE_SCHEME: &str = "s3://";
+
+/// Whether `dataset` names a dataset on object storage rather than a local path.
+pub fn names_object_storage(dataset: &str) -> bool {
+    dataset.starts_with(REMOTE_SCHEME)
+}
+
 impl OpenRequest {
     /// The sample kind asked for (absent: images).
     pub fn kind(&self) -> SampleKindRequest {

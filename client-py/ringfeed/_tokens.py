@@ -23,7 +23,7 @@ from typing import Any
 
 from ._base import BaseLoader, From
 from ._errors import ProtocolError
-from ._options import StreamConfig, int_in
+from ._options import REMOTE_SCHEME, StreamConfig, dataset_path, int_in
 from ._stream import BatchMaker
 
 __all__ = ["TokenLoader"]
@@ -57,7 +57,7 @@ class TokenOptions:
     token_dtype: str | None
     #: Every field the ring carries: ``input_ids``, ``labels``, then the ones asked for.
     token_fields: tuple[str, ...]
-    #: ``[(absolute path, weight)]``: the datasets of the stream, the first one ``open.dataset``.
+    #: ``[(absolute path or s3:// URL, weight)]``: the datasets of the stream, the first one ``open.dataset``.
     mix: list[tuple[str, float]]
 
     @classmethod
@@ -97,6 +97,12 @@ class TokenBatches(BatchMaker):
             tokens["pad_id"] = o.pad_id
         if o.token_dtype is not None:
             tokens["dtype"] = o.token_dtype
+        remote = [p for p, _ in o.mix if p.startswith(REMOTE_SCHEME)]
+        if remote and server_protocol < (1, 7):
+            raise ProtocolError(
+                f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; token datasets on S3 "
+                f"({remote[0]}) need 1.7 (install a ringfeed server that matches this package)"
+            )
         if len(o.mix) > 1:
             if server_protocol < (1, 3):
                 raise ProtocolError(
@@ -144,7 +150,9 @@ class TokenLoader(BaseLoader):
 
     Args:
         path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
-            flat token file (with ``dtype``); or a mapping of such paths to weights, to mix them
+            flat token file (with ``dtype``); or, protocol 1.7, the ``"s3://bucket/prefix"`` URL
+            of a token dataset on S3-compatible storage (sent unchanged; the server fetches it
+            into its cache with its own credentials: docs/remote.md); or a mapping of such paths to weights, to mix them
             into one stream (protocol 1.3; control.md, "Mixing"): ``{"/data/web.tok": 0.7,
             "/data/code.tok": 0.3}``. Weights count tokens (every window holds ``seq_len``), need
             not sum to 1, and hold at every prefix of the stream: after any number of windows
@@ -256,19 +264,40 @@ def flatten_cu_seqlens(per_window: Any, seq_len: int) -> Any:
 
 
 def _check_mix(path: Any) -> list[tuple[str, float]]:
-    """``[(absolute path, weight)]``: one dataset (weight 1), or a mapping's entries in order."""
+    """``[(dataset, weight)]``: one dataset (weight 1), or a mapping's entries in order; each
+    dataset an absolute path or an ``s3://`` URL (``_dataset``)."""
     if not isinstance(path, Mapping):
-        return [(os.path.abspath(os.fspath(path)), 1.0)]  # noqa: PTH100
+        return [(_dataset(path), 1.0)]
     if not path:
         raise ValueError("path: a mix needs at least one dataset")
     out = []
     for p, w in path.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"path: the weight of {os.fspath(p)!r} must be a positive number, got {w!r}")
-        out.append((os.path.abspath(os.fspath(p)), float(w)))  # noqa: PTH100
+        out.append((_dataset(p), float(w)))
     if len({p for p, _ in out}) != len(out):
         raise ValueError("path: a mix names a dataset twice")
     return out
+
+
+def _dataset(path: Any) -> str:
+    """What ``open`` carries for one token dataset: a local path made absolute, or (protocol 1.7)
+    an ``s3://bucket/prefix`` URL unchanged (``_options.dataset_path``), checked here as the
+    server checks it (a bucket, no ``.`` or ``..`` in the prefix), so a malformed URL is a
+    ``ValueError`` naming it instead of a path folded into the working directory."""
+    p = os.fspath(path)
+    if isinstance(p, str) and p.startswith("s3:"):
+        bucket, _, prefix = p[len(REMOTE_SCHEME) :].partition("/")
+        if not p.startswith(REMOTE_SCHEME):
+            why = "expected s3://bucket/prefix (a pathlib.Path collapses the //: pass the URL as a str)"
+        elif not bucket:
+            why = "it names no bucket (expected s3://bucket/prefix)"
+        elif any(c in (".", "..") for c in prefix.strip("/").split("/")):
+            why = "`.` and `..` are not allowed in the prefix"
+        else:
+            return p
+        raise ValueError(f"path {p!r} is not a usable dataset URL: {why}")
+    return dataset_path(p)
 
 
 def _check_token_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

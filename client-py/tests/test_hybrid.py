@@ -265,12 +265,12 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_the_server_binary_and_the_client_speak_1_6(folder: tuple[Path, dict[str, str]], sock: str) -> None:
-    """The server binary answers the client's hello with its protocol, 1.6 (1.5 brought
+def test_the_server_binary_and_the_client_speak_1_7(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The server binary answers the client's hello with its protocol, 1.7 (1.5 brought
     `stats.gpu_decode_wait_ns`, so the loader reports its wait for GPU decodes)."""
     root, _ = folder
     with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60) as ld:
-        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 6)
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 7)
 
 
 def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -308,6 +308,11 @@ impl Cache {
             let name = ent.file_name().to_string_lossy().into_owned();
             let Ok(meta) = ent.metadata() else { continue };
             if !meta.is_file() {
+                // A token dataset's view (`tokens.rs`) left by a server that was killed: its
+                // links point at files that are registered below like any other.
+                if meta.is_dir() && name.starts_with(super::tokens::VIEW_PREFIX) {
+                    let _ = std::fs::remove_dir_all(ent.path());
+                }
                 continue;
             }
             if name.starts_with(".partial-") {

@@ -16,6 +16,8 @@
 //!   files, read by the same mmap shard reader as a local dataset; it fetches ahead of the
 //!   stream's order.
 //! - [`wds`]: WebDataset tars in a store, indexed by ranged reads where an index file allows.
+//! - [`tokens`]: token datasets (`tokens.rft`, a packing file) fetched whole into the cache,
+//!   checked, and pinned there while a stream reads them as a local copy.
 //!
 //! Invariants:
 //! - A sample is never served from a partial download: files are downloaded under a temporary
@@ -35,11 +37,13 @@ use ringfeed_format::control::RemoteSnapshot;
 pub mod cache;
 pub mod source;
 pub mod store;
+pub mod tokens;
 pub mod wds;
 
 pub use cache::Cache;
 pub use source::RemoteSource;
 pub use store::Store;
+pub use tokens::RemoteTokens;
 pub use wds::RemoteWdsSource;
 
 /// The URL scheme of remote datasets.

@@ -379,14 +379,21 @@ impl Store {
     /// The objects directly under `prefix/` (not in deeper "directories"), in key order, with
     /// their sizes and ETags: one paged LIST.
     pub fn list_dir(&self, prefix: &str) -> Result<Vec<Listed>, RemoteError> {
+        Ok(self.list_dir_and_prefixes(prefix)?.0)
+    }
+
+    /// [`Store::list_dir`], and the deeper "directories" directly under `prefix/` (their keys,
+    /// in key order), for messages that say where a dataset may be instead.
+    pub fn list_dir_and_prefixes(&self, prefix: &str) -> Result<(Vec<Listed>, Vec<String>), RemoteError> {
         let p = ObjectPath::from(prefix);
-        let mut out = self.with_retries(prefix, |_| async {
+        let (mut out, mut dirs) = self.with_retries(prefix, |_| async {
             let r = self
                 .s3
                 .list_with_delimiter((!prefix.is_empty()).then_some(&p))
                 .await
                 .map_err(|e| self.classify(prefix, e))?;
-            Ok(r.objects
+            let objects = r
+                .objects
                 .into_iter()
                 .map(|m| Listed {
                     key: m.location.to_string(),
@@ -394,10 +401,13 @@ impl Store {
                     etag: m.e_tag,
                     modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
                 })
-                .collect::<Vec<_>>())
+                .collect::<Vec<_>>();
+            let dirs = r.common_prefixes.iter().map(ToString::to_string).collect::<Vec<_>>();
+            Ok((objects, dirs))
         })?;
         out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
+        dirs.sort();
+        Ok((out, dirs))
     }
 
     /// Bytes `range` of object `key` (one ranged GET); see [`Store::get_ranges`].

@@ -190,7 +190,7 @@ async fn open_stream(
     let path = check_open(open)?;
     let prepared = match open.kind() {
         SampleKindRequest::Images => prepare_images(open, shared, &path, progress).await?,
-        SampleKindRequest::Tokens => crate::tokens::prepare(open, shared).await?,
+        SampleKindRequest::Tokens => crate::tokens::prepare(open, shared, progress).await?,
     };
     let source = prepared.source;
     let sampler = SamplerConfig {

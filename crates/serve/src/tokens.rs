@@ -14,6 +14,8 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tokio::net::unix::OwnedWriteHalf;
+
 use ringfeed_format::control::{ErrorCode, OpenRequest, TokenOptions};
 use ringfeed_format::ring::{DType, FieldDesc, FieldSpec};
 use ringfeed_format::tokens::{FlatDtype, TokenSource};
@@ -41,6 +43,9 @@ pub struct TokenWindows {
     /// sampler (whose order for a token stream is the identity).
     pub shuffle: bool,
     pub seed: u64,
+    /// 1.7: what keeps the files of the stream's remote (`s3://`) datasets in the server's
+    /// cache while the stream reads them ([`remote_copy`]); dropped with the windows.
+    pub held: Vec<Hold>,
 }
 
 impl TokenWindows {
@@ -194,7 +199,11 @@ fn fill(kind: &TokenKind, task: &BatchTask, pos: u32) -> Result<(), (String, Str
 /// The token kind of an `open` (control.md, "Token streams"): checks `tokens` and `fields`, opens
 /// the token data and its windows, and names the ring's fields. The stream's set-up is
 /// `stream::open_stream`'s, as for images.
-pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<Prepared, OpenError> {
+pub(crate) async fn prepare(
+    open: &OpenRequest,
+    shared: &Arc<Shared>,
+    mut progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Prepared, OpenError> {
     let TokenOpen {
         t,
         mode,
@@ -204,8 +213,18 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         weights,
     } = check_open(open)?;
     let mut parts = Vec::with_capacity(named.len());
+    let mut held = Vec::new();
     for (dataset, _) in &named {
-        parts.push(open_windows(shared, &t, mode, flat, PathBuf::from(dataset)).await?);
+        // 1.7: an `s3://` dataset is fetched into the server's cache first, then read from there
+        // exactly as a local copy; `None` for a local path.
+        let local = match remote_copy(shared, dataset, &t, mode, flat, progress.as_deref_mut()).await? {
+            Some((dir, hold)) => {
+                held.push(hold);
+                Some(dir)
+            }
+            None => None,
+        };
+        parts.push(open_windows(shared, &t, mode, flat, PathBuf::from(dataset), local).await?);
     }
     let (seq_len, max_docs) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len));
     // The mix's schedule is computed off the tokio workers, as the windows are.
@@ -221,6 +240,7 @@ pub(crate) async fn prepare(open: &OpenRequest, shared: &Arc<Shared>) -> Result<
         mix,
         shuffle: open.shuffle,
         seed: open.seed,
+        held,
     });
     Ok(prepared(windows, specs, seq_len))
 }
@@ -286,9 +306,9 @@ fn check_open(open: &OpenRequest) -> Result<TokenOpen, OpenError> {
     // The datasets: open.dataset, then the mix's, each with its weight (1.3, control.md "Mixing").
     let mut named = vec![(open.dataset.clone(), t.weight.unwrap_or(1.0))];
     for (i, m) in t.mix.iter().flatten().enumerate() {
-        if !Path::new(&m.dataset).is_absolute() {
+        if !Path::new(&m.dataset).is_absolute() && !ringfeed_format::control::names_object_storage(&m.dataset) {
             return Err(bad(format!(
-                "open.tokens.mix[{i}].dataset {:?} must be an absolute path",
+                "open.tokens.mix[{i}].dataset {:?} must be an absolute path or an s3:// URL",
                 m.dataset
             )));
         }
@@ -309,17 +329,112 @@ fn check_open(open: &OpenRequest) -> Result<TokenOpen, OpenError> {
     })
 }
 
-/// Opens one dataset of a token stream and cuts it into windows, off the tokio workers.
+/// What keeps a remote token dataset's files in the server's cache while a stream reads them.
+type Hold = Box<dyn std::any::Any + Send + Sync>;
+
+/// A server built without object storage refuses a remote token dataset, naming the feature.
+#[cfg(not(feature = "remote"))]
+async fn remote_copy(
+    _shared: &Arc<Shared>,
+    dataset: &str,
+    _t: &TokenOptions,
+    _mode: Mode,
+    _flat: Option<FlatDtype>,
+    _progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Option<(PathBuf, Hold)>, OpenError> {
+    if ringfeed_format::control::names_object_storage(dataset) {
+        return Err((
+            ErrorCode::Dataset,
+            crate::remote_not_built(&format!("dataset {dataset}")),
+        ));
+    }
+    Ok(None)
+}
+
+/// 1.7: a remote token dataset (`open.dataset` or a mix member naming `s3://bucket/prefix`):
+/// its files fetched into the server's cache and checked (`ringfeed_remote::tokens`), off the
+/// tokio workers, with `opening` progress to `progress` (a 1.2+ client) meanwhile; returns the
+/// directory that reads as its local copy and the hold that keeps the files there. `None` for a
+/// local path.
+#[cfg(feature = "remote")]
+async fn remote_copy(
+    shared: &Arc<Shared>,
+    dataset: &str,
+    t: &TokenOptions,
+    mode: Mode,
+    flat: Option<FlatDtype>,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Option<(PathBuf, Hold)>, OpenError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+
+    use ringfeed_format::control::ServerMessage;
+
+    use crate::wire::send;
+
+    let dataset_err = |m: String| (ErrorCode::Dataset, m);
+    let Some(url) = ringfeed_remote::RemoteUrl::parse(dataset) else {
+        return Ok(None);
+    };
+    let url = url.map_err(|e| dataset_err(e.to_string()))?;
+    if flat.is_some() {
+        return Err((
+            ErrorCode::BadRequest,
+            format!(
+                "open.tokens.dtype is a local flat token file's; {url} is a remote ringfeed token dataset: leave dtype out"
+            ),
+        ));
+    }
+    if !shared.data_roots.is_empty() {
+        return Err(dataset_err(format!(
+            "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
+        )));
+    }
+    let hub = Arc::clone(&shared.remote);
+    let pack_seq_len = (mode == Mode::Pack).then_some(t.seq_len);
+    let fetched = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&fetched);
+    let job =
+        tokio::task::spawn_blocking(move || ringfeed_remote::RemoteTokens::open(&hub, &url, pack_seq_len, &counter));
+    tokio::pin!(job);
+    let (mut progress, every, started) = (progress, shared.open_progress, Instant::now());
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let copy = loop {
+        tokio::select! {
+            r = &mut job => break r,
+            _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                let msg = ServerMessage::Opening {
+                    dataset: dataset.to_owned(),
+                    listed: fetched.load(Ordering::Relaxed),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                };
+                // The client has gone: the fetch finishes on its own and its hold is dropped.
+                send(w, &msg).await.map_err(|e| (ErrorCode::Internal, e.to_string()))?;
+            },
+        }
+    };
+    let copy = copy
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+        .map_err(|e| dataset_err(e.to_string()))?;
+    Ok(Some((copy.dir().to_owned(), Box::new(copy))))
+}
+
+/// Opens one dataset of a token stream and cuts it into windows, off the tokio workers. `path`
+/// is the dataset as the client named it; `local`, where a remote one's copy is ([`remote_copy`]).
 async fn open_windows(
     shared: &Arc<Shared>,
     t: &TokenOptions,
     mode: Mode,
     flat: Option<FlatDtype>,
     path: PathBuf,
+    local: Option<PathBuf>,
 ) -> Result<(PathBuf, Windows), OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     {
-        let canonical = crate::shared::admit(shared, &path)?;
+        let canonical = match local {
+            Some(dir) => dir,
+            None => crate::shared::admit(shared, &path)?,
+        };
         let (seq_len, max_docs, pad) = (t.seq_len, t.max_docs.unwrap_or(t.seq_len), t.pad_id);
         let shown = path.clone();
         let windows = tokio::task::spawn_blocking(move || -> Result<Windows, OpenError> {

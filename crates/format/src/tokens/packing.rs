@@ -196,6 +196,22 @@ impl Packing {
         })
     }
 
+    /// Checks the tables against `tables_crc` (`verify`'s first check of a packing; also what a
+    /// server checks of a packing file it fetched from object storage, besides the open's).
+    pub fn check_tables(&self) -> Result<(), ShardError> {
+        let computed = crc(&self.file.map[PACK_HEADER_LEN..]);
+        if computed != self.header.tables_crc {
+            return Err(ShardError::Checksum {
+                path: self.path().to_owned(),
+                offset: 52,
+                what: "packing tables".into(),
+                stored: self.header.tables_crc,
+                computed,
+            });
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.file.path
     }
@@ -388,16 +404,7 @@ pub fn verify_all(tf: &TokenFile) -> Result<Vec<u32>, ShardError> {
 fn verify_one(p: &Packing, lens: &[u64]) -> Result<(), ShardError> {
     let path = p.path();
     let b: &[u8] = &p.file.map;
-    let computed = crc(&b[PACK_HEADER_LEN..]);
-    if computed != p.header.tables_crc {
-        return Err(ShardError::Checksum {
-            path: path.to_owned(),
-            offset: 52,
-            what: "packing tables".into(),
-            stored: p.header.tables_crc,
-            computed,
-        });
-    }
+    p.check_tables()?;
     let (w, d) = (p.header.window_count, p.header.doc_count);
     let mut prev = 0u64;
     for i in 0..=w {

@@ -11,6 +11,7 @@ mod ops;
 mod order;
 mod pack;
 mod remote;
+mod remote_tokens;
 mod serve;
 mod shard;
 mod storage;

@@ -18,14 +18,14 @@ use ringfeed_source::{PackedSource, Source};
 
 use crate::support::{Rng, Spec, write_dataset};
 
-const KEY: &str = "ringfeedtest";
-const SECRET: &str = "ringfeedtestsecret";
-const BUCKET: &str = "rf-it";
+pub(crate) const KEY: &str = "ringfeedtest";
+pub(crate) const SECRET: &str = "ringfeedtestsecret";
+pub(crate) const BUCKET: &str = "rf-it";
 
 /// A running S3 server process.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -71,7 +71,7 @@ fn wait_port(port: u16, child: &mut Child) {
 }
 
 /// `s3s-fs` or `moto_server`, with the bucket made.
-fn start(kind: &str) -> Option<Server> {
+pub(crate) fn start(kind: &str) -> Option<Server> {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut cmd = match kind {
@@ -118,7 +118,7 @@ fn start(kind: &str) -> Option<Server> {
     Some(server)
 }
 
-fn config(cache: &Path, bytes: u64) -> RemoteConfig {
+pub(crate) fn config(cache: &Path, bytes: u64) -> RemoteConfig {
     RemoteConfig {
         cache_dir: cache.to_owned(),
         cache_bytes: bytes,
@@ -131,7 +131,7 @@ fn config(cache: &Path, bytes: u64) -> RemoteConfig {
     }
 }
 
-fn store(server: &Server, config: &RemoteConfig) -> Store {
+pub(crate) fn store(server: &Server, config: &RemoteConfig) -> Store {
     store_counting(server, config, Arc::new(Counters::default()))
 }
 
@@ -145,7 +145,7 @@ fn store_counting(server: &Server, config: &RemoteConfig, counters: Arc<Counters
 }
 
 /// A hub whose store for the bucket is the test server's, counting in the hub's counters.
-fn hub(server: &Server, config: RemoteConfig) -> Hub {
+pub(crate) fn hub(server: &Server, config: RemoteConfig) -> Hub {
     let h = Hub::new(config.clone());
     h.add_store(store_counting(server, &config, Arc::clone(&h.counters)));
     h

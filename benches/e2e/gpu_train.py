@@ -30,7 +30,7 @@ For ringfeed, also what the loader and the server measured over the timed steps 
 the loop's wait split into the wait for data and the time behind its own GPU (`Loader.stats()`),
 and, every 0.5 s, the server's view of the stream (`ringfeed.snapshot`): decode threads and their
 busy share, depth, the wait the autotuner acts on, and its reading (`limit`) and last change
-(`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(threads=N)`), e.g. 6.
+(`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(tuning=ringfeed.Tuning(threads=N))`), e.g. 6.
 Each run also reports CPU milliseconds per image and CPU cores busy: user + system time of the
 bench's whole process tree over the timed steps (benches/e2e/_cpu.py), so the loop's own thread,
 DataLoader workers, DALI's threads and the sidecar alike.
@@ -312,10 +312,9 @@ def ringfeed_batches(
         transform=ringfeed.Compose(ops),
         device="cuda",
         dtype=torch.bfloat16,
-        socket=sock,
+        server=ringfeed.Server(socket=sock),
         layout="NHWC",
-        slots=slots,
-        threads=threads,
+        tuning=ringfeed.Tuning(slots=slots, threads=threads),
         gpu_decode=gpu_decode,
         shuffle=True,
         drop_last=True,
@@ -340,7 +339,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path())
     ap.add_argument("--trace", type=int, default=0, help="profile this many steps after the timed ones (Chrome traces)")
-    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), the autotuner's bound")
+    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Tuning(threads=N), the autotuner's bound")
     ap.add_argument(
         "--serve-arg",
         action="append",

@@ -75,15 +75,14 @@ def run(
     samples: list[tuple[float, int]] = []
     tf = ringfeed.RandomResizedCrop(224) + ringfeed.Flip()
     kw: dict[str, Any] = {
-        "socket": server.sock,
-        "spawn": False,
+        "server": ringfeed.Server(socket=server.sock, spawn=False),
         "device": device,
         "shuffle": True,
         "drop_last": True,
         **loader_kw,
     }
     if model is not None:
-        kw["normalize"] = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        tf = tf + ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
         import torch
 
         kw["dtype"] = torch.bfloat16
@@ -171,7 +170,7 @@ def main() -> None:
             try:
                 for k in fixed:
                     r = run(server, a.dataset, a.batch_size, a.seconds, lambda _t: step, device, model,
-                            autotune=False, threads=k)  # fmt: skip
+                            tuning=ringfeed.Tuning(autotune=False, threads=k))  # fmt: skip
                     res["fixed"][k] = {"samples_per_s": r["samples_per_s"], "wait_share": r["wait_share"]}
                     print(
                         f"{tag} fixed {k:2d} threads: {r['samples_per_s']:8.0f} samples/s, wait {r['wait_share']:.1%}"

@@ -125,7 +125,7 @@ def find_binary(explicit: str | Path | None = None) -> str:
 class Server:
     """A private ``ringfeed serve --socket DIR/ringfeed.sock [--threads N] FLAGS...``.
 
-    Use it as a context manager; ``sock`` is the socket's path (a ``str``, what ``Loader(socket=)``
+    Use it as a context manager; ``sock`` is the socket's path (a ``str``, what ``ringfeed.Server(socket=)``
     takes), ``proc`` the process (``pid`` for ``/proc``). The server's stdout and stderr go to
     ``log`` (default: ``serve.log`` in its temporary directory, removed with it).
     """

@@ -47,7 +47,13 @@ def main() -> None:
     with (
         harness.Server(a.threads, binary=a.bin) as server,
         ringfeed.Loader(
-            a.dataset, a.batch_size, transform=tf, device=a.device, socket=server.sock, shuffle=True, drop_last=True
+            a.dataset,
+            a.batch_size,
+            transform=tf,
+            device=a.device,
+            server=ringfeed.Server(socket=server.sock),
+            shuffle=True,
+            drop_last=True,
         ) as ld,
     ):
         batches = harness.epochs(ld)

@@ -133,10 +133,8 @@ def run_once(binary: str, work: Path, name: str, dataset, **kw) -> dict:
         loader = ringfeed.TokenLoader(
             dataset,
             batch_size=8,
-            socket=server.sock,
-            autotune=False,
-            threads=1,
-            slots=4,
+            server=ringfeed.Server(socket=server.sock),
+            tuning=ringfeed.Tuning(autotune=False, threads=1, slots=4),
             seed=1,
             shuffle=True,
             drop_last=True,
@@ -152,9 +150,17 @@ def run_once(binary: str, work: Path, name: str, dataset, **kw) -> dict:
         # A resume by global position with another world size (control.md, "Resume by a global
         # position"): the rest of the epoch re-striped over 2 ranks, on the same server.
         resumed = ringfeed.TokenLoader(
-            dataset, batch_size=8, socket=server.sock, autotune=False, threads=1, slots=4, seed=1, rank=0,
-            world_size=2, shuffle=True, drop_last=True, **kw,
-        )  # fmt: skip
+            dataset,
+            batch_size=8,
+            server=ringfeed.Server(socket=server.sock),
+            tuning=ringfeed.Tuning(autotune=False, threads=1, slots=4),
+            seed=1,
+            rank=0,
+            world_size=2,
+            shuffle=True,
+            drop_last=True,
+            **kw,
+        )
         resumed.load_state_dict(state)
         assert next(iter(resumed))["input_ids"].shape == (8, kw["seq_len"])
         after_resume = status_mb(server.pid)

@@ -122,10 +122,8 @@ def main() -> int:
                 ds,
                 batch_size=a.batch_size,
                 seq_len=a.seq_len,
-                socket=server.sock,
-                autotune=False,
-                threads=1,
-                slots=8,
+                server=ringfeed.Server(socket=server.sock),
+                tuning=ringfeed.Tuning(autotune=False, threads=1, slots=8),
                 shuffle=True,
                 drop_last=True,
             )
@@ -139,9 +137,14 @@ def main() -> int:
             warm_rate = None
             if a.dataset is not None:
                 loader = ringfeed.TokenLoader(
-                    a.dataset, batch_size=a.batch_size, seq_len=a.seq_len, socket=server.sock, autotune=False,
-                    threads=1, shuffle=True, drop_last=True
-                )  # fmt: skip
+                    a.dataset,
+                    batch_size=a.batch_size,
+                    seq_len=a.seq_len,
+                    server=ringfeed.Server(socket=server.sock),
+                    tuning=ringfeed.Tuning(autotune=False, threads=1),
+                    shuffle=True,
+                    drop_last=True,
+                )
                 it = harness.epochs(loader)
                 warm_rate = harness.measure(it, warmup_s=a.warmup_s, min_seconds=a.seconds, count=windows)["img_per_s"]
                 loader.close()

@@ -35,18 +35,39 @@ def _run(p: Any, dtype: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def batches(
-    images: Path, threads: int, batch: int, dtype: Any = torch.bfloat16, shard: tuple[int, int] = (0, 1)
+    images: Path,
+    threads: int,
+    batch: int,
+    dtype: Any = torch.bfloat16,
+    shard: tuple[int, int] = (0, 1),
+    recipe: str = "rrc",
 ) -> Iterator[tuple[Any, Any]]:
-    """``shard``: ``(rank, world)``, the reader's share of the files (DDP: one pipeline per rank)."""
+    """``shard``: ``(rank, world)``, the reader's share of the files (DDP: one pipeline per rank).
+    ``recipe="full"`` adds DALI's own ``trivial_augment_wide`` (on the GPU, after the resize, as
+    DALI's documentation places it for a fixed-size output; the pipeline is built with
+    ``enable_conditionals``). DALI has no RandomErasing of torchvision's kind, so its "full"
+    recipe leaves erasing out, which costs it nothing (ringfeed's erasing runs on the GPU too)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    @pipeline_def(batch_size=batch, num_threads=threads, device_id=torch.cuda.current_device(), seed=0)
+    conditionals = recipe == "full"
+
+    @pipeline_def(
+        batch_size=batch,
+        num_threads=threads,
+        device_id=torch.cuda.current_device(),
+        seed=0,
+        enable_conditionals=conditionals,
+    )
     def pipe() -> Any:
         jpegs, labels = fn.readers.file(
             file_root=str(images), random_shuffle=True, shard_id=shard[0], num_shards=shard[1], name="reader"
         )
         img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
         img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
+        if conditionals:
+            from nvidia.dali.auto_aug import trivial_augment
+
+            img = trivial_augment.trivial_augment_wide(img)
         img = fn.crop_mirror_normalize(
             img,
             dtype=types.FLOAT16,

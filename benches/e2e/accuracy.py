@@ -82,9 +82,8 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
         batch_transform=mix,
         device="cuda",
         seed=seed,
-        socket=sock,
-        threads=workers,
-        slots=6,
+        server=ringfeed.Server(socket=sock),
+        tuning=ringfeed.Tuning(threads=workers, slots=6),
         shuffle=True,
         drop_last=True,
     )

@@ -90,10 +90,9 @@ def _batches(a: argparse.Namespace, dev: torch.device, rank: int, world: int):
             transform=t,
             device="cuda" if cuda else "cpu",
             dtype=dtype,
-            socket=a.socket,
+            server=ringfeed.Server(socket=a.socket),
             layout="NHWC",
-            slots=6,
-            threads=a.threads_cap,
+            tuning=ringfeed.Tuning(slots=6, threads=a.threads_cap),
             gpu_decode=share,
             shuffle=True,
             drop_last=True,
@@ -407,7 +406,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--workers", type=int, default=15, help="DataLoader workers per rank (DALI: threads per rank)")
-    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), per rank")
+    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Tuning(threads=N), per rank")
     ap.add_argument("--server-threads", type=int, default=None, help="the sidecar's pool (default: its own)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per torchrun")
     ap.add_argument("--out", type=Path, default=Path())

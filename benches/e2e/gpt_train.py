@@ -194,8 +194,8 @@ def main() -> int:
                         batch_size=a.batch_size,
                         seq_len=a.seq_len,
                         device=a.device,
-                        socket=sock,
-                        slots=8,
+                        server=ringfeed.Server(socket=sock),
+                        tuning=ringfeed.Tuning(slots=8),
                         shuffle=True,
                         drop_last=True,
                     )

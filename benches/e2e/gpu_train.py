@@ -14,7 +14,8 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
   ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
   with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6);
 - dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
-  `--threads-cap` (else `--workers`) CPU threads.
+  `--threads-cap` (else `--workers`) CPU threads; with `--recipe full`, DALI's own
+  `trivial_augment_wide` on the GPU after the resize (no erasing: `_dali.batches`).
 Each run skips 20 warm-up steps (and, with `--warmup-s S`, as many more as S seconds take, so that
 the autotuner has settled; every loader gets the same), then times `--steps` steps, and reports two shares of the total:
 - GPU idle: the sum over steps of the gap, on the GPU's own clock (CUDA events), between the end of
@@ -30,7 +31,7 @@ For ringfeed, also what the loader and the server measured over the timed steps 
 the loop's wait split into the wait for data and the time behind its own GPU (`Loader.stats()`),
 and, every 0.5 s, the server's view of the stream (`ringfeed.snapshot`): decode threads and their
 busy share, depth, the wait the autotuner acts on, and its reading (`limit`) and last change
-(`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(threads=N)`), e.g. 6.
+(`tune`). `--threads-cap N` bounds the autotuned threads (`Loader(tuning=ringfeed.Tuning(threads=N))`), e.g. 6.
 Each run also reports CPU milliseconds per image and CPU cores busy: user + system time of the
 bench's whole process tree over the timed steps (benches/e2e/_cpu.py), so the loop's own thread,
 DataLoader workers, DALI's threads and the sidecar alike.
@@ -282,11 +283,12 @@ def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
 LOADERS: list = []
 
 
-def dali_batches(images: Path, threads: int):
-    """NVIDIA DALI's standard ResNet-50 training pipeline (mixed decode with the hardware decoder)."""
+def dali_batches(images: Path, threads: int, recipe: str = "rrc"):
+    """NVIDIA DALI's standard ResNet-50 training pipeline (mixed decode with the hardware decoder);
+    with ``recipe="full"``, DALI's TrivialAugmentWide on the GPU after the resize (``_dali``)."""
     import _dali
 
-    for x, y in _dali.batches(images, threads, BATCH):
+    for x, y in _dali.batches(images, threads, BATCH, recipe=recipe):
         yield x.contiguous(memory_format=torch.channels_last), y
 
 
@@ -312,10 +314,9 @@ def ringfeed_batches(
         transform=ringfeed.Compose(ops),
         device="cuda",
         dtype=torch.bfloat16,
-        socket=sock,
+        server=ringfeed.Server(socket=sock),
         layout="NHWC",
-        slots=slots,
-        threads=threads,
+        tuning=ringfeed.Tuning(slots=slots, threads=threads),
         gpu_decode=gpu_decode,
         shuffle=True,
         drop_last=True,
@@ -340,7 +341,7 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=Path())
     ap.add_argument("--trace", type=int, default=0, help="profile this many steps after the timed ones (Chrome traces)")
-    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Loader(threads=N), the autotuner's bound")
+    ap.add_argument("--threads-cap", type=int, default=None, help="ringfeed: Tuning(threads=N), the autotuner's bound")
     ap.add_argument(
         "--serve-arg",
         action="append",
@@ -383,7 +384,7 @@ def main() -> None:
                     "dataloader-pil": lambda: dataloader_batches(a.images, a.workers, a.recipe),
                     "ringfeed": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, False, slots),  # noqa: B023
                     "ringfeed-hybrid": lambda: ringfeed_batches(a.packed, sock, a.recipe, a.threads_cap, "auto", slots),  # noqa: B023
-                    "dali": lambda: dali_batches(a.images, a.threads_cap or a.workers),
+                    "dali": lambda: dali_batches(a.images, a.threads_cap or a.workers, a.recipe),
                 }[kind]()
                 watch = Watch(sock) if loader.startswith("ringfeed") else None
                 trace = (a.trace, a.out / f"trace-{name}-{loader}.json.gz") if a.trace else None

@@ -52,7 +52,13 @@ def main() -> None:
     with harness.Server(binary=a.bin) as server:
         tf = ringfeed.RandomResizedCrop(a.size)
         with ringfeed.Loader(
-            a.packed, a.batch_size, tf, socket=server.sock, spawn=False, device="cuda", shuffle=True, drop_last=True
+            a.packed,
+            a.batch_size,
+            tf,
+            server=ringfeed.Server(socket=server.sock, spawn=False),
+            device="cuda",
+            shuffle=True,
+            drop_last=True,
         ) as ld:
             next(iter(ld))  # the ring is mapped and registered
             res = ld._res

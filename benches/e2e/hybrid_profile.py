@@ -119,7 +119,13 @@ def stages(images: Path) -> None:
 def profile(packed: Path, threads: int, share: float, quiet: bool = False, binary: Path | None = None) -> None:
     import ringfeed
 
-    t = ringfeed.Compose([ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()])
+    t = ringfeed.Compose(
+        [
+            ringfeed.RandomResizedCrop(224),
+            ringfeed.RandomHorizontalFlip(),
+            ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+        ]
+    )
     with (
         harness.Server(15, binary=binary) as server,
         ringfeed.Loader(
@@ -127,11 +133,9 @@ def profile(packed: Path, threads: int, share: float, quiet: bool = False, binar
             256,
             t,
             device="cuda",
-            socket=server.sock,
-            threads=threads,
-            autotune=False,
+            server=ringfeed.Server(socket=server.sock),
+            tuning=ringfeed.Tuning(threads=threads, autotune=False),
             gpu_decode=share,
-            normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
             dtype=torch.bfloat16,
             shuffle=True,
             drop_last=True,

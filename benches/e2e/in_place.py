@@ -56,11 +56,8 @@ def measure(path: Path, sock: str, threads: int, batches: int, warmup_s: float) 
         path,
         BATCH,
         transform=tf,
-        socket=sock,
-        spawn=False,
-        autotune=False,
-        threads=threads,
-        timeout=600,
+        server=ringfeed.Server(socket=sock, spawn=False, timeout=600),
+        tuning=ringfeed.Tuning(autotune=False, threads=threads),
         shuffle=True,
         drop_last=True,
     )

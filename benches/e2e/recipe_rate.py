@@ -75,10 +75,8 @@ def ringfeed_loader(packed: Path, recipe: str, threads: int, device: str, sock: 
         BATCH,
         transform=rf_recipe(recipe),
         device=device,
-        socket=sock,
-        autotune=False,
-        threads=threads,
-        slots=6,
+        server=ringfeed.Server(socket=sock),
+        tuning=ringfeed.Tuning(autotune=False, threads=threads, slots=6),
         shuffle=True,
         drop_last=True,
     )

@@ -122,10 +122,14 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
         transform = ringfeed.RandomResizedCrop(a.size) + ringfeed.Flip()
         out: dict[str, Any] = {"dataset_bytes": dataset_bytes, "cache_bytes": int(cache_bytes)}
         link = Link(proxy)
-        block = {} if a.order_block is None else {"order_block": a.order_block}
-        with ringfeed.Loader(
-            url, a.batch_size, transform=transform, socket=sock, timeout=600, shuffle=True, drop_last=True, **block
-        ) as ld:
+        block = {} if a.order_block is None else {"order": ringfeed.ShardBlocks(block=a.order_block)}
+        common: dict[str, Any] = {
+            "transform": transform,
+            "server": ringfeed.Server(socket=sock, timeout=600),
+            "shuffle": True,
+            "drop_last": True,
+        }
+        with ringfeed.Loader(url, a.batch_size, **common, **block) as ld:
             for e in (1, 2):
                 ld.set_epoch(e - 1)
                 n, t0 = 0, time.perf_counter()
@@ -143,9 +147,7 @@ def bench_ringfeed(a: argparse.Namespace, server: _s3.S3Server, proxy: _s3.Fault
                 out[f"epoch{e}_loader_wait_s"] = st["wait_s"]
             out["remote"] = out["epoch2_remote"]
             out["order"] = ld.order
-        with ringfeed.Loader(
-            local, a.batch_size, transform=transform, socket=sock, timeout=600, shuffle=True, drop_last=True
-        ) as ld:
+        with ringfeed.Loader(local, a.batch_size, **common) as ld:
             ld.set_epoch(1)
             n, t0 = 0, time.perf_counter()
             for _images, labels in ld:

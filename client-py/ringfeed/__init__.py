@@ -19,7 +19,9 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 - ``_stream``: ``Stream``, one stream whatever its kind: connection, ``open``, the ring, slot
   ownership, runs, resume, reconnecting; ``BatchMaker``, what a sample kind adds to it.
 - ``_images``: the image kind: ``ImageOptions``, ``ImageBatches`` (fields, batch ops, hybrid decode).
-- ``_options``: ``StreamConfig`` and the checks every loader argument goes through.
+- ``_options``: the option objects (``Server``, ``Tuning``, ``ShardBlocks``, ``GPUDecode``, the
+  sources ``LMDB`` and ``WebDataset``), ``StreamConfig``, the checks every loader argument goes
+  through, and the deprecated keywords' translation.
 - ``_meter``: the wait and compute per step, for ``stats()`` and the server's autotuner.
 - ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
 - ``_batch``: what runs on a batch after the ring: normalisation, erasing, MixUp/CutMix.
@@ -39,6 +41,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
+from ._options import LMDB, GPUDecode, Server, ShardBlocks, Tuning, WebDataset
 from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
@@ -82,6 +85,7 @@ from .wire.observe import snapshot
 from .wire.protocol import PROTOCOL
 
 __all__ = [
+    "LMDB",
     "PROTOCOL",
     "AutoAugment",
     "CenterCrop",
@@ -90,6 +94,7 @@ __all__ = [
     "CutMix",
     "Flip",
     "FormatError",
+    "GPUDecode",
     "GaussianBlur",
     "Loader",
     "MixUp",
@@ -116,14 +121,18 @@ __all__ = [
     "Resize",
     "RingfeedError",
     "Sample",
+    "Server",
     "ServerDiedError",
     "ServerError",
+    "ShardBlocks",
     "TimeoutError",
     "TokenLoader",
     "Transform",
     "TrivialAugmentWide",
+    "Tuning",
     "View",
     "Views",
+    "WebDataset",
     "__version__",
     "preview",
     "snapshot",

@@ -36,7 +36,7 @@ class BatchOps:
     Args:
         views: the loader's views (their ``Normalize`` and ``RandomErasing``).
         layout: the ring's image layout, ``"NHWC"`` or ``"NCHW"``.
-        normalize: the loader-level ``normalize=(mean, std)``, for every view without its own.
+        normalize: the deprecated ``Loader(normalize=(mean, std))``, for every view without its own.
         dtype: the floating dtype of normalised images.
         batch_transform: ``MixUp``, ``CutMix``, ``RandomChoice`` of them, any other callable (given
             the batch's fields by name, a dict of tensors on the batch's device, after the built-in
@@ -64,7 +64,7 @@ class BatchOps:
             if own is not None and normalize is not None:
                 raise ValueError(
                     f"normalize: view {name!r} has its own Normalize in its Compose; "
-                    f"pass normalize= or Normalize, not both"
+                    f"pass Normalize (or the deprecated normalize=), not both"
                 )
             mean_std = (own.mean, own.std) if own is not None else normalize
             if mean_std is not None:
@@ -76,7 +76,9 @@ class BatchOps:
             if v.transform.erasing:
                 self.erasing[name] = v.transform.erasing
         if dtype is not None and not self.normalizers:
-            raise ValueError("dtype applies to normalized images only; pass normalize=(mean, std) or Normalize too")
+            raise ValueError(
+                "dtype applies to normalized images only; end the transform with ringfeed.Normalize(mean, std)"
+            )
         self.mix: list[Any] = []
         self.mix_p: list[float] = []
         #: The user's own batch transform: runs last, on the fields by name.
@@ -189,7 +191,7 @@ class BatchOps:
         images, labels = out[self.mixed_view], out["label"]
         lam = rng.betavariate(op.alpha, op.alpha)
         if not images.is_floating_point():
-            raise ValueError(f"{type(op).__name__}: mixes float images; add Normalize (or normalize=) to the pipeline")
+            raise ValueError(f"{type(op).__name__}: mixes float images; end the transform with Normalize")
         if isinstance(op, MixUp):
             mixed = images.roll(1, 0).mul_(1.0 - lam).add_(images.mul(lam))
         else:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ProtocolError, RingfeedError, ServerError
-from ._options import StreamConfig, boolean, int_in
+from ._options import LMDB, GPUDecode, StreamConfig, WebDataset, boolean
 from ._stream import BatchMaker, Stream
 from ._transforms import Views, as_views
 from .wire.ring import Segment
@@ -40,8 +40,6 @@ FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
     "index": ("int64", ()),
     "crop": ("int32", (5,)),
 }
-#: ``open.webdataset`` members (control.md, "WebDataset shards", 1.3).
-WEBDATASET_OPTIONS = {"image": str, "label": str, "label_key": str, "write_index": bool}
 #: The per-image ops hybrid decode finishes on the GPU (control.md, "Hybrid decode"); the batch
 #: ops run on the client anyway.
 _GEOMETRIC = frozenset(
@@ -76,7 +74,8 @@ class ImageOptions:
 
     @classmethod
     def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
-        """Checks the image arguments (``kw``: ``Loader``'s keywords of them) against ``cfg``."""
+        """Checks the image arguments (``kw``: ``Loader``'s keywords of them, the source as an
+        ``LMDB``, a ``WebDataset`` or ``None``, hybrid decode as a ``GPUDecode``) against ``cfg``."""
         views, legacy = _check_transform(transform)
         layout, on_error = kw["layout"], kw["on_error"]
         if layout not in ("NHWC", "NCHW"):
@@ -85,16 +84,15 @@ class ImageOptions:
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         fields = check_fields(kw["fields"], views)
         check_crc = boolean("check_crc", kw["check_crc"])
-        lmdb = dict(kw["lmdb"]) if kw["lmdb"] is not None else None
-        webdataset = _check_webdataset(kw["webdataset"])
+        source = kw["source"]
+        lmdb = source.options() if isinstance(source, LMDB) else None
+        webdataset = source.options() if isinstance(source, WebDataset) else None
         post = _batch_ops(cfg, views, legacy, layout, kw["normalize"], kw["dtype"], kw["batch_transform"])
-        share, backend, why = _gpu_plan(kw["gpu_decode"], kw["_gpu_backend"], cfg.device, views, cfg.autotune)
-        gpu_bytes = kw["gpu_decode_bytes"]
-        if gpu_bytes is not None:
-            gpu_bytes = int_in("gpu_decode_bytes", gpu_bytes, 4096, 64 << 20)
+        gpu: GPUDecode = kw["gpu_decode"]
+        share, backend, why = _gpu_plan(gpu.share, kw["_gpu_backend"], cfg.device, views, cfg.autotune)
         return cls(
             transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
-            share, backend, why, gpu_bytes,
+            share, backend, why, gpu.bytes_per_sample,
         )  # fmt: skip
 
 
@@ -415,19 +413,6 @@ def check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str
             raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
         out.append(name)
     return tuple(out)
-
-
-def _check_webdataset(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if options is None:
-        return None
-    out = dict(options)
-    for key, value in out.items():
-        kind = WEBDATASET_OPTIONS.get(key)
-        if kind is None:
-            raise ValueError(f"webdataset: unknown option {key!r} (known: {', '.join(WEBDATASET_OPTIONS)})")
-        if not isinstance(value, kind):
-            raise ValueError(f"webdataset[{key!r}] must be a {kind.__name__}, got {value!r}")
-    return out
 
 
 def _batch_ops(

@@ -1,5 +1,16 @@
 """A loader's settings: each checked once, in the constructor, before any connection is tried.
 
+The option objects are what users write (issue 28, "one way to say each thing"): ``Server`` (how
+to reach the server), ``Tuning`` (the ring and the decode threads), ``ShardBlocks`` (the
+``shard_blocks`` order's members), ``GPUDecode`` (hybrid decode's share and room), and the source
+formats ``LMDB`` and ``WebDataset``, given as a loader's ``path``. Each is a frozen, keyword-only
+dataclass that checks its fields in ``__post_init__``, so a bad value fails where it is written.
+``legacy_group``, ``legacy_order`` and ``legacy_gpu_decode`` turn the keywords they replace
+(``Loader(socket=...)``, ``order_block=``, ...) into them, with one ``DeprecationWarning`` per
+keyword naming the new spelling (``loader._legacy_source`` does the same for ``lmdb={...}`` and
+``webdataset={...}``); an old keyword beside the object that now owns it is refused
+(``refuse_both``).
+
 ``StreamConfig`` holds what every sample kind's stream takes (``proto/control.md``, "open": the
 order, the ranks, the ring, the timeouts, the autotuner); each kind keeps its own options beside it
 (``_images.ImageOptions``, ``_tokens.TokenOptions``). The dataclasses are frozen: what the server
@@ -12,8 +23,9 @@ Every refusal is a ``ValueError`` that names the parameter, the bounds and the v
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
 from .wire.sidecar import default_socket_path
@@ -30,6 +42,307 @@ REMOTE_SCHEME = "s3://"
 ORDERS = ("auto", "global", "shard_blocks")
 MAX_ORDER_BLOCK = 1 << 20
 MAX_ORDER_SHARD = 1 << 32
+
+
+#: ``open.lmdb.layout`` values (control.md, "open").
+LMDB_LAYOUTS = ("auto", "raw", "pickle", "msgpack")
+#: ``open.webdataset`` members (control.md, "WebDataset shards", 1.3) and their types.
+WEBDATASET_OPTIONS: dict[str, type] = {"image": str, "label": str, "label_key": str, "write_index": bool}
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    """Stores a checked (normalised) value in a frozen dataclass, from its ``__post_init__``."""
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class Server:
+    """How a loader reaches its ringfeed server: ``Loader(..., server=ringfeed.Server(socket=...))``.
+
+    Args:
+        socket: the server's Unix socket. Default: ``$RINGFEED_SOCKET``, else
+            ``$XDG_RUNTIME_DIR/ringfeed/ringfeed.sock``, else ``/tmp/ringfeed-$UID/ringfeed.sock``.
+        spawn: start ``ringfeed serve --exit-when-idle`` at the socket when nothing listens there.
+            Default: only when ``socket`` is not given. The binary is ``$RINGFEED_BIN``, else the
+            one installed with this package (the wheel), else ``ringfeed`` on ``PATH``.
+        spawn_timeout: seconds to wait for a started sidecar to listen.
+        timeout: seconds to wait for any one message from the server before raising
+            ``ringfeed.TimeoutError``; ``None`` waits for ever. A dead server is reported at once
+            either way (``ServerDiedError``).
+        reconnect: how many times in a row the loader may re-establish a lost stream (``Loader``,
+            "Losing the server"); ``0`` (the default) raises ``ServerDiedError`` at once.
+        reconnect_timeout: seconds one re-establishment may take: waiting for a server to listen
+            at ``socket`` again (or for the restarted sidecar), connecting and re-opening.
+        on_opening: called as ``on_opening(files_listed, seconds)`` about every second while the
+            server lists an image folder or manifest for this loader (a large tree takes a while;
+            the progress is also logged at INFO on the ``ringfeed`` logger), or indexes WebDataset
+            tars (then the count is of tar members). Each report resets ``timeout``, so a long
+            listing never times out. Image loaders only.
+    """
+
+    _: KW_ONLY
+    socket: str | os.PathLike[str] | None = None
+    spawn: bool | None = None
+    spawn_timeout: float = 10.0
+    timeout: float | None = 60.0
+    reconnect: int = 0
+    reconnect_timeout: float = 30.0
+    on_opening: Callable[[int, float], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.socket is not None and not isinstance(self.socket, (str, os.PathLike)):
+            raise ValueError(f"Server: socket must be a path, got {self.socket!r}")
+        if self.spawn is not None:
+            boolean("Server: spawn", self.spawn)
+        _set(self, "spawn_timeout", check_timeout("Server: spawn_timeout", self.spawn_timeout) or 10.0)
+        _set(self, "timeout", check_timeout("Server: timeout", self.timeout))
+        _set(self, "reconnect", int_in("Server: reconnect", self.reconnect, 0, 1 << 30))
+        _set(self, "reconnect_timeout", check_timeout("Server: reconnect_timeout", self.reconnect_timeout) or 30.0)
+        if self.on_opening is not None and not callable(self.on_opening):
+            raise ValueError(f"Server: on_opening must be a callable (files_listed, seconds), got {self.on_opening!r}")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The ring and the decode threads of one stream: ``Loader(..., tuning=ringfeed.Tuning(slots=8))``.
+
+    Args:
+        autotune: let the server set this stream's decode threads and prefetch depth from the
+            wait the loader measures (the default; see "Why is my GPU waiting?" in the README).
+            ``False`` pins ``threads`` and ``prefetch``.
+        threads: decode (for tokens: reading) threads for this stream: with ``autotune=False``
+            exactly this many (at most the server's pool; default: the whole pool for images, 1 for
+            tokens), with autotune an upper bound.
+        prefetch: batches the server prepares at once, ``1 ..= slots``: fixed with
+            ``autotune=False`` (default ``slots``), the starting depth with autotune. (The server
+            and ``ringfeed top`` call it the stream's *depth*.)
+        slots: batches in flight in the ring, ``1 ..= 64``.
+        hold: CPU mode without batch ops: how many of the most recent batches stay valid
+            (``1 ..= slots``). A batch is a view of ring memory that the server overwrites once
+            it is released: it is valid until ``hold`` more batches have been requested, a new
+            iteration starts, or the loader is closed, unless copied. Ignored in CUDA mode.
+        log_every: every this many batches, print one line to stderr: samples/s, the share of
+            time spent waiting for data, and the server's threads and depth for this stream.
+    """
+
+    _: KW_ONLY
+    autotune: bool = True
+    threads: int | None = None
+    prefetch: int | None = None
+    slots: int = 4
+    hold: int = 1
+    log_every: int | None = None
+
+    def __post_init__(self) -> None:
+        boolean("Tuning: autotune", self.autotune)
+        if self.threads is not None:
+            int_in("Tuning: threads", self.threads, 1, 1024)
+        int_in("Tuning: slots", self.slots, 1, MAX_SLOTS)
+        if self.prefetch is not None:
+            int_in("Tuning: prefetch", self.prefetch, 1, self.slots)
+        int_in("Tuning: hold", self.hold, 1, self.slots)
+        if self.log_every is not None:
+            int_in("Tuning: log_every", self.log_every, 1, 1 << 30)
+
+
+@dataclass(frozen=True)
+class ShardBlocks:
+    """The ``shard_blocks`` order with its members: ``Loader(..., order=ringfeed.ShardBlocks(block=8))``
+    (docs/order.md). ``order="shard_blocks"`` is ``ShardBlocks()``.
+
+    Args:
+        block: shards per shuffle block (default 16).
+        shard: samples per stand-in shard for datasets without shard files (LMDBs, folders,
+            manifests; default 1024).
+    """
+
+    _: KW_ONLY
+    block: int | None = None
+    shard: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block is not None:
+            int_in("ShardBlocks: block", self.block, 1, MAX_ORDER_BLOCK)
+        if self.shard is not None:
+            int_in("ShardBlocks: shard", self.shard, 1, MAX_ORDER_SHARD)
+
+
+@dataclass(frozen=True)
+class GPUDecode:
+    """Hybrid decode with its details: ``Loader(..., gpu_decode=ringfeed.GPUDecode(share=0.5))``
+    (docs/hybrid-decode.md). ``gpu_decode="auto"``, ``True``, ``False`` or a share is
+    ``GPUDecode(share=...)``.
+
+    Args:
+        share: ``"auto"`` (the autotuner's share, where hybrid decode can work), ``True`` (the
+            same, but raising ``ValueError`` where it cannot), a number in ``0 ..= 1`` (pinned),
+            or ``False`` (off).
+        bytes_per_sample: room for encoded bytes per sample of a batch in each ring slot
+            (default: ``max(3·H·W, 65536)`` for the view's size; raise it for large photos, whose
+            files would not fit: those are then decoded by the server).
+    """
+
+    _: KW_ONLY
+    share: bool | float | str = "auto"
+    bytes_per_sample: int | None = None
+
+    def __post_init__(self) -> None:
+        share = self.share
+        ok = share == "auto" or isinstance(share, bool)
+        ok = ok or (isinstance(share, (int, float)) and 0.0 <= share <= 1.0)
+        if not ok:
+            raise ValueError(f"gpu_decode must be 'auto', True, False or a share in 0..1, got {share!r}")
+        if self.bytes_per_sample is not None:
+            int_in("GPUDecode: bytes_per_sample", self.bytes_per_sample, 4096, 64 << 20)
+
+
+@dataclass(frozen=True)
+class LMDB:
+    """An LMDB as a loader's ``path``, with its options (docs/lmdb.md; ``ringfeed pack``'s
+    ``--lmdb-layout``, ``--labels``, ``--labels-key``): ``Loader(ringfeed.LMDB("/data/x.lmdb",
+    layout="raw", labels_key="__labels__"), 256, ...)``. A path alone (``"/data/x.lmdb"``) is
+    ``LMDB(path)``.
+
+    Args:
+        path: the LMDB (its directory, or a ``*.mdb``/``*.lmdb`` file).
+        layout: how values are laid out: ``"auto"`` (the server's default), ``"raw"``,
+            ``"pickle"`` or ``"msgpack"``.
+        labels: raw layout: labels from this file (CSV ``key,label``, JSON or JSONL).
+        labels_key: raw layout: labels from the value of this key in the same LMDB.
+    """
+
+    path: str | os.PathLike[str]
+    _: KW_ONLY
+    layout: str | None = None
+    labels: str | os.PathLike[str] | None = None
+    labels_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ValueError(f"LMDB: path must be a path, got {self.path!r}")
+        if self.layout is not None and self.layout not in LMDB_LAYOUTS:
+            raise ValueError(f"LMDB: layout must be one of {', '.join(map(repr, LMDB_LAYOUTS))}, got {self.layout!r}")
+        if self.labels is not None and not isinstance(self.labels, (str, os.PathLike)):
+            raise ValueError(f"LMDB: labels must be a file path, got {self.labels!r}")
+        if self.labels_key is not None and not isinstance(self.labels_key, str):
+            raise ValueError(f"LMDB: labels_key must be a str, got {self.labels_key!r}")
+        if self.labels is not None and self.labels_key is not None:
+            raise ValueError("LMDB: pass labels (a file) or labels_key (a key of the LMDB), not both")
+
+    def options(self) -> dict[str, Any]:
+        """``open.lmdb`` (control.md): the options given, a labels file made absolute."""
+        out: dict[str, Any] = {}
+        if self.layout is not None:
+            out["layout"] = self.layout
+        if self.labels is not None:
+            out["labels"] = os.path.abspath(os.fspath(self.labels))  # noqa: PTH100
+        if self.labels_key is not None:
+            out["labels_key"] = self.labels_key
+        return out
+
+
+@dataclass(frozen=True)
+class WebDataset:
+    """WebDataset tars as a loader's ``path``, with their options (docs/webdataset.md):
+    ``Loader(ringfeed.WebDataset("/data/shards-{000..099}.tar", label="json", label_key="target"),
+    256, ...)``. A tar path alone is ``WebDataset(path)``.
+
+    Args:
+        path: a tar, a brace or glob pattern of tars, a directory of them, or their ``s3://`` URL.
+        image: the image's extensions, ``;``-separated (default ``"jpg;jpeg;png;webp"``).
+        label: the label's extension (default ``"cls"``); ``"json"``: the integer member
+            ``label_key`` of a JSON member; ``""``: no labels.
+        label_key: the JSON label's member (default ``"label"``).
+        write_index: whether the server may write index files next to the tars (default ``True``).
+    """
+
+    path: str | os.PathLike[str]
+    _: KW_ONLY
+    image: str | None = None
+    label: str | None = None
+    label_key: str | None = None
+    write_index: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ValueError(f"WebDataset: path must be a path or URL, got {self.path!r}")
+        for key, kind in WEBDATASET_OPTIONS.items():
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, kind) or (kind is str and isinstance(value, bool))):
+                raise ValueError(f"WebDataset: {key} must be a {kind.__name__}, got {value!r}")
+
+    def options(self) -> dict[str, Any]:
+        """``open.webdataset`` (control.md, "WebDataset shards"): the options given."""
+        return {k: getattr(self, k) for k in WEBDATASET_OPTIONS if getattr(self, k) is not None}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls) if f.name != "_")
+
+
+#: The keywords each option object took over, by the loader keyword that now holds the object.
+SERVER_KEYWORDS = _names(Server)
+TUNING_KEYWORDS = _names(Tuning)
+
+
+def deprecated(old: str, new: str, stacklevel: int) -> None:
+    """The one ``DeprecationWarning`` of an old keyword, naming its new spelling."""
+    warnings.warn(f"{old} is deprecated: use {new}", DeprecationWarning, stacklevel=stacklevel + 1)
+
+
+def refuse_both(who: str, old: Any, owner: str) -> None:
+    """An old keyword mixed with the option object (or spelling) that now owns it."""
+    names = ", ".join(f"{k}=" for k in old) if not isinstance(old, str) else old
+    raise ValueError(f"{who}: {names} and {owner} both given; set it once, in {owner}")
+
+
+def legacy_group(who: str, old: dict[str, Any], keyword: str, cls: type, given: Any, stacklevel: int) -> Any:
+    """Takes ``cls``'s fields out of ``old`` (a loader's deprecated keywords) into a ``cls``, warning
+    once per keyword; ``given`` is the object passed as ``keyword=`` (mixing both is refused)."""
+    mine = {k: old.pop(k) for k in _names(cls) if k in old}
+    for k in mine:
+        deprecated(f"{who}({k}=...)", f"{keyword}=ringfeed.{cls.__name__}({k}=...)", stacklevel + 1)
+    if given is not None and not isinstance(given, cls):
+        raise ValueError(f"{keyword} must be a ringfeed.{cls.__name__}(...), got {given!r}")
+    if not mine:
+        return given if given is not None else cls()
+    if given is not None:
+        refuse_both(who, mine, f"{keyword}=ringfeed.{cls.__name__}(...)")
+    return cls(**mine)
+
+
+def legacy_order(who: str, old: dict[str, Any], order: Any, stacklevel: int) -> tuple[Any, ShardBlocks | None]:
+    """``order`` and the deprecated ``order_block``/``order_shard`` in ``old``: with
+    ``order="shard_blocks"`` they become ``ShardBlocks``; beside another name they are kept as
+    ``blocks`` (``StreamConfig.check``), so what is sent does not change."""
+    members = {k: old.pop(k) for k in ("order_block", "order_shard") if k in old}
+    for k in members:
+        deprecated(f"{who}({k}=...)", f"order=ringfeed.ShardBlocks({k[len('order_') :]}=...)", stacklevel + 1)
+    if not members:
+        return order, None
+    if isinstance(order, ShardBlocks):
+        refuse_both(who, members, "order=ringfeed.ShardBlocks(...)")
+    blocks = ShardBlocks(block=members.get("order_block"), shard=members.get("order_shard"))
+    return (blocks, None) if order == "shard_blocks" else (order, blocks)
+
+
+def legacy_gpu_decode(who: str, old: dict[str, Any], gpu_decode: Any, stacklevel: int) -> GPUDecode:
+    """``gpu_decode`` as a ``GPUDecode``, with the deprecated ``gpu_decode_bytes`` in ``old``."""
+    if "gpu_decode_bytes" in old:
+        n = old.pop("gpu_decode_bytes")
+        deprecated(
+            f"{who}(gpu_decode_bytes=...)", "gpu_decode=ringfeed.GPUDecode(bytes_per_sample=...)", stacklevel + 1
+        )
+        if isinstance(gpu_decode, GPUDecode):
+            refuse_both(who, "gpu_decode_bytes=", "gpu_decode=ringfeed.GPUDecode(...)")
+        return GPUDecode(share=gpu_decode, bytes_per_sample=n)
+    return gpu_decode if isinstance(gpu_decode, GPUDecode) else GPUDecode(share=gpu_decode)
+
+
+def no_other_keywords(who: str, old: Mapping[str, Any]) -> None:
+    """What Python says of an unknown keyword, for the ones left after the deprecated ones."""
+    if old:
+        raise TypeError(f"{who}() got an unexpected keyword argument {next(iter(old))!r}")
 
 
 @dataclass(frozen=True)
@@ -83,52 +396,34 @@ class StreamConfig:
         device: Any,
         rank: Any,
         world_size: Any,
-        slots: Any,
-        socket: str | os.PathLike[str] | None,
-        timeout: Any,
-        spawn: Any,
-        hold: Any,
-        spawn_timeout: Any,
-        autotune: Any,
-        threads: Any,
-        prefetch: Any,
-        log_every: Any,
-        reconnect: Any,
-        reconnect_timeout: Any,
-        on_opening: Any = None,
+        server: Server,
+        tuning: Tuning,
         order: Any = "auto",
-        order_block: Any = None,
-        order_shard: Any = None,
+        blocks: ShardBlocks | None = None,
     ) -> StreamConfig:
-        """Checks every setting, in the order of ``Loader``'s arguments (the device last: it may
-        import torch), and returns them validated."""
+        """Checks every setting the option objects have not (the device last: it may import
+        torch), and returns them all validated. ``order`` is a name or a ``ShardBlocks``;
+        ``blocks`` carries the deprecated ``order_block``/``order_shard`` beside an order name
+        other than ``"shard_blocks"`` (sent as they were: ``"auto"`` may mean ``shard_blocks``)."""
         batch_size = int_in("batch_size", batch_size, 1, MAX_BATCH_SIZE)
         shuffle = boolean("shuffle", shuffle)
         seed = int_in("seed", seed, 0, MAX_SEED)
         drop_last = boolean("drop_last", drop_last)
         rank, world_size = resolve_rank(rank, world_size)
-        slots = int_in("slots", slots, 1, MAX_SLOTS)
-        timeout = check_timeout("timeout", timeout)
-        hold = int_in("hold", hold, 1, slots)
-        autotune = boolean("autotune", autotune)
-        threads = None if threads is None else int_in("threads", threads, 1, 1024)
-        prefetch = None if prefetch is None else int_in("prefetch", prefetch, 1, slots)
-        log_every = None if log_every is None else int_in("log_every", log_every, 1, 1 << 30)
-        socket_path = os.fspath(socket) if socket is not None else default_socket_path()
-        spawn = (socket is None) if spawn is None else boolean("spawn", spawn)
-        spawn_timeout = check_timeout("spawn_timeout", spawn_timeout) or 10.0
-        reconnect = int_in("reconnect", reconnect, 0, 1 << 30)
-        reconnect_timeout = check_timeout("reconnect_timeout", reconnect_timeout) or 30.0
-        if on_opening is not None and not callable(on_opening):
-            raise ValueError(f"on_opening must be a callable (files_listed, seconds), got {on_opening!r}")
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-        order_block = None if order_block is None else int_in("order_block", order_block, 1, MAX_ORDER_BLOCK)
-        order_shard = None if order_shard is None else int_in("order_shard", order_shard, 1, MAX_ORDER_SHARD)
+        if isinstance(order, ShardBlocks):
+            order, blocks = "shard_blocks", order
+        name = order
+        if name not in ORDERS:
+            raise ValueError(
+                f"order must be one of {', '.join(map(repr, ORDERS))} or a ringfeed.ShardBlocks(...), got {order!r}"
+            )
+        s, t = server, tuning
+        socket_path = os.fspath(s.socket) if s.socket is not None else default_socket_path()
         return cls(
-            path, batch_size, shuffle, seed, drop_last, rank, world_size, slots, hold, timeout, socket_path,
-            spawn, spawn_timeout, autotune, threads, prefetch, log_every, reconnect, reconnect_timeout,
-            on_opening, resolve_device(device), order, order_block, order_shard,
+            path, batch_size, shuffle, seed, drop_last, rank, world_size, t.slots, t.hold, s.timeout, socket_path,
+            s.socket is None if s.spawn is None else s.spawn, s.spawn_timeout, t.autotune, t.threads, t.prefetch,
+            t.log_every, s.reconnect, s.reconnect_timeout, s.on_opening, resolve_device(device), name,
+            blocks.block if blocks else None, blocks.shard if blocks else None,
         )  # fmt: skip
 
 

@@ -53,6 +53,7 @@ def preview(pipeline: Any, image: Any, *, seed: int = 0, n: int = 8, epoch: int 
                              "cat.jpg", n=8)
         torchvision.utils.make_grid(p.images.permute(0, 3, 1, 2), nrow=4)
     """
+    from ._options import Server
     from .loader import Loader
 
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_PREVIEW:
@@ -74,8 +75,7 @@ def preview(pipeline: Any, image: Any, *, seed: int = 0, n: int = 8, epoch: int 
             seed=seed,
             fields=["index", "crop"],
             layout=layout,
-            socket=str(Path(tmp) / "ringfeed.sock"),
-            spawn=True,
+            server=Server(socket=str(Path(tmp) / "ringfeed.sock"), spawn=True),
         ) as ld:
             ld.set_epoch(epoch)
             batch = next(iter(ld))

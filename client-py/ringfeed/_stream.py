@@ -282,7 +282,7 @@ class Stream:
         starts a new sidecar when that is allowed, or names the socket when it is not.
         """
         cfg = self.cfg
-        hint = f"; if batches legitimately take longer, raise Loader(timeout=...) (now {cfg.timeout} s)"
+        hint = f"; if batches legitimately take longer, raise server=ringfeed.Server(timeout=...) (now {cfg.timeout} s)"
         for attempt in range(HANDSHAKE_ATTEMPTS):
             conn, self.server_log = connect(
                 cfg.socket_path,

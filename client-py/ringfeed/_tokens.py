@@ -23,7 +23,18 @@ from typing import Any
 
 from ._base import BaseLoader, From
 from ._errors import ProtocolError
-from ._options import REMOTE_SCHEME, StreamConfig, dataset_path, int_in
+from ._options import (
+    REMOTE_SCHEME,
+    Server,
+    StreamConfig,
+    Tuning,
+    dataset_path,
+    int_in,
+    legacy_group,
+    no_other_keywords,
+    refuse_both,
+)
+from ._options import deprecated as warn_deprecated
 from ._stream import BatchMaker
 
 __all__ = ["TokenLoader"]
@@ -53,7 +64,7 @@ class TokenOptions:
     mode: str
     max_docs: int
     pad_id: int | None
-    #: A flat token file's dtype (``TokenLoader(dtype=)``).
+    #: A flat token file's dtype (``TokenLoader(token_dtype=)``).
     token_dtype: str | None
     #: Every field the ring carries: ``input_ids``, ``labels``, then the ones asked for.
     token_fields: tuple[str, ...]
@@ -62,16 +73,16 @@ class TokenOptions:
 
     @classmethod
     def check(
-        cls, path: Any, seq_len: Any, mode: Any, fields: Any, max_docs: Any, pad_id: Any, dtype: Any
+        cls, path: Any, seq_len: Any, mode: Any, fields: Any, max_docs: Any, pad_id: Any, token_dtype: Any
     ) -> TokenOptions:
         seq_len = int_in("seq_len", seq_len, 1, 1 << 20)
         if mode not in MODES:
             raise ValueError(f"mode must be 'concat' or 'pack', got {mode!r}")
         max_docs = seq_len if max_docs is None else int_in("max_docs", max_docs, 1, seq_len)
         pad_id = None if pad_id is None else int_in("pad_id", pad_id, 0, (1 << 32) - 1)
-        if dtype not in (None, "uint16", "uint32"):
-            raise ValueError(f"dtype must be 'uint16' or 'uint32' (a flat token file's), got {dtype!r}")
-        return cls(seq_len, mode, max_docs, pad_id, dtype, _check_token_fields(fields), _check_mix(path))
+        if token_dtype not in (None, "uint16", "uint32"):
+            raise ValueError(f"token_dtype must be 'uint16' or 'uint32' (a flat token file's), got {token_dtype!r}")
+        return cls(seq_len, mode, max_docs, pad_id, token_dtype, _check_token_fields(fields), _check_mix(path))
 
 
 class TokenBatches(BatchMaker):
@@ -150,7 +161,7 @@ class TokenLoader(BaseLoader):
 
     Args:
         path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
-            flat token file (with ``dtype``); or, protocol 1.7, the ``"s3://bucket/prefix"`` URL
+            flat token file (with ``token_dtype``); or, protocol 1.7, the ``"s3://bucket/prefix"`` URL
             of a token dataset on S3-compatible storage (sent unchanged; the server fetches it
             into its cache with its own credentials: docs/remote.md); or a mapping of such paths to weights, to mix them
             into one stream (protocol 1.3; control.md, "Mixing"): ``{"/data/web.tok": 0.7,
@@ -178,13 +189,19 @@ class TokenLoader(BaseLoader):
         max_docs: sequences per window in ``cu_seqlens`` (default ``seq_len``, which always
             fits; a window with more has its last ones merged).
         pad_id: padding token in ``pack`` mode (default: the dataset's EOS, else 0).
-        dtype: a flat token file's dtype, ``"uint16"`` or ``"uint32"``.
-        threads: reading threads for this stream: with ``autotune``, a bound (the server starts a
-            token stream at one thread, and for tokens the cost is reading, not decoding, so the
-            tuner keeps it there unless the loop waits); without it, exactly this many (default 1).
-        shuffle, seed, drop_last, device, rank, world_size, slots, socket, timeout, spawn, hold,
-        spawn_timeout, autotune, prefetch, log_every, reconnect, reconnect_timeout: as for
-            ``Loader``.
+        token_dtype: a flat token file's dtype, ``"uint16"`` or ``"uint32"`` (a token dataset and a
+            Megatron ``.bin`` record theirs; a flat file has no header). ``input_ids`` and
+            ``labels`` are int64 whatever it is. (Earlier releases called it ``dtype=``, which in
+            ``Loader`` is an output type.)
+        shuffle, seed, drop_last, device, rank, world_size: as for ``Loader``.
+        server: ``ringfeed.Server(...)``, as for ``Loader``.
+        tuning: ``ringfeed.Tuning(...)``, as for ``Loader``. Its ``threads`` are reading threads:
+            with ``autotune``, a bound (the server starts a token stream at one thread, and for
+            tokens the cost is reading, not decoding, so the tuner keeps it there unless the loop
+            waits); without it, exactly this many (default 1).
+
+    The keywords ``Server`` and ``Tuning`` replaced (``socket=``, ``threads=``, ...) and ``dtype=``
+    still work in this release, each with a ``DeprecationWarning`` naming its new spelling.
 
     ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` (a resume may change ``world_size`` and
     ``batch_size``: the rest of the epoch is re-striped by its global position), ``stats``
@@ -201,32 +218,31 @@ class TokenLoader(BaseLoader):
         fields: Sequence[str] | None = None,
         max_docs: int | None = None,
         pad_id: int | None = None,
-        dtype: str | None = None,
+        token_dtype: str | None = None,
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
         device: Any = "cpu",
         rank: int | None = None,
         world_size: int | None = None,
-        slots: int = 4,
-        socket: str | os.PathLike[str] | None = None,
-        timeout: float | None = 60.0,
-        spawn: bool | None = None,
-        hold: int = 1,
-        spawn_timeout: float = 10.0,
-        autotune: bool = True,
-        threads: int | None = None,
-        prefetch: int | None = None,
-        log_every: int | None = None,
-        reconnect: int = 0,
-        reconnect_timeout: float = 30.0,
+        server: Server | None = None,
+        tuning: Tuning | None = None,
+        **deprecated_keywords: Any,
     ) -> None:
-        opts = TokenOptions.check(path, seq_len, mode, fields, max_docs, pad_id, dtype)
+        old = dict(deprecated_keywords)
+        server = legacy_group("TokenLoader", old, "server", Server, server, 2)
+        tuning = legacy_group("TokenLoader", old, "tuning", Tuning, tuning, 2)
+        if "dtype" in old:
+            given = old.pop("dtype")
+            warn_deprecated("TokenLoader(dtype=...)", "token_dtype=... (the token file's type)", 2)
+            if token_dtype is not None:
+                refuse_both("TokenLoader", "dtype=", "token_dtype=")
+            token_dtype = given
+        no_other_keywords("TokenLoader", old)
+        opts = TokenOptions.check(path, seq_len, mode, fields, max_docs, pad_id, token_dtype)
         cfg = StreamConfig.check(
             opts.mix[0][0], batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, device=device, rank=rank,
-            world_size=world_size, slots=slots, socket=socket, timeout=timeout, spawn=spawn, hold=hold,
-            spawn_timeout=spawn_timeout, autotune=autotune, threads=threads, prefetch=prefetch, log_every=log_every,
-            reconnect=reconnect, reconnect_timeout=reconnect_timeout,
+            world_size=world_size, server=server, tuning=tuning,
         )  # fmt: skip
         self._start(cfg, TokenBatches(opts))
 

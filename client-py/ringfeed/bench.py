@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import RingfeedError
+from ._options import Server, Tuning
 from ._transforms import CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize
 from .loader import Loader
 from .wire import sidecar
@@ -141,9 +142,14 @@ def ringfeed_rate(
 ) -> dict[str, Any]:  # fmt: skip
     """img/s of a ``Loader`` pinned at ``threads`` decode threads, from the server at ``socket``."""
     with Loader(
-        dataset, batch_size, transform=transform, socket=socket, spawn=False, autotune=False,
-        threads=threads, shuffle=True, drop_last=True, timeout=120.0,
-    ) as ld:  # fmt: skip
+        dataset,
+        batch_size,
+        transform=transform,
+        server=Server(socket=socket, spawn=False, timeout=120.0),
+        tuning=Tuning(autotune=False, threads=threads),
+        shuffle=True,
+        drop_last=True,
+    ) as ld:
 
         def epoch(e: int) -> Iterator[Any]:
             ld.set_epoch(e)

@@ -18,7 +18,8 @@ What the module takes care of, and why:
   position saved is the batches the training loop has *used*, not those fetched: Lightning fetches
   one batch ahead, so a mid-epoch resume continues with exactly the next unused batch.
 - **CPU batches** stay valid while Lightning holds the next one: on the CPU the module asks for
-  ``hold=2`` (a batch is a view of ring memory, valid until ``hold`` more are requested).
+  ``tuning=ringfeed.Tuning(hold=2)`` (a batch is a view of ring memory, valid until ``hold`` more
+  are requested).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ try:
 except ImportError:  # the older package name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
+from ._options import Tuning
 from ._transforms import CenterCrop, Compose, Flip, RandomResizedCrop, Resize
 from .loader import Loader
 
@@ -82,9 +84,10 @@ class DataModule(pl.LightningDataModule):
         train_transform: default ``RandomResizedCrop(224) + Flip()``.
         val_transform: default ``Compose([Resize(256), CenterCrop(224)])``.
         val_batch_size: default ``batch_size``.
-        **loader_options: passed to every ``Loader`` (``seed``, ``socket``, ``normalize``,
-            ``layout``, ``fields``, ``on_error``, ...). ``rank``, ``world_size`` and ``device``
-            come from the trainer unless given here; ``hold`` defaults to 2 on the CPU.
+        **loader_options: passed to every ``Loader`` (``seed``, ``server``, ``tuning``,
+            ``dtype``, ``layout``, ``fields``, ``on_error``, ...). ``rank``, ``world_size`` and
+            ``device`` come from the trainer unless given here; on the CPU ``tuning`` defaults to
+            ``ringfeed.Tuning(hold=2)`` (pass ``hold=2`` in your own ``Tuning`` too).
 
     The training loader shuffles and drops the last partial batch; the validation loader does
     neither. A model that overrides ``on_before_batch_transfer`` as well should call this
@@ -131,8 +134,8 @@ class DataModule(pl.LightningDataModule):
         opts.setdefault("world_size", trainer.world_size)
         device = trainer.strategy.root_device
         opts.setdefault("device", device)
-        if getattr(device, "type", str(device)) == "cpu":
-            opts.setdefault("hold", 2)
+        if getattr(device, "type", str(device)) == "cpu" and "tuning" not in opts and "hold" not in opts:
+            opts["tuning"] = Tuning(hold=2)
         return opts
 
     def train_dataloader(self) -> _TrainLoader:

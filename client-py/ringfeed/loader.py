@@ -43,12 +43,28 @@ The loader is not thread-safe: iterate it from one thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._base import BaseLoader, From
 from ._images import ImageBatches, ImageOptions
-from ._options import StreamConfig, dataset_path
+from ._options import (
+    LMDB,
+    WEBDATASET_OPTIONS,
+    GPUDecode,
+    Server,
+    ShardBlocks,
+    StreamConfig,
+    Tuning,
+    WebDataset,
+    dataset_path,
+    deprecated,
+    legacy_gpu_decode,
+    legacy_group,
+    legacy_order,
+    no_other_keywords,
+    refuse_both,
+)
 from ._tokens import TokenLoader
 
 __all__ = ["Loader", "TokenLoader"]
@@ -60,8 +76,10 @@ class Loader(BaseLoader):
     ::
 
         loader = ringfeed.Loader("/data/imagenet-train", batch_size=256,
-                                 transform=ringfeed.RandomResizedCrop(224) + ringfeed.Flip(),
-                                 device="cuda", normalize=((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)))
+                                 transform=ringfeed.Compose([
+                                     ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip(),
+                                     ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]),
+                                 shuffle=True, drop_last=True, device="cuda")
         for epoch in range(start_epoch, 90):
             loader.set_epoch(epoch)
             for images, labels in loader:
@@ -69,6 +87,16 @@ class Loader(BaseLoader):
 
     The loader connects and opens the stream in the constructor, so a wrong path, batch size or
     transform fails here, with the server's message.
+
+    The everyday settings are keywords; the rest are small option objects, each checked where it
+    is written: ``server=ringfeed.Server(...)`` (socket, sidecar, timeouts, reconnecting),
+    ``tuning=ringfeed.Tuning(...)`` (slots, threads, prefetch, hold, autotune, log_every),
+    ``order=ringfeed.ShardBlocks(...)``, ``gpu_decode=ringfeed.GPUDecode(...)``, and the source
+    formats as ``path``: ``ringfeed.LMDB(path, ...)``, ``ringfeed.WebDataset(path, ...)``. The
+    keywords these replaced (``socket=``, ``threads=``, ``lmdb={...}``, ``normalize=``, ...) still
+    work in this release, each with a ``DeprecationWarning`` naming its new spelling
+    (docs/from-dataloader.md has the table); passing one beside the object that now holds it is a
+    ``ValueError``.
 
     Args:
         path: the dataset: a packed dataset directory (``ringfeed pack``), an LMDB, an image
@@ -78,14 +106,20 @@ class Loader(BaseLoader):
             place", for what packing adds). Made absolute here; the server opens it. Or the URL
             ``s3://bucket/prefix`` of a packed dataset on S3-compatible storage (protocol 1.3),
             sent unchanged: the server fetches it with its own credentials into its shard cache
-            (docs/remote.md).
+            (docs/remote.md). A source with options is an object: ``ringfeed.LMDB(path,
+            layout=..., labels=..., labels_key=...)`` (docs/lmdb.md) or
+            ``ringfeed.WebDataset(path, image=..., label=..., label_key=..., write_index=...)``
+            (docs/webdataset.md).
         batch_size: samples per batch, ``1 ..= 65536``.
         transform: the per-image pipeline, with torchvision's names and semantics: an op,
             ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),
             RandomHorizontalFlip(), TrivialAugmentWide(), Normalize(mean, std),
             RandomErasing(0.1)])``), or ``ringfeed.Views({...})`` for several outputs per sample
-            (multi-crop: batches are then dicts by view name). It must end in a fixed size. The
-            protocol 1.1 ``transform`` object as a dict is still accepted.
+            (multi-crop: batches are then dicts by view name). It must end in a fixed size.
+            ``Normalize(mean, std)`` at its end delivers ``(x / 255 - mean) / std`` in ``dtype``,
+            shape ``[N, 3, H, W]`` in ``channels_last`` memory format, computed in one fused step
+            (on the GPU in CUDA mode, after the copy; on the CPU this makes a copy, so the slot is
+            released at once). The protocol 1.1 ``transform`` object as a dict is still accepted.
         batch_transform: ``MixUp(...)``, ``CutMix(...)`` or ``RandomChoice([MixUp(...),
             CutMix(...)])``, applied to each batch after normalisation (labels become soft
             one-hot floats), seeded by ``(seed, epoch, batch)``; or any callable of your own,
@@ -101,69 +135,19 @@ class Loader(BaseLoader):
             smaller and the permutation is padded like ``DistributedSampler``.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or a ``torch.device``. ``"cuda"`` means
             ``cuda:$LOCAL_RANK`` under torchrun, else the current CUDA device.
+        dtype: the output dtype of normalized images (default ``torch.float32``; e.g.
+            ``torch.bfloat16``). Only with ``Normalize`` in the transform.
         rank: this process's rank, ``0 <= rank < world_size``; default ``$RANK`` (torchrun), else 0.
         world_size: number of ranks sharing each epoch; default ``$WORLD_SIZE``, else 1.
-        layout: ``"NHWC"`` (``[N, H, W, 3]``) or ``"NCHW"`` (``[N, 3, H, W]``) uint8 images.
-        slots: batches in flight in the ring, ``1 ..= 64``.
         on_error: a sample that cannot be decoded: ``"raise"`` (``ServerError`` with the sample's
             index and key; the iteration ends) or ``"skip"`` (left out, counted in ``stats()``).
-        fields: extra fields to deliver besides ``image`` and ``label``: ``"index"`` (the sample's
-            dataset index) and ``"crop"`` (``top, left, height, width, flipped``). With extras,
-            batches are dicts by field name instead of ``(images, labels)`` tuples.
-        socket: the server's Unix socket. Default: ``$RINGFEED_SOCKET``, else
-            ``$XDG_RUNTIME_DIR/ringfeed/ringfeed.sock``, else ``/tmp/ringfeed-$UID/ringfeed.sock``.
-        timeout: seconds to wait for any one message from the server before raising
-            ``ringfeed.TimeoutError``; ``None`` waits for ever. A dead server is reported at once
-            either way (``ServerDiedError``).
-        spawn: start ``ringfeed serve --exit-when-idle`` at the socket when nothing listens there.
-            Default: only when ``socket`` is not given. The binary is ``$RINGFEED_BIN``, else
-            the one installed with this package (the wheel), else ``ringfeed`` on ``PATH``.
-        normalize: ``(mean, std)`` on the 0..1 scale, e.g. ImageNet's
-            ``((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))``: images are delivered as
-            ``(x / 255 - mean) / std`` in ``dtype``, shape ``[N, 3, H, W]`` in ``channels_last``
-            memory format, computed in one fused step (on the GPU in CUDA mode, after the copy).
-            On the CPU this makes a copy, so the slot is released at once.
-        dtype: the floating dtype of normalized images (default ``torch.float32``; e.g.
-            ``torch.bfloat16``). Only with ``normalize``.
-        hold: CPU mode without ``normalize``: how many of the most recent batches stay valid
-            (``1 ..= slots``). A batch is a view of ring memory that the server overwrites once
-            it is released: **it is valid until ``hold`` more batches have been requested, a new
-            iteration starts, or the loader is closed, unless copied** (see the module's notes on
-            ``break``). Ignored in CUDA mode.
-        check_crc: have the server check each packed record's CRC-32C on read.
-        lmdb: LMDB options for an LMDB dataset: ``{"layout": ..., "labels": ..., "labels_key": ...}``.
-        spawn_timeout: seconds to wait for a started sidecar to listen.
-        autotune: let the server set this stream's decode threads and prefetch depth from the
-            wait this loader measures (the default; see "Why is my GPU waiting?" in the README).
-            ``False`` pins ``threads`` and ``prefetch``.
-        threads: decode threads for this stream: with ``autotune=False`` exactly this many (at
-            most the server's pool; default: the whole pool), with autotune an upper bound.
-        prefetch: batches the server prepares at once, ``1 ..= slots``: fixed with
-            ``autotune=False`` (default ``slots``), the starting depth with autotune.
-        log_every: every this many batches, print one line to stderr: samples/s, the share of
-            time spent waiting for data, and the server's threads and depth for this stream.
-        reconnect: how many times in a row the loader may re-establish a lost stream (see
-            "Losing the server" below); ``0`` (the default) raises ``ServerDiedError`` at once.
-        reconnect_timeout: seconds one re-establishment may take: waiting for a server to listen
-            at ``socket`` again (or for the restarted sidecar), connecting and re-opening.
-        on_opening: called as ``on_opening(files_listed, seconds)`` about every second while the
-            server lists an image folder or manifest for this loader (a large tree takes a while;
-            the progress is also logged at INFO on the ``ringfeed`` logger), or indexes WebDataset
-            tars (then the count is of tar members). Each report resets ``timeout``, so a long
-            listing never times out.
+            ``ringfeed pack --on-error`` takes the same two words.
         order: the epoch's permutation (protocol 1.3; docs/order.md): ``"global"`` (one shuffle
-            of the whole dataset), ``"shard_blocks"`` (shuffle the shards, then the samples
-            within blocks of ``order_block`` shards: each batch reads few shards, at some cost in
-            randomness), or ``"auto"`` (the default: ``shard_blocks`` for remote sources,
-            ``global`` for local ones, so local batches are those of 1.2). ``loader.order`` says
-            which one the server used.
-        order_block: shards per shuffle block of ``"shard_blocks"`` (default 16).
-        order_shard: samples per stand-in shard of ``"shard_blocks"`` for datasets without shard
-            files (LMDBs, folders, manifests; default 1024).
-        webdataset: options for WebDataset tars (docs/webdataset.md): ``{"image": "jpg;png",
-            "label": "cls", "label_key": "label", "write_index": True}``; ``label`` is the
-            label's extension (``"json"``: the integer member ``label_key`` of a JSON member;
-            ``""``: no labels).
+            of the whole dataset), ``"shard_blocks"`` or ``ringfeed.ShardBlocks(block=...,
+            shard=...)`` (shuffle the shards, then the samples within blocks of ``block``
+            shards: each batch reads few shards, at some cost in randomness), or ``"auto"`` (the
+            default: ``shard_blocks`` for remote sources, ``global`` for local ones, so local
+            batches are those of 1.2). ``loader.order`` says which one the server used.
         gpu_decode: hybrid decode (docs/hybrid-decode.md): the server hands a share of each batch
             to this process as JPEG bytes, which it decodes on its GPU (the hardware JPEG decoder
             through nvImageCodec, else ``torchvision.io.decode_jpeg``) and finishes there (crop,
@@ -172,16 +156,27 @@ class Loader(BaseLoader):
             resize (plus ``Normalize``/``RandomErasing``), with the share set by the autotuner;
             otherwise off, saying why once (``gpu_decode_reason``). A number in ``0 ..= 1`` pins
             the share (and raises ``ValueError`` where it cannot work); ``False`` turns it off.
-        gpu_decode_bytes: room for encoded bytes per sample of a batch in each ring slot
-            (default: ``max(3·H·W, 65536)`` for the view's size; raise it for large photos, whose files
-            would not fit: those are then decoded by the server).
+            ``ringfeed.GPUDecode(share=..., bytes_per_sample=...)`` also sets the room for
+            encoded bytes in each slot.
+        fields: extra fields to deliver besides ``image`` and ``label``: ``"index"`` (the sample's
+            dataset index) and ``"crop"`` (``top, left, height, width, flipped``). With extras,
+            batches are dicts by field name instead of ``(images, labels)`` tuples.
+        layout: ``"NHWC"`` (``[N, H, W, 3]``) or ``"NCHW"`` (``[N, 3, H, W]``) uint8 images.
+        check_crc: have the server check each packed record's CRC-32C on read.
+        server: ``ringfeed.Server(socket=..., spawn=..., spawn_timeout=..., timeout=...,
+            reconnect=..., reconnect_timeout=..., on_opening=...)``: how to reach the server (see
+            ``ringfeed.Server``). Default ``Server()``: the default socket, a sidecar started when
+            nothing listens there, a 60 s timeout, no reconnecting.
+        tuning: ``ringfeed.Tuning(autotune=..., threads=..., prefetch=..., slots=..., hold=...,
+            log_every=...)``: the ring and the decode threads (see ``ringfeed.Tuning``). Default
+            ``Tuning()``: 4 slots, 1 batch held, the autotuner on.
 
     Losing the server:
         When the server's connection closes under the loader (the server was killed, crashed or
-        restarted; ``ServerDiedError``), a loader with ``reconnect=0`` raises at once, never
+        restarted; ``ServerDiedError``), a loader with ``Server(reconnect=0)`` (the default) raises at once, never
         after a timeout, and ``state_dict()`` resumes exactly in a new loader.
 
-        With ``reconnect=N``, the loader instead re-establishes the stream itself, inside the
+        With ``Server(reconnect=N)``, the loader instead re-establishes the stream itself, inside the
         same iteration: it connects again (when the loader may start a sidecar, a dead one is
         restarted, under the same lock that lets local ranks share one; with an explicit
         ``socket``, it waits up to ``reconnect_timeout`` seconds for a server to listen there
@@ -210,7 +205,7 @@ class Loader(BaseLoader):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | LMDB | WebDataset,
         batch_size: int,
         transform: Any,
         *,
@@ -219,48 +214,48 @@ class Loader(BaseLoader):
         seed: int = 0,
         drop_last: bool = False,
         device: Any = "cpu",
+        dtype: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
-        layout: str = "NHWC",
-        slots: int = 4,
         on_error: str = "raise",
+        order: str | ShardBlocks = "auto",
+        gpu_decode: bool | float | str | GPUDecode = "auto",
         fields: Sequence[str] | None = None,
-        socket: str | os.PathLike[str] | None = None,
-        timeout: float | None = 60.0,
-        spawn: bool | None = None,
-        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
-        dtype: Any = None,
-        hold: int = 1,
+        layout: str = "NHWC",
         check_crc: bool = True,
-        lmdb: Mapping[str, Any] | None = None,
-        spawn_timeout: float = 10.0,
-        autotune: bool = True,
-        threads: int | None = None,
-        prefetch: int | None = None,
-        log_every: int | None = None,
-        reconnect: int = 0,
-        reconnect_timeout: float = 30.0,
-        on_opening: Callable[[int, float], None] | None = None,
-        order: str = "auto",
-        order_block: int | None = None,
-        order_shard: int | None = None,
-        webdataset: Mapping[str, Any] | None = None,
-        gpu_decode: bool | float | str = "auto",
-        gpu_decode_bytes: int | None = None,
+        server: Server | None = None,
+        tuning: Tuning | None = None,
         _gpu_backend: str | None = None,
+        **deprecated_keywords: Any,
     ) -> None:
+        # The keywords of earlier releases, as the option objects that replaced them (one
+        # DeprecationWarning each, pointing at the caller's line).
+        old = dict(deprecated_keywords)
+        server = legacy_group("Loader", old, "server", Server, server, 2)
+        tuning = legacy_group("Loader", old, "tuning", Tuning, tuning, 2)
+        order, blocks = legacy_order("Loader", old, order, 2)
+        gpu = legacy_gpu_decode("Loader", old, gpu_decode, 2)
+        source = _legacy_source(old, path)
+        normalize = None
+        if "normalize" in old:
+            normalize = old.pop("normalize")
+            deprecated(
+                "Loader(normalize=(mean, std))",
+                "ringfeed.Normalize(mean, std) at the end of transform (torchvision's spelling; "
+                "its output dtype is dtype=)",
+                2,
+            )
+        no_other_keywords("Loader", old)
         # Everything that can be checked without the server is, first.
         cfg = StreamConfig.check(
-            dataset_path(path), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, device=device,
-            rank=rank, world_size=world_size, slots=slots, socket=socket, timeout=timeout, spawn=spawn, hold=hold,
-            spawn_timeout=spawn_timeout, autotune=autotune, threads=threads, prefetch=prefetch, log_every=log_every,
-            reconnect=reconnect, reconnect_timeout=reconnect_timeout, on_opening=on_opening, order=order,
-            order_block=order_block, order_shard=order_shard,
+            dataset_path(source.path if source is not None else path), batch_size, shuffle=shuffle, seed=seed,
+            drop_last=drop_last, device=device, rank=rank, world_size=world_size, server=server, tuning=tuning,
+            order=order, blocks=blocks,
         )  # fmt: skip
         opts = ImageOptions.check(
-            cfg, transform, layout=layout, on_error=on_error, fields=fields, check_crc=check_crc, lmdb=lmdb,
-            webdataset=webdataset, normalize=normalize, dtype=dtype, batch_transform=batch_transform,
-            gpu_decode=gpu_decode, _gpu_backend=_gpu_backend, gpu_decode_bytes=gpu_decode_bytes,
+            cfg, transform, layout=layout, on_error=on_error, fields=fields, check_crc=check_crc, source=source,
+            normalize=normalize, dtype=dtype, batch_transform=batch_transform, gpu_decode=gpu,
+            _gpu_backend=_gpu_backend,
         )  # fmt: skip
         self._start(cfg, ImageBatches(opts, cfg.path))
 
@@ -290,3 +285,28 @@ class Loader(BaseLoader):
             f"<ringfeed.Loader {self.path!r} batch_size={self.batch_size} rank={self.rank}/{self.world_size} "
             f"device={self.device} ({self._state()})>"
         )
+
+
+def _legacy_source(old: dict[str, Any], path: Any) -> LMDB | WebDataset | None:
+    """The source object: ``path`` itself, or one made of ``path`` and the deprecated ``lmdb={...}``
+    or ``webdataset={...}`` in ``old``."""
+    source = path if isinstance(path, (LMDB, WebDataset)) else None
+    for key, cls, known in (
+        ("lmdb", LMDB, ("layout", "labels", "labels_key")),
+        ("webdataset", WebDataset, tuple(WEBDATASET_OPTIONS)),
+    ):
+        if key not in old:
+            continue
+        options = old.pop(key)
+        deprecated(f"Loader({key}={{...}})", f"path=ringfeed.{cls.__name__}(path, ...)", 3)
+        if options is None:
+            continue
+        if source is not None:
+            refuse_both("Loader", f"{key}=", f"path=ringfeed.{type(source).__name__}(...)")
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{key} must be a dict of options, got {options!r}")
+        for k in options:
+            if k not in known:
+                raise ValueError(f"{key}: unknown option {k!r} (known: {', '.join(known)})")
+        source = cls(path, **options)
+    return source

@@ -209,7 +209,8 @@ def say(**kw):
 
 try:
     ld = ringfeed.Loader(dataset, bs, transform=ringfeed.RandomResizedCrop(16) + ringfeed.Flip(), seed=seed,
-                         drop_last=False, fields=["index"], socket=sock, spawn=False, timeout=60.0)
+                         drop_last=False, fields=["index"],
+                         server=ringfeed.Server(socket=sock, spawn=False, timeout=60.0))
     say(ready=os.getpid(), dataset_len=ld.dataset_len, batches_per_epoch=len(ld))
     end = time.monotonic() + seconds
     next_tick = time.monotonic() + tick
@@ -338,8 +339,9 @@ import ringfeed
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
 
 def child(mode, dataset, sock):
-    ld = ringfeed.Loader(dataset, 4, transform=ringfeed.RandomResizedCrop(16), socket=sock, spawn=False,
-                         slots=2, timeout=30.0)
+    ld = ringfeed.Loader(dataset, 4, transform=ringfeed.RandomResizedCrop(16),
+                         server=ringfeed.Server(socket=sock, spawn=False, timeout=30.0),
+                         tuning=ringfeed.Tuning(slots=2))
     if mode == "open":
         os.write(1, f"ready {os.getpid()}\n".encode())
         time.sleep(600)

@@ -33,9 +33,8 @@ def loader_for(acc: object, dataset: Path, sock: str) -> ringfeed.Loader:
         device=acc.device,  # type: ignore[attr-defined]
         fields=["index"],
         seed=9,
-        socket=sock,
-        spawn=True,
-        hold=2,
+        server=ringfeed.Server(socket=sock, spawn=True),
+        tuning=ringfeed.Tuning(hold=2),
     )
 
 

@@ -19,15 +19,20 @@ import ringfeed
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def make(server: FakeServer, batch_size: int, size: int, **kw: Any) -> ringfeed.Loader:
+def make(
+    server: FakeServer, batch_size: int, size: int, *, slots: int = 4, normalize: Any = None, **kw: Any
+) -> ringfeed.Loader:
+    """A CUDA loader of the fake server; ``normalize=(mean, std)`` ends the transform with ``Normalize``."""
     kw.setdefault("shuffle", False)
+    transform = ringfeed.Resize((size, size) if isinstance(size, int) else size)
+    if normalize is not None:
+        transform = transform + ringfeed.Normalize(*normalize)
     return ringfeed.Loader(
         DATASET,
         batch_size,
-        transform=ringfeed.Resize((size, size) if isinstance(size, int) else size),
-        socket=server.path,
-        spawn=False,
-        timeout=30,
+        transform=transform,
+        server=ringfeed.Server(socket=server.path, spawn=False, timeout=30),
+        tuning=ringfeed.Tuning(slots=slots),
         **kw,
     )
 
@@ -142,9 +147,7 @@ def test_batch_ops_on_the_gpu_equal_the_cpu_path(tmp_path: Any) -> None:
             batch_transform=mix,
             device=device,
             seed=3,
-            socket=str(tmp_path / f"{device}.sock"),
-            spawn=True,
-            timeout=60,
+            server=ringfeed.Server(socket=str(tmp_path / f"{device}.sock"), spawn=True, timeout=60),
         ) as ld:
             out[device] = [(x.cpu(), y.cpu()) for x, y in ld]
     assert len(out["cpu"]) == len(out["cuda"]) == 6

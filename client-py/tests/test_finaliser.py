@@ -31,9 +31,8 @@ DS, SOCK = sys.argv[1], sys.argv[2]
 
 
 def make(**kw):
-    kw.setdefault("socket", SOCK)
-    kw.setdefault("spawn", False)
-    return ringfeed.Loader(DS, 4, transform=ringfeed.RandomResizedCrop(16), slots=2, timeout=20.0, **kw)
+    return ringfeed.Loader(DS, 4, transform=ringfeed.RandomResizedCrop(16), tuning=ringfeed.Tuning(slots=2),
+                           server=ringfeed.Server(socket=SOCK, spawn=False, timeout=20.0), **kw)
 
 
 def settle_held(ld, want, timeout=10.0):
@@ -116,7 +115,8 @@ CASES = {
     """,
     # The same with the sidecar the loader starts itself (default socket).
     "embedded_sidecar_with_live_iterators_at_exit": """
-        ld = ringfeed.Loader(DS, 4, transform=ringfeed.RandomResizedCrop(16), slots=2, timeout=20.0)
+        ld = ringfeed.Loader(DS, 4, transform=ringfeed.RandomResizedCrop(16), tuning=ringfeed.Tuning(slots=2),
+                             server=ringfeed.Server(timeout=20.0))
         a = iter(ld)
         x = next(a)
         b = iter(ld)

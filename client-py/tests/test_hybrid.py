@@ -61,21 +61,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
 
 
 def _epoch(
-    ds: Path, sock: str, gpu: float | bool, transform: object = RRC, **kw: object
+    ds: Path, sock: str, gpu: float | bool | ringfeed.GPUDecode, transform: object = RRC, **kw: object
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, object]]:
     with ringfeed.Loader(
         ds,
         6,
         transform,
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
         seed=5,
         shuffle=True,
         drop_last=True,
         fields=["index", "crop"],
         gpu_decode=gpu,
         _gpu_backend="host",
-        timeout=60,
         **kw,
     ) as ld:
         out = [{k: v.clone() for k, v in b.items()} for b in ld]
@@ -192,7 +190,7 @@ def test_an_arena_too_small_sends_samples_back_to_the_cpu(folder: tuple[Path, di
     the batch is still complete and correct."""
     root, _ = folder
     cpu, _ = _epoch(root, sock, False)
-    small, stats = _epoch(root, sock, 1.0, gpu_decode_bytes=4096)
+    small, stats = _epoch(root, sock, ringfeed.GPUDecode(share=1.0, bytes_per_sample=4096))
     assert 0 < stats["gpu_samples"] < 21
     for a, b in zip(cpu, small, strict=True):
         assert torch.equal(a["index"], b["index"])
@@ -215,16 +213,20 @@ def test_gpu_decode_off_says_why(folder: tuple[Path, dict[str, str]], sock: str)
     """A pipeline the GPU cannot finish, or a CPU device, turns "auto" off with the reason; a pinned share
     that cannot work is a ValueError naming it; the server refuses such a pipeline too."""
     root, _ = folder
-    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60) as ld:
+    with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
         assert ld.gpu_decode_reason == "the loader's device is the CPU"
         assert "gpu_samples" not in ld.stats()["server"] or ld.stats()["server"]["gpu_samples"] is None
     jitter = ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.ColorJitter(0.4)])
-    with ringfeed.Loader(root, 6, jitter, socket=sock, spawn=True, timeout=60, _gpu_backend="host") as ld:
+    with ringfeed.Loader(
+        root, 6, jitter, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), _gpu_backend="host"
+    ) as ld:
         assert "color_jitter is not geometric" in (ld.gpu_decode_reason or "")
     with pytest.raises(ValueError, match="color_jitter is not geometric"):
-        ringfeed.Loader(root, 6, jitter, socket=sock, spawn=True, gpu_decode=0.5, _gpu_backend="host")
+        ringfeed.Loader(
+            root, 6, jitter, server=ringfeed.Server(socket=sock, spawn=True), gpu_decode=0.5, _gpu_backend="host"
+        )
     with pytest.raises(ValueError, match="gpu_decode must be"):
-        ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, gpu_decode=1.5)
+        ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True), gpu_decode=1.5)
 
 
 def _raw_open(sock: str, members: dict[str, object]) -> dict[str, object]:
@@ -251,7 +253,9 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
     """`ringfeed serve` answers an `open` with `gpu_decode` for a pipeline with colour ops, or a share
     out of range, with `bad_request` naming the member and the op."""
     root, _ = folder
-    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60):  # starts the sidecar
+    with ringfeed.Loader(
+        root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)
+    ):  # starts the sidecar
         pipeline = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}, {"op": "grayscale", "p": 1.0}]}]}
         base = {"dataset": str(root), "batch_size": 4, "pipeline": pipeline}
         err = _raw_open(sock, {**base, "gpu_decode": {"share": 0.5}})
@@ -269,7 +273,7 @@ def test_the_server_binary_and_the_client_speak_1_7(folder: tuple[Path, dict[str
     """The server binary answers the client's hello with its protocol, 1.7 (1.5 brought
     `stats.gpu_decode_wait_ns`, so the loader reports its wait for GPU decodes)."""
     root, _ = folder
-    with ringfeed.Loader(root, 6, RRC, socket=sock, spawn=True, timeout=60) as ld:
+    with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
         assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 7)
 
 
@@ -333,7 +337,13 @@ def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
     seen: list[tuple[float, str]] = []
     # One decode thread at most, so that the CPU is the limit (which raises the share) on any machine.
     with ringfeed.Loader(
-        root, 6, RRC, socket=sock, spawn=True, gpu_decode="auto", _gpu_backend="host", timeout=60, threads=1
+        root,
+        6,
+        RRC,
+        server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
+        gpu_decode="auto",
+        _gpu_backend="host",
+        tuning=ringfeed.Tuning(threads=1),
     ) as ld:
         deadline = time.monotonic() + 60
         epoch, read_at = 0, None
@@ -439,8 +449,7 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             root,
             6,
             recipe,
-            socket=sock,
-            spawn=True,
+            server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
             seed=5,
             shuffle=True,
             drop_last=True,
@@ -449,7 +458,6 @@ def test_gpu_decoders_finish_batches_like_the_cpu(
             device="cuda",
             gpu_decode=1.0,
             _gpu_backend=backend,
-            timeout=60,
         ) as ld:
             batches = [{k: v.clone() for k, v in b.items()} for b in ld]
             torch.cuda.synchronize()
@@ -485,9 +493,9 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
 
     def loader(**kw: object) -> ringfeed.Loader:
         return ringfeed.Loader(
-            root, 3, RRC, socket=sock, spawn=True, seed=2, shuffle=True, drop_last=True, fields=["index"], slots=4,
-            gpu_decode=1.0,
-            _gpu_backend="host", timeout=60, **kw,
+            root, 3, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), seed=2, shuffle=True,
+            drop_last=True, fields=["index"], tuning=ringfeed.Tuning(slots=4), gpu_decode=1.0, _gpu_backend="host",
+            **kw,
         )  # fmt: skip
 
     with loader() as ld:

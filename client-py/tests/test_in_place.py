@@ -58,8 +58,7 @@ def epoch(path: Path, sock: str, **kw: object) -> tuple[tuple[str, ...], list[tu
         path,
         4,
         ringfeed.RandomResizedCrop(24) + ringfeed.Flip(),
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         seed=7,
         fields=["index"],
         drop_last=False,
@@ -113,7 +112,7 @@ def test_a_directory_that_is_no_dataset_is_refused_with_what_was_looked_for(tmp_
     """A directory that is neither a packed dataset, an LMDB nor an image folder is a `dataset` error saying so."""
     (tmp_path / "loose.jpg").write_bytes(b"\xff\xd8")
     with pytest.raises(ServerError) as e:
-        ringfeed.Loader(tmp_path, 1, ringfeed.Resize((8, 8)), socket=sock, spawn=True)
+        ringfeed.Loader(tmp_path, 1, ringfeed.Resize((8, 8)), server=ringfeed.Server(socket=sock, spawn=True))
     assert e.value.code == "dataset"
     assert "neither a packed ringfeed dataset" in str(e.value)
     assert "image folder" in str(e.value)
@@ -130,9 +129,7 @@ def test_a_long_listing_reports_progress(tmp_path: Path, caplog: pytest.LogCaptu
                 manifest,
                 8,
                 ringfeed.Resize((8, 8)),
-                socket=server.sock,
-                spawn=False,
-                on_opening=lambda n, s: reports.append((n, s)),
+                server=ringfeed.Server(socket=server.sock, spawn=False, on_opening=lambda n, s: reports.append((n, s))),
             )
         with loader:
             assert loader.dataset_len == 40_000

@@ -71,8 +71,7 @@ def module(dataset: Path, sock: str) -> DataModule:
         train_transform=ringfeed.Resize((8, 8)),
         fields=["index"],
         seed=3,
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
     )
 
 

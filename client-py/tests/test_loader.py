@@ -34,12 +34,19 @@ H, W = 4, 6
 TESTS = Path(__file__).resolve().parent
 
 
-def make(server: FakeServer, batch_size: int = 3, **kw: Any) -> ringfeed.Loader:
+def make(
+    server: FakeServer, batch_size: int = 3, *, timeout: float = 5.0, slots: int = 4, hold: int = 1, **kw: Any
+) -> ringfeed.Loader:
     kw.setdefault("transform", ringfeed.Resize((H, W)))
-    kw.setdefault("timeout", 5.0)
     kw.setdefault("shuffle", False)
     kw.setdefault("drop_last", True)
-    return ringfeed.Loader(DATASET, batch_size, socket=server.path, spawn=False, **kw)
+    return ringfeed.Loader(
+        DATASET,
+        batch_size,
+        server=ringfeed.Server(socket=server.path, spawn=False, timeout=timeout),
+        tuning=ringfeed.Tuning(slots=slots, hold=hold),
+        **kw,
+    )
 
 
 def labels_of(batches: list[Any]) -> list[list[int]]:
@@ -347,7 +354,9 @@ def test_unknown_dataset_is_a_server_error_naming_it(serve: Callable[..., FakeSe
     """A path the server cannot open fails in the constructor with the server's `dataset` error naming the path."""
     server = serve()
     with pytest.raises(ServerError, match="no dataset at /nope/x") as e:
-        ringfeed.Loader("/nope/x", 2, transform=ringfeed.Resize((4, 4)), socket=server.path, spawn=False)
+        ringfeed.Loader(
+            "/nope/x", 2, transform=ringfeed.Resize((4, 4)), server=ringfeed.Server(socket=server.path, spawn=False)
+        )
     assert e.value.code == "dataset"
 
 
@@ -427,13 +436,13 @@ def test_a_fatal_error_before_the_close_is_what_the_user_sees(serve: Callable[..
 
 
 def test_silence_is_a_timeout_naming_the_setting(serve: Callable[..., FakeServer]) -> None:
-    """A live server that sends nothing is ringfeed.TimeoutError after `timeout`, naming Loader(timeout=...)."""
+    """A live server that sends nothing is ringfeed.TimeoutError after `timeout`, naming Server(timeout=...)."""
     server = serve(dataset_len=10, stall_after=1)
     with make(server, 2, timeout=0.3) as loader:
         it = iter(loader)
         next(it)
         t = time.monotonic()
-        with pytest.raises(ringfeed.TimeoutError, match=r"within 0.3 s.*Loader\(timeout=...\)"):
+        with pytest.raises(ringfeed.TimeoutError, match=r"within 0.3 s.*server=ringfeed\.Server\(timeout=...\)"):
             next(it)
         assert 0.25 < time.monotonic() - t < 3
 
@@ -442,7 +451,7 @@ def test_nothing_listening_at_an_explicit_socket(sockdir: Path) -> None:
     """With socket= given and nothing listening, the error names the path; no server is started."""
     path = str(sockdir / "none.sock")
     with pytest.raises(RingfeedError, match=f"no ringfeed server is listening at {path}"):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), socket=path)
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), server=ringfeed.Server(socket=path))
     assert not Path(path).exists()
 
 
@@ -450,10 +459,11 @@ def test_nothing_listening_at_an_explicit_socket(sockdir: Path) -> None:
 
 
 def test_normalize_on_the_cpu(serve: Callable[..., FakeServer]) -> None:
-    """normalize=(mean, std) gives (x/255 - mean)/std, float [N, 3, H, W] channels_last, and frees the slot at once."""
+    """Normalize(mean, std) gives (x/255 - mean)/std, float [N, 3, H, W] channels_last, and frees the slot at once."""
     server = serve(dataset_len=4)
     mean, std = (0.5, 0.25, 0.0), (0.5, 0.25, 1.0)
-    with make(server, 2, normalize=(mean, std)) as loader:
+    normalized = ringfeed.Resize((H, W)) + ringfeed.Normalize(mean, std)
+    with make(server, 2, transform=normalized) as loader:
         it = iter(loader)
         images, labels = next(it)
         server.wait(lambda: len(server.sent("release")) == 1)
@@ -465,7 +475,7 @@ def test_normalize_on_the_cpu(serve: Callable[..., FakeServer]) -> None:
             want = ((x - mean[c]) / std[c]).float()
             assert torch.allclose(images[:, c, 0, 0], want, atol=1e-6)
         assert labels.tolist() == [0, 1]  # a copy: the slot is already poisoned
-    with make(server, 2, normalize=(mean, std), dtype=torch.bfloat16) as loader:
+    with make(server, 2, transform=normalized, dtype=torch.bfloat16) as loader:
         images, _ = next(iter(loader))
         assert images.dtype == torch.bfloat16
 
@@ -636,7 +646,9 @@ def test_default_socket_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sidecar_is_started_when_nothing_listens(sidecar_env: Path) -> None:
     """With no socket= and no server, the loader starts `$RINGFEED_BIN serve --exit-when-idle --socket PATH`."""
-    with ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((H, W)), shuffle=False, timeout=10) as loader:
+    with ringfeed.Loader(
+        DATASET, 2, transform=ringfeed.Resize((H, W)), shuffle=False, server=ringfeed.Server(timeout=10)
+    ) as loader:
         assert loader.server_log == str(sidecar_env.with_suffix(".log"))
         assert epoch_labels(loader) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
         proc = sidecar._SPAWNED[-1]
@@ -654,7 +666,9 @@ def test_local_ranks_start_one_sidecar_between_them(sidecar_env: Path) -> None:
 
     def one() -> None:
         try:
-            loaders.append(ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((H, W)), timeout=10))
+            loaders.append(
+                ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((H, W)), server=ringfeed.Server(timeout=10))
+            )
         except BaseException as e:
             errors.append(e)
 
@@ -693,7 +707,7 @@ def test_sidecar_that_never_listens_times_out(sidecar_env: Path, monkeypatch: py
     monkeypatch.setenv("RINGFEED_BIN", str(exe))
     t = time.monotonic()
     with pytest.raises(RingfeedError, match=rf"did not listen at {sidecar_env} within 0.5 s; see its log"):
-        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), spawn_timeout=0.5)
+        ringfeed.Loader(DATASET, 2, transform=ringfeed.Resize((4, 4)), server=ringfeed.Server(spawn_timeout=0.5))
     assert time.monotonic() - t < 5
     proc = sidecar._SPAWNED[-1]
     os.kill(proc.pid, signal.SIGKILL)

@@ -78,7 +78,11 @@ def metrics(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
 def test_top_and_metrics_show_a_live_stream(dataset: Path, server: tuple[str, int]) -> None:
     sock, port = server
     with ringfeed.Loader(
-        dataset, 4, ringfeed.RandomResizedCrop(16), socket=sock, spawn=False, timeout=30, autotune=False, threads=2
+        dataset,
+        4,
+        ringfeed.RandomResizedCrop(16),
+        server=ringfeed.Server(socket=sock, spawn=False, timeout=30),
+        tuning=ringfeed.Tuning(autotune=False, threads=2),
     ) as ld:
         it = iter(ld)
         for _ in range(3):
@@ -152,7 +156,11 @@ def test_a_slow_training_loop_gets_fewer_threads_and_stats_show_why(
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
         with ringfeed.Loader(
-            dataset, 4, ringfeed.Resize((16, 16)), socket=sock, spawn=False, timeout=30, log_every=5
+            dataset,
+            4,
+            ringfeed.Resize((16, 16)),
+            server=ringfeed.Server(socket=sock, spawn=False, timeout=30),
+            tuning=ringfeed.Tuning(log_every=5),
         ) as ld:
             first = ld.stats()["server"]
             assert first is not None

@@ -507,13 +507,10 @@ def test_a_real_server_delivers_views_and_erases_after_normalising(tmp_path: Pat
             ds,
             4,
             views,
-            socket=sock,
-            spawn=True,
+            server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
             seed=9,
             fields=["index"],
-            threads=threads,
-            autotune=False,
-            timeout=60,
+            tuning=ringfeed.Tuning(threads=threads, autotune=False),
         ) as ld:
             runs.append([{k: v.clone() for k, v in b.items()} for b in ld])
     assert len(runs[0]) == 3
@@ -538,7 +535,7 @@ def test_a_real_server_delivers_views_and_erases_after_normalising(tmp_path: Pat
     erasing = ringfeed.Compose(
         [ringfeed.RandomResizedCrop(20), ringfeed.Normalize([0.5], [0.25]), ringfeed.RandomErasing(1.0, value=7.5)]
     )
-    with ringfeed.Loader(ds, 4, erasing, socket=sock, spawn=True, seed=1, timeout=60) as ld:
+    with ringfeed.Loader(ds, 4, erasing, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), seed=1) as ld:
         x, _ = next(iter(ld))
     assert tuple(x.shape) == (4, 3, 20, 20)
     erased = (x == 7.5).all(dim=1)  # [N, H, W]: every channel holds the value
@@ -564,7 +561,9 @@ def test_resume_repeats_the_whole_recipe(tmp_path: Path, sock: str) -> None:
     mix = ringfeed.RandomChoice([ringfeed.MixUp(alpha=0.3, num_classes=4), ringfeed.CutMix(alpha=1.0, num_classes=4)])
 
     def make() -> ringfeed.Loader:
-        return ringfeed.Loader(ds, 4, recipe, batch_transform=mix, socket=sock, spawn=True, seed=4, timeout=60)
+        return ringfeed.Loader(
+            ds, 4, recipe, batch_transform=mix, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), seed=4
+        )
 
     with make() as ld:
         ld.set_epoch(2)

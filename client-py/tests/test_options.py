@@ -217,28 +217,91 @@ def test_devices() -> None:
         ({"seed": 2**53}, "seed must be"),
         ({"shuffle": 1}, "shuffle must be True or False"),
         ({"layout": "HWC"}, "layout must be 'NHWC' or 'NCHW'"),
-        ({"slots": 0}, r"slots must be an integer in 1..=64"),
-        ({"slots": 65}, "slots must be"),
         ({"on_error": "ignore"}, "on_error must be 'raise' or 'skip'"),
+        ({"on_error": "fail"}, "on_error must be 'raise' or 'skip'"),
         ({"fields": ["image", "mask"]}, r"fields: unknown field 'mask'; the server delivers image, label, index, crop"),
-        ({"timeout": 0}, "timeout must be a positive number of seconds or None"),
-        ({"timeout": -1.0}, "timeout must be"),
-        ({"hold": 5, "slots": 4}, r"hold must be an integer in 1..=4"),
         ({"dtype": torch.float16}, "dtype applies to normalized images only"),
-        ({"normalize": (0.5, 0.5)}, "normalize: mean must be 3 finite numbers"),
-        ({"normalize": ((0.5,) * 3, (0.5, 0.0, 0.5))}, "every std must be positive"),
-        ({"normalize": ((0.5,) * 3, (0.5,) * 3), "dtype": torch.int32}, "dtype must be a floating torch dtype"),
-        ({"normalize": "imagenet"}, r"normalize must be a \(mean, std\) pair"),
+        (
+            {"transform": ringfeed.Resize((8, 8)) + ringfeed.Normalize([0.5], [0.5]), "dtype": torch.int32},
+            "dtype must be a floating torch dtype",
+        ),
+        ({"order": "random"}, r"order must be one of 'auto', 'global', 'shard_blocks' or a ringfeed.ShardBlocks"),
+        ({"gpu_decode": 1.5}, r"gpu_decode must be 'auto', True, False or a share in 0..1, got 1.5"),
+        ({"server": {"socket": NOWHERE}}, r"server must be a ringfeed.Server\(...\)"),
+        ({"tuning": {"slots": 2}}, r"tuning must be a ringfeed.Tuning\(...\)"),
         ({"rank": 2, "world_size": 2}, "rank must be"),
         ({"device": "cuda:0" if not torch.cuda.is_available() else "cuda:99"}, "CUDA|does not exist"),
     ],
 )
 def test_bad_parameters_fail_before_connecting(kw: dict[str, Any], match: str) -> None:
     """Each bad Loader parameter is a ValueError naming it, raised before any connection is tried."""
-    args: dict[str, Any] = {"batch_size": 2, "transform": ringfeed.Resize((8, 8)), "socket": NOWHERE}
+    args: dict[str, Any] = {
+        "batch_size": 2,
+        "transform": ringfeed.Resize((8, 8)),
+        "server": ringfeed.Server(socket=NOWHERE),
+    }
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         ringfeed.Loader("/data/x", **args)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: ringfeed.Server(socket=3), r"Server: socket must be a path, got 3"),
+        (lambda: ringfeed.Server(spawn="yes"), r"Server: spawn must be True or False, got 'yes'"),
+        (lambda: ringfeed.Server(timeout=0), r"Server: timeout must be a positive number of seconds or None, got 0"),
+        (lambda: ringfeed.Server(timeout=-1.0), "Server: timeout must be"),
+        (lambda: ringfeed.Server(spawn_timeout=True), "Server: spawn_timeout must be"),
+        (lambda: ringfeed.Server(reconnect=-1), r"Server: reconnect must be an integer in 0..=1073741824, got -1"),
+        (lambda: ringfeed.Server(reconnect_timeout=0), "Server: reconnect_timeout must be a positive number"),
+        (lambda: ringfeed.Server(on_opening=5), r"Server: on_opening must be a callable \(files_listed, seconds\)"),
+        (lambda: ringfeed.Tuning(slots=0), r"Tuning: slots must be an integer in 1..=64, got 0"),
+        (lambda: ringfeed.Tuning(slots=65), "Tuning: slots must be"),
+        (lambda: ringfeed.Tuning(hold=5, slots=4), r"Tuning: hold must be an integer in 1..=4, got 5"),
+        (lambda: ringfeed.Tuning(prefetch=5), r"Tuning: prefetch must be an integer in 1..=4, got 5"),
+        (lambda: ringfeed.Tuning(threads=0), r"Tuning: threads must be an integer in 1..=1024, got 0"),
+        (lambda: ringfeed.Tuning(autotune=1), r"Tuning: autotune must be True or False, got 1"),
+        (lambda: ringfeed.Tuning(log_every=0), "Tuning: log_every must be an integer in 1..="),
+        (lambda: ringfeed.ShardBlocks(block=0), r"ShardBlocks: block must be an integer in 1..=1048576, got 0"),
+        (lambda: ringfeed.ShardBlocks(shard=2**33), r"ShardBlocks: shard must be an integer in 1..=4294967296"),
+        (lambda: ringfeed.GPUDecode(share=-0.1), r"gpu_decode must be 'auto', True, False or a share in 0..1"),
+        (lambda: ringfeed.GPUDecode(share="on"), r"gpu_decode must be .* got 'on'"),
+        (
+            lambda: ringfeed.GPUDecode(bytes_per_sample=100),
+            r"GPUDecode: bytes_per_sample must be an integer in 4096..=67108864, got 100",
+        ),
+        (lambda: ringfeed.LMDB(None), r"LMDB: path must be a path, got None"),
+        (lambda: ringfeed.LMDB("x.lmdb", layout="json"), r"LMDB: layout must be one of 'auto', 'raw', 'pickle'"),
+        (lambda: ringfeed.LMDB("x.lmdb", labels_key=1), r"LMDB: labels_key must be a str, got 1"),
+        (lambda: ringfeed.LMDB("x.lmdb", labels="l.csv", labels_key="k"), "LMDB: pass labels .* or labels_key"),
+        (lambda: ringfeed.WebDataset("x.tar", image=1), r"WebDataset: image must be a str, got 1"),
+        (lambda: ringfeed.WebDataset("x.tar", label=False), r"WebDataset: label must be a str, got False"),
+        (lambda: ringfeed.WebDataset("x.tar", write_index="no"), r"WebDataset: write_index must be a bool"),
+    ],
+)
+def test_option_objects_check_their_fields(make: Any, match: str) -> None:
+    """Each option object refuses a bad field where it is written, with a ValueError naming the object and field."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_option_objects_are_frozen_keyword_only_values() -> None:
+    """Option objects compare by value, cannot be changed, and take their settings by keyword only."""
+    import dataclasses
+
+    assert ringfeed.Tuning(slots=8) == ringfeed.Tuning(slots=8) != ringfeed.Tuning()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ringfeed.Server().timeout = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ringfeed.Tuning(True)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ringfeed.LMDB("x.lmdb", "raw")  # type: ignore[misc]
+    # Normalised: None keeps the documented defaults of the timeouts it may be.
+    assert ringfeed.Server(spawn_timeout=None).spawn_timeout == 10.0  # type: ignore[arg-type]
+    assert ringfeed.Server(timeout=None).timeout is None
+    assert ringfeed.LMDB("x.lmdb", labels_key="__labels__").options() == {"labels_key": "__labels__"}
+    assert ringfeed.WebDataset("x.tar", label="").options() == {"label": ""}
 
 
 def test_fields_always_include_image_and_label() -> None:

@@ -62,8 +62,7 @@ def indices(path: Path, sock: str, **kw: object) -> tuple[str, list[int]]:
         path,
         4,
         ringfeed.Resize((8, 8)),
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         seed=5,
         fields=["index"],
         shuffle=True,
@@ -82,7 +81,7 @@ def test_the_server_serves_the_shard_blocks_order_of_the_packed_shards(
     perm = shard_blocks(sizes, 2, 5, 2)
     seen: list[int] = []
     for rank in range(2):
-        order, got = indices(path, sock, order="shard_blocks", order_block=2, rank=rank, world_size=2)
+        order, got = indices(path, sock, order=ringfeed.ShardBlocks(block=2), rank=rank, world_size=2)
         assert order == "shard_blocks"
         assert got == rank_split(perm, 2, rank, drop_last=False)
         seen += got
@@ -100,7 +99,7 @@ def test_stand_in_shards_are_ranges_of_order_shard_samples(packed: tuple[Path, l
     """A source without shard files (a folder in place) cuts its indices into ranges of order_shard samples."""
     path, _ = packed
     folder = path.parent / "src"
-    order, got = indices(folder, sock, order="shard_blocks", order_block=3, order_shard=7)
+    order, got = indices(folder, sock, order=ringfeed.ShardBlocks(block=3, shard=7))
     sizes = [min(7, N - s) for s in range(0, N, 7)]
     assert (order, got) == ("shard_blocks", shard_blocks(sizes, 3, 5, 2))
 
@@ -109,8 +108,7 @@ def test_a_resumed_shard_blocks_epoch_delivers_exactly_the_rest(packed: tuple[Pa
     """state_dict() records the order; resuming at batch k gives exactly batches k.. of the shard_blocks epoch."""
     path, _ = packed
     kw: dict[str, object] = {
-        "socket": sock,
-        "spawn": True,
+        "server": ringfeed.Server(socket=sock, spawn=True),
         "seed": 5,
         "shuffle": True,
         "drop_last": True,
@@ -140,6 +138,6 @@ def test_bad_order_options_are_refused_naming_them(sock: str, packed: tuple[Path
     """An unknown order or an out-of-range block is refused before or at open, naming the member."""
     path, _ = packed
     with pytest.raises(ValueError, match="order must be one of"):
-        ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), socket=sock, order="random")
-    with pytest.raises(ValueError, match="order_block"):
-        ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), socket=sock, order_block=0)
+        ringfeed.Loader(path, 4, ringfeed.Resize((8, 8)), server=ringfeed.Server(socket=sock), order="random")
+    with pytest.raises(ValueError, match=r"ShardBlocks: block must be an integer in 1..=1048576, got 0"):
+        ringfeed.ShardBlocks(block=0)

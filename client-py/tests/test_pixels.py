@@ -104,7 +104,9 @@ def test_random_resized_crop_matches_torchvision(dataset: tuple[Path, dict[int, 
     """Served RandomResizedCrop(64)+Flip equals torchvision's resized_crop (+hflip) of PIL's decode: PSNR >= 40 dB."""
     path, files = dataset
     tf = ringfeed.RandomResizedCrop(64) + ringfeed.Flip()
-    with ringfeed.Loader(path, 7, transform=tf, layout="NCHW", fields=["index", "crop"], socket=sock, spawn=True) as ld:
+    with ringfeed.Loader(
+        path, 7, transform=tf, layout="NCHW", fields=["index", "crop"], server=ringfeed.Server(socket=sock, spawn=True)
+    ) as ld:
         worst, flips = math.inf, 0
         for epoch in range(3):
             ld.set_epoch(epoch)
@@ -125,7 +127,13 @@ def test_center_crop_matches_torchvision(dataset: tuple[Path, dict[int, bytes]],
     path, files = dataset
     tf = ringfeed.Compose([ringfeed.Resize(64), ringfeed.CenterCrop(56)])
     with ringfeed.Loader(
-        path, 7, transform=tf, layout="NCHW", shuffle=False, fields=["index"], socket=sock, spawn=True
+        path,
+        7,
+        transform=tf,
+        layout="NCHW",
+        shuffle=False,
+        fields=["index"],
+        server=ringfeed.Server(socket=sock, spawn=True),
     ) as ld:
         worst = math.inf
         for b in batches(ld):
@@ -147,7 +155,9 @@ def test_decoded_pixels_equal_pil(tmp_path: Path, sock: str) -> None:
         [ringfeed_bin(), "pack", str(tmp_path / "src"), str(tmp_path / "ds"), "--progress", "none"], check=True
     )
     tf = ringfeed.Resize((72, 96))
-    with ringfeed.Loader(tmp_path / "ds", 3, transform=tf, layout="NCHW", shuffle=False, socket=sock, spawn=True) as ld:
+    with ringfeed.Loader(
+        tmp_path / "ds", 3, transform=tf, layout="NCHW", shuffle=False, server=ringfeed.Server(socket=sock, spawn=True)
+    ) as ld:
         (b,) = batches(ld)
     for i in range(3):
         diff = (b["image"][i].int() - reference_rgb(data[i]).int()).abs().max()
@@ -175,7 +185,11 @@ def test_random_resized_crop_parameters_follow_torchvision(tmp_path: Path, sock:
     )
     ours = []
     with ringfeed.Loader(
-        tmp_path / "ds", copies, transform=ringfeed.RandomResizedCrop(8), fields=["crop"], socket=sock, spawn=True
+        tmp_path / "ds",
+        copies,
+        transform=ringfeed.RandomResizedCrop(8),
+        fields=["crop"],
+        server=ringfeed.Server(socket=sock, spawn=True),
     ) as ld:
         for epoch in range(epochs):
             ld.set_epoch(epoch)

@@ -94,6 +94,11 @@ def fs_store(source: Path, local: Path) -> Iterator[S3Server]:
 URL = f"s3://{BUCKET}/sets/ds"
 
 
+def blocks(order: str) -> str | ringfeed.ShardBlocks:
+    """The order of a case: shard_blocks with 2 shards per block (few shards in these datasets)."""
+    return ringfeed.ShardBlocks(block=2) if order == "shard_blocks" else order
+
+
 class Sidecar:
     """`ringfeed serve` with a cache directory and the store's environment."""
 
@@ -115,8 +120,8 @@ class Sidecar:
     def loader(self, path: str | Path, **kw: Any) -> ringfeed.Loader:
         kw.setdefault("transform", ringfeed.RandomResizedCrop(16) + ringfeed.Flip())
         kw.setdefault("fields", ["index"])
-        kw.setdefault("timeout", 60.0)
-        return ringfeed.Loader(path, kw.pop("batch_size", 4), socket=self.socket, **kw)
+        server = ringfeed.Server(socket=self.socket, timeout=60.0)
+        return ringfeed.Loader(path, kw.pop("batch_size", 4), server=server, **kw)
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -197,7 +202,7 @@ def test_batches_from_s3_equal_the_local_copy(
     for seed, rank, world, resume, order in cases:
         got, want = [], []
         for path, out in ((URL, got), (local, want)):
-            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=order, order_block=2) as ld:
+            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=blocks(order)) as ld:
                 if resume:
                     ld.load_state_dict({**ld.state_dict(), "batches_delivered": resume, "epoch": 1})
                     out.extend(batches(ld, None))
@@ -434,7 +439,7 @@ def test_webdataset_tars_on_s3_serve_the_local_tars_batches(
     for seed, rank, world, order in [(0, 0, 1, "global"), (5, 1, 2, "shard_blocks"), (2, 2, 3, "shard_blocks")]:
         got, want = [], []
         for path, out in ((WDS_URL, got), (wds, want)):
-            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=order, order_block=2) as ld:
+            with sc.loader(path, seed=seed, rank=rank, world_size=world, order=blocks(order)) as ld:
                 out.extend(batches(ld, 0) + batches(ld, 1))
         assert got, (seed, rank)
         assert same(got, want), (seed, rank, world, order)

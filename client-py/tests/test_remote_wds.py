@@ -193,7 +193,12 @@ def test_serving_opens_from_the_stored_indexes_without_scanning(tars: Path, sock
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.02)
-            kw = {"transform": ringfeed.RandomResizedCrop(16), "seed": 3, "order": "shard_blocks", "socket": sock}
+            kw = {
+                "transform": ringfeed.RandomResizedCrop(16),
+                "seed": 3,
+                "order": "shard_blocks",
+                "server": ringfeed.Server(socket=sock),
+            }
             with ringfeed.Loader(f"s3://{BUCKET}/wds", 8, **kw) as ld:
                 got = [(b[0].clone(), b[1].clone()) for b in ld]
             with ringfeed.Loader(tars, 8, **kw) as ld:

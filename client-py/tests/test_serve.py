@@ -60,14 +60,13 @@ def labels(dataset: Path) -> list[int]:
         return [ds.sample(i).label for i in range(len(ds))]
 
 
-def loader(dataset: Path, sock: str, batch_size: int = 4, **kw: Any) -> ringfeed.Loader:
+def loader(dataset: Path, sock: str, batch_size: int = 4, *, timeout: float = 30.0, **kw: Any) -> ringfeed.Loader:
     kw.setdefault("transform", ringfeed.RandomResizedCrop(16) + ringfeed.Flip())
     kw.setdefault("fields", ["index"])
     kw.setdefault("seed", 11)
     kw.setdefault("shuffle", True)
     kw.setdefault("drop_last", True)
-    kw.setdefault("timeout", 30.0)
-    return ringfeed.Loader(dataset, batch_size, socket=sock, spawn=True, **kw)
+    return ringfeed.Loader(dataset, batch_size, server=ringfeed.Server(socket=sock, spawn=True, timeout=timeout), **kw)
 
 
 def epoch(ld: ringfeed.Loader) -> list[dict[str, torch.Tensor]]:
@@ -177,7 +176,7 @@ def test_resume_with_another_world_size_restripes_the_rest(tmp_path: Path, sock:
     if order == "shard_blocks":
         assert len(list((tmp_path / "ds").glob("*.rfs"))) >= 4, "several shards, so that blocks mean something"
     pixels: dict[int, torch.Tensor] = {}
-    opts = {"order": "shard_blocks", "order_block": 2} if order == "shard_blocks" else {}
+    opts = {"order": ringfeed.ShardBlocks(block=2)} if order == "shard_blocks" else {}
 
     def make(**kw: Any) -> ringfeed.Loader:
         ld = loader(tmp_path / "ds", sock, **opts, **kw)
@@ -224,9 +223,9 @@ def test_kept_cpu_batches_never_change(dataset: Path, sock: str, hold: int, norm
     """``list(loader)`` equals the same epoch cloned batch by batch, and a batch kept across a new
     iteration keeps its values: a slot going back moves the tensors still referenced to private
     memory first."""
-    kw: dict[str, Any] = {"hold": hold, "slots": hold + 2, "seed": 1}
+    kw: dict[str, Any] = {"tuning": ringfeed.Tuning(hold=hold, slots=hold + 2), "seed": 1}
     if normalize:
-        kw["normalize"] = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+        kw["transform"] = ringfeed.RandomResizedCrop(16) + ringfeed.Flip() + ringfeed.Normalize((0.5,) * 3, (0.25,) * 3)
     with loader(dataset, sock, batch_size=2, **kw) as ld:
         ld.set_epoch(3)
         cloned = epoch(ld)
@@ -254,8 +253,8 @@ def test_a_callable_batch_transform_runs_last_and_may_cut_views(dataset: Path, s
         seen.append(fields["image"].dtype)
         return {"image": fields["image"][..., :4], "label": fields["label"] + 100, "index": fields["index"][:2]}
 
-    norm = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    with loader(dataset, sock, normalize=norm, batch_transform=mine, shuffle=False) as ld:
+    tf = ringfeed.RandomResizedCrop(16) + ringfeed.Flip() + ringfeed.Normalize((0.5,) * 3, (0.25,) * 3)
+    with loader(dataset, sock, transform=tf, batch_transform=mine, shuffle=False) as ld:
         kept = list(ld)
     assert seen
     assert all(d == torch.float32 for d in seen)
@@ -276,7 +275,9 @@ def test_a_callable_batch_transform_runs_last_and_may_cut_views(dataset: Path, s
 
 def test_defaults_are_the_dataloaders(dataset: Path, sock: str) -> None:
     """Like ``torch.utils.data.DataLoader``: no shuffle, and the last partial batch is delivered."""
-    with ringfeed.Loader(dataset, 4, ringfeed.Resize((8, 8)), fields=["index"], socket=sock, spawn=True) as ld:
+    with ringfeed.Loader(
+        dataset, 4, ringfeed.Resize((8, 8)), fields=["index"], server=ringfeed.Server(socket=sock, spawn=True)
+    ) as ld:
         assert (ld.shuffle, ld.drop_last) == (False, False)
         batches = epoch(ld)
         assert len(ld) == len(batches) == -(-N // 4)
@@ -316,8 +317,8 @@ def test_eval_transform_nchw_and_normalize(dataset: Path, sock: str) -> None:
         b = next(iter(ld))
         assert tuple(b["image"].shape) == (4, 3, 12, 12)
         assert b["index"].tolist() == [0, 1, 2, 3]
-    norm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    with loader(dataset, sock, transform=ringfeed.Resize((8, 10)), normalize=norm, fields=None) as ld:
+    norm = ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    with loader(dataset, sock, transform=ringfeed.Resize((8, 10)) + norm, fields=None) as ld:
         images, lab = next(iter(ld))
         assert images.dtype == torch.float32
         assert tuple(images.shape) == (4, 3, 8, 10)
@@ -362,7 +363,12 @@ def test_the_embedded_sidecar_exits_when_idle(dataset: Path, sock: str, monkeypa
     """With no socket=, the loader starts `ringfeed serve --exit-when-idle` at $RINGFEED_SOCKET; it exits when idle."""
     monkeypatch.setenv("RINGFEED_SOCKET", sock)
     with ringfeed.Loader(
-        dataset, 4, transform=ringfeed.Resize((8, 8)), timeout=30.0, shuffle=True, drop_last=True
+        dataset,
+        4,
+        transform=ringfeed.Resize((8, 8)),
+        server=ringfeed.Server(timeout=30.0),
+        shuffle=True,
+        drop_last=True,
     ) as ld:
         assert len(epoch_tuples(ld)) == N // 4
         proc = sidecar._SPAWNED[-1]
@@ -447,7 +453,12 @@ def test_preview_shows_the_draws_a_dataset_sample_gets(tmp_path: Path) -> None:
     for i in range(6):
         (root / f"{i}.png").write_bytes(path.read_bytes())
     with ringfeed.Loader(
-        tmp_path / "ds", 6, tf, seed=4, fields=["index", "crop"], socket=str(tmp_path / "s.sock"), spawn=True
+        tmp_path / "ds",
+        6,
+        tf,
+        seed=4,
+        fields=["index", "crop"],
+        server=ringfeed.Server(socket=str(tmp_path / "s.sock"), spawn=True),
     ) as ld:
         ld.set_epoch(2)
         b = next(iter(ld))

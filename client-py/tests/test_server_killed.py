@@ -25,11 +25,17 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("srvkill"), N, size=(320, 240))
 
 
-def loader(dataset: Path, sock: Path | str, **kw: Any) -> ringfeed.Loader:
-    kw.setdefault("spawn", False)
-    kw.setdefault("seed", 5)
+def loader(dataset: Path, sock: Path | str, **server: Any) -> ringfeed.Loader:
+    """A loader of the server at ``sock``; ``server`` holds the other ``ringfeed.Server`` settings."""
+    server.setdefault("spawn", False)
     return ringfeed.Loader(
-        dataset, BS, transform=ringfeed.RandomResizedCrop(64), fields=["index"], drop_last=False, socket=str(sock), **kw
+        dataset,
+        BS,
+        transform=ringfeed.RandomResizedCrop(64),
+        fields=["index"],
+        drop_last=False,
+        seed=5,
+        server=ringfeed.Server(socket=str(sock), **server),
     )
 
 

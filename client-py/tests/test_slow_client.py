@@ -26,9 +26,14 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def loader(dataset: Path, sock: Path, **kw: object) -> ringfeed.Loader:
     return ringfeed.Loader(
-        dataset, BS, transform=ringfeed.RandomResizedCrop(16), fields=["index"], drop_last=False,
-        socket=str(sock), spawn=False, timeout=30.0, **kw,
-    )  # fmt: skip
+        dataset,
+        BS,
+        transform=ringfeed.RandomResizedCrop(16),
+        fields=["index"],
+        drop_last=False,
+        server=ringfeed.Server(socket=str(sock), spawn=False, timeout=30.0),
+        **kw,
+    )
 
 
 def epoch_indices(ld: ringfeed.Loader, epoch: int) -> tuple[list[int], float]:
@@ -43,7 +48,7 @@ def test_a_client_that_never_releases_stalls_only_itself(dataset: Path) -> None:
     another client still completes epochs with each sample exactly once."""
     with Server(threads=2) as server, loader(dataset, server.sock) as other:
         _, alone = epoch_indices(other, 0)
-        with loader(dataset, server.sock, slots=4) as stuck:
+        with loader(dataset, server.sock, tuning=ringfeed.Tuning(slots=4)) as stuck:
             it = iter(stuck)
             held = next(it)  # and never another
             rates = []
@@ -166,15 +171,16 @@ def test_a_ring_that_does_not_fit_in_memory_is_refused(dataset: Path, tmp_path: 
                 dataset,
                 64,
                 transform=ringfeed.Resize((1024, 1024)),
-                socket=str(sock),
-                spawn=False,
-                slots=8,
+                server=ringfeed.Server(socket=str(sock), spawn=False),
+                tuning=ringfeed.Tuning(slots=8),
                 drop_last=False,
             )
         print(f"\n{e.value}")
         assert e.value.code == "bad_request"
         assert "lower `slots` or `batch_size`" in e.value.message
-        with ringfeed.Loader(dataset, BS, transform=ringfeed.Resize((16, 16)), socket=str(sock), spawn=False) as ld:
+        with ringfeed.Loader(
+            dataset, BS, transform=ringfeed.Resize((16, 16)), server=ringfeed.Server(socket=str(sock), spawn=False)
+        ) as ld:
             assert len(list(ld)) == N // BS
     finally:
         proc.terminate()

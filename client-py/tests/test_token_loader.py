@@ -216,8 +216,7 @@ def test_windows_match_the_reference(mode: str, data: str, request: pytest.Fixtu
         mode=mode,
         max_docs=max_docs,
         fields=FIELDS,
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         seed=3,
         shuffle=True,
         drop_last=True,
@@ -236,7 +235,7 @@ def test_concat_windows_cover_the_stream_once(corpus: Path, sock: str) -> None:
     ds = tf.TokenDataset(corpus)
     seq_len = 50
     with ringfeed.TokenLoader(
-        corpus, batch_size=1, seq_len=seq_len, fields=["index"], socket=sock, spawn=True
+        corpus, batch_size=1, seq_len=seq_len, fields=["index"], server=ringfeed.Server(socket=sock, spawn=True)
     ) as loader:
         rows = {int(b["index"][0]): (b["input_ids"][0].clone(), b["labels"][0].clone()) for b in loader}
     n = (ds.token_count - 1) // seq_len
@@ -255,7 +254,9 @@ def test_a_token_stream_says_nothing_about_gpu_decode(
     about it (it used to log "GPU decode is off: the 1.1 transform dict form ...")."""
     with (
         caplog.at_level(logging.DEBUG, logger="ringfeed"),
-        ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True) as loader,
+        ringfeed.TokenLoader(
+            corpus, batch_size=2, seq_len=16, server=ringfeed.Server(socket=sock, spawn=True)
+        ) as loader,
     ):
         next(iter(loader))
     assert not [r for r in caplog.records if "GPU decode" in r.getMessage()], caplog.text
@@ -274,8 +275,7 @@ def test_pack_never_splits_a_document(corpus: Path, sock: str) -> None:
         seq_len=seq_len,
         mode="pack",
         fields=["document_ids"],
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         drop_last=False,
         shuffle=True,
     ) as loader:
@@ -298,7 +298,13 @@ def test_pack_never_splits_a_document(corpus: Path, sock: str) -> None:
 def test_resume_gives_exactly_the_rest(corpus: Path, sock: str) -> None:
     """A loader resumed from state_dict() mid-epoch delivers exactly the windows the first one had
     not delivered, in the same order."""
-    kw = {"batch_size": 3, "seq_len": 32, "fields": ["index"], "socket": sock, "spawn": True, "seed": 7}
+    kw = {
+        "batch_size": 3,
+        "seq_len": 32,
+        "fields": ["index"],
+        "server": ringfeed.Server(socket=sock, spawn=True),
+        "seed": 7,
+    }
     with ringfeed.TokenLoader(corpus, **kw) as loader:
         loader.set_epoch(2)
         full = [b["index"].tolist() for b in loader]
@@ -326,7 +332,9 @@ def test_resume_with_another_world_size_restripes_the_rest(corpus: Path, sock: s
     tokens: dict[int, list[int]] = {}
 
     def make(**kw: Any) -> ringfeed.TokenLoader:
-        ld = ringfeed.TokenLoader(corpus, seq_len=seq_len, mode=mode, fields=["index"], socket=sock, spawn=True, **kw)
+        ld = ringfeed.TokenLoader(
+            corpus, seq_len=seq_len, mode=mode, fields=["index"], server=ringfeed.Server(socket=sock, spawn=True), **kw
+        )
         ld.set_epoch(1)
         return ld
 
@@ -355,8 +363,7 @@ def test_ranks_share_an_epoch_like_distributed_sampler(corpus: Path, sock: str) 
             fields=["index"],
             rank=rank,
             world_size=2,
-            socket=sock,
-            spawn=True,
+            server=ringfeed.Server(socket=sock, spawn=True),
             drop_last=False,
         ) as loader:
             seen.append([i for b in loader for i in b["index"].tolist()])
@@ -368,9 +375,11 @@ def test_ranks_share_an_epoch_like_distributed_sampler(corpus: Path, sock: str) 
 def test_bad_token_requests_are_refused(corpus: Path, sock: str) -> None:
     """A window longer than the dataset and an unknown field are refused with the setting named."""
     with pytest.raises(ringfeed.ServerError, match="seq_len"):
-        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=1 << 20, socket=sock, spawn=True)
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=1 << 20, server=ringfeed.Server(socket=sock, spawn=True))
     with pytest.raises(ValueError, match="fields"):
-        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, fields=["image"], socket=sock, spawn=True)
+        ringfeed.TokenLoader(
+            corpus, batch_size=1, seq_len=8, fields=["image"], server=ringfeed.Server(socket=sock, spawn=True)
+        )
 
 
 VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" / "frames.json"
@@ -402,8 +411,7 @@ def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pyt
         rank=want["rank"],
         world_size=2,
         drop_last=want["drop_last"],
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         shuffle=True,
     ) as loader:
         assert len(loader) >= 1
@@ -423,7 +431,7 @@ def test_a_token_open_with_image_members_is_refused(corpus: Path, sock: str, mon
     real = TokenBatches.open_members
     monkeypatch.setattr(TokenBatches, "open_members", lambda self, *a: real(self, *a) | {"layout": "NHWC"})
     with pytest.raises(ringfeed.ServerError, match=r"open\.layout is not a member of a token stream"):
-        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, socket=sock, spawn=True)
+        ringfeed.TokenLoader(corpus, batch_size=1, seq_len=8, server=ringfeed.Server(socket=sock, spawn=True))
 
 
 # -- mixing (control.md, "Mixing") -------------------------------------------------------------
@@ -451,8 +459,7 @@ def test_a_mix_holds_its_weights_at_every_prefix(
         batch_size=4,
         seq_len=seq_len,
         fields=["index", "dataset_index"],
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         seed=5,
     ) as loader:
         assert loader.dataset_len == sum(len(r) for r in refs)
@@ -481,7 +488,11 @@ def test_a_mix_resumes_with_another_world_size(corpus: Path, sft: Path, third: P
     """A mixed stream run on 4 ranks for 3 steps and resumed on 3 ranks delivers, in global order, exactly
     the single-rank stream of the same seed and epoch: the mix's order survives the re-striping."""
     mix = {corpus: 0.5, sft: 0.25, third: 0.25}
-    kw: dict[str, Any] = {"seq_len": 24, "fields": ["index", "dataset_index"], "socket": sock, "spawn": True}
+    kw: dict[str, Any] = {
+        "seq_len": 24,
+        "fields": ["index", "dataset_index"],
+        "server": ringfeed.Server(socket=sock, spawn=True),
+    }
 
     def items(b: dict[str, Any]) -> list[tuple[int, int]]:
         return list(zip(b["dataset_index"].tolist(), b["index"].tolist(), strict=True))
@@ -516,7 +527,13 @@ def test_a_stream_is_the_reference_window_order(corpus: Path, sock: str, mode: s
     """A shuffled one-dataset stream delivers, on each of 3 ranks (padded), exactly the reference order's
     windows (a mix of one: position k holds window permute(n, key(seed, epoch, 0, 0), k)), and after a
     resume at a global position on 2 ranks exactly the reference's rest of the epoch from there."""
-    kw: dict[str, Any] = {"seq_len": 20, "mode": mode, "fields": ["index"], "socket": sock, "spawn": True, "seed": 13}
+    kw: dict[str, Any] = {
+        "seq_len": 20,
+        "mode": mode,
+        "fields": ["index"],
+        "server": ringfeed.Server(socket=sock, spawn=True),
+        "seed": 13,
+    }
     with ringfeed.TokenLoader(corpus, batch_size=1, shuffle=True, drop_last=True, **kw) as ld:
         n = ld.dataset_len
     order = epoch_order([n], None, 13, 3, True)
@@ -552,8 +569,7 @@ def test_a_shuffled_mix_is_the_reference_window_order(corpus: Path, sft: Path, t
         batch_size=8,
         seq_len=seq_len,
         fields=["index", "dataset_index"],
-        socket=sock,
-        spawn=True,
+        server=ringfeed.Server(socket=sock, spawn=True),
         seed=21,
         drop_last=False,
         shuffle=True,
@@ -566,19 +582,27 @@ def test_a_shuffled_mix_is_the_reference_window_order(corpus: Path, sft: Path, t
 def test_a_token_stream_starts_at_one_thread_under_autotune(corpus: Path, sock: str) -> None:
     """With autotune, a token stream starts at one reading thread (the server's default for the kind), not
     the whole budget an image stream starts with; without autotune it is pinned at one."""
-    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True) as ld:
+    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, server=ringfeed.Server(socket=sock, spawn=True)) as ld:
         server = ld.stats()["server"]
         assert server is not None
         assert server["threads"] == 1
         assert server["autotune"]
-    with ringfeed.TokenLoader(corpus, batch_size=2, seq_len=16, socket=sock, spawn=True, autotune=False) as ld:
+    with ringfeed.TokenLoader(
+        corpus,
+        batch_size=2,
+        seq_len=16,
+        server=ringfeed.Server(socket=sock, spawn=True),
+        tuning=ringfeed.Tuning(autotune=False),
+    ) as ld:
         assert ld.stats()["server"]["threads"] == 1
 
 
 def test_defaults_are_the_dataloaders_and_kept_batches_stay(corpus: Path, sock: str) -> None:
     """No shuffle, the last partial batch delivered, and ``list(loader)`` on the CPU equals the
     epoch cloned batch by batch (held windows move to private memory before their slot is refilled)."""
-    with ringfeed.TokenLoader(corpus, batch_size=5, seq_len=16, fields=["index"], socket=sock, spawn=True) as ld:
+    with ringfeed.TokenLoader(
+        corpus, batch_size=5, seq_len=16, fields=["index"], server=ringfeed.Server(socket=sock, spawn=True)
+    ) as ld:
         assert (ld.shuffle, ld.drop_last) == (False, False)
         cloned = [{k: v.clone() for k, v in b.items()} for b in ld]
         ld.set_epoch(0)

@@ -109,9 +109,9 @@ class Sidecar:
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.02)
 
-    def loader(self, path: Any, **kw: Any) -> ringfeed.TokenLoader:
-        kw.setdefault("timeout", 60.0)
-        return ringfeed.TokenLoader(path, kw.pop("batch_size", 4), SEQ, socket=self.socket, **kw)
+    def loader(self, path: Any, timeout: float = 60.0, **kw: Any) -> ringfeed.TokenLoader:
+        server = ringfeed.Server(socket=self.socket, timeout=timeout)
+        return ringfeed.TokenLoader(path, kw.pop("batch_size", 4), SEQ, server=server, **kw)
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def test_remote_token_errors_name_the_url(fs_store: S3Server, local: Path, sidec
     assert "--cache-bytes" in str(e.value)
     for bad in ["s3:///tok", f"s3://{BUCKET}/../tok", Path(URL)]:
         with pytest.raises(ValueError, match="not a usable dataset URL"):
-            ringfeed.TokenLoader(bad, 4, SEQ, socket=sc.socket)
+            ringfeed.TokenLoader(bad, 4, SEQ, server=ringfeed.Server(socket=sc.socket))
 
 
 def test_a_slow_download_keeps_the_client_waiting_with_opening_progress(
@@ -258,4 +258,4 @@ def test_a_token_url_is_not_sent_to_a_1_6_server(serve: Any) -> None:
     server = serve(protocol=(1, 6))
     for path in [URL, {"/data/a.tok": 0.5, URL: 0.5}]:
         with pytest.raises(ringfeed.ProtocolError, match=r"speaks protocol 1\.6; token datasets on S3 .* need 1\.7"):
-            ringfeed.TokenLoader(path, 4, SEQ, socket=server.path, spawn=False, timeout=10)
+            ringfeed.TokenLoader(path, 4, SEQ, server=ringfeed.Server(socket=server.path, spawn=False, timeout=10))

@@ -307,11 +307,12 @@ def test_megatron_indexed_dataset_is_read_in_place(packed: Path, tmp_path: Path,
 
 
 def test_flat_token_file_is_read_with_its_dtype(packed: Path, tmp_path: Path) -> None:
-    """A nanoGPT-style flat ``train.bin`` is one document of all its tokens, read with --dtype."""
+    """A nanoGPT-style flat ``train.bin`` is one document of all its tokens, read with --token-dtype (Python's
+    token_dtype=; --dtype, its older name, still works)."""
     ds = tf.TokenDataset(packed)
     flat = tmp_path / "train.bin"
     ds.tokens[:10_000].astype(np.uint16).tofile(flat)
-    v = json.loads(run("inspect", str(flat), "--dtype", "uint16", "--json").stdout)
+    v = json.loads(run("inspect", str(flat), "--token-dtype", "uint16", "--json").stdout)
     assert (v["kind"], v["tokens"], v["documents"]) == ("flat", 10_000, 1)
     assert v["sample"]["ids"] == ds.tokens[:64].tolist()
     odd = tmp_path / "odd.bin"

@@ -82,15 +82,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "folder": folder, "tars": tars, "writer": writer_dir}
 
 
-def epoch(path: Path | str, sock: str, **kw: object) -> list[tuple[torch.Tensor, ...]]:
+def epoch(path: Path | str | ringfeed.WebDataset, sock: str, **kw: object) -> list[tuple[torch.Tensor, ...]]:
     """Every batch of epoch 1: (index, label, image) clones."""
     opts: dict[str, object] = {
         "seed": 3,
         "shuffle": True,
         "fields": ["index"],
         "drop_last": False,
-        "socket": sock,
-        "spawn": True,
+        "server": ringfeed.Server(socket=sock, spawn=True),
     }
     opts.update(kw)
     with ringfeed.Loader(path, 4, ringfeed.RandomResizedCrop(20) + ringfeed.Flip(), **opts) as loader:
@@ -127,7 +126,7 @@ def test_the_webdataset_packages_tars_and_its_own_reading_agree(data: dict[str, 
 def test_json_labels_patterns_and_globs(data: dict[str, Path], sock: str) -> None:
     """A json label with label_key, a brace pattern and a glob all serve what the directory does."""
     want = epoch(data["folder"], sock)
-    same(epoch(data["tars"], sock, webdataset={"label": "json", "label_key": "target"}), want)
+    same(epoch(ringfeed.WebDataset(data["tars"], label="json", label_key="target"), sock), want)
     same(epoch(f"{data['tars']}/shard-{{000000..000002}}.tar", sock), want)
     same(epoch(f"{data['tars']}/shard-*.tar", sock), want)
     first = epoch(data["tars"] / "shard-000000.tar", sock, shuffle=False)
@@ -139,7 +138,7 @@ def test_one_tar_is_one_shard_of_the_shard_blocks_order(data: dict[str, Path], s
     perm = shard_blocks([15, 15], 1, 3, 1)
     seen = []
     for rank in range(2):
-        got = epoch(data["writer"], sock, order="shard_blocks", order_block=1, rank=rank, world_size=2)
+        got = epoch(data["writer"], sock, order=ringfeed.ShardBlocks(block=1), rank=rank, world_size=2)
         mine = torch.cat([b[0] for b in got]).tolist()
         assert mine == rank_split(perm, 2, rank, drop_last=False)
         seen += mine
@@ -153,10 +152,10 @@ def copy_tars(src: Path, dst: Path) -> Path:
     return dst
 
 
-def fresh(path: Path, **kw: object) -> list[tuple[torch.Tensor, ...]]:
+def fresh(path: Path | ringfeed.WebDataset, **kw: object) -> list[tuple[torch.Tensor, ...]]:
     """`epoch` on a server of its own, so the tars are opened anew (a server reuses an open source)."""
     with Server(threads=1) as server:
-        return epoch(path, str(server.sock), spawn=False, **kw)
+        return epoch(path, str(server.sock), server=ringfeed.Server(socket=str(server.sock), spawn=False), **kw)
 
 
 def test_index_files_are_written_reused_and_rebuilt_when_they_do_not_match(
@@ -180,7 +179,7 @@ def test_index_files_are_written_reused_and_rebuilt_when_they_do_not_match(
     same(fresh(tars), want)
     assert index.read_bytes() != written
     no_write = copy_tars(data["tars"], tmp_path / "n")
-    same(fresh(no_write, webdataset={"write_index": False}), want)
+    same(fresh(ringfeed.WebDataset(no_write, write_index=False)), want)
     assert not list(no_write.glob("*.rfidx"))
 
 
@@ -224,7 +223,13 @@ def test_a_bad_sample_follows_on_error_naming_tar_and_key(tmp_path: Path, sock: 
     assert "s1.tar" in str(e.value)
     assert "k12" in str(e.value)
     with ringfeed.Loader(
-        d, 4, ringfeed.Resize((8, 8)), socket=sock, spawn=True, shuffle=False, on_error="skip", drop_last=False
+        d,
+        4,
+        ringfeed.Resize((8, 8)),
+        server=ringfeed.Server(socket=sock, spawn=True),
+        shuffle=False,
+        on_error="skip",
+        drop_last=False,
     ) as loader:
         labels = [b[1].tolist() for b in loader]
         assert loader.stats(server=False)["skipped"] == 1
@@ -241,7 +246,13 @@ def test_a_bad_tar_refuses_the_open_or_serves_what_it_can(tmp_path: Path, sock: 
     assert message in str(e.value)
     assert "s1.tar" in str(e.value)
     with ringfeed.Loader(
-        d, 1, ringfeed.Resize((8, 8)), socket=sock, spawn=True, shuffle=False, on_error="skip", drop_last=False
+        d,
+        1,
+        ringfeed.Resize((8, 8)),
+        server=ringfeed.Server(socket=sock, spawn=True),
+        shuffle=False,
+        on_error="skip",
+        drop_last=False,
     ) as loader:
         labels = [b[1].tolist() for b in loader]
         skipped = loader.stats(server=False)["skipped"]

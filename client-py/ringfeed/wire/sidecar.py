@@ -128,7 +128,7 @@ def connect(
     if not spawn:
         raise RingfeedError(
             f"no ringfeed server is listening at {path}: start one with `ringfeed serve --socket {path}`, "
-            f"or pass spawn=True to let the loader start it"
+            f"or pass server=ringfeed.Server(spawn=True) to let the loader start it"
         )
     directory = Path(path).parent
     try:

@@ -23,8 +23,9 @@ pub(crate) struct InspectArgs {
     /// Token data: decode the sample with this tokenizer.json.
     #[arg(long, value_name = "FILE")]
     pub(crate) tokenizer: Option<PathBuf>,
-    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype.
-    #[arg(long, value_enum, value_name = "DTYPE")]
+    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype (Python's
+    /// `TokenLoader(token_dtype=...)`; `--dtype` is its older name).
+    #[arg(long = "token-dtype", visible_alias = "dtype", value_enum, value_name = "DTYPE")]
     pub(crate) dtype: Option<FlatDtype>,
     /// Print JSON instead of text.
     #[arg(long)]

@@ -54,9 +54,9 @@ pub(crate) struct PackArgs {
     /// Worker threads (default: all cores).
     #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
     pub(crate) threads: usize,
-    /// What to do with a file that cannot be packed.
-    #[arg(long, value_enum, default_value_t = OnError::Fail)]
-    pub(crate) on_error: OnError,
+    /// What to do with a file that cannot be packed (the words of Python's `on_error=`).
+    #[arg(long, value_enum, default_value_t = OnErrorArg::Raise)]
+    pub(crate) on_error: OnErrorArg,
     /// Where `--on-error skip` lists skipped files (default: OUT/skipped.tsv).
     #[arg(long, value_name = "FILE")]
     pub(crate) report: Option<PathBuf>,
@@ -75,6 +75,35 @@ pub(crate) struct PackArgs {
     pub(crate) text: TextArgs,
     #[command(flatten)]
     pub(crate) remote: RemoteArgs,
+}
+
+/// `--on-error`: the same words as Python's `Loader(on_error=...)` for the same policy.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnErrorArg {
+    /// Stop at the first bad file, name it and the reason, and leave no output.
+    Raise,
+    /// Leave the file out, write it and the reason to the report, and go on.
+    Skip,
+    /// The old word for `raise`: still accepted, with a note on stderr.
+    #[value(hide = true)]
+    Fail,
+}
+
+impl OnErrorArg {
+    /// The packer's policy; `fail` says once that `raise` is its new spelling.
+    pub(crate) fn policy(self) -> OnError {
+        match self {
+            OnErrorArg::Raise => OnError::Fail,
+            OnErrorArg::Skip => OnError::Skip,
+            OnErrorArg::Fail => {
+                eprintln!(
+                    "ringfeed: --on-error fail is deprecated: use --on-error raise \
+                     (the word Python's on_error= uses)"
+                );
+                OnError::Fail
+            }
+        }
+    }
 }
 
 pub(crate) fn run_pack(mut a: PackArgs) -> Result<ExitCode> {
@@ -99,7 +128,7 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
             src: a.src,
             out: a.out,
             threads: a.threads,
-            on_error: a.on_error,
+            on_error: a.on_error.policy(),
             report: a.report,
             force: a.force,
             progress: a.progress,
@@ -125,7 +154,7 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
             max_pixels: a.max_pixels,
         },
         threads: a.threads,
-        on_error: a.on_error,
+        on_error: a.on_error.policy(),
         report: a.report,
         force: a.force,
         progress: a.progress,

@@ -30,8 +30,9 @@ pub(crate) struct VerifyArgs {
     /// Progress display.
     #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
     pub(crate) progress: ProgressMode,
-    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype.
-    #[arg(long, value_enum, value_name = "DTYPE")]
+    /// DATASET is a flat token file (nanoGPT's train.bin) of this dtype (Python's
+    /// `TokenLoader(token_dtype=...)`; `--dtype` is its older name).
+    #[arg(long = "token-dtype", visible_alias = "dtype", value_enum, value_name = "DTYPE")]
     pub(crate) dtype: Option<FlatDtype>,
     #[command(flatten)]
     pub(crate) remote: RemoteArgs,

@@ -69,6 +69,30 @@ fn pack_bad_file_names_it() {
     assert!(!out.exists());
 }
 
+/// `--on-error` takes the words of Python's `on_error=`: `raise` (the default) stops at a bad
+/// file; the old `fail` still does, with a note on stderr naming `raise`; other words are refused,
+/// listing `raise` and `skip` only.
+#[test]
+fn pack_on_error_takes_pythons_words() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write_tree(&src, &[("a/1.jpg", jpeg(8, 8, 1)), ("a/2.jpg", Vec::new())]);
+    for word in ["raise", "fail"] {
+        let out = tmp.path().join(word);
+        let o = run(&["pack", p(&src), p(&out), "--on-error", word, "--progress", "none"]);
+        assert_eq!(o.status.code(), Some(1));
+        let e = stderr(&o);
+        assert!(e.contains("error: a/2.jpg: "), "{e}");
+        let note = "ringfeed: --on-error fail is deprecated: use --on-error raise";
+        assert_eq!(e.contains(note), word == "fail", "{e}");
+        assert!(!out.exists());
+    }
+    let o = run(&["pack", p(&src), p(&tmp.path().join("x")), "--on-error", "ignore"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("[possible values: raise, skip]"), "{e}");
+}
+
 #[test]
 fn pack_summary_and_skip_report() {
     let tmp = tempfile::tempdir().unwrap();

@@ -2,7 +2,10 @@
 //! and `blur` replaced them (git 0bb9a96): one pixel and one channel at a time, every step in
 //! `f32` as written in torchvision's uint8 kernels. Kept as the exactness oracle (the tests
 //! check the new kernels give these bytes, bit for bit) and, with the `reference` feature, for
-//! the benches' old-against-new ratio in one run. Not used by the processor.
+//! the benches' old-against-new ratio in one run. Not used by the processor. The affine warp
+//! is the one before its nearest-neighbour path was split in two loops.
+
+use crate::spec::{Interpolation, WarpFill};
 
 /// `_blend` with `b` given per pixel by `other(i)` (the pixel's index).
 #[inline(always)]
@@ -181,6 +184,79 @@ pub fn gaussian_blur(
             let at = (y as usize * width + x) * 3;
             for c in 0..3 {
                 px[at + c] = acc[c].round_ties_even().clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+}
+
+/// Warps `src` (`width`×`height`) by the inverse matrix `m` into `dst` (same size).
+pub fn warp(src: &[u8], width: u32, height: u32, m: [f64; 6], interp: Interpolation, fill: WarpFill, dst: &mut [u8]) {
+    let (w, h) = (width as usize, height as usize);
+    let (wf, hf) = (width as f32, height as f32);
+    // theta^T / [0.5 w, 0.5 h], as `_affine_grid` rescales it, in f32.
+    let m: [f32; 6] = m.map(|v| v as f32);
+    let (hw, hh) = (0.5 * wf, 0.5 * hf);
+    let r = [m[0] / hw, m[1] / hw, m[2] / hw, m[3] / hh, m[4] / hh, m[5] / hh];
+    let x0 = (1.0 - wf) * 0.5;
+    let y0 = (1.0 - hf) * 0.5;
+    let sample = |ix: i64, iy: i64, c: usize| -> f32 {
+        if ix < 0 || iy < 0 || ix >= w as i64 || iy >= h as i64 {
+            0.0
+        } else {
+            f32::from(src[(iy as usize * w + ix as usize) * 3 + c])
+        }
+    };
+    let inside = |ix: i64, iy: i64| ix >= 0 && iy >= 0 && ix < w as i64 && iy < h as i64;
+    for y in 0..h {
+        let yg = y0 + y as f32;
+        for x in 0..w {
+            let xg = x0 + x as f32;
+            // The base grid times theta, `x·r0 + y·r1 + r2`, computed exactly and rounded to f32
+            // once (the products of two f32 are exact in f64). PyTorch computes it with a CPU
+            // `bmm` whose rounding depends on the machine's kernels: with PyTorch 2.15, a plain
+            // f32 sum on one development machine and `fma(y, r1, x·r0) + r2` on another (both
+            // 2026-12-02, on every point of 40 random geometries). An ulp moves nearest-neighbour ties, and a histogram op
+            // after a shear spreads them (36 dB against torchvision's 40 in `test_ops.py`'s
+            // policy replays), so no single f32 order matches torchvision everywhere; the tests
+            // give torchvision's `_affine_grid` this same arithmetic (`test_ops.py`, `exact_grid`).
+            let gx = ((f64::from(xg) * f64::from(r[0]) + f64::from(yg) * f64::from(r[1])) + f64::from(r[2])) as f32;
+            let gy = ((f64::from(xg) * f64::from(r[3]) + f64::from(yg) * f64::from(r[4])) + f64::from(r[5])) as f32;
+            // grid_sample's unnormalisation with align_corners=False.
+            let sx = ((gx + 1.0) * wf - 1.0) / 2.0;
+            let sy = ((gy + 1.0) * hf - 1.0) / 2.0;
+            let out = &mut dst[(y * w + x) * 3..][..3];
+            match interp {
+                Interpolation::Nearest | Interpolation::Bicubic => {
+                    let (ix, iy) = (sx.round_ties_even() as i64, sy.round_ties_even() as i64);
+                    let ok = inside(ix, iy);
+                    for (c, o) in out.iter_mut().enumerate() {
+                        *o = match (ok, fill) {
+                            (true, _) => sample(ix, iy, c) as u8,
+                            (false, Some(f)) => f[c].round_ties_even() as u8,
+                            (false, None) => 0,
+                        };
+                    }
+                }
+                Interpolation::Bilinear => {
+                    let (fx, fy) = (sx.floor(), sy.floor());
+                    let (ix, iy) = (fx as i64, fy as i64);
+                    let (tx, ty) = (sx - fx, sy - fy);
+                    let wts = [(1.0 - tx) * (1.0 - ty), tx * (1.0 - ty), (1.0 - tx) * ty, tx * ty];
+                    let pts = [(ix, iy), (ix + 1, iy), (ix, iy + 1), (ix + 1, iy + 1)];
+                    let mask: f32 = pts
+                        .iter()
+                        .zip(wts)
+                        .map(|(&(a, b), wt)| if inside(a, b) { wt } else { 0.0 })
+                        .sum();
+                    for (c, o) in out.iter_mut().enumerate() {
+                        let v: f32 = pts.iter().zip(wts).map(|(&(a, b), wt)| sample(a, b, c) * wt).sum();
+                        let v = match fill {
+                            Some(f) => (v - f[c]) * mask + f[c],
+                            None => v,
+                        };
+                        *o = v.round_ties_even().clamp(0.0, 255.0) as u8;
+                    }
+                }
             }
         }
     }

@@ -12,24 +12,10 @@ use ringfeed_ops::{BufferSink, Layout, Pipeline, Processor, Trace};
 use ringfeed_order::rng::SampleRng;
 use serde_json::{Value, json};
 
-/// A 224×224 PPM of a smooth picture with noise (so equalize and autocontrast see a spread).
+/// A 224×224 PPM of the benches' picture.
 fn ppm() -> Vec<u8> {
-    let (w, h) = (224usize, 224usize);
-    let mut out = format!("P6\n{w} {h}\n255\n").into_bytes();
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    for y in 0..h {
-        for x in 0..w {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let n = (state % 32) as usize;
-            out.extend_from_slice(&[
-                ((x + n) % 256) as u8,
-                ((y * 2 + n) % 256) as u8,
-                ((x + y + n) % 256) as u8,
-            ]);
-        }
-    }
+    let mut out = b"P6\n224 224\n255\n".to_vec();
+    out.extend_from_slice(&ringfeed_benches::photo_224());
     out
 }
 
@@ -50,6 +36,11 @@ fn ops() -> Vec<(&'static str, Value)> {
         (
             "gaussian_blur_k9",
             json!({"op": "gaussian_blur", "kernel_size": [9], "sigma": [1.0, 1.0]}),
+        ),
+        // torchvision's GaussianBlur(23) with its default sigma range, drawn per image.
+        (
+            "gaussian_blur_k23",
+            json!({"op": "gaussian_blur", "kernel_size": [23], "sigma": [0.1, 2.0]}),
         ),
         ("solarize", json!({"op": "solarize", "threshold": 128, "p": 1.0})),
         ("posterize", json!({"op": "posterize", "bits": 4, "p": 1.0})),

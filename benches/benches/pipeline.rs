@@ -13,6 +13,9 @@
 //!   `resize/large_crop_to_224` (1000x750 of a 2000x1500 image), each with its `_fir` twin;
 //! - `transform/rrc224`: the whole per-sample path (`ops::Processor`, RandomResizedCrop + flip);
 //!   `transform/rrc224_packed`: the same on the images as packed;
+//! - `transform/ta_wide224_packed`: the full recipe's server share on the packed images,
+//!   RandomResizedCrop + flip + TrivialAugmentWide (`Processor::run`; a new epoch per iteration,
+//!   so each image draws another augmentation);
 //! - `transform/rrc224_large_{exact,dct}`: the same on 2000x1500 sources, exact and with DCT scaling
 //!   (`Options::dct_scaling`, default headroom 2), the only sources where it can engage;
 //! - `ring/handoff`: writing a batch of 256 224x224x3 samples and the slot header into a
@@ -26,7 +29,7 @@ use fast_image_resize as fr;
 use ringfeed_decode::resample::{Resampler, SampleBox, Source, Target};
 use ringfeed_decode::{Decoder, Limits, Rect};
 use ringfeed_format::ring::{DType, FieldSpec, RingLayout, SlotHeader};
-use ringfeed_ops::{Layout, Options, Processor, Transform};
+use ringfeed_ops::{BufferSink, Layout, Options, Pipeline, Processor, Trace, Transform};
 use ringfeed_order::rng::SampleRng;
 use ringfeed_serve::segment::Segment;
 
@@ -204,6 +207,33 @@ fn benches(c: &mut Criterion) {
                 processor
                     .process(f, &t, &mut rng, Layout::Nhwc, &mut out)
                     .expect("transforms");
+            }
+        })
+    });
+    // The full recipe's server share: RandomResizedCrop(224) + flip + TrivialAugmentWide, as
+    // `ringfeed.Compose` sends it (Normalize and RandomErasing run in the client).
+    let pipeline = Pipeline::parse(&serde_json::json!({"views": [{"ops": [
+        {"op": "random_resized_crop", "size": [224, 224]},
+        {"op": "horizontal_flip", "p": 0.5},
+        {"op": "trivial_augment_wide"},
+    ]}]}))
+    .expect("pipeline");
+    let mut sink = BufferSink::for_pipeline(&pipeline);
+    let mut epoch = 0u64;
+    g.bench_function("ta_wide224_packed", |b| {
+        b.iter(|| {
+            epoch += 1;
+            for (i, f) in packed.iter().enumerate() {
+                processor
+                    .run(
+                        f,
+                        &pipeline,
+                        SampleRng::new(0, epoch, i as u64),
+                        Layout::Nhwc,
+                        &mut sink,
+                        &mut Trace::off(),
+                    )
+                    .expect("runs");
             }
         })
     });

@@ -48,6 +48,9 @@
 #   process nvJPEG's decode beside ResNet-18 from a thread of the training process and from a process
 #           of its own (hybrid_step.py's decode-nvjpeg@process).
 #   launch  host time per kernel launch beside each kind of CUDA call, and beside nvJPEG (launch_probe.py).
+#   charts  after setup (PIECE=1) and piece2 (this call carries .carry/dali3): the README's
+#           TrivialAugment panels, ResNet-18 on 6 and 15 threads and ResNet-50 on 15, ringfeed,
+#           DALI (trivial_augment_wide) and a DataLoader + torchvision v2; CHART_PARTS=r18 or r50.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -85,7 +88,9 @@ export LD_LIBRARY_PATH=/tmp/dalipkg/nvidia/nvimgcodec:/tmp/dalipkg/nvidia/cu13/l
 case $step in
 setup)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
-  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl
+  # nvJPEG's wheel at least (the Finisher's direct decoder); nvImageCodec's where carried.
+  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_*.whl
+  [ -z "${PIECE:-}" ] || { mkdir -p /tmp/dali && cp .carry/dali"$PIECE"/* /tmp/dali/; }
   deps
   python3 - <<'PY'
 from nvidia import nvimgcodec
@@ -249,6 +254,32 @@ settled)
   timeout 170 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed,ringfeed-hybrid,dali --workers 15 --steps 400 --warmup-s 10 --out "$out/r18-15" 2>&1 \
     | grep "^| resnet" || echo "r18-15 rc $?"
+  rm -f "$out"/*/serve.log
+  ;;
+charts)
+  # The README's TrivialAugment panels (benches/charts.py, TRAINING): the full recipe (RRC + flip +
+  # TrivialAugmentWide + RandomErasing(0.25)) feeding ResNet-18 on 6 and 15 CPU threads
+  # (CHART_PARTS=r18) and ResNet-50 on 15 (CHART_PARTS=r50), by ringfeed (CPU decode: hybrid
+  # decode does not take this recipe yet), DALI (its own
+  # trivial_augment_wide on the GPU, no erasing) and a DataLoader + torchvision v2, every loader
+  # warmed up 12 s. After setup and piece1..2 (the first charts call carries .carry/dali3).
+  [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }
+  dali_unpack
+  mkdir -p "$out"
+  parts=${CHART_PARTS:-r18,r50}
+  if [[ $parts == *r18* ]]; then
+  timeout 250 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full --workers 6 --threads-cap 6 \
+    --steps 200 --warmup-s 12 --out "$out/ta-r18-6" 2>&1 | grep "^| resnet\|reason\|Error" || echo "ta-r18-6 rc $?"
+  timeout 250 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full --workers 15 \
+    --steps 300 --warmup-s 12 --out "$out/ta-r18-15" 2>&1 | grep "^| resnet\|Error" || echo "ta-r18-15 rc $?"
+  fi
+  if [[ $parts == *r50* ]]; then
+  timeout 250 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
+    --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full --workers 15 \
+    --steps 150 --warmup-s 12 --out "$out/ta-r50-15" 2>&1 | grep "^| resnet\|Error" || echo "ta-r50-15 rc $?"
+  fi
   rm -f "$out"/*/serve.log
   ;;
 nvjpeg)

@@ -32,3 +32,25 @@ impl Rss {
         }
     }
 }
+
+/// The benches' 224×224 picture as packed RGB8: smooth gradients with noise (so equalize and
+/// autocontrast see a spread, and no op meets a flat image).
+pub fn photo_224() -> Vec<u8> {
+    let (w, h) = (224usize, 224usize);
+    let mut out = Vec::with_capacity(w * h * 3);
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    for y in 0..h {
+        for x in 0..w {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let n = (state % 32) as usize;
+            out.extend_from_slice(&[
+                ((x + n) % 256) as u8,
+                ((y * 2 + n) % 256) as u8,
+                ((x + y + n) % 256) as u8,
+            ]);
+        }
+    }
+    out
+}

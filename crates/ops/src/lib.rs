@@ -53,6 +53,10 @@
 //! - `image`: the scratch image and the moves between images (crop with fill, flips).
 //! - `write`: the resample, flip and HWC → CHW transpose into a slot.
 //! - `color`, `tone`, `blur`, `affine`: the per-image kernels.
+//! - `lanes`: what the vectorised kernels share (block loops, rounding, the AVX2 dispatch).
+//! - `reference` (tests, and the `reference` feature): the scalar kernels the vectorised ones
+//!   replaced, their exactness oracle; `kernels` (the `reference` feature): the current ones,
+//!   public for the benches' old-against-new comparison.
 //! - `policy`: TrivialAugmentWide, RandAugment, AutoAugment.
 //! - `trace`: a record of the drawn parameters, for `ringfeed ops` and the torchvision tests.
 
@@ -62,8 +66,13 @@ mod color;
 mod geometry;
 pub mod gpu;
 mod image;
+#[cfg(feature = "reference")]
+pub mod kernels;
+mod lanes;
 mod plan;
 mod policy;
+#[cfg(any(test, feature = "reference"))]
+pub mod reference;
 pub mod spec;
 mod tone;
 mod trace;

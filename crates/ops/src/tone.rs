@@ -20,10 +20,13 @@ pub(super) fn invert(px: &mut [u8]) {
 /// (a policy's `255 * 0.33333334` is 85.0 there, so 85 is inverted).
 pub(super) fn solarize(px: &mut [u8], threshold: f64) {
     let threshold = threshold as f32;
+    // A table: the comparison in `f32` per byte cost more than the lookup.
+    let lut: [u8; 256] = std::array::from_fn(|x| {
+        let x = x as u8;
+        if f32::from(x) >= threshold { 255 - x } else { x }
+    });
     for c in px.iter_mut() {
-        if f32::from(*c) >= threshold {
-            *c = 255 - *c;
-        }
+        *c = lut[usize::from(*c)];
     }
 }
 
@@ -56,9 +59,12 @@ pub(super) fn autocontrast(px: &mut [u8]) {
             inv[c] = (f32::from(hi[c]) - f32::from(lo[c])) * (1.0 / 255.0);
         }
     }
+    // Each channel's result depends on its byte alone: one table per channel.
+    let luts: [[u8; 256]; 3] =
+        std::array::from_fn(|c| std::array::from_fn(|x| ((x as f32 - min[c]) / inv[c]).clamp(0.0, 255.0) as u8));
     for p in px.chunks_exact_mut(3) {
         for c in 0..3 {
-            p[c] = ((f32::from(p[c]) - min[c]) / inv[c]).clamp(0.0, 255.0) as u8;
+            p[c] = luts[c][usize::from(p[c])];
         }
     }
 }

@@ -50,9 +50,7 @@ import numpy as np
 #: each group touches only its own rows).
 KINDS = (
     "remap",
-    "brightness",
-    "contrast",
-    "saturation",
+    "blend",
     "hue",
     "grayscale",
     "solarize",
@@ -169,9 +167,15 @@ def _f32(v: float) -> float:
     return float(_F32(v))
 
 
+#: ``blend`` modes: what the image is blended with.
+_BLEND = {"brightness": 0.0, "contrast": 1.0, "saturation": 2.0}
+
+
 def _blend(kind: str, f: float) -> Step:
-    # `_blend(a, b, r)`: the server casts r and 1 - r (computed in f64) to f32.
-    return Step(kind, (), (_f32(f), _f32(1.0 - f)))
+    """Brightness, contrast or saturation, one kind: ``_blend(x, other, f)`` with ``other`` 0, the
+    mean grey or the pixel's grey. The server casts ``f`` and ``1 - f`` (computed in f64) to f32;
+    brightness is ``x·f``, and ``x·f + 0·0`` is the same f32."""
+    return Step("blend", (), (_f32(f), 0.0 if kind == "brightness" else _f32(1.0 - f), _BLEND[kind]))
 
 
 def _kernel1d(k: int, sigma: float) -> list[float]:
@@ -258,7 +262,7 @@ def _policy_steps(aug: str, m: float | None, size: tuple[int, int], interp: str,
             return [_remap("rot90" if angle == 90.0 else "rot270", size)]
         return [_affine(_inverse_matrix((0.0, 0.0), -angle, (0.0, 0.0), (0.0, 0.0)), size, interp, fl)]
     if aug == "Brightness":
-        return [Step("brightness", (), (_f32(1.0 + mm),))]
+        return [_blend("brightness", 1.0 + mm)]
     if aug == "Color":
         return [_blend("saturation", 1.0 + mm)]
     if aug == "Contrast":
@@ -323,10 +327,7 @@ class _Walk:
                 f = e[key]
                 if f is None:
                     continue
-                if key == "brightness" or key == "hue":
-                    self.steps.append(Step(key, (), (_f32(f),)))
-                else:
-                    self.steps.append(_blend(key, f))
+                self.steps.append(Step("hue", (), (_f32(f),)) if key == "hue" else _blend(key, f))
         elif name == "gaussian_blur":
             k = [int(v) for v in _nums(op["kernel_size"])]
             kx, ky = (k[0], k[0]) if len(k) == 1 else (k[0], k[1])
@@ -488,24 +489,17 @@ def _luma(x: Any) -> Any:
     return x[..., 0] * _LR + x[..., 1] * _LG + x[..., 2] * _LB
 
 
-def _k_brightness(g: Any, p: Any) -> Any:
-    return _u8(g.float() * _col(p, 0))
-
-
-def _k_saturation(g: Any, p: Any) -> Any:
-    x = g.float()
-    grey = _luma(x).floor_().unsqueeze_(-1) * _col(p, 1)
-    return _u8(x * _col(p, 0) + grey)
-
-
-def _k_contrast(g: Any, p: Any) -> Any:
+def _k_blend(g: Any, p: Any) -> Any:
     import torch
 
     x = g.float()
-    n = g.shape[1] * g.shape[2]
+    npx = max(g.shape[1] * g.shape[2], 1)
+    grey = _luma(x).floor_()
     # Integers summed in f64: exact in any order, so the mean is the server's.
-    mean = (_luma(x).floor_().double().sum((1, 2)) / n).float().view(-1, 1, 1, 1)
-    return _u8(x * _col(p, 0) + mean * _col(p, 1)) if n else torch.zeros_like(g)
+    mean = (grey.double().sum((1, 2)) / npx).float().view(-1, 1, 1)
+    mode = p[:, 2].view(-1, 1, 1)
+    other = torch.where(mode == 2.0, grey, torch.where(mode == 1.0, mean, 0.0))
+    return _u8(x * _col(p, 0) + (other * p[:, 1].float().view(-1, 1, 1)).unsqueeze_(-1))
 
 
 def _k_grayscale(g: Any, p: Any) -> Any:
@@ -724,9 +718,7 @@ def _k_affine(g: Any, p: Any, interp: str) -> Any:
 
 _KERNELS = {
     "remap": _k_remap,
-    "brightness": _k_brightness,
-    "contrast": _k_contrast,
-    "saturation": _k_saturation,
+    "blend": _k_blend,
     "hue": _k_hue,
     "grayscale": _k_grayscale,
     "solarize": _k_solarize,

@@ -75,7 +75,7 @@ gpu_prep() {  # the carried binary, nvImageCodec + nvJPEG, and the corpus ($1 ph
   [ ! -f .carry/bin/ringfeed ] || cp .carry/bin/ringfeed /tmp/rf/ringfeed
   [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
   if [ ! -d /tmp/packed ]; then
-    python3 .carry/datasets/make_photos.py /tmp/photos --count "$1" >/dev/null
+    python3 benches/make_photos.py /tmp/photos --count "$1" >/dev/null
     "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
   fi
 }
@@ -92,14 +92,14 @@ setup)
   pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_*.whl
   [ -z "${PIECE:-}" ] || { mkdir -p /tmp/dali && cp .carry/dali"$PIECE"/* /tmp/dali/; }
   deps
-  python3 - <<'PY'
+  [ ! -d /tmp/nv/nvidia/nvimgcodec ] || python3 - <<'PY'
 from nvidia import nvimgcodec
 print("nvimgcodec", getattr(nvimgcodec, "__version__", "?"))
 print((nvimgcodec.Decoder.__init__.__doc__ or "")[:1500])
 print((nvimgcodec.Decoder.decode.__doc__ or "")[:1500])
 PY
   t0=$(date +%s)
-  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+  ( python3 benches/make_photos.py /tmp/photos --count 8000 >/dev/null
     "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
     python3 benches/e2e/hybrid_feed.py --make-big /tmp/photos /tmp/big --count 2000
     "$RINGFEED_BIN" pack /tmp/big /tmp/bigpacked --threads 16 --progress none --force | tail -1
@@ -142,7 +142,7 @@ kernel)
   # rate at 6 threads for pinned shares, and ResNet-18 on 6 threads with each.
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+  ( python3 benches/make_photos.py /tmp/photos --count 8000 >/dev/null
     "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1 ) > /tmp/data.log 2>&1 &
   timeout 200 python3 -m pytest -q -x -p no:cacheprovider client-py/tests/test_hybrid.py client-py/tests/test_finish_kernel.py 2>&1 | tail -8 || echo "pytest rc $?"
   wait; cat /tmp/data.log
@@ -288,7 +288,7 @@ nvjpeg)
   # ResNet-18 on 6 threads with pinned and autotuned shares (no DALI needed).
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  ( python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+  ( python3 benches/make_photos.py /tmp/photos --count 8000 >/dev/null
     "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1 ) > /tmp/data.log 2>&1 &
   timeout 240 python3 -m pytest -q -p no:cacheprovider client-py/tests/test_nvjpeg.py client-py/tests/test_hybrid.py \
     client-py/tests/test_finish_kernel.py 2>&1 | tail -12 || echo "pytest rc $?"
@@ -492,7 +492,7 @@ launch)
 quick)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvimgcodec*.whl .carry/wheels/nvidia_nvjpeg*.whl 2>/dev/null
-  python3 .carry/datasets/make_photos.py /tmp/photos --count 8000 >/dev/null
+  python3 benches/make_photos.py /tmp/photos --count 8000 >/dev/null
   "$RINGFEED_BIN" pack /tmp/photos /tmp/packed --threads 16 --progress none --force | tail -1
   mkdir -p "$out"
   timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \

@@ -14,14 +14,14 @@ wrote each one, so that every bar can be traced to a file and a command. It writ
 - ``feed-threads.png``: images/s without a model by CPU threads: ringfeed's Loader, the
   DataLoader with PIL or torchvision.io, and a whole-image libjpeg-turbo decode.
 - ``feed-recipes.png``: the plain and the TrivialAugment recipes without a model, ringfeed
-  against a DataLoader with torchvision v2, on 1 and 15 threads.
+  against a DataLoader with torchvision v2, per thread count in ``RECIPES``' run (1: per core).
 - ``feed-dali.png``: the feed without a model on 15 threads, ringfeed (CPU decode, hybrid
   decode) against DALI with the GPU's hardware decoder.
 - ``wait-over-time.png``: the share of time a training loop waited for data, every 0.5 s, over
   one run from a cold start (ResNet-50, the autotuner choosing threads).
-- with ``--idle GPU_JSON``, ``gpu-idle-over-time.png``: the share of each 0.5 s the GPU sat
-  idle, from the per-step gaps (``gpu_idle_steps``) that ``benches/e2e/gpu_train.py`` records;
-  no committed run has them yet.
+- ``gpu-idle-over-time.png``: the share of each 0.5 s the GPU sat idle, from the per-step gaps
+  (``gpu_idle_steps``) that ``benches/e2e/gpu_train.py`` records, for each loader of ``IDLE``'s
+  run (ResNet-18 + TrivialAugment, 6 threads), or of ``--idle GPU_JSON``.
 
 Needs matplotlib (``pip install matplotlib``), a development tool only: neither the demo nor the
 tests import this file.
@@ -122,22 +122,41 @@ TRAINING: dict[tuple[str, str], list[Run]] = {
         ),
         BESIDE_DATALOADER,
     ],
-    ("trivialaugment", "resnet18"): [],
+    ("trivialaugment", "resnet18"): [
+        Run(
+            "2026-12-06-h200-charts/ta-r18-6/gpu.json",
+            6,
+            f"{GPU_TRAIN} --models resnet18 --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full "
+            "--workers 6 --threads-cap 6 --steps 200 --warmup-s 12",
+            ("ringfeed", "dali", "dataloader-pil"),
+        ),
+        Run(
+            "2026-12-06-h200-charts/ta-r18-15/gpu.json",
+            15,
+            f"{GPU_TRAIN} --models resnet18 --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full "
+            "--workers 15 --steps 300 --warmup-s 12",
+            ("ringfeed", "dali", "dataloader-pil"),
+        ),
+    ],
     ("trivialaugment", "resnet50"): [
         Run(
-            "2026-12-01-h200-ops/feed/gpu.json",
+            "2026-12-06-h200-charts/ta-r50-6/gpu.json",
+            6,
+            f"{GPU_TRAIN} --models resnet50 --loaders ceiling,ringfeed,dali --recipe full --workers 6 "
+            "--threads-cap 6 --steps 150 --warmup-s 12",
+            ("ringfeed", "dali"),
+        ),
+        Run(
+            "2026-12-06-h200-charts/ta-r50-15/gpu.json",
             15,
-            f"{GPU_TRAIN} --models resnet50 --loaders ceiling,ringfeed,dataloader-pil --recipe full --workers 15 "
-            "--steps 100",
-            ("ringfeed", "dataloader-pil"),
+            f"{GPU_TRAIN} --models resnet50 --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full "
+            "--workers 15 --steps 150 --warmup-s 12",
+            ("ringfeed", "dali", "dataloader-pil"),
         ),
     ],
 }
-#: The command that would fill a panel without a committed run.
-MISSING = {
-    ("trivialaugment", "resnet18"): f"{GPU_TRAIN} --models resnet18\n--loaders ceiling,ringfeed,dataloader-pil "
-    "--recipe full\n--workers 15 --steps 400 --warmup-s 10",
-}
+#: The command that would fill a panel without a committed run (none is empty now).
+MISSING: dict[tuple[str, str], str] = {}
 RECIPE_NAMES = {"plain": "plain recipe", "trivialaugment": "TrivialAugment recipe"}
 MODEL_NAMES = {"resnet18": "ResNet-18", "resnet50": "ResNet-50"}
 
@@ -154,9 +173,9 @@ FEED_NAMES = {
     "turbo_decode_only": ("libjpeg-turbo, whole-image decode only", "#7f7f7f", "x"),
 }
 RECIPES = Run(
-    "2026-12-01-h200-ops/feed/recipe.json",
-    0,
-    "python3 benches/e2e/recipe_rate.py --images DIR --packed PACKED --threads 1,15 --recipes rrc,full "
+    "2026-12-06-h200-charts/recipe/recipe.json",
+    1,
+    "python3 benches/e2e/recipe_rate.py --images DIR --packed PACKED --threads 1 --recipes rrc,full "
     "--batches 20 --device cuda",
     ("ringfeed", "dataloader-tv2"),
 )
@@ -172,6 +191,15 @@ WAIT = Run(
     "python3 benches/autotune.py PACKED --out DIR --step-ms 40 --batch-size 256 --fixed 6,8,10,15 --seconds 12 "
     "--auto-seconds 40 --threads 16 --model resnet50 --skip-sim",
     ("auto",),
+)
+
+
+#: The GPU's idle share over one run, by loader: ResNet-18 with the TrivialAugment recipe on 6 threads.
+IDLE = Run(
+    "2026-12-06-h200-charts/ta-r18-6/gpu.json",
+    6,
+    TRAINING[("trivialaugment", "resnet18")][0].command,
+    ("ringfeed", "dali", "dataloader-pil"),
 )
 
 
@@ -285,8 +313,10 @@ def feed_threads(out: Path) -> Path:
 def feed_recipes(out: Path) -> Path:
     plt = pyplot()
     runs = RECIPES.load()["runs"]
-    fig, axes = plt.subplots(1, 2, figsize=(7.6, 3.4), sharey=False)
-    for ax, threads in zip(axes, (1, 15), strict=True):
+    counts = sorted({r["threads"] for r in runs})
+    fig, axes = plt.subplots(1, len(counts), figsize=(3.8 * len(counts) + 0.6, 3.4), sharey=False, squeeze=False)
+    axes = axes[0]
+    for ax, threads in zip(axes, counts, strict=True):
         for i, recipe in enumerate(("rrc", "full")):
             for j, loader in enumerate(RECIPES.loaders):
                 r = next(x for x in runs if (x["recipe"], x["loader"], x["threads"]) == (recipe, loader, threads))
@@ -299,7 +329,7 @@ def feed_recipes(out: Path) -> Path:
     axes[0].set_ylabel("images/s")
     axes[0].legend(frameon=False, fontsize=7)
     fig.suptitle(
-        "Augmentation recipes without a model; one NVIDIA H200 host, 16 CPU cores\n"
+        "Augmentation recipes without a model, per CPU thread; one NVIDIA H200 host\n"
         "plain: RandomResizedCrop(224) + flip + Normalize; TrivialAugment: + TrivialAugmentWide + RandomErasing(0.25)",
         fontsize=8.5,
     )
@@ -368,7 +398,7 @@ def wait_over_time(out: Path) -> Path:
     return save(fig, out / "wait-over-time.png")
 
 
-def gpu_idle_over_time(path: Path, out: Path, window: float = 0.5) -> Path:
+def gpu_idle_over_time(path: Path, out: Path, window: float = 0.5, title: str = "") -> Path:
     """The share of each ``window`` seconds the GPU sat idle, for every run of a ``gpu_train.py``
     result that has ``gpu_idle_steps`` ([seconds since the timed steps began, idle ms] per step)."""
     plt = pyplot()
@@ -379,20 +409,27 @@ def gpu_idle_over_time(path: Path, out: Path, window: float = 0.5) -> Path:
         steps = r.get("gpu_idle_steps")
         if not steps or r["loader"] == "ceiling":
             continue
-        bins: dict[int, float] = {}
+        # Each gap is the interval [t - idle, t] before the step that began at t: spread over
+        # the windows it covers, so that a gap longer than a window fills each one it spans.
+        bins = [0.0] * (int(r["seconds"] // window) + 1)
         for t, idle_ms in steps:
-            bins[int(t // window)] = bins.get(int(t // window), 0.0) + idle_ms / 1000
-        xs = sorted(bins)
-        shares = [100 * bins[k] / window for k in xs]
-        ax.plot([(k + 1) * window for k in xs], shares, label=f"{r['model']}, {r['loader']}")
+            lo, hi = max(0.0, t - idle_ms / 1000), t
+            for k in range(int(lo // window), min(int(hi // window), len(bins) - 1) + 1):
+                bins[k] += max(0.0, min(hi, (k + 1) * window) - max(lo, k * window))
+        xs = range(len(bins))
+        shares = [100 * min(b / window, 1.0) for b in bins]
+        name = LOADER_NAMES.get(r["loader"], r["loader"])
+        if r["loader"] == "dataloader-pil" and r.get("recipe") == "full":
+            name = "DataLoader + torchvision v2"
+        ax.plot([(k + 1) * window for k in xs], shares, color=COLOURS.get(r["loader"]), label=name)
         drawn += 1
     if not drawn:
         sys.exit(f"{path}: no run has gpu_idle_steps (made by benches/e2e/gpu_train.py since they were added)")
     ax.set_xlabel("seconds since the timed steps began")
     ax.set_ylabel(f"% of each {window:g} s the GPU was idle")
-    ax.set_ylim(0, 100)
-    ax.legend(frameon=False)
-    ax.set_title(f"GPU idle between steps, on the GPU's clock ({path.parent.name})", fontsize=9)
+    ax.set_ylim(0, 105)
+    ax.legend(frameon=True, framealpha=0.95, edgecolor="none", loc="center right")
+    ax.set_title(title or f"GPU idle between steps, on the GPU's clock ({path.parent.name})", fontsize=9)
     fig.tight_layout()
     return save(fig, out / "gpu-idle-over-time.png")
 
@@ -400,12 +437,17 @@ def gpu_idle_over_time(path: Path, out: Path, window: float = 0.5) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "charts", help="where the PNGs go (docs/charts)")
-    ap.add_argument("--idle", type=Path, help="also draw gpu-idle-over-time.png from this gpu_train.py result")
+    ap.add_argument(
+        "--idle", type=Path, help="draw gpu-idle-over-time.png from this gpu_train.py result instead of IDLE's"
+    )
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     made = [training(a.out), feed_threads(a.out), feed_recipes(a.out), feed_dali(a.out), wait_over_time(a.out)]
-    if a.idle:
-        made.append(gpu_idle_over_time(a.idle, a.out))
+    title = (
+        "GPU idle between steps, on the GPU's clock: ResNet-18 + TrivialAugment, 6 CPU threads\n"
+        "one NVIDIA H200; the timed steps after a 12 s warm-up"
+    )
+    made.append(gpu_idle_over_time(a.idle or RESULTS / IDLE.path, a.out, title="" if a.idle else title))
     for p in made:
         print(f"{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}: {p.stat().st_size / 1024:.0f} KiB")
     return 0

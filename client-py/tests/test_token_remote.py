@@ -36,9 +36,9 @@ SEQ = 16
 URL = f"s3://{BUCKET}/sets/tok"
 
 
-def pack(src: Path, out: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def pack(src: Path, out: str, env: dict[str, str] | None = None, *flags: str) -> subprocess.CompletedProcess[str]:
     cmd = [ringfeed_bin(), "pack", str(src), out, "--tokenizer", str(tokenizer(src.parent)), "--progress", "none"]
-    cmd += ["--pack-seq-len", str(SEQ)]
+    cmd += ["--pack-seq-len", str(SEQ), *flags]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
@@ -150,6 +150,21 @@ def test_the_upload_is_the_local_copy_byte_for_byte(fs_store: S3Server, local: P
     assert names == ["packing-16.rfp", "tokens.rft"]
     for name in names:
         assert fs_store.object_path(f"sets/tok/{name}").read_bytes() == (local / name).read_bytes(), name
+
+
+def test_packing_over_a_token_dataset_in_the_store_needs_force(fs_store: S3Server, source: Path) -> None:
+    """A second `pack --tokenizer ... s3://` onto a prefix holding a token dataset is refused,
+    naming its tokens.rft and --force, and leaves it as it was; with --force it replaces it."""
+    rft = fs_store.object_path("sets/tok/tokens.rft")
+    before = (rft.read_bytes(), rft.stat().st_mtime_ns)
+    r = pack(source, URL, fs_store.env())
+    assert r.returncode != 0
+    assert "already holds a dataset (its tokens.rft); pass --force to replace it" in r.stderr, r.stderr
+    assert (rft.read_bytes(), rft.stat().st_mtime_ns) == before
+    r = pack(source, URL, fs_store.env(), "--force")
+    assert r.returncode == 0, r.stderr
+    assert rft.read_bytes() == before[0]
+    assert rft.stat().st_mtime_ns != before[1], "--force uploaded the dataset again"
 
 
 @pytest.mark.parametrize("mode", ["concat", "pack"])

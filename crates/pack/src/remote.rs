@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ringfeed_format::shard::INDEX_FILE;
+use ringfeed_format::tokens::TOKENS_FILE;
 use ringfeed_remote::wds;
 use ringfeed_remote::{Counters, RemoteConfig, RemoteError, RemoteUrl, Store};
 use ringfeed_source::wds::{Catalog, WdsOptions, index};
@@ -20,11 +21,18 @@ pub fn store_for(url: &RemoteUrl, config: &RemoteConfig) -> Result<Store, Remote
     Store::from_env(&url.bucket, config, Arc::new(Counters::default()))
 }
 
-/// Whether `url` already holds a dataset (its index).
+/// Whether `url` already holds a packed image dataset (its index).
 pub fn exists(store: &Store, url: &RemoteUrl) -> Result<bool, RemoteError> {
+    Ok(existing_dataset(store, url)? == Some(INDEX_FILE))
+}
+
+/// The file that makes `url` a dataset already, a packed image dataset's index or a token
+/// dataset's `tokens.rft`, if it holds one: what an upload would replace.
+pub fn existing_dataset(store: &Store, url: &RemoteUrl) -> Result<Option<&'static str>, RemoteError> {
     let listed = store.list(&url.prefix)?;
-    let index = url.key(INDEX_FILE);
-    Ok(listed.iter().any(|(k, _)| *k == index))
+    Ok([INDEX_FILE, TOKENS_FILE]
+        .into_iter()
+        .find(|name| listed.iter().any(|(k, _)| *k == url.key(name))))
 }
 
 /// Uploads the dataset directory `dir` to `url`: every file but the index, in name order, then

@@ -90,11 +90,8 @@ impl Upload {
     /// Refuses to replace a dataset at `url` without `force`.
     pub(crate) fn start(args: &RemoteArgs, url: RemoteUrl, force: bool) -> Result<Upload> {
         let store = ringfeed_pack::remote::store_for(&url, &args.config()?)?;
-        if !force && ringfeed_pack::remote::exists(&store, &url)? {
-            bail!(
-                "{url} already holds a dataset (its {}); pass --force to replace it",
-                ringfeed_format::shard::INDEX_FILE
-            );
+        if let Some(file) = ringfeed_pack::remote::existing_dataset(&store, &url)?.filter(|_| !force) {
+            bail!("{url} already holds a dataset (its {file}); pass --force to replace it");
         }
         let tmp = TempDir::new("pack")?;
         let local = tmp.0.join("dataset");

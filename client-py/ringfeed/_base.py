@@ -14,7 +14,7 @@ import operator
 from collections.abc import Generator, Mapping
 from typing import Any, TypeVar
 
-from ._options import StreamConfig
+from ._options import StreamConfig, deprecated
 from ._stream import BatchMaker, Resources, Stream
 
 __all__ = ["BaseLoader", "From"]
@@ -67,7 +67,8 @@ class BaseLoader:
     order_block = From("_stream.cfg")
     # What the server said at `open` (again after a reconnect).
     server_protocol = From("_stream")
-    server = From("_stream")
+    #: The server's version string (``welcome.server``, e.g. ``"ringfeed 0.1.0"``).
+    server_version = From("_stream")
     #: The server's sidecar log, when this loader started the server.
     server_log = From("_stream")
     #: The server's id for this stream (protocol 1.1), as ``ringfeed top`` shows it.
@@ -147,6 +148,13 @@ class BaseLoader:
             RingfeedError: the resume needs a 1.3 server and this one is older.
         """
         self._stream.load_state_dict(state)
+
+    @property
+    def server(self) -> str | None:
+        """Deprecated: ``server_version``. (``server=`` now names a loader's
+        ``ringfeed.Server`` options, so the attribute got a name of its own.)"""
+        deprecated("loader.server", "loader.server_version", 2)
+        return self.server_version
 
     def stats(self, server: bool = True) -> dict[str, Any]:
         """Counters since construction: ``batches``, ``wait_s`` (time spent inside ``next()``),

@@ -182,7 +182,7 @@ class Stream:
         self.meter = Meter()
         # What the server said (`welcome`, `ring`); set by `_connect`, again after a reconnect.
         self.server_protocol: tuple[int, int] = PROTOCOL
-        self.server: str | None = None
+        self.server_version: str | None = None
         #: The server's sidecar log, when this stream started the server.
         self.server_log: str | None = None
         #: The server's id for this stream (protocol 1.1), as ``ringfeed top`` shows it.
@@ -240,7 +240,7 @@ class Stream:
                 f"install the ringfeed Python package that matches the server"
             )
         self.server_protocol = (major, minor)
-        self.server = welcome.get("server")
+        self.server_version = welcome.get("server")
         conn.send(self._open_message())
         ring, fd = self._recv(want_fd=True)
         while ring["type"] == "opening":  # 1.2: a folder or manifest being listed (each resets the timeout)

@@ -191,6 +191,18 @@ def test_old_and_new_spellings_give_the_same_batches(dataset: Path, sock: str) -
         same(old, new)
 
 
+def test_loader_server_is_server_version_and_warns(dataset: Path, sock: str) -> None:
+    """``loader.server`` (the server's version string) is now ``loader.server_version``: the old
+    name still answers, with one warning pointing at the caller's line."""
+    with ringfeed.Loader(dataset, B, ringfeed.CenterCrop(16), server=ringfeed.Server(socket=sock, spawn=True)) as ld:
+        assert ld.server_version is not None
+        assert ld.server_version.startswith("ringfeed ")
+        with pytest.warns(DeprecationWarning, match=r"loader.server is deprecated: use loader.server_version") as rec:
+            assert ld.server == ld.server_version
+        assert len(warned(rec)) == 1
+        assert rec[0].filename == __file__
+
+
 def test_lmdb_options_and_the_lmdb_source_give_the_same_batches(tmp_path: Path, sock: str) -> None:
     """lmdb={...} and path=ringfeed.LMDB(path, ...) open the same LMDB the same way (here raw values with a
     label table under a key: the labels show the options reached the server)."""

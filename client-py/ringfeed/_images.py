@@ -40,11 +40,8 @@ FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
     "index": ("int64", ()),
     "crop": ("int32", (5,)),
 }
-#: The per-image ops hybrid decode finishes on the GPU (control.md, "Hybrid decode"); the batch
-#: ops run on the client anyway.
-_GEOMETRIC = frozenset(
-    {"random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip"}
-)
+#: The batch ops run on the client anyway. (The per-image ops hybrid decode finishes on the GPU
+#: are ``gpu.ops.GEOMETRIC``.)
 _BATCH_OPS = frozenset({"normalize", "random_erasing"})
 
 
@@ -517,6 +514,8 @@ def gpu_pipeline_doc_problem(doc: dict[str, Any]) -> str | None:
     """The same for a pipeline as the wire carries it (control.md, ``open.pipeline``): the
     server's rule (``ops::gpu::finishable``), whose verdicts ``proto/vectors/control/hybrid.json``
     pins for both sides."""
+    from .gpu.ops import GEOMETRIC, RESIZES  # numpy only: no torch here
+
     views = doc["views"]
     if len(views) != 1:
         return f"the pipeline has {len(views)} views; GPU decode finishes one"
@@ -526,10 +525,10 @@ def gpu_pipeline_doc_problem(doc: dict[str, Any]) -> str | None:
         return f"the view makes {count} images per sample; GPU decode finishes one"
     ops = [op["op"] for op in view["ops"] if op["op"] not in _BATCH_OPS]
     for op in ops:
-        if op not in _GEOMETRIC:
+        if op not in GEOMETRIC:
             return (
                 f"{op} is not geometric (GPU decode finishes crops, flips and one resize; the other ops run on the CPU)"
             )
-    if sum(op in ("resize", "random_resized_crop") for op in ops) > 1:
+    if sum(op in RESIZES for op in ops) > 1:
         return "the pipeline resizes twice; GPU decode finishes one resize"
     return None

@@ -13,6 +13,8 @@ Layout:
 - ``nvjpeg``: nvJPEG's batched hardware decoder through ``ctypes``, one call a batch without the GIL.
 - ``finish_kernel``: the Triton finishing kernel (else ``hybrid``'s batched matrix products).
 - ``chroma_kernel``: the Triton kernels that rebuild interpolated chroma after ``nvjpeg``.
+- ``ops``: the per-image ops after the geometric prefix (colour, tone, blur, the policies' warps),
+  applied to a batch from the server's draws in a table grouped by step and kind.
 
 Imports: these modules import the standard library, numpy, torch and the GPU libraries, one
 another and ``ringfeed._errors``; they work on the arrays and tensors they are handed (a slot's

@@ -64,9 +64,13 @@ KINDS = (
 )
 
 #: Ops of a view's op list that the geometric prefix (the decode and the finishing kernel) does
-#: when they lead it, and that have no kernel here after it (they change the image's size).
-GEOMETRIC = ("random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip")
-_RESIZES = ("random_resized_crop", "resize")
+#: when they lead it, and that have no kernel here after it (they change the image's size): the
+#: client's one list of them (``_images`` checks hybrid pipelines against it too).
+GEOMETRIC = frozenset(
+    ("random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip")
+)
+#: The geometric prefix resizes at most once.
+RESIZES = frozenset(("random_resized_crop", "resize"))
 #: Ops with a kernel: every per-image op but the sized geometric ones (each draw they make is in the
 #: trace; the rest comes from the op list).
 _COLOUR = ("color_jitter", "grayscale", "adjust_sharpness", "gaussian_blur")
@@ -93,9 +97,10 @@ class TraceMismatchError(ValueError):
     """A sample's trace does not follow the view's op list."""
 
 
-def _fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
-    """How many leading ops of a view the geometric prefix takes (``crates/ops/src/plan.rs``):
-    the leading geometric ops, up to a second resize. The server's plan can stop earlier for some
+def fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
+    """How many leading ops of a view's op list (``views[i].ops`` of the pipeline's JSON) the
+    geometric prefix does (decode, crop, resize, flips; ``crates/ops/src/plan.rs``): the leading
+    geometric ops, up to a second resize; the rest are this module's. The server's plan can stop earlier for some
     draws (a resize of a padded window); their samples then meet a sized op in the tail, which
     :meth:`OpTable.from_traces` refuses with :class:`NoKernelError`."""
     resized = False
@@ -103,17 +108,11 @@ def _fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
         name = op["op"]
         if name not in GEOMETRIC:
             return k
-        if name in _RESIZES:
+        if name in RESIZES:
             if resized:
                 return k
             resized = True
     return len(ops)
-
-
-def fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
-    """How many leading ops of a view's op list (``views[i].ops`` of the pipeline's JSON) the
-    geometric prefix does (decode, crop, resize, flips); the rest are this module's."""
-    return _fused_prefix(ops)
 
 
 def without_kernel(ops: Sequence[dict[str, Any]]) -> str | None:
@@ -132,13 +131,13 @@ def without_kernel(ops: Sequence[dict[str, Any]]) -> str | None:
                     return inner
         return None
 
-    return first(list(ops)[_fused_prefix(ops) :])
+    return first(list(ops)[fused_prefix(ops) :])
 
 
 def split_trace(ops: Sequence[dict[str, Any]], trace: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The entries of a sample's trace (as ``ringfeed ops`` prints it) that belong to the ops after
     the geometric prefix: each prefix op records exactly one entry."""
-    n = _fused_prefix(ops)
+    n = fused_prefix(ops)
     head = [e["op"] for e in trace[:n]]
     want = [o["op"] for o in ops[:n]]
     if head != want:

@@ -112,7 +112,7 @@ pub(crate) fn run_pack(mut a: PackArgs) -> Result<ExitCode> {
     };
     // `pack SRC s3://...`: packs into a temporary directory, then uploads it (index last).
     let upload = Upload::start(&a.remote, url, a.force)?;
-    a.out = upload.local().to_owned();
+    a.out = upload.local();
     a.force = false;
     let code = run_pack_local(a)?;
     if code != ExitCode::SUCCESS {

@@ -81,9 +81,8 @@ pub(crate) fn remote_url(p: &Path) -> Result<Option<RemoteUrl>> {
 pub(crate) struct Upload {
     store: ringfeed_remote::Store,
     url: RemoteUrl,
-    local: PathBuf,
-    /// Removed with the upload.
-    _tmp: TempDir,
+    /// Holds the packed dataset ([`Upload::local`]); removed with the upload.
+    tmp: TempDir,
 }
 
 impl Upload {
@@ -94,22 +93,16 @@ impl Upload {
             bail!("{url} already holds a dataset (its {file}); pass --force to replace it");
         }
         let tmp = TempDir::new("pack")?;
-        let local = tmp.0.join("dataset");
-        Ok(Upload {
-            store,
-            url,
-            local,
-            _tmp: tmp,
-        })
+        Ok(Upload { store, url, tmp })
     }
 
     /// Where to pack the dataset before it is uploaded.
-    pub(crate) fn local(&self) -> &Path {
-        &self.local
+    pub(crate) fn local(&self) -> PathBuf {
+        self.tmp.0.join("dataset")
     }
 
     pub(crate) fn finish(self) -> Result<()> {
-        let (files, bytes) = ringfeed_pack::remote::upload(&self.store, &self.local, &self.url)?;
+        let (files, bytes) = ringfeed_pack::remote::upload(&self.store, &self.local(), &self.url)?;
         println!("uploaded {files} files, {:.1} MB, to {}", bytes as f64 / 1e6, self.url);
         Ok(())
     }

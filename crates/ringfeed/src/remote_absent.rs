@@ -2,7 +2,7 @@
 //! `RemoteUrl` can exist, so the subcommands' remote halves cannot be reached, and an `s3://`
 //! argument is refused with an error that names the feature.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use ringfeed_format::shard::{VerifyOptions, VerifyReport};
@@ -40,7 +40,7 @@ impl Upload {
     pub(crate) fn start(_: &RemoteArgs, url: RemoteUrl, _: bool) -> Result<Upload> {
         match url {}
     }
-    pub(crate) fn local(&self) -> &Path {
+    pub(crate) fn local(&self) -> PathBuf {
         match self.0 {}
     }
     pub(crate) fn finish(self) -> Result<()> {

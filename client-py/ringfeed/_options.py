@@ -431,12 +431,23 @@ def dataset_path(path: str | os.PathLike[str]) -> str:
     """What ``open.dataset`` carries: a local path made absolute, or a remote URL unchanged.
 
     Absolute without resolving symlinks: what the user named is sent. A remote dataset
-    (``s3://bucket/prefix``, protocol 1.3) is fetched by the server with its own credentials
-    (docs/remote.md).
+    (``s3://bucket/prefix``, protocol 1.3 for images, 1.7 for tokens) is fetched by the server
+    with its own credentials (docs/remote.md); its URL is checked here as the server checks it (a
+    bucket, no ``.`` or ``..`` in the prefix), so a malformed one is a ``ValueError`` naming it
+    rather than a path folded into the working directory.
     """
     p = os.fspath(path)
-    if isinstance(p, str) and p.startswith(REMOTE_SCHEME):
-        return p
+    if isinstance(p, str) and p.startswith("s3:"):
+        bucket, _, prefix = p[len(REMOTE_SCHEME) :].partition("/")
+        if not p.startswith(REMOTE_SCHEME):
+            why = "expected s3://bucket/prefix (a pathlib.Path collapses the //: pass the URL as a str)"
+        elif not bucket:
+            why = "it names no bucket (expected s3://bucket/prefix)"
+        elif any(c in (".", "..") for c in prefix.strip("/").split("/")):
+            why = "`.` and `..` are not allowed in the prefix"
+        else:
+            return p
+        raise ValueError(f"path {p!r} is not a usable dataset URL: {why}")
     return os.path.abspath(p)  # noqa: PTH100
 
 

@@ -281,39 +281,19 @@ def flatten_cu_seqlens(per_window: Any, seq_len: int) -> Any:
 
 def _check_mix(path: Any) -> list[tuple[str, float]]:
     """``[(dataset, weight)]``: one dataset (weight 1), or a mapping's entries in order; each
-    dataset an absolute path or an ``s3://`` URL (``_dataset``)."""
+    dataset an absolute path or an ``s3://`` URL (``_options.dataset_path``)."""
     if not isinstance(path, Mapping):
-        return [(_dataset(path), 1.0)]
+        return [(dataset_path(path), 1.0)]
     if not path:
         raise ValueError("path: a mix needs at least one dataset")
     out = []
     for p, w in path.items():
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
             raise ValueError(f"path: the weight of {os.fspath(p)!r} must be a positive number, got {w!r}")
-        out.append((_dataset(p), float(w)))
+        out.append((dataset_path(p), float(w)))
     if len({p for p, _ in out}) != len(out):
         raise ValueError("path: a mix names a dataset twice")
     return out
-
-
-def _dataset(path: Any) -> str:
-    """What ``open`` carries for one token dataset: a local path made absolute, or (protocol 1.7)
-    an ``s3://bucket/prefix`` URL unchanged (``_options.dataset_path``), checked here as the
-    server checks it (a bucket, no ``.`` or ``..`` in the prefix), so a malformed URL is a
-    ``ValueError`` naming it instead of a path folded into the working directory."""
-    p = os.fspath(path)
-    if isinstance(p, str) and p.startswith("s3:"):
-        bucket, _, prefix = p[len(REMOTE_SCHEME) :].partition("/")
-        if not p.startswith(REMOTE_SCHEME):
-            why = "expected s3://bucket/prefix (a pathlib.Path collapses the //: pass the URL as a str)"
-        elif not bucket:
-            why = "it names no bucket (expected s3://bucket/prefix)"
-        elif any(c in (".", "..") for c in prefix.strip("/").split("/")):
-            why = "`.` and `..` are not allowed in the prefix"
-        else:
-            return p
-        raise ValueError(f"path {p!r} is not a usable dataset URL: {why}")
-    return dataset_path(p)
 
 
 def _check_token_fields(fields: Sequence[str] | None) -> tuple[str, ...]:

@@ -245,6 +245,9 @@ def test_remote_token_errors_name_the_url(fs_store: S3Server, local: Path, sidec
     for bad in ["s3:///tok", f"s3://{BUCKET}/../tok", Path(URL)]:
         with pytest.raises(ValueError, match="not a usable dataset URL"):
             ringfeed.TokenLoader(bad, 4, SEQ, server=ringfeed.Server(socket=sc.socket))
+        # The image Loader checks its URL the same way (one function, `_options.dataset_path`).
+        with pytest.raises(ValueError, match="not a usable dataset URL"):
+            ringfeed.Loader(bad, 4, ringfeed.CenterCrop(8), server=ringfeed.Server(socket=sc.socket))
 
 
 def test_a_slow_download_keeps_the_client_waiting_with_opening_progress(

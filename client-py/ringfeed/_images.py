@@ -130,6 +130,17 @@ class ImageBatches(BatchMaker):
             self.gpu_share = False
             self.gpu_decode_reason = f"the server speaks protocol {major}.{minor}; hybrid decode needs 1.3"
             log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
+        if self.gpu_share is not False and server_protocol < (1, 8) and o.views is not None:
+            from .gpu.ops import needs_steps
+
+            if needs_steps(o.views.to_json()):
+                # control.md, 1.8: an older server finishes only the geometry on the GPU.
+                major, minor = server_protocol
+                self.gpu_share = False
+                self.gpu_decode_reason = (
+                    f"the server speaks protocol {major}.{minor}; GPU decode of per-image ops needs 1.8"
+                )
+                log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
         if self.gpu_share is not False:
             gpu: dict[str, Any] = {"share": self.gpu_share}
             if o.gpu_bytes is not None:
@@ -271,7 +282,12 @@ class ImageBatches(BatchMaker):
         assert segment is not None
         jobs, arena = self._gpu_inputs(st, slot, header)
         index = segment.view(slot, "index")[: header.count] if "index" in segment.fields else None
-        return _Finish(self, jobs, arena, header, index, pending)
+        ops = None
+        if "gpu_ops" in segment.fields:
+            # 1.8: the steps after the geometry (ring.md, "gpu_ops"), read on the host.
+            v = segment.view(slot, "gpu_ops")[: header.count]
+            ops = v.numpy() if hasattr(v, "numpy") else v
+        return _Finish(self, jobs, arena, header, index, pending, ops)
 
     def take_ahead(self) -> tuple[int, Any, Any] | None:
         return self.ahead.popleft() if self.ahead else None
@@ -331,9 +347,11 @@ class _SampleDecodeError(ServerError):
 class _Finish:
     """Finishes one batch's GPU samples (hybrid decode) into its image tensor, then applies ``on_error``."""
 
-    def __init__(self, kind: ImageBatches, jobs: Any, arena: Any, header: Any, index: Any, pending: Any = None) -> None:
+    def __init__(
+        self, kind: ImageBatches, jobs: Any, arena: Any, header: Any, index: Any, pending: Any = None, ops: Any = None
+    ) -> None:
         self.kind, self.jobs, self.arena, self.header, self.index = kind, jobs, arena, header, index
-        self.pending = pending
+        self.pending, self.ops = pending, ops
         self.skipped = 0
 
     def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
@@ -343,7 +361,7 @@ class _Finish:
         assert kind.opts.views is not None
         (name,) = kind.opts.views.views
         try:
-            kind.finisher(self.jobs, self.arena, out[name], stream, self.pending)
+            kind.finisher(self.jobs, self.arena, out[name], stream, self.pending, self.ops)
             return out
         except DecodeError as e:
             failed = e.failed
@@ -510,25 +528,10 @@ def _gpu_pipeline_problem(views: Views | None) -> str | None:
     return gpu_pipeline_doc_problem(views.to_json())
 
 
-def gpu_pipeline_doc_problem(doc: dict[str, Any]) -> str | None:
+def gpu_pipeline_doc_problem(doc: dict[str, Any], per_image: bool = True) -> str | None:
     """The same for a pipeline as the wire carries it (control.md, ``open.pipeline``): the
     server's rule (``ops::gpu::finishable``), whose verdicts ``proto/vectors/control/hybrid.json``
-    pins for both sides."""
-    from .gpu.ops import GEOMETRIC, RESIZES  # numpy only: no torch here
+    pins for both sides; ``per_image``: a 1.8 server's (per-image ops after the geometry)."""
+    from .gpu.ops import pipeline_problem  # numpy only: no torch here
 
-    views = doc["views"]
-    if len(views) != 1:
-        return f"the pipeline has {len(views)} views; GPU decode finishes one"
-    (view,) = views
-    count = view.get("count", 1)
-    if count != 1:
-        return f"the view makes {count} images per sample; GPU decode finishes one"
-    ops = [op["op"] for op in view["ops"] if op["op"] not in _BATCH_OPS]
-    for op in ops:
-        if op not in GEOMETRIC:
-            return (
-                f"{op} is not geometric (GPU decode finishes crops, flips and one resize; the other ops run on the CPU)"
-            )
-    if sum(op in RESIZES for op in ops) > 1:
-        return "the pipeline resizes twice; GPU decode finishes one resize"
-    return None
+    return pipeline_problem(doc, per_image)

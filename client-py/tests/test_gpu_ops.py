@@ -1,13 +1,15 @@
-"""The per-image GPU ops (``ringfeed.gpu.ops``) against the server's CPU ops on the same pixels and
-the same draws.
+"""The per-image GPU steps (``ringfeed.gpu.ops``) against the server's CPU ops on the same pixels
+and the same draws.
 
 The server runs a pipeline through ``ringfeed ops`` (its own ``Processor``), which prints every
-sample's draws; the same command run on the pipeline's geometric prefix alone gives each sample's
-pixels before the ops (the crop is drawn first, so it is the same crop). The GPU ops replay the
-draws on those pixels, batched, and must give the server's bytes: exactly for the integer-valued
-ops (the ones exact against torchvision: invert, solarize, posterize, autocontrast, equalize,
-grayscale, flips), PSNR >= 40 dB for the rest. Inputs are PNGs, so the decoded pixels are exact.
-Runs on the CPU (CI has no GPU) and on a CUDA device where there is one.
+sample's draws and the ``gpu_ops`` records a GPU sample would carry (ring.md, control 1.8: the
+tail's steps, lowered by the same code the server's CPU path runs); the same command run on the
+pipeline's geometric prefix alone gives each sample's pixels before the steps (the crop is drawn
+first, so it is the same crop). The GPU kernels run the records on those pixels, batched, and
+must give the server's bytes: exactly for the integer-valued kinds (the ones exact against
+torchvision: invert, solarize, posterize, autocontrast, equalize, grayscale, remaps), PSNR >= 40
+dB for the rest. Inputs are PNGs, so the decoded pixels are exact. Runs on the CPU (CI has no
+GPU) and on a CUDA device where there is one.
 """
 
 from __future__ import annotations
@@ -79,32 +81,44 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
+def records_of(lines: list[dict[str, Any]]) -> np.ndarray:
+    """The ``gpu_ops`` records of ``ringfeed ops``'s lines, ``[count, S, 16]`` (S: the most steps
+    any sample drew, at least 1; zeros after each sample's steps, as the ring holds them)."""
+    recs = [line["gpu_ops"] for line in lines]
+    assert all(r is not None for r in recs), "every sample's geometry is the GPU's"
+    s = max(1, *(len(r) for r in recs))
+    out = np.zeros((len(recs), s, gops.RECORD_INTS), dtype=np.int32)
+    for i, r in enumerate(recs):
+        if r:
+            out[i, : len(r)] = np.array(r, dtype=np.int64).astype(np.int32)
+    return out
+
+
 def replay(
     image: Path, ops: list[dict[str, Any]], size: tuple[int, int], device: str, count: int = 16, seed: int = 0
-) -> tuple[list[dict[str, Any]], gops.OpTable, list[list[gops.Step]], np.ndarray, np.ndarray]:
+) -> tuple[list[dict[str, Any]], gops.OpTable, list[list[str]], np.ndarray, np.ndarray]:
     """Runs ``ops`` on the server and its prefix on the server, then the rest on the GPU path from
-    the server's draws. Returns the draws, the table, each sample's steps, the GPU's and the
-    server's images (``[count, H*W*3]``)."""
-    p = gops.fused_prefix(ops)
+    the server's records. Returns the lines, the table, each sample's step kinds, the GPU's and
+    the server's images (``[count, H*W*3]``)."""
+    p = gops.prefix_len(ops)
     want, lines = run_ops(image, ops, count, seed)
     pre, _ = run_ops(image, ops[:p], count, seed)
-    tails = [gops.split_trace(ops, line["trace"]) for line in lines]
-    steps = [gops.steps_of(ops[p:], t, size, i) for i, t in enumerate(tails)]
-    table = gops.OpTable.from_traces(tails, ops[p:], size, device=device)
+    recs = records_of(lines)
+    kinds = [[gops.KIND_CODES[int(c)] for c in r[:, 0] if c] for r in recs]
+    table = gops.OpTable.from_records(recs, size, device=device)
     x = torch.from_numpy(pre.reshape(count, *size, 3).copy()).to(device)
     gops.apply(x, table)
-    return lines, table, steps, x.cpu().numpy().reshape(count, -1), want
+    return lines, table, kinds, x.cpu().numpy().reshape(count, -1), want
 
 
-def check(steps: list[list[gops.Step]], got: np.ndarray, want: np.ndarray) -> float:
+def check(kinds: list[list[str]], got: np.ndarray, want: np.ndarray) -> float:
     """Each sample exact where all its steps are exact kinds, else PSNR >= 40 dB; the least PSNR."""
     least = math.inf
-    for i, s in enumerate(steps):
-        kinds = {st.kind for st in s}
-        if kinds <= EXACT:
-            assert np.array_equal(got[i], want[i]), f"sample {i} ({sorted(kinds)}) differs from the server"
+    for i, k in enumerate(kinds):
+        if set(k) <= EXACT:
+            assert np.array_equal(got[i], want[i]), f"sample {i} ({sorted(k)}) differs from the server"
         q = psnr(got[i], want[i])
-        assert q >= 40.0, f"sample {i} ({[st.kind for st in s]}): PSNR {q:.1f} dB"
+        assert q >= 40.0, f"sample {i} ({k}): PSNR {q:.1f} dB"
         least = min(least, q)
     return least
 
@@ -220,9 +234,8 @@ def test_nchw_and_rows(png: Path, device: str) -> None:
     ops = [IDENTITY, {"op": "trivial_augment_wide"}, {"op": "gaussian_blur", "kernel_size": [3]}]
     lines, _, _, got, _ = replay(png, ops, (53, 67), device, count=8)
     pre, _ = run_ops(png, [IDENTITY], 8, 0)
-    tails = [gops.split_trace(ops, line["trace"]) for line in lines]
     rows = [1, 3, 5, 7, 9, 11, 13, 15]
-    table = gops.OpTable.from_traces(tails, ops[1:], (53, 67), rows=rows, device=device)
+    table = gops.OpTable.from_records(records_of(lines), (53, 67), rows=rows, device=device)
     batch = torch.zeros(16, 53, 67, 3, dtype=torch.uint8)
     batch[rows] = torch.from_numpy(pre.reshape(8, 53, 67, 3))
     nchw = batch.permute(0, 3, 1, 2).contiguous().to(device)
@@ -277,31 +290,59 @@ def test_launches_do_not_grow_with_the_batch(png: Path, recipe: str) -> None:
     samples: the same draws four times over (a batch of 512 for 128) launch as many."""
     ops = [{"op": "random_resized_crop", "size": [32, 32]}, *RECIPES[recipe]]
     _, lines = run_ops(png, ops, 128, 1)
-    tails = [gops.split_trace(ops, line["trace"]) for line in lines]
-    small = gops.OpTable.from_traces(tails, ops[1:], (32, 32))
-    large = gops.OpTable.from_traces(tails * 4, ops[1:], (32, 32))
+    recs = records_of(lines)
+    small = gops.OpTable.from_records(recs, (32, 32))
+    large = gops.OpTable.from_records(np.concatenate([recs] * 4), (32, 32))
     n = launches(small, 128, (32, 32))
     assert n > 0
     assert launches(large, 512, (32, 32)) == n
-    groups = sum(len(s) for s in small.steps)
-    print(f"{recipe}: {len(small.steps)} steps, {groups} groups, {n} launches per batch")
+    print(f"{recipe}: {len(small.steps)} steps, {small.groups()} groups, {n} launches per batch")
 
 
-def test_ops_without_a_kernel_are_named() -> None:
-    """A crop or resize after a per-image op has no kernel: ``without_kernel`` names it (for
-    ``gpu_decode_reason``), and building a table with it raises :class:`NoKernelError`."""
+def test_records_match_the_vectors() -> None:
+    """The client reads the spec's ``gpu_ops`` vectors (written by the server's code) as the
+    server wrote them: each kind's code and name, its argument and its float32 parameters."""
+    vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/ring/gpu_ops.json").read_text())
+    assert vectors["record_ints"] == gops.RECORD_INTS
+    assert vectors["max_steps"] == gops.MAX_STEPS
+    assert {k["code"]: k["name"] for k in vectors["kinds"]} == gops.KIND_CODES
+    recs = np.array([c["record"] for c in vectors["steps"]], dtype=np.int64).astype(np.int32)
+    params = recs[:, 2:].view(np.float32)
+    for case, r, p in zip(vectors["steps"], recs, params, strict=True):
+        assert gops.KIND_CODES[int(r[0])] == case["kind"], case["step"]
+        assert int(r[1]) == case["arg"], case["step"]
+        assert [float(v) for v in p] == case["params"], case["step"]
+    # Each record runs on an image of the vectors' size (every kind has a kernel).
+    w, h = vectors["size"]
+    table = gops.OpTable.from_records(recs[:, None, :], (h, w))
+    assert table.kinds() == set(gops.KIND_CODES.values())
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (len(recs), h, w, 3), dtype=np.uint8))
+    gops.apply(x, table)
+
+
+def test_a_record_of_an_unknown_kind_is_refused() -> None:
+    """A kind this client does not know (a newer server's) is an error naming it and the step, not
+    a sample left unfinished."""
+    recs = np.zeros((3, 2, gops.RECORD_INTS), dtype=np.int32)
+    recs[:, 0, 0] = 7  # invert
+    recs[1, 1, 0] = 99
+    with pytest.raises(ValueError, match="step 1 has kind 99"):
+        gops.OpTable.from_records(recs, (8, 8))
+    with pytest.raises(ValueError, match=r"\[n, S, 16\]"):
+        gops.OpTable.from_records(recs[:, :, :8], (8, 8))
+
+
+def test_ops_that_change_the_size_after_a_per_image_op_are_named() -> None:
+    """The client's eligibility rule names the first op that has no step (for
+    ``gpu_decode_reason``): a crop or resize after a per-image op, inside a container too."""
     rrc = {"op": "random_resized_crop", "size": [32, 32]}
-    assert gops.without_kernel([rrc, {"op": "horizontal_flip"}, {"op": "trivial_augment_wide"}]) is None
-    assert gops.without_kernel([rrc, {"op": "resize", "size": [16]}]) == "resize"
-    late = [rrc, {"op": "invert"}, {"op": "random_apply", "ops": [{"op": "center_crop", "size": [8]}]}]
-    assert gops.without_kernel(late) == "center_crop"
-    with pytest.raises(gops.NoKernelError, match="center_crop"):
-        gops.steps_of([{"op": "center_crop", "size": [8]}], [{"op": "center_crop", "top": 0, "left": 0}], (32, 32))
 
+    def why(*ops: dict[str, Any]) -> str | None:
+        return gops.pipeline_problem({"views": [{"ops": list(ops)}]})
 
-def test_a_trace_that_does_not_follow_the_ops_is_refused() -> None:
-    """A trace out of step with the op list is an error naming the sample and the entry."""
-    with pytest.raises(gops.TraceMismatchError, match="sample 4: trace entry 0 is 'equalize'"):
-        gops.steps_of([{"op": "invert"}], [{"op": "equalize", "apply": True}], (8, 8), 4)
-    with pytest.raises(gops.TraceMismatchError, match="left after"):
-        gops.steps_of([{"op": "invert"}], [{"op": "invert", "apply": True}] * 2, (8, 8))
+    assert why(rrc, {"op": "horizontal_flip"}, {"op": "trivial_augment_wide"}) is None
+    assert "resizes twice" in str(why(rrc, {"op": "resize", "size": [16]}))
+    late = why(rrc, {"op": "invert"}, {"op": "random_apply", "ops": [{"op": "center_crop", "size": [8]}]})
+    assert late is not None
+    assert late.startswith("center_crop changes the image's size"), late
+    assert "not geometric" in str(gops.pipeline_problem({"views": [{"ops": [rrc, {"op": "invert"}]}]}, False))

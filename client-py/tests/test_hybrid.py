@@ -91,9 +91,20 @@ def test_finishable_pipelines_match_the_server() -> None:
     cases = vectors["finishable"]
     assert any(c["finishable"] for c in cases)
     assert not all(c["finishable"] for c in cases)
+    assert any(c["finishable"] and not c["finishable_1_7"] for c in cases), "1.8 finishes more"
     for case in cases:
         why = _images.gpu_pipeline_doc_problem(case["pipeline"])
         assert (why is None) == case["finishable"], (case, why)
+        before = _images.gpu_pipeline_doc_problem(case["pipeline"], per_image=False)
+        assert (before is None) == case["finishable_1_7"], (case, before)
+        if case["finishable"]:
+            from ringfeed.gpu import ops as gops
+
+            # The gpu_ops field's steps per sample (0: no field) is the client's count too.
+            view = case["pipeline"]["views"][0]
+            ops = [o for o in view["ops"] if o["op"] not in gops.BATCH_OPS]
+            steps = max(1, sum(gops.max_steps(o) for o in ops)) if gops.needs_steps(case["pipeline"]) else 0
+            assert steps == case["steps"], case
 
 
 def test_offered_positions_match_the_vectors() -> None:
@@ -216,20 +227,20 @@ def test_gpu_decode_off_says_why(folder: tuple[Path, dict[str, str]], sock: str)
     with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
         assert ld.gpu_decode_reason == "the loader's device is the CPU"
         assert "gpu_samples" not in ld.stats()["server"] or ld.stats()["server"]["gpu_samples"] is None
-    jitter = ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.ColorJitter(0.4)])
+    late = ringfeed.Compose([ringfeed.RandomResizedCrop(40), ringfeed.ColorJitter(0.4), ringfeed.CenterCrop(32)])
     with ringfeed.Loader(
-        root, 6, jitter, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), _gpu_backend="host"
+        root, 6, late, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), _gpu_backend="host"
     ) as ld:
-        assert "color_jitter is not geometric" in (ld.gpu_decode_reason or "")
-    with pytest.raises(ValueError, match="color_jitter is not geometric"):
+        assert "center_crop changes the image's size" in (ld.gpu_decode_reason or "")
+    with pytest.raises(ValueError, match="center_crop changes the image's size"):
         ringfeed.Loader(
-            root, 6, jitter, server=ringfeed.Server(socket=sock, spawn=True), gpu_decode=0.5, _gpu_backend="host"
+            root, 6, late, server=ringfeed.Server(socket=sock, spawn=True), gpu_decode=0.5, _gpu_backend="host"
         )
     with pytest.raises(ValueError, match="gpu_decode must be"):
         ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True), gpu_decode=1.5)
 
 
-def _raw_open(sock: str, members: dict[str, object]) -> dict[str, object]:
+def _raw_open(sock: str, members: dict[str, object], protocol: list[int] | None = None) -> dict[str, object]:
     """Says hello and `open` on a raw connection; returns the server's answer to the `open`."""
     import socket
 
@@ -243,38 +254,91 @@ def _raw_open(sock: str, members: dict[str, object]) -> dict[str, object]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(30)
         s.connect(sock)
-        s.sendall(encode({"type": "hello", "protocol": list(ringfeed.PROTOCOL)}))
+        s.sendall(encode({"type": "hello", "protocol": protocol or list(ringfeed.PROTOCOL)}))
         assert recv(s)["type"] == "welcome"
         s.sendall(encode({"type": "open", **members}))
         return recv(s)
 
 
 def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[str, str]], sock: str) -> None:
-    """`ringfeed serve` answers an `open` with `gpu_decode` for a pipeline with colour ops, or a share
-    out of range, with `bad_request` naming the member and the op."""
+    """`ringfeed serve` answers an `open` with `gpu_decode` for a pipeline with a crop after a colour
+    op (in a 1.8 session), or with colour ops at all (in a 1.7 one), or a share out of range, with
+    `bad_request` naming the member and the op."""
     root, _ = folder
     with ringfeed.Loader(
         root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)
     ):  # starts the sidecar
-        pipeline = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}, {"op": "grayscale", "p": 1.0}]}]}
+        grey = {"op": "grayscale", "p": 1.0}
+        crop = {"op": "center_crop", "size": [24]}
+        pipeline = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}, grey, crop]}]}
         base = {"dataset": str(root), "batch_size": 4, "pipeline": pipeline}
         err = _raw_open(sock, {**base, "gpu_decode": {"share": 0.5}})
         assert err["type"] == "error", err
         assert err["code"] == "bad_request", err
         assert "open.gpu_decode" in str(err["message"]), err
-        assert "grayscale" in str(err["message"]), err
+        assert "center_crop" in str(err["message"]), err
+        assert "changes the image's size" in str(err["message"]), err
+        tail = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}, grey]}]}
+        ok = _raw_open(sock, {**base, "pipeline": tail, "gpu_decode": {"share": 0.5}})
+        assert ok["type"] == "ring", ok
+        old = _raw_open(sock, {**base, "pipeline": tail, "gpu_decode": {"share": 0.5}}, protocol=[1, 7])
+        assert old["type"] == "error", old
+        assert "grayscale" in str(old["message"]), old
+        assert "not geometric" in str(old["message"]), old
         rrc = {"views": [{"ops": [{"op": "random_resized_crop", "size": [32]}]}]}
         err = _raw_open(sock, {**base, "pipeline": rrc, "gpu_decode": {"share": 2.0}})
         assert err["code"] == "bad_request", err
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_the_server_binary_and_the_client_speak_1_7(folder: tuple[Path, dict[str, str]], sock: str) -> None:
-    """The server binary answers the client's hello with its protocol, 1.7 (1.5 brought
-    `stats.gpu_decode_wait_ns`, so the loader reports its wait for GPU decodes)."""
+def test_the_server_binary_and_the_client_speak_1_8(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The server binary answers the client's hello with its protocol, 1.8 (1.8 brought the
+    per-image steps of hybrid decode, ``gpu_ops``)."""
     root, _ = folder
     with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
-        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 7)
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 8)
+
+
+TAILS = {
+    "trivial-augment": ringfeed.Compose(
+        [ringfeed.RandomResizedCrop(32), ringfeed.RandomHorizontalFlip(), ringfeed.TrivialAugmentWide()]
+    ),
+    "rand-augment": ringfeed.Compose([ringfeed.RandomResizedCrop(32), ringfeed.RandAugment(2, 9)]),
+    "jitter-grey-blur": ringfeed.Compose(
+        [
+            ringfeed.RandomResizedCrop(32),
+            ringfeed.ColorJitter(0.4, 0.4, 0.4, 0.1),
+            ringfeed.RandomGrayscale(0.3),
+            ringfeed.GaussianBlur(5, (0.1, 2.0)),
+            ringfeed.RandomHorizontalFlip(),
+        ]
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("name", list(TAILS))
+def test_per_image_ops_run_on_the_gpu_samples_as_the_server_drew_them(
+    folder: tuple[Path, dict[str, str]], sock: str, name: str, layout: str
+) -> None:
+    """With per-image ops after the geometry (1.8), every plain JPEG still goes to the client,
+    which runs the steps the server drew (``gpu_ops``): each sample is within a few levels of the
+    CPU path's (the decoders' IDCTs differ; a step that was not run, or run with other draws,
+    moves a sample by tens of levels), and the labels, indices and crops are the CPU path's."""
+    root, kinds = folder
+    transform = TAILS[name]
+    cpu, _ = _epoch(root, sock, False, transform, layout=layout)
+    gpu, stats = _epoch(root, sock, 1.0, transform, layout=layout)
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
+    assert stats["gpu_samples"] == plain > 0, stats
+    worst = 0.0
+    for a, b in zip(cpu, gpu, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        d = (a["image"].float() - b["image"].float()).abs().flatten(1).mean(1)
+        worst = max(worst, float(d.max()))
+    assert worst < 4.0, f"a sample differs from the CPU path's by {worst:.2f} levels on average"
 
 
 def test_the_wait_for_decodes_started_ahead_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -637,13 +637,21 @@ class Finisher:
         return images, failed, fallbacks
 
     def __call__(
-        self, jobs: np.ndarray, arena: np.ndarray, image: Any, stream: Any = None, pending: Any = None
+        self,
+        jobs: np.ndarray,
+        arena: np.ndarray,
+        image: Any,
+        stream: Any = None,
+        pending: Any = None,
+        ops: np.ndarray | None = None,
     ) -> list[int]:
         """Finishes the GPU samples of a batch into ``image`` (the batch tensor, on the device).
 
         ``jobs`` is the slot's ``gpu_job`` field ``[n, 18]`` (host, int32), ``arena`` its
         ``gpu_bytes`` payload as one flat uint8 array; ``pending``, a :meth:`submit` of the same
-        batch whose decode ran ahead. Returns the batch positions it finished.
+        batch whose decode ran ahead; ``ops``, the slot's ``gpu_ops`` field ``[n, S, 16]`` (1.8),
+        the steps each GPU sample runs after its geometry (:mod:`ringfeed.gpu.ops`). Returns the
+        batch positions it finished.
 
         Raises:
             DecodeError: some samples could not be decoded at all (the others are finished).
@@ -709,6 +717,12 @@ class Finisher:
             for c in range(0, len(ok), step):
                 part = ok[c : c + step]
                 self._finish(rec[part], [images[i] for i in part], image, pos[part])
+        if ok and ops is not None:
+            from . import ops as gops
+
+            rows = pos[ok]
+            table = gops.OpTable.from_records(ops[rows], self.size, rows=rows, device=self.device)
+            gops.apply(image, table, self.layout)
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
             c[0] += len(ok)

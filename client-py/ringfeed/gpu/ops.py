@@ -1,25 +1,21 @@
-"""The per-image ops after a view's geometric prefix, on the device: colour, tone, blur, sharpness,
-flips and the policies' affine warps, applied to a hybrid batch's GPU samples with the parameters
-the server drew (issue 27, item 1).
+"""The per-image steps after a view's geometry, on the device: colour, tone, blur, sharpness,
+flips, quarter turns and the policies' warps, applied to a hybrid batch's GPU samples as the
+server drew them (control.md, "Per-image ops on the GPU (1.8)").
 
-The server stays the one source of randomness: it draws every sample's parameters (its trace,
-the JSON ``ringfeed ops`` prints per sample) and this module only applies them.
-:meth:`OpTable.from_traces` walks each sample's trace along the view's op list (the op list gives
-what the trace leaves out: a solarize threshold, a blur's kernel size, a policy's interpolation and
-fill) and turns it into a list of concrete steps per sample: brightness 1.286, then hue -0.05, then
-a warp by this matrix. Policies (TrivialAugmentWide, RandAugment, AutoAugment) are just the
-sub-ops they drew, ``ColorJitter`` its factors in its drawn order, ``RandomApply`` and
-``RandomChoice`` what they picked.
+The server stays the one source of randomness and of what each op means: it draws every
+sample's parameters and lowers its ops to concrete steps (``crates/ops/src/steps.rs``: brightness
+1.286, then hue -0.05, then a warp by this matrix), which the ring's ``gpu_ops`` field carries as
+16-int32 records (ring.md, "``gpu_ops``"). This module only reads the records and runs them.
 
 **Batched, few launches.** Sample ``i``'s ``k``-th step runs after its ``(k-1)``-th. Steps are
-processed in order; within a step the samples are grouped by what they run (op kind, plus what
-the op list fixes: a blur's kernel size, a warp's interpolation), and each group is one gather
-of its rows, one batched op over them with their parameters in a device table, one scatter
-back. Nothing depends on the batch size but the tables' lengths, so the launches per batch are
-bounded by the pipeline (its steps times the kinds a step can draw), never by the batch; the
-host never waits on the device (no ``.item()``, no data-dependent shapes). The tables are
-uploaded once per batch, in two copies (one ``int64`` and one ``float64`` buffer, sliced into
-views).
+processed in order; within a step the samples are grouped by what they run (the kind, plus what
+fixes the kernel's shape: a blur's kernel sizes, a warp's sampling), and each group is one
+gather of its rows, one batched op over them with their parameters in a device table, one
+scatter back. The grouping reads the records on the host (they are in the ring, which is pinned
+host memory) with a few numpy calls per step, never per sample; the tables go up in two copies
+per batch (one ``int64`` and one ``float64`` buffer, sliced into views). Nothing depends on the
+batch size but the tables' lengths, so the launches per batch are bounded by the pipeline (its
+steps times the kinds a step can draw), never by the batch; the host never waits on the device.
 
 **Layout.** :func:`apply` works on the batch tensor :class:`ringfeed.gpu.hybrid.Finisher`
 writes: uint8 ``[N, H, W, 3]`` (``"NHWC"``) or ``[N, 3, H, W]`` (``"NCHW"``), in place, rows
@@ -27,14 +23,14 @@ given by the table (a batch's GPU samples are some of its rows).
 
 **Arithmetic.** Each kernel is the server's (``crates/ops/src/color.rs``, ``tone.rs``,
 ``blur.rs``, ``affine.rs``), operation for operation in ``f32`` with the same rounding, as
-separate tensor ops (no fused multiply-add): the tone ops are exact integer maps; the colour
-ops, sharpness and the warps reproduce the server's ``f32`` sequence; the blur's two 1-D passes
-are depthwise convolutions, which sum in another order (and in TF32 where cuDNN is allowed it),
-so a sum can round the other way at .5 (the tests hold it to PSNR >= 40 dB against the server,
-as the server is held against torchvision).
+separate tensor ops (no fused multiply-add), from the ``f32`` parameters the record carries: the
+tone ops are exact integer maps; the colour ops, sharpness and the warps reproduce the server's
+``f32`` sequence; the blur's two 1-D passes are depthwise convolutions, which sum in another order
+(and in TF32 where cuDNN is allowed it), so a sum can round the other way at .5 (the tests hold
+it to PSNR >= 40 dB against the server, as the server is held against torchvision).
 
-**Not covered.** A crop or resize after a non-geometric op (it changes the image's size inside
-the tail); :func:`without_kernel` names the first such op of a view, for ``gpu_decode_reason``.
+**Which pipelines.** :func:`pipeline_problem` is the server's rule (``ops::gpu::finishable``),
+whose verdicts ``proto/vectors/control/hybrid.json`` pins for both sides.
 """
 
 from __future__ import annotations
@@ -46,63 +42,62 @@ from typing import Any
 
 import numpy as np
 
-#: Op kinds with a kernel, in the order a step's groups run (any order gives the same result:
-#: each group touches only its own rows).
-KINDS = (
-    "remap",
-    "blend",
-    "hue",
-    "grayscale",
-    "solarize",
-    "posterize",
-    "invert",
-    "autocontrast",
-    "equalize",
-    "sharpness",
-    "blur",
-    "affine",
-)
+#: The record kinds (ring.md, the ``gpu_ops`` table), by code; ``proto/vectors/ring/gpu_ops.json``
+#: pins them. Code 0 ends a sample's steps.
+KIND_CODES = {
+    1: "remap",
+    2: "blend",
+    3: "hue",
+    4: "grayscale",
+    5: "solarize",
+    6: "posterize",
+    7: "invert",
+    8: "autocontrast",
+    9: "equalize",
+    10: "sharpness",
+    11: "blur",
+    12: "affine",
+}
+#: int32 values per record: ``[kind, arg, p0, ..., p13]``.
+RECORD_INTS = 16
+#: The most steps a sample of a view may draw (the field's ``S``).
+MAX_STEPS = 64
 
 #: Ops of a view's op list that the geometric prefix (the decode and the finishing kernel) does
-#: when they lead it, and that have no kernel here after it (they change the image's size): the
-#: client's one list of them (``_images`` checks hybrid pipelines against it too).
+#: when they lead it: the client's one list of them.
 GEOMETRIC = frozenset(
     ("random_resized_crop", "resize", "center_crop", "random_crop", "horizontal_flip", "vertical_flip")
 )
 #: The geometric prefix resizes at most once.
 RESIZES = frozenset(("random_resized_crop", "resize"))
-#: Ops with a kernel: every per-image op but the sized geometric ones (each draw they make is in the
-#: trace; the rest comes from the op list).
-_COLOUR = ("color_jitter", "grayscale", "adjust_sharpness", "gaussian_blur")
-_TONE = ("solarize", "posterize", "autocontrast", "equalize", "invert")
-_POLICIES = ("trivial_augment_wide", "rand_augment", "auto_augment")
-_CONTAINERS = ("random_apply", "random_choice")
-SUPPORTED = frozenset(("horizontal_flip", "vertical_flip", *_COLOUR, *_TONE, *_POLICIES, *_CONTAINERS))
+#: Ops that keep the image's size and lower to steps (``steps::lowers``); containers do when
+#: every op inside them does.
+_LOWERS = frozenset(
+    (
+        "horizontal_flip",
+        "vertical_flip",
+        "color_jitter",
+        "grayscale",
+        "gaussian_blur",
+        "solarize",
+        "posterize",
+        "autocontrast",
+        "equalize",
+        "invert",
+        "adjust_sharpness",
+        "trivial_augment_wide",
+        "rand_augment",
+        "auto_augment",
+    )
+)
+_CONTAINERS = frozenset(("random_apply", "random_choice"))
+#: Ops of a pipeline's JSON that run on the batch, not per image.
+BATCH_OPS = frozenset(("normalize", "random_erasing"))
 
-_F32 = np.float32
-# torchvision's luma weights and the other constants, as the f32 values the server uses (Python
-# floats that are exactly those f32s, so that a tensor op gets them whatever it rounds to).
-_LR, _LG, _LB = (float(_F32(c)) for c in (0.2989, 0.587, 0.114))
-_UNIT = float(_F32(1.0) / _F32(255.0))
-_SIXTH = float(_F32(1.0) / _F32(6.0))
-_TO8 = float(_F32(256.0) - _F32(1e-3))
-_S1, _S5 = float(_F32(1.0) / _F32(13.0)), float(_F32(5.0) / _F32(13.0))
 
-
-class NoKernelError(ValueError):
-    """An op of the pipeline has no GPU kernel: the samples that run it must stay on the host."""
-
-
-class TraceMismatchError(ValueError):
-    """A sample's trace does not follow the view's op list."""
-
-
-def fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
-    """How many leading ops of a view's op list (``views[i].ops`` of the pipeline's JSON) the
-    geometric prefix does (decode, crop, resize, flips; ``crates/ops/src/plan.rs``): the leading
-    geometric ops, up to a second resize; the rest are this module's. The server's plan can stop earlier for some
-    draws (a resize of a padded window); their samples then meet a sized op in the tail, which
-    :meth:`OpTable.from_traces` refuses with :class:`NoKernelError`."""
+def prefix_len(ops: Sequence[dict[str, Any]]) -> int:
+    """How many leading ops the geometric prefix covers (``gpu::prefix_len``): the leading
+    geometric ops, up to a second resize."""
     resized = False
     for k, op in enumerate(ops):
         name = op["op"]
@@ -115,251 +110,74 @@ def fused_prefix(ops: Sequence[dict[str, Any]]) -> int:
     return len(ops)
 
 
-def without_kernel(ops: Sequence[dict[str, Any]]) -> str | None:
-    """The name of the first op of a view (its whole op list, the prefix included) that runs per
-    image and has no GPU kernel, or ``None`` when every op after the prefix has one. For
-    ``gpu_decode_reason``: ``"<name> has no GPU kernel"``."""
+def lowers(op: dict[str, Any]) -> bool:
+    """Whether ``op`` keeps the image's size and lowers to steps (``steps::lowers``)."""
+    name = op["op"]
+    if name in _CONTAINERS:
+        return all(lowers(o) for o in op["ops"])
+    return name in _LOWERS
 
-    def first(tail: Sequence[dict[str, Any]]) -> str | None:
-        for op in tail:
-            name = op["op"]
-            if name not in SUPPORTED:
-                return name
-            if name in _CONTAINERS:
-                inner = first(op["ops"])
-                if inner is not None:
-                    return inner
+
+def max_steps(op: dict[str, Any]) -> int:
+    """The most steps ``op`` can lower to (``steps::max_steps``)."""
+    name = op["op"]
+    if name == "random_apply":
+        return sum(max_steps(o) for o in op["ops"])
+    if name == "random_choice":
+        return max((max_steps(o) for o in op["ops"]), default=0)
+    if name == "color_jitter":
+        return sum(op.get(k) is not None for k in ("brightness", "contrast", "saturation", "hue"))
+    if name == "rand_augment":
+        return int(op.get("num_ops", 2))
+    if name == "auto_augment":
+        return 2
+    return 1 if lowers(op) else 0
+
+
+def pipeline_problem(doc: dict[str, Any], per_image: bool = True) -> str | None:
+    """Why hybrid decode cannot finish the pipeline ``doc`` (as the wire carries it, control.md
+    ``open.pipeline``), or ``None``: the server's rule, with the per-image tail of a 1.8 session
+    when ``per_image``."""
+    views = doc["views"]
+    if len(views) != 1:
+        return f"the pipeline has {len(views)} views; GPU decode finishes one"
+    (view,) = views
+    count = view.get("count", 1)
+    if count != 1:
+        return f"the view makes {count} images per sample; GPU decode finishes one"
+    ops = [op for op in view["ops"] if op["op"] not in BATCH_OPS]
+    p = prefix_len(ops)
+    if p == len(ops):
         return None
-
-    return first(list(ops)[fused_prefix(ops) :])
-
-
-def split_trace(ops: Sequence[dict[str, Any]], trace: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries of a sample's trace (as ``ringfeed ops`` prints it) that belong to the ops after
-    the geometric prefix: each prefix op records exactly one entry."""
-    n = fused_prefix(ops)
-    head = [e["op"] for e in trace[:n]]
-    want = [o["op"] for o in ops[:n]]
-    if head != want:
-        raise TraceMismatchError(f"the trace opens with {head}, the view's prefix is {want}")
-    return list(trace[n:])
-
-
-# -- the steps of one sample ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    """One concrete op on one image: its kind, what the op list fixes (the group key's rest) and
-    its per-image parameters (float64 values; ``f32`` ones exactly)."""
-
-    kind: str
-    static: tuple[Any, ...]
-    params: tuple[float, ...]
-
-
-def _nums(v: Any) -> list[float]:
-    return [float(x) for x in v] if isinstance(v, (list, tuple)) else [float(v)]
-
-
-def _f32(v: float) -> float:
-    return float(_F32(v))
-
-
-#: ``blend`` modes: what the image is blended with.
-_BLEND = {"brightness": 0.0, "contrast": 1.0, "saturation": 2.0}
-
-
-def _blend(kind: str, f: float) -> Step:
-    """Brightness, contrast or saturation, one kind: ``_blend(x, other, f)`` with ``other`` 0, the
-    mean grey or the pixel's grey. The server casts ``f`` and ``1 - f`` (computed in f64) to f32;
-    brightness is ``x·f``, and ``x·f + 0·0`` is the same f32."""
-    return Step("blend", (), (_f32(f), 0.0 if kind == "brightness" else _f32(1.0 - f), _BLEND[kind]))
-
-
-def _kernel1d(k: int, sigma: float) -> list[float]:
-    """torchvision's ``_get_gaussian_kernel1d`` in f32, as ``blur.rs``'s ``kernel1d``."""
-    lim = _F32((k - 1.0) / (2.0 * math.sqrt(2.0)))
-    s = _F32(sigma)
-    step = (_F32(2.0) * lim) / _F32(k - 1.0) if k > 1 else _F32(0.0)
-    half = k // 2
-    xs = [(-lim + step * _F32(i)) if i < half else (lim - step * _F32(k - 1 - i)) for i in range(k)]
-    v = np.array([-((x / s) * (x / s)) for x in xs], dtype=np.float32)
-    e = np.exp(v - v.max()).astype(np.float32)
-    total = _F32(0.0)
-    for t in e:
-        total = _F32(total + t)
-    return [float(t / total) for t in e]
-
-
-def _inverse_matrix(
-    center: tuple[float, float], angle: float, translate: tuple[float, float], shear: tuple[float, float]
-) -> list[float]:
-    """torchvision's ``_get_inverse_affine_matrix`` (scale 1), in f64, as ``affine.rs``."""
-    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
-    (cx, cy), (tx, ty) = center, translate
-    a = math.cos(rot - sy) / math.cos(sy)
-    b = -(a * math.tan(sx) + math.sin(rot))
-    c = math.sin(rot - sy) / math.cos(sy)
-    d = math.cos(rot) - c * math.tan(sx)
-    m = [d, -b, 0.0, -c, a, 0.0]
-    m[2] += cx - m[0] * (cx + tx) - m[1] * (cy + ty)
-    m[5] += cy - m[3] * (cx + tx) - m[4] * (cy + ty)
-    return m
-
-
-def _affine(m: list[float], size: tuple[int, int], interp: str, fill: list[float] | None) -> Step:
-    """A warp by the inverse matrix ``m``: its grid's coefficients in f32 as ``affine.rs`` rescales
-    them, and the fill (the nearest path's fill rounded half to even; 0 and no mask without one)."""
-    h, w = size
-    mf = [_F32(v) for v in m]
-    hw, hh = _F32(0.5) * _F32(w), _F32(0.5) * _F32(h)
-    r = [mf[0] / hw, mf[1] / hw, mf[2] / hw, mf[3] / hh, mf[4] / hh, mf[5] / hh]
-    f = [0.0, 0.0, 0.0] if fill is None else [float(_F32(v)) for v in fill]
-    near = [float(np.round(_F32(v))) for v in f]
-    return Step("affine", (interp,), (*(float(v) for v in r), float(fill is not None), *f, *near))
-
-
-def _remap(code: str, size: tuple[int, int]) -> Step:
-    """A pixel permutation: ``sx = ax·x + bx·y + cx``, ``sy = ay·x + by·y + cy``."""
-    h, w = size
-    coef = {
-        "hflip": (-1, 0, w - 1, 0, 1, 0),
-        "vflip": (1, 0, 0, 0, -1, h - 1),
-        "rot180": (-1, 0, w - 1, 0, -1, h - 1),
-        # torch.rot90 counter-clockwise once (90) or three times (270), on a square image.
-        "rot90": (0, -1, w - 1, 1, 0, 0),
-        "rot270": (0, 1, 0, -1, 0, h - 1),
-    }[code]
-    return Step("remap", (), tuple(float(v) for v in coef))
-
-
-def _policy_steps(aug: str, m: float | None, size: tuple[int, int], interp: str, fill: Any) -> list[Step]:
-    """What a policy's drawn augmentation does (``lib.rs``, ``augment``)."""
-    h, w = size
-    mm = 0.0 if m is None else float(m)
-    fl = None if fill is None else _nums(fill) * (3 if len(_nums(fill)) == 1 else 1)
-    if aug == "Identity":
-        return []
-    if aug in ("ShearX", "ShearY"):
-        deg = math.degrees(math.atan(mm))
-        shear = (deg, 0.0) if aug == "ShearX" else (0.0, deg)
-        return [_affine(_inverse_matrix((-w * 0.5, -h * 0.5), 0.0, (0.0, 0.0), shear), size, interp, fl)]
-    if aug in ("TranslateX", "TranslateY"):
-        t = float(math.trunc(mm))
-        tr = (t, 0.0) if aug == "TranslateX" else (0.0, t)
-        return [_affine(_inverse_matrix((0.0, 0.0), 0.0, tr, (0.0, 0.0)), size, interp, fl)]
-    if aug == "Rotate":
-        angle = math.fmod(mm, 360.0)
-        if angle < 0:
-            angle += 360.0
-        if angle == 0.0:
-            return []
-        if angle == 180.0:
-            return [_remap("rot180", size)]
-        if w == h and angle in (90.0, 270.0):
-            return [_remap("rot90" if angle == 90.0 else "rot270", size)]
-        return [_affine(_inverse_matrix((0.0, 0.0), -angle, (0.0, 0.0), (0.0, 0.0)), size, interp, fl)]
-    if aug == "Brightness":
-        return [_blend("brightness", 1.0 + mm)]
-    if aug == "Color":
-        return [_blend("saturation", 1.0 + mm)]
-    if aug == "Contrast":
-        return [_blend("contrast", 1.0 + mm)]
-    if aug == "Sharpness":
-        return [Step("sharpness", (), (_f32(1.0 - (1.0 + mm)),))]
-    if aug == "Posterize":
-        return [_posterize(int(mm))]
-    if aug == "Solarize":
-        return [Step("solarize", (), (_f32(255.0 * mm),))]
-    if aug in ("AutoContrast", "Equalize", "Invert"):
-        return [Step(aug.lower(), (), ())]
-    raise TraceMismatchError(f"unknown policy augmentation {aug!r}")
-
-
-def _posterize(bits: int) -> Step:
-    mask = 255 if bits >= 8 else (((1 << bits) - 1) << (8 - bits)) & 255
-    return Step("posterize", (), (float(mask),))
-
-
-class _Walk:
-    """Walks one sample's trace along an op list, collecting its steps."""
-
-    def __init__(self, trace: Sequence[dict[str, Any]], size: tuple[int, int], sample: int) -> None:
-        self.trace, self.at, self.size, self.sample = trace, 0, size, sample
-        self.steps: list[Step] = []
-
-    def entry(self, name: str) -> dict[str, Any]:
-        if self.at >= len(self.trace):
-            raise TraceMismatchError(f"sample {self.sample}: the trace ends before op {name!r}")
-        e = self.trace[self.at]
-        if e.get("op") != name:
-            raise TraceMismatchError(
-                f"sample {self.sample}: trace entry {self.at} is {e.get('op')!r}, the op list has {name!r}"
+    first = ops[p]["op"]
+    if first in RESIZES:
+        return "the pipeline resizes twice; GPU decode finishes one resize"
+    if not per_image:
+        return (
+            f"{first} is not geometric (GPU decode finishes crops, flips and one resize; the other ops run on the CPU)"
+        )
+    for op in ops[p:]:
+        if not lowers(op):
+            return (
+                f"{_first_sized(op)} changes the image's size after a per-image op "
+                "(GPU decode runs sized ops only in the leading crops, flips and resize)"
             )
-        self.at += 1
-        return e
-
-    def ops(self, ops: Sequence[dict[str, Any]]) -> None:
-        for op in ops:
-            self.op(op)
-
-    def op(self, op: dict[str, Any]) -> None:
-        name, size = op["op"], self.size
-        if name not in SUPPORTED:
-            raise NoKernelError(f"{name} has no GPU kernel (it changes the image's size after the prefix)")
-        if name in _POLICIES:
-            interp = op.get("interpolation", "nearest")
-            n = {"trivial_augment_wide": 1, "rand_augment": int(op.get("num_ops", 2)), "auto_augment": 2}[name]
-            for _ in range(n):
-                e = self.entry(name)
-                if e.get("apply", True):
-                    self.steps += _policy_steps(e["aug"], e.get("magnitude"), size, interp, op.get("fill"))
-            return
-        e = self.entry(name)
-        if name in ("horizontal_flip", "vertical_flip"):
-            if e["flip"]:
-                self.steps.append(_remap("hflip" if name == "horizontal_flip" else "vflip", size))
-        elif name == "color_jitter":
-            for i in e["order"]:
-                key = ("brightness", "contrast", "saturation", "hue")[i]
-                f = e[key]
-                if f is None:
-                    continue
-                self.steps.append(Step("hue", (), (_f32(f),)) if key == "hue" else _blend(key, f))
-        elif name == "gaussian_blur":
-            k = [int(v) for v in _nums(op["kernel_size"])]
-            kx, ky = (k[0], k[0]) if len(k) == 1 else (k[0], k[1])
-            s = float(e["sigma"])
-            self.steps.append(Step("blur", (kx, ky), (*_kernel1d(kx, s), *_kernel1d(ky, s))))
-        elif name == "random_apply":
-            if e["apply"]:
-                self.ops(op["ops"])
-        elif name == "random_choice":
-            self.op(op["ops"][int(e["choice"])])
-        elif e.get("apply"):
-            if name == "grayscale":
-                self.steps.append(Step("grayscale", (), ()))
-            elif name == "solarize":
-                self.steps.append(Step("solarize", (), (_f32(float(op["threshold"])),)))
-            elif name == "posterize":
-                self.steps.append(_posterize(int(op["bits"])))
-            elif name == "adjust_sharpness":
-                self.steps.append(Step("sharpness", (), (_f32(1.0 - float(op["sharpness_factor"])),)))
-            else:
-                self.steps.append(Step(name, (), ()))
+    most = sum(max_steps(op) for op in ops)
+    if most > MAX_STEPS:
+        return f"the view can draw {most} per-image steps per sample; GPU decode finishes at most {MAX_STEPS}"
+    return None
 
 
-def steps_of(
-    ops: Sequence[dict[str, Any]], trace: Sequence[dict[str, Any]], size: tuple[int, int], sample: int = 0
-) -> list[Step]:
-    """The steps one sample runs: ``ops`` is the op list after the prefix, ``trace`` its entries
-    (:func:`split_trace`), ``size`` the image's ``(height, width)``."""
-    w = _Walk(trace, size, sample)
-    w.ops(ops)
-    if w.at != len(trace):
-        raise TraceMismatchError(f"sample {sample}: {len(trace) - w.at} trace entries left after the op list")
-    return w.steps
+def _first_sized(op: dict[str, Any]) -> str:
+    if op["op"] in _CONTAINERS:
+        return next(_first_sized(o) for o in op["ops"] if not lowers(o))
+    return str(op["op"])
+
+
+def needs_steps(doc: dict[str, Any]) -> bool:
+    """Whether the pipeline has per-image ops after its geometry (a ``gpu_ops`` field; 1.8)."""
+    ops = [op for op in doc["views"][0]["ops"] if op["op"] not in BATCH_OPS]
+    return prefix_len(ops) < len(ops)
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -376,83 +194,137 @@ class Group:
     count: int
 
 
+_F32 = np.float32
+# torchvision's luma weights and the other constants, as the f32 values the server uses (Python
+# floats that are exactly those f32s, so that a tensor op gets them whatever it rounds to).
+_LR, _LG, _LB = (float(_F32(c)) for c in (0.2989, 0.587, 0.114))
+_UNIT = float(_F32(1.0) / _F32(255.0))
+_SIXTH = float(_F32(1.0) / _F32(6.0))
+_TO8 = float(_F32(256.0) - _F32(1e-3))
+_S1, _S5 = float(_F32(1.0) / _F32(13.0)), float(_F32(5.0) / _F32(13.0))
+
+
+def gaussian_kernels(k: int, sigma: np.ndarray) -> np.ndarray:
+    """torchvision's ``_get_gaussian_kernel1d`` of size ``k`` for each of ``sigma`` (``[n]``
+    float32), in ``f32`` as ``blur.rs``'s ``kernel1d``: ``[n, k]``."""
+    lim = _F32((k - 1.0) / (2.0 * math.sqrt(2.0)))
+    step = (_F32(2.0) * lim) / _F32(k - 1.0) if k > 1 else _F32(0.0)
+    half = k // 2
+    xs = np.array(
+        [(-lim + step * _F32(i)) if i < half else (lim - step * _F32(k - 1 - i)) for i in range(k)], dtype=_F32
+    )
+    v = xs[None, :] / sigma.astype(_F32)[:, None]
+    v = -(v * v)
+    e = np.exp(v - v.max(axis=1, keepdims=True)).astype(_F32)
+    # The sum in order, in f32, as the server adds.
+    total = np.cumsum(e, axis=1, dtype=_F32)[:, -1:]
+    return (e / total).astype(_F32)
+
+
+def _params(kind: str, arg: np.ndarray, p: np.ndarray) -> dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]]:
+    """One step's group of ``kind`` (its records' ``arg`` ``[m]`` and f32 parameters ``[m, 14]``),
+    split by what fixes the kernel's shape: ``{static: (which of the m, kernel params [.., w])}``."""
+    every = np.arange(len(arg))
+    if kind == "blend":
+        return {(): (every, np.concatenate([p[:, :2], arg[:, None].astype(_F32)], axis=1))}
+    if kind == "remap":
+        return {(): (every, p[:, :6])}
+    if kind in ("hue", "solarize", "posterize", "sharpness"):
+        return {(): (every, p[:, :1])}
+    if kind == "blur":
+        out = {}
+        for a in np.unique(arg):
+            sel = np.nonzero(arg == a)[0]
+            kx, ky = int(a) & 0xFFFF, int(a) >> 16
+            out[(kx, ky)] = (sel, np.concatenate([gaussian_kernels(kx, p[sel, 0]), gaussian_kernels(ky, p[sel, 1])], 1))
+        return out
+    if kind == "affine":
+        out = {}
+        for a in np.unique(arg):
+            sel = np.nonzero(arg == a)[0]
+            q = p[sel]
+            # The nearest path's fill, rounded half to even (numpy's round is).
+            out[("bilinear" if a == 1 else "nearest",)] = (sel, np.concatenate([q[:, :10], np.round(q[:, 7:10])], 1))
+        return out
+    return {(): (every, np.zeros((len(arg), 1), dtype=_F32))}
+
+
 @dataclass
 class OpTable:
-    """A batch's per-image ops: for each step, its groups (:class:`Group`), in :data:`KINDS`
-    order. Built on the host from the server's draws; :func:`apply` runs it."""
+    """A batch's per-image steps: for each step, its groups (:class:`Group`), in kind order.
+    Built on the host from the ring's ``gpu_ops`` records; :func:`apply` runs it."""
 
     size: tuple[int, int]
     steps: list[list[Group]] = field(default_factory=list)
 
     @classmethod
-    def from_traces(
+    def from_records(
         cls,
-        traces: Sequence[Sequence[dict[str, Any]]],
-        ops: Sequence[dict[str, Any]],
+        records: np.ndarray,
         size: tuple[int, int],
         *,
-        rows: Sequence[int] | None = None,
+        rows: Sequence[int] | np.ndarray | None = None,
         device: Any = "cpu",
     ) -> OpTable:
-        """The table of a batch's samples: ``traces[i]`` is sample ``i``'s trace entries after the
-        prefix (:func:`split_trace`), ``ops`` the view's op list after the prefix, ``size`` the
-        images' ``(height, width)``, ``rows[i]`` the batch row sample ``i`` is in (default ``i``).
+        """The table of samples whose ``gpu_ops`` records are ``records`` (int32 ``[n, S, 16]``),
+        in batch rows ``rows`` (default ``0 .. n``), for images of ``size`` ``(height, width)``.
 
         Raises:
-            NoKernelError: an op after the prefix has no kernel (:func:`without_kernel`).
-            TraceMismatchError: a trace does not follow ``ops``.
+            ValueError: a record of an unknown kind (a newer server's), naming it.
         """
-        return cls.from_steps([steps_of(ops, t, size, i) for i, t in enumerate(traces)], size, rows=rows, device=device)
-
-    @classmethod
-    def from_steps(
-        cls,
-        steps: Sequence[Sequence[Step]],
-        size: tuple[int, int],
-        *,
-        rows: Sequence[int] | None = None,
-        device: Any = "cpu",
-    ) -> OpTable:
-        """The table of samples given by their steps (:func:`steps_of`)."""
         import torch
 
-        rows = list(range(len(steps))) if rows is None else [int(r) for r in rows]
-        depth = max((len(s) for s in steps), default=0)
-        plan: list[list[tuple[str, tuple[Any, ...], list[int], list[tuple[float, ...]]]]] = []
-        for k in range(depth):
-            groups: dict[tuple[str, tuple[Any, ...]], tuple[list[int], list[tuple[float, ...]]]] = {}
-            for i, s in enumerate(steps):
-                if k < len(s):
-                    g = groups.setdefault((s[k].kind, s[k].static), ([], []))
-                    g[0].append(rows[i])
-                    g[1].append(s[k].params)
-            order = sorted(groups, key=lambda key: (KINDS.index(key[0]), str(key[1])))
-            plan.append([(kind, static, *groups[(kind, static)]) for kind, static in order])
+        recs = np.ascontiguousarray(records, dtype=np.int32)
+        if recs.ndim != 3 or recs.shape[2] != RECORD_INTS:
+            raise ValueError(f"gpu_ops records must be [n, S, {RECORD_INTS}] int32, got {recs.shape}")
+        n = recs.shape[0]
+        rows_np = np.arange(n, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        flts = recs[:, :, 2:].view(_F32)
+        plan: list[list[tuple[str, tuple[Any, ...], np.ndarray, np.ndarray]]] = []
+        for k in range(recs.shape[1]):
+            kinds = recs[:, k, 0]
+            if not kinds.any():
+                break
+            step = []
+            for code in np.unique(kinds):
+                if code == 0:
+                    continue
+                kind = KIND_CODES.get(int(code))
+                if kind is None:
+                    raise ValueError(f"gpu_ops: step {k} has kind {int(code)}, which this client does not know")
+                sel = np.nonzero(kinds == code)[0]
+                for static, (which, params) in _params(kind, recs[sel, k, 1], flts[sel, k]).items():
+                    step.append((kind, static, rows_np[sel[which]], params.astype(np.float64)))
+            plan.append(step)
         # Two uploads for the whole batch: every group's rows, every group's parameters.
-        ints = np.array([r for step in plan for g in step for r in g[2]], dtype=np.int64)
-        flts = np.array([v for step in plan for g in step for p in g[3] for v in p], dtype=np.float64)
+        groups = [g for step in plan for g in step]
+        ints = np.concatenate([g[2] for g in groups]) if groups else np.zeros(0, np.int64)
+        flat = np.concatenate([g[3].ravel() for g in groups]) if groups else np.zeros(0, np.float64)
         dev = torch.device(device)
 
         def up(a: np.ndarray) -> Any:
-            t = torch.from_numpy(a)
+            t = torch.from_numpy(np.ascontiguousarray(a))
             return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t.to(dev)
 
-        ints_d, flts_d = up(ints), up(flts)
+        ints_d, flts_d = up(ints), up(flat)
         table = cls(size)
         ri = fi = 0
         for step in plan:
             out = []
-            for kind, static, rws, params in step:
-                n, width = len(rws), len(params[0])
-                p = flts_d[fi : fi + n * width].view(n, width)
-                out.append(Group(kind, static, ints_d[ri : ri + n], p, n))
-                ri, fi = ri + n, fi + n * width
+            for kind, static, _, params in step:
+                m, width = params.shape
+                out.append(Group(kind, static, ints_d[ri : ri + m], flts_d[fi : fi + m * width].view(m, width), m))
+                ri, fi = ri + m, fi + m * width
             table.steps.append(out)
         return table
 
     def kinds(self) -> set[str]:
         """The kinds the table runs."""
         return {g.kind for step in self.steps for g in step}
+
+    def groups(self) -> int:
+        """How many groups (each a gather, a kernel, a scatter) the table runs."""
+        return sum(len(s) for s in self.steps)
 
 
 def apply(images: Any, table: OpTable, layout: str = "NHWC") -> Any:

@@ -35,7 +35,7 @@ pub(super) fn inverse_matrix(
 
 /// `_affine_grid`'s scaled matrix `theta^T / [0.5 w, 0.5 h]` in `f32`, and the base grid's
 /// first column and row, `(1 - w) / 2` and `(1 - h) / 2`.
-fn grid(width: u32, height: u32, m: [f64; 6]) -> ([f32; 6], f32, f32) {
+pub(super) fn grid(width: u32, height: u32, m: [f64; 6]) -> ([f32; 6], f32, f32) {
     let (wf, hf) = (width as f32, height as f32);
     let m: [f32; 6] = m.map(|v| v as f32);
     let (hw, hh) = (0.5 * wf, 0.5 * hf);

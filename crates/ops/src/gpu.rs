@@ -5,13 +5,17 @@
 //! sample's parameters from the same generator in the same order as [`Processor::run`] would
 //! (so `crop`, erasing boxes and every later draw agree with a CPU decode of the sample), and
 //! describes the fused geometry as a [`GpuJob`], which the pool writes into the slot beside the
-//! encoded bytes. Only a view whose ops are all geometric qualifies ([`finishable`]); a sample the
-//! GPU path cannot take ([`Processor::plan_gpu`] answers `None`) is decoded on the CPU as before.
+//! encoded bytes. A view qualifies when its ops are a geometric prefix and (control 1.8) a tail of
+//! per-image ops that keep its size ([`finishable`]): the tail's draws become steps
+//! ([`crate::steps`]), which the pool writes as `gpu_ops` records. A sample the GPU path cannot
+//! take ([`Processor::plan_gpu`] answers `None`) is decoded on the CPU as before.
 
 use super::plan::{self, Fused};
 use super::spec::{Interpolation, Op, Pipeline};
+use super::steps::{self, Step};
 use super::{OpError, Processor, Sink, Trace, crop_of, erasing_box};
 use ringfeed_decode::{Chroma, ColorKind, Format, Rect};
+use ringfeed_format::ring::gpu_ops::MAX_STEPS;
 use ringfeed_order::rng::SampleRng;
 
 /// Values of `gpu_job` (ring.md), one int32 each.
@@ -152,9 +156,30 @@ pub fn offered(pos: u32, share: f64) -> bool {
     ((f64::from(pos) + 1.0) * s).floor() > (f64::from(pos) * s).floor()
 }
 
-/// Why `pipeline` cannot be finished on the GPU, or `Ok`: one view of one image whose ops are all
-/// geometric (crops, flips, at most one resize).
-pub fn finishable(pipeline: &Pipeline) -> Result<(), NotFinishable> {
+/// How many leading ops of `ops` the geometric prefix can cover: the leading crops, flips and
+/// resizes, up to a second resize ([`GpuJob`]; the plan may stop earlier for some draws).
+pub fn prefix_len(ops: &[Op]) -> usize {
+    let mut resizes = 0;
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::RandomResizedCrop { .. } | Op::Resize { .. } => {
+                resizes += 1;
+                if resizes > 1 {
+                    return i;
+                }
+            }
+            Op::CenterCrop { .. } | Op::RandomCrop { .. } | Op::HorizontalFlip { .. } | Op::VerticalFlip { .. } => {}
+            _ => return i,
+        }
+    }
+    ops.len()
+}
+
+/// Whether (and how) `pipeline` can be finished on the GPU: one view of one image whose ops are
+/// a geometric prefix ([`prefix_len`]) and, when `per_image` (a 1.8 session), a tail of ops that
+/// keep the image's size and lower to steps ([`steps::lowers`]). `Ok(s)`: the `gpu_ops` field's
+/// steps per sample, 0 for a view without a tail (no field).
+pub fn finishable(pipeline: &Pipeline, per_image: bool) -> Result<u32, NotFinishable> {
     let [view] = pipeline.views.as_slice() else {
         return Err(NotFinishable::Views(pipeline.views.len()));
     };
@@ -164,27 +189,39 @@ pub fn finishable(pipeline: &Pipeline) -> Result<(), NotFinishable> {
             count: view.count,
         });
     }
-    let mut resizes = 0;
-    for (i, op) in view.ops.iter().enumerate() {
-        match op {
-            Op::RandomResizedCrop { .. } | Op::Resize { .. } => resizes += 1,
-            Op::CenterCrop { .. } | Op::RandomCrop { .. } | Op::HorizontalFlip { .. } | Op::VerticalFlip { .. } => {}
-            other => {
-                return Err(NotFinishable::NotGeometric {
-                    op: i,
-                    view: view.name.clone(),
-                    name: other.name(),
-                });
-            }
-        }
-        if resizes > 1 {
-            return Err(NotFinishable::SecondResize {
-                op: i,
-                view: view.name.clone(),
-            });
-        }
+    let prefix = prefix_len(&view.ops);
+    let Some(first) = view.ops.get(prefix) else {
+        return Ok(0);
+    };
+    if matches!(first, Op::RandomResizedCrop { .. } | Op::Resize { .. }) {
+        return Err(NotFinishable::SecondResize {
+            op: prefix,
+            view: view.name.clone(),
+        });
     }
-    Ok(())
+    if !per_image {
+        return Err(NotFinishable::NotGeometric {
+            op: prefix,
+            view: view.name.clone(),
+            name: first.name(),
+        });
+    }
+    if let Some(i) = view.ops[prefix..].iter().position(|o| !steps::lowers(o)) {
+        return Err(NotFinishable::Sized {
+            op: prefix + i,
+            view: view.name.clone(),
+            name: view.ops[prefix + i].name(),
+        });
+    }
+    // Flips of the prefix count too: a plan that stops early leaves them to the tail.
+    let most: u32 = view.ops.iter().map(steps::max_steps).sum();
+    if most > MAX_STEPS {
+        return Err(NotFinishable::Steps {
+            view: view.name.clone(),
+            steps: most,
+        });
+    }
+    Ok(most.max(1))
 }
 
 /// Why a pipeline cannot be finished on the GPU ([`finishable`]).
@@ -196,7 +233,7 @@ pub enum NotFinishable {
     /// The view makes several images per sample.
     #[error("view {view:?} makes {count} images per sample; GPU decode finishes one")]
     Count { view: String, count: u32 },
-    /// Op `op` of the view (named `name`) is not a crop, flip or resize.
+    /// Op `op` of the view (named `name`) is not a crop, flip or resize (a 1.7 session).
     #[error(
         "op {op} of view {view:?} ({name}) is not geometric; GPU decode finishes crops, flips and one resize, the other ops run on the CPU"
     )]
@@ -208,6 +245,18 @@ pub enum NotFinishable {
     /// Op `op` of the view is its second resize.
     #[error("op {op} of view {view:?} is a second resize; GPU decode finishes one")]
     SecondResize { op: usize, view: String },
+    /// Op `op` changes the image's size after a per-image op (1.8).
+    #[error(
+        "op {op} of view {view:?} ({name}) changes the image's size after a per-image op; GPU decode finishes crops, flips and one resize first, then ops that keep the size"
+    )]
+    Sized {
+        op: usize,
+        view: String,
+        name: &'static str,
+    },
+    /// The view's ops can draw more steps than `gpu_ops` holds.
+    #[error("view {view:?} can draw {steps} per-image steps per sample; GPU decode finishes at most {MAX_STEPS}")]
+    Steps { view: String, steps: u32 },
 }
 
 impl Processor {
@@ -215,13 +264,15 @@ impl Processor {
     /// does, hands its erasing boxes to `sink`, and returns its [`GpuJob`] and the ring's
     /// `crop`; `None` when the GPU path cannot take it (not a sequential Huffman-coded 8-bit
     /// grey or YCbCr JPEG ending in its EOI, an EXIF-rotated one, or geometry the fused prefix
-    /// does not cover for the drawn parameters), and the caller decodes it on the CPU with the same `rng`.
-    /// `pipeline` must be [`finishable`].
+    /// does not cover for the drawn parameters, more tail steps than `max_steps`), and the caller
+    /// decodes it on the CPU with the same `rng`. The tail's steps are then [`Processor::gpu_steps`].
+    /// `pipeline` must be [`finishable`]; `max_steps` is what it answered (0: no `gpu_ops` field).
     pub fn plan_gpu(
         &mut self,
         data: &[u8],
         pipeline: &Pipeline,
         rng: SampleRng,
+        max_steps: usize,
         sink: &mut dyn Sink,
         trace: &mut Trace,
     ) -> Result<Option<(GpuJob, super::Crop)>, OpError> {
@@ -247,11 +298,12 @@ impl Processor {
             return Ok(None);
         };
         let mut g = rng;
-        let f = plan::plan(&view.ops, info.width, info.height, &mut g, trace);
-        if f.consumed != view.ops.len() || f.out_size() != (view.size.1, view.size.0) {
+        let Some(f) = self.plan_view(view, (info.width, info.height), &mut g, trace)? else {
+            return Ok(None);
+        };
+        if self.steps.len() > max_steps {
             return Ok(None);
         }
-        self.check_size(f.out_size().0, f.out_size().1, view.ops.last())?;
         if !view.erasing.is_empty() {
             self.boxes.clear();
             for e in &view.erasing {
@@ -261,11 +313,55 @@ impl Processor {
         }
         Ok(Some((GpuJob::of(&f, (info.width, info.height), chroma), crop_of(&f))))
     }
+
+    /// The fused prefix of `view` on a `size` source and its tail's steps (into `self.steps`),
+    /// drawn from `g`; `None` when the prefix does not reach the view's size or the tail has an
+    /// op that does not lower.
+    fn plan_view(
+        &mut self,
+        view: &super::View,
+        (width, height): (u32, u32),
+        g: &mut SampleRng,
+        trace: &mut Trace,
+    ) -> Result<Option<Fused>, OpError> {
+        let f = plan::plan(&view.ops, width, height, g, trace);
+        let size = f.out_size();
+        let tail = &view.ops[f.consumed..];
+        self.steps.clear();
+        if size != (view.size.1, view.size.0) || !tail.iter().all(steps::lowers) {
+            return Ok(None);
+        }
+        self.check_size(size.0, size.1, view.ops.last())?;
+        for op in tail {
+            steps::lower(op, size, g, trace, &mut self.steps);
+        }
+        Ok(Some(f))
+    }
+
+    /// The tail steps a GPU sample of `data` (any format: the size is probed) would carry under
+    /// `pipeline`'s one view with generator `rng`: what [`Processor::plan_gpu`] lowers, for
+    /// `ringfeed ops` and the tests that replay them. `None` where the GPU path would not take
+    /// the sample for its geometry.
+    pub fn tail_steps(&mut self, data: &[u8], pipeline: &Pipeline, rng: SampleRng) -> Result<Option<&[Step]>, OpError> {
+        let [view] = pipeline.views.as_slice() else {
+            return Ok(None);
+        };
+        let info = self.decoder.probe(data)?;
+        let mut g = rng;
+        let planned = self.plan_view(view, (info.width, info.height), &mut g, &mut Trace::off())?;
+        Ok(planned.map(|_| self.steps.as_slice()))
+    }
+
+    /// The tail steps [`Processor::plan_gpu`] drew for the last sample it planned.
+    pub fn gpu_steps(&self) -> &[Step] {
+        &self.steps
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Layout;
 
     #[test]
     fn offered_positions_are_spread_and_counted() {
@@ -311,18 +407,100 @@ mod tests {
     }
 
     #[test]
-    fn only_geometric_single_views_are_finishable() {
+    fn only_geometric_single_views_are_finishable_before_1_8() {
         let p = |json: &str| Pipeline::parse(&serde_json::from_str(json).unwrap()).unwrap();
         let ok = p(r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"horizontal_flip"}]}]}"#);
-        assert!(finishable(&ok).is_ok());
+        assert_eq!(finishable(&ok, false), Ok(0));
+        assert_eq!(finishable(&ok, true), Ok(0), "no tail: no gpu_ops field");
         let eval = p(r#"{"views":[{"ops":[{"op":"resize","size":[256]},{"op":"center_crop","size":[224]}]}]}"#);
-        assert!(finishable(&eval).is_ok());
+        assert_eq!(finishable(&eval, false), Ok(0));
         let jitter = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"color_jitter","brightness":[0.6,1.4]}]}]}"#,
         );
-        let e = finishable(&jitter).unwrap_err().to_string();
+        let e = finishable(&jitter, false).unwrap_err().to_string();
         assert!(e.contains("color_jitter") && e.contains("not geometric"), "{e}");
         let two = p(r#"{"views":[{"count":2,"ops":[{"op":"random_resized_crop","size":[96]}]}]}"#);
-        assert!(finishable(&two).unwrap_err().to_string().contains("2 images"));
+        assert!(finishable(&two, true).unwrap_err().to_string().contains("2 images"));
+    }
+
+    #[test]
+    fn a_tail_of_per_image_ops_is_finishable_in_1_8_with_its_most_steps() {
+        let p = |json: &str| Pipeline::parse(&serde_json::from_str(json).unwrap()).unwrap();
+        // The prefix's flip counts (a plan that stops early leaves it to the tail), TA one,
+        // ColorJitter one per member, RandAugment num_ops.
+        let ta = p(
+            r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"horizontal_flip"},{"op":"trivial_augment_wide"}]}]}"#,
+        );
+        assert_eq!(finishable(&ta, true), Ok(2));
+        let cj = p(
+            r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[64]},{"op":"color_jitter","brightness":[0.6,1.4],"hue":[-0.1,0.1]},{"op":"rand_augment","num_ops":3},{"op":"random_apply","p":0.5,"ops":[{"op":"invert"},{"op":"gaussian_blur","kernel_size":[5],"sigma":[0.1,2.0]}]}]}]}"#,
+        );
+        assert_eq!(finishable(&cj, true), Ok(2 + 3 + 2));
+        let sized = p(
+            r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[64]},{"op":"invert"},{"op":"center_crop","size":[32]}]}]}"#,
+        );
+        let e = finishable(&sized, true).unwrap_err().to_string();
+        assert!(
+            e.contains("op 2") && e.contains("center_crop") && e.contains("changes the image's size"),
+            "{e}"
+        );
+        let second = p(r#"{"views":[{"ops":[{"op":"resize","size":[64]},{"op":"resize","size":[32,32]}]}]}"#);
+        assert!(
+            finishable(&second, true)
+                .unwrap_err()
+                .to_string()
+                .contains("second resize")
+        );
+        let ra = r#"{"op":"rand_augment","num_ops":16}"#;
+        let many = p(&format!(
+            r#"{{"views":[{{"ops":[{{"op":"random_resized_crop","size":[64]}},{ra},{ra},{ra},{ra},{ra}]}}]}}"#
+        ));
+        assert!(finishable(&many, true).unwrap_err().to_string().contains("at most 64"));
+    }
+
+    #[test]
+    fn steps_lowered_for_the_gpu_are_the_cpu_path_s_draws() {
+        // The CPU path runs a view's tail by lowering each op and executing its steps; plan_gpu
+        // lowers the whole tail at once. Same generator, same steps: checked through the trace,
+        // which both record from the same draws.
+        let p = |json: &str| Pipeline::parse(&serde_json::from_str(json).unwrap()).unwrap();
+        let pipeline = p(
+            r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[24]},{"op":"horizontal_flip"},{"op":"color_jitter","brightness":[0.6,1.4],"contrast":[0.6,1.4],"saturation":[0.6,1.4],"hue":[-0.1,0.1]},{"op":"trivial_augment_wide"},{"op":"auto_augment"},{"op":"gaussian_blur","kernel_size":[3],"sigma":[0.1,2.0]}]}],"erasing":[]}"#,
+        );
+        let max = finishable(&pipeline, true).unwrap() as usize;
+        let mut img = image::RgbImage::new(40, 30);
+        for (x, y, px) in img.enumerate_pixels_mut() {
+            *px = image::Rgb([(x * 6) as u8, (y * 8) as u8, ((x + y) * 3) as u8]);
+        }
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        let mut proc = Processor::new(ringfeed_decode::Limits::default()).unwrap();
+        let mut sink = super::super::BufferSink::for_pipeline(&pipeline);
+        let mut planned = 0;
+        for index in 0..40u64 {
+            let rng = SampleRng::new(7, 0, index);
+            let (mut a, mut b) = (Trace::on(), Trace::on());
+            let got = proc
+                .plan_gpu(&jpeg, &pipeline, rng.clone(), max, &mut sink, &mut a)
+                .unwrap();
+            let steps = proc.gpu_steps().to_vec();
+            proc.run(&jpeg, &pipeline, rng, Layout::Nhwc, &mut sink, &mut b)
+                .unwrap();
+            assert_eq!(a.take(), b.take(), "sample {index}");
+            if got.is_some() {
+                planned += 1;
+                assert!(steps.len() <= max);
+                for s in &steps {
+                    let r = s.record((24, 24));
+                    assert_eq!(
+                        ringfeed_format::ring::gpu_ops::Record::from_ints(&r.to_ints()),
+                        Ok(Some(r))
+                    );
+                }
+            }
+        }
+        assert_eq!(planned, 40, "every sample of a plain JPEG goes to the GPU");
     }
 }

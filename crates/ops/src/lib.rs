@@ -74,6 +74,7 @@ mod policy;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;
 pub mod spec;
+pub mod steps;
 mod tone;
 mod trace;
 mod write;
@@ -89,6 +90,7 @@ use ringfeed_decode::resample::{Filter, Kernel, Resampler};
 use ringfeed_decode::{CodecError, Decoder, JpegTuning, Limits, Rect};
 use ringfeed_order::rng::SampleRng;
 use spec::{Interpolation, Resampling};
+use steps::{Remap, Step};
 use write::{BoxF, Dst, Src};
 
 /// Largest output side, and largest `resize` (`proto/control.md`, "Transforms").
@@ -485,6 +487,8 @@ pub struct Processor {
     plans: Vec<(usize, u32, Fused, SampleRng)>,
     /// Erasing boxes of the current image.
     boxes: Vec<[i32; 4]>,
+    /// The steps of the op being applied, or of a GPU sample's tail (`plan_gpu`).
+    steps: Vec<Step>,
     /// The 1.1 transforms given to [`Processor::process`], as pipelines (a few: callers
     /// alternate between a train and an eval transform, and each would allocate anew).
     legacy: Vec<(Transform, Pipeline)>,
@@ -592,6 +596,7 @@ impl Processor {
             ky: Vec::new(),
             plans: Vec::new(),
             boxes: Vec::new(),
+            steps: Vec::new(),
             legacy: Vec::new(),
             decode_ns: 0,
             options,
@@ -944,38 +949,23 @@ fn erasing_box(e: &Erasing, (height, width): (u32, u32), rng: &mut SampleRng) ->
     [0; 4]
 }
 
-/// torch's `randperm(4)`: a uniform permutation (Fisher–Yates from the top).
-fn perm4(rng: &mut SampleRng) -> [u8; 4] {
-    let mut p = [0u8, 1, 2, 3];
-    for i in (1..4).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        p.swap(i, j);
-    }
-    p
-}
-
 impl Processor {
-    /// Runs one op on `img` (after the fused prefix): the geometric ops and the random
-    /// containers here, the photometric ops in [`Processor::apply_photometric`], the
-    /// augmentation policies in [`Processor::apply_policy`].
+    /// Runs one op on `img` (after the fused prefix): an op that keeps the image's size is
+    /// lowered to its steps ([`steps::lower`], the draws) and they run at once
+    /// ([`Processor::exec`]); the sized ops, and containers of them, here.
     fn apply(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) -> Result<(), OpError> {
+        if steps::lowers(op) {
+            let mut todo = std::mem::take(&mut self.steps);
+            todo.clear();
+            steps::lower(op, (img.width, img.height), rng, trace, &mut todo);
+            for s in &todo {
+                self.exec(s, img);
+            }
+            self.steps = todo;
+            return Ok(());
+        }
         let (w, h) = (img.width, img.height);
-        let coin = |rng: &mut SampleRng, p: f64| rng.uniform(0.0, 1.0) < p;
         match *op {
-            Op::HorizontalFlip { p } => {
-                let on = coin(rng, p);
-                trace.record(op, || [("flip", on.into())]);
-                if on {
-                    write::flip_rows(img.data_mut(), w as usize);
-                }
-            }
-            Op::VerticalFlip { p } => {
-                let on = coin(rng, p);
-                trace.record(op, || [("flip", on.into())]);
-                if on {
-                    image::flip_vertical(img.data_mut(), w as usize);
-                }
-            }
             Op::CenterCrop { size: (ch, cw) } => {
                 let (l, t) = (plan::center_offset(w, cw), plan::center_offset(h, ch));
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
@@ -1031,23 +1021,9 @@ impl Processor {
                 trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
                 self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
             }
-            Op::ColorJitter { .. }
-            | Op::Grayscale { .. }
-            | Op::GaussianBlur { .. }
-            | Op::Solarize { .. }
-            | Op::Posterize { .. }
-            | Op::Autocontrast { .. }
-            | Op::Equalize { .. }
-            | Op::Invert { .. }
-            | Op::AdjustSharpness { .. } => self.apply_photometric(op, img, rng, trace),
-            Op::TrivialAugmentWide { .. } | Op::RandAugment { .. } | Op::AutoAugment { .. } => {
-                self.apply_policy(op, img, rng, trace);
-            }
+            // Containers with a sized op inside: the same draws as `steps::lower`'s.
             Op::RandomApply { p, ref ops } => {
-                // torchvision: `if torch.rand(1) >= p: return`.
-                let on = coin(rng, p);
-                trace.record(op, || [("apply", on.into())]);
-                if on {
+                if steps::coin(op, p, rng, trace) {
                     for o in ops {
                         self.apply(o, img, rng, trace)?;
                     }
@@ -1057,285 +1033,65 @@ impl Processor {
                 ref ops,
                 ref cumulative,
             } => {
-                let u = rng.uniform(0.0, 1.0);
-                let k = cumulative.iter().position(|&c| u < c).unwrap_or(ops.len() - 1);
-                trace.record(op, || [("choice", k.into())]);
+                let k = steps::choice(op, cumulative, rng, trace);
                 self.apply(&ops[k], img, rng, trace)?;
             }
+            _ => unreachable!("{} lowers to steps", op.name()),
         }
         Ok(())
     }
 
-    /// [`Processor::apply`] of a photometric op (colour, tone, blur, sharpness): one that keeps
-    /// the image's size.
-    fn apply_photometric(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) {
+    /// Runs one step on `img` (it keeps its size).
+    fn exec(&mut self, step: &Step, img: &mut Image) {
         let (w, h) = (img.width, img.height);
-        match *op {
-            Op::ColorJitter {
-                brightness,
-                contrast,
-                saturation,
-                hue,
-            } => {
-                let order = perm4(rng);
-                let draw = |rng: &mut SampleRng, r: Option<(f64, f64)>| r.map(|(lo, hi)| rng.uniform(lo, hi));
-                let f = [
-                    draw(rng, brightness),
-                    draw(rng, contrast),
-                    draw(rng, saturation),
-                    draw(rng, hue),
-                ];
-                trace.record(op, || {
-                    [
-                        ("order", order.iter().map(|&i| u32::from(i)).collect::<Vec<_>>().into()),
-                        ("brightness", f[0].into()),
-                        ("contrast", f[1].into()),
-                        ("saturation", f[2].into()),
-                        ("hue", f[3].into()),
-                    ]
-                });
-                let px = img.data_mut();
-                for i in order {
-                    if let Some(v) = f[i as usize] {
-                        match i {
-                            0 => color::brightness(px, v),
-                            1 => color::contrast(px, v),
-                            2 => color::saturation(px, v),
-                            _ => color::hue(px, v),
-                        }
+        match *step {
+            Step::Remap(Remap::FlipX) => write::flip_rows(img.data_mut(), w as usize),
+            Step::Remap(Remap::FlipY) => image::flip_vertical(img.data_mut(), w as usize),
+            Step::Remap(r) => {
+                // A rotation by quarters: each output pixel copies its source pixel.
+                let c = r.coefficients((w, h));
+                self.img2.reset(w, h);
+                let (src, dst) = (img.data(), &mut self.img2.pixels);
+                let (wu, hu) = (i64::from(w), i64::from(h));
+                for y in 0..hu {
+                    for x in 0..wu {
+                        let (sx, sy) = (c[0] * x + c[1] * y + c[2], c[3] * x + c[4] * y + c[5]);
+                        let (d, s) = (((y * wu + x) * 3) as usize, ((sy * wu + sx) * 3) as usize);
+                        dst[d..d + 3].copy_from_slice(&src[s..s + 3]);
                     }
                 }
+                std::mem::swap(img, &mut self.img2);
             }
-            Op::Grayscale { p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    color::grayscale(img.data_mut());
-                }
-            }
-            Op::GaussianBlur { kernel, sigma } => {
-                let s = rng.uniform(sigma.0, sigma.1);
-                trace.record(op, || [("sigma", s.into())]);
-                blur::gaussian_blur(
-                    img.data_mut(),
-                    w as usize,
-                    h as usize,
-                    kernel,
-                    (s, s),
-                    &mut self.floats,
-                    &mut self.kx,
-                    &mut self.ky,
-                );
-            }
-            Op::Solarize { threshold, p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    tone::solarize(img.data_mut(), threshold);
-                }
-            }
-            Op::Posterize { bits, p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    tone::posterize(img.data_mut(), bits);
-                }
-            }
-            Op::Autocontrast { p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    tone::autocontrast(img.data_mut());
-                }
-            }
-            Op::Equalize { p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    tone::equalize(img.data_mut());
-                }
-            }
-            Op::Invert { p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    tone::invert(img.data_mut());
-                }
-            }
-            Op::AdjustSharpness { factor, p } => {
-                if self.coin_traced(op, rng, p, trace) {
-                    let mut scratch = std::mem::take(&mut self.img2.pixels);
-                    color::sharpness(img.data_mut(), w as usize, h as usize, factor, &mut scratch);
-                    self.img2.pixels = scratch;
-                }
-            }
-            _ => unreachable!("{} is not a photometric op", op.name()),
-        }
-    }
-
-    /// [`Processor::apply`] of an augmentation policy: TrivialAugmentWide, RandAugment or
-    /// AutoAugment, each drawing its augmentations and their magnitudes.
-    fn apply_policy(&mut self, op: &Op, img: &mut Image, rng: &mut SampleRng, trace: &mut Trace) {
-        let (w, h) = (img.width, img.height);
-        match *op {
-            Op::TrivialAugmentWide {
-                bins,
-                interpolation,
-                fill,
-            } => {
-                let aug = policy::OPS14[rng.below(14) as usize];
-                let m = self.draw_magnitude(policy::Space::Wide, aug, bins, None, w, h, rng);
-                trace.record(op, || [("aug", aug.name().into()), ("magnitude", m.into())]);
-                self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
-            }
-            Op::RandAugment {
-                num_ops,
-                magnitude,
-                bins,
-                interpolation,
-                fill,
-            } => {
-                for _ in 0..num_ops {
-                    let aug = policy::OPS14[rng.below(14) as usize];
-                    let (w, h) = (img.width, img.height);
-                    let m = self.draw_magnitude(policy::Space::Standard, aug, bins, Some(magnitude), w, h, rng);
-                    trace.record(op, || [("aug", aug.name().into()), ("magnitude", m.into())]);
-                    self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
-                }
-            }
-            Op::AutoAugment {
-                policy: which,
-                interpolation,
-                fill,
-            } => {
-                let subs = policy::auto_policies(which);
-                let k = rng.below(subs.len() as u64) as usize;
-                for &(aug, p, bin) in &subs[k] {
-                    // torchvision: `if not torch.rand(()) <= p: continue`.
-                    if rng.uniform(0.0, 1.0) > p {
-                        trace.record(op, || {
-                            [
-                                ("policy", k.into()),
-                                ("aug", aug.name().into()),
-                                ("apply", false.into()),
-                            ]
-                        });
-                        continue;
-                    }
-                    let (w, h) = (img.width, img.height);
-                    let m = match bin {
-                        Some(b) => self.draw_magnitude(policy::Space::Standard, aug, 10, Some(b), w, h, rng),
-                        None => None,
-                    };
-                    trace.record(op, || {
-                        [
-                            ("policy", k.into()),
-                            ("aug", aug.name().into()),
-                            ("apply", true.into()),
-                            ("magnitude", m.into()),
-                        ]
-                    });
-                    self.augment(img, aug, m.unwrap_or(0.0), interpolation, fill);
-                }
-            }
-            _ => unreachable!("{} is not an augmentation policy", op.name()),
-        }
-    }
-
-    fn coin_traced(&mut self, op: &Op, rng: &mut SampleRng, p: f64, trace: &mut Trace) -> bool {
-        let on = rng.uniform(0.0, 1.0) < p;
-        trace.record(op, || [("apply", on.into())]);
-        on
-    }
-
-    /// A policy op's magnitude: bin `fixed` or one drawn uniformly, then the sign for a signed
-    /// op (`uniform <= 0.5` negates). `None` for ops without magnitudes (no draws).
-    #[allow(clippy::too_many_arguments)]
-    fn draw_magnitude(
-        &self,
-        space: policy::Space,
-        aug: policy::Aug,
-        bins: u32,
-        fixed: Option<u32>,
-        w: u32,
-        h: u32,
-        rng: &mut SampleRng,
-    ) -> Option<f64> {
-        policy::magnitude(space, aug, bins, 0, w, h)?;
-        let bin = fixed.unwrap_or_else(|| rng.below(u64::from(bins)) as u32);
-        let mut m = policy::magnitude(space, aug, bins, bin, w, h)?;
-        if aug.signed() && rng.uniform(0.0, 1.0) <= 0.5 {
-            m = -m;
-        }
-        Some(m)
-    }
-
-    /// torchvision's `_apply_image_or_video_transform` for one policy op.
-    fn augment(&mut self, img: &mut Image, aug: policy::Aug, m: f64, interp: Interpolation, fill: spec::WarpFill) {
-        use policy::Aug;
-        let (w, h) = (img.width, img.height);
-        let (wf, hf) = (f64::from(w), f64::from(h));
-        let warp = |this: &mut Self, img: &mut Image, mat: [f64; 6]| {
-            this.img2.reset(w, h);
-            affine::warp(img.data(), w, h, mat, interp, fill, this.img2.data_mut());
-            std::mem::swap(img, &mut this.img2);
-        };
-        match aug {
-            Aug::Identity => {}
-            Aug::ShearX | Aug::ShearY => {
-                // center=[0, 0]: torchvision's centre offset is then `-size / 2`.
-                let deg = m.atan().to_degrees();
-                let shear = if aug == Aug::ShearX { (deg, 0.0) } else { (0.0, deg) };
-                let mat = affine::inverse_matrix((-wf * 0.5, -hf * 0.5), 0.0, (0.0, 0.0), 1.0, shear);
-                warp(self, img, mat);
-            }
-            Aug::TranslateX | Aug::TranslateY => {
-                let t = m.trunc();
-                let tr = if aug == Aug::TranslateX { (t, 0.0) } else { (0.0, t) };
-                let mat = affine::inverse_matrix((0.0, 0.0), 0.0, tr, 1.0, (0.0, 0.0));
-                warp(self, img, mat);
-            }
-            Aug::Rotate => {
-                let angle = m.rem_euclid(360.0);
-                if angle == 0.0 {
-                    return;
-                }
-                // torchvision rotates by 180 (and by 90/270 when square) with rot90, exactly.
-                let quarter = if angle == 180.0 || (w == h && (angle == 90.0 || angle == 270.0)) {
-                    Some(angle)
-                } else {
-                    None
-                };
-                match quarter {
-                    Some(a) => {
-                        let (src, dst) = (img.data(), {
-                            self.img2.reset(w, h);
-                            &mut self.img2.pixels
-                        });
-                        let (wu, hu) = (w as usize, h as usize);
-                        for y in 0..hu {
-                            for x in 0..wu {
-                                // rot90 counter-clockwise k times (torch.rot90 dims (-2, -1)).
-                                let (sx, sy) = if a == 180.0 {
-                                    (wu - 1 - x, hu - 1 - y)
-                                } else if a == 90.0 {
-                                    (wu - 1 - y, x)
-                                } else {
-                                    (y, hu - 1 - x)
-                                };
-                                let (d, s) = ((y * wu + x) * 3, (sy * wu + sx) * 3);
-                                dst[d..d + 3].copy_from_slice(&src[s..s + 3]);
-                            }
-                        }
-                        std::mem::swap(img, &mut self.img2);
-                    }
-                    None => {
-                        let mat = affine::inverse_matrix((0.0, 0.0), -angle, (0.0, 0.0), 1.0, (0.0, 0.0));
-                        warp(self, img, mat);
-                    }
-                }
-            }
-            Aug::Brightness => color::brightness(img.data_mut(), 1.0 + m),
-            Aug::Color => color::saturation(img.data_mut(), 1.0 + m),
-            Aug::Contrast => color::contrast(img.data_mut(), 1.0 + m),
-            Aug::Sharpness => {
+            Step::Brightness(v) => color::brightness(img.data_mut(), v),
+            Step::Contrast(v) => color::contrast(img.data_mut(), v),
+            Step::Saturation(v) => color::saturation(img.data_mut(), v),
+            Step::Hue(v) => color::hue(img.data_mut(), v),
+            Step::Grayscale => color::grayscale(img.data_mut()),
+            Step::Solarize(t) => tone::solarize(img.data_mut(), t),
+            Step::Posterize(bits) => tone::posterize(img.data_mut(), bits),
+            Step::Invert => tone::invert(img.data_mut()),
+            Step::Autocontrast => tone::autocontrast(img.data_mut()),
+            Step::Equalize => tone::equalize(img.data_mut()),
+            Step::Sharpness(v) => {
                 let mut scratch = std::mem::take(&mut self.img2.pixels);
-                color::sharpness(img.data_mut(), w as usize, h as usize, 1.0 + m, &mut scratch);
+                color::sharpness(img.data_mut(), w as usize, h as usize, v, &mut scratch);
                 self.img2.pixels = scratch;
             }
-            Aug::Posterize => tone::posterize(img.data_mut(), m as u8),
-            Aug::Solarize => tone::solarize(img.data_mut(), 255.0 * m),
-            Aug::AutoContrast => tone::autocontrast(img.data_mut()),
-            Aug::Equalize => tone::equalize(img.data_mut()),
-            Aug::Invert => tone::invert(img.data_mut()),
+            Step::Blur { kernel, sigma } => blur::gaussian_blur(
+                img.data_mut(),
+                w as usize,
+                h as usize,
+                kernel,
+                (sigma, sigma),
+                &mut self.floats,
+                &mut self.kx,
+                &mut self.ky,
+            ),
+            Step::Affine { matrix, interp, fill } => {
+                self.img2.reset(w, h);
+                affine::warp(img.data(), w, h, matrix, interp, fill, self.img2.data_mut());
+                std::mem::swap(img, &mut self.img2);
+            }
         }
     }
 

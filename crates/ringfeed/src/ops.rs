@@ -64,12 +64,27 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         for o in &sink.outs {
             out.write_all(o)?;
         }
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "index": index,
             "trace": trace.take(),
             "erase": sink.erase,
             "crop": crop.to_i32s(),
         });
+        // 1.8: a view with per-image ops after its geometry: the `gpu_ops` records (ring.md) a
+        // GPU sample would carry, from the same draws.
+        if let [view] = pipeline.views.as_slice()
+            && ringfeed_ops::gpu::finishable(&pipeline, true).is_ok_and(|s| s > 0)
+        {
+            let rng = SampleRng::new(a.seed, a.epoch, index);
+            let size = (view.size.1, view.size.0);
+            let steps = p.tail_steps(&data, &pipeline, rng)?.map(|steps| {
+                steps
+                    .iter()
+                    .map(|s| s.record(size).to_ints().to_vec())
+                    .collect::<Vec<_>>()
+            });
+            line["gpu_ops"] = serde_json::json!(steps);
+        }
         writeln!(lines, "{line}")?;
     }
     out.flush()?;

@@ -28,6 +28,7 @@ pub(crate) async fn prepare_images(
     open: &OpenRequest,
     shared: &Arc<Shared>,
     path: &Path,
+    minor: u16,
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Prepared, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
@@ -72,7 +73,7 @@ pub(crate) async fn prepare_images(
     let gpu = match &open.gpu_decode {
         None => None,
         Some(g) => {
-            specs.extend(gpu_fields(open, g, &pipeline)?);
+            specs.extend(gpu_fields(open, g, &pipeline, minor)?);
             Some(g.clone())
         }
     };
@@ -143,11 +144,17 @@ fn image_fields(pipeline: &Pipeline, layout: Layout, fields: &[String]) -> Vec<F
     specs
 }
 
-/// Hybrid decode's fields (`gpu_job`, `gpu_bytes`), once `open.gpu_decode` is checked against
-/// the pipeline and the ring's offsets.
-fn gpu_fields(open: &OpenRequest, g: &GpuDecodeRequest, pipeline: &Pipeline) -> Result<[FieldSpec; 2], OpenError> {
+/// Hybrid decode's fields (`gpu_job`, `gpu_bytes`, and 1.8's `gpu_ops` for a view with per-image
+/// ops after its geometry), once `open.gpu_decode` is checked against the pipeline (in the
+/// session's protocol `1.minor`) and the ring's offsets.
+fn gpu_fields(
+    open: &OpenRequest,
+    g: &GpuDecodeRequest,
+    pipeline: &Pipeline,
+    minor: u16,
+) -> Result<Vec<FieldSpec>, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
-    ringfeed_ops::gpu::finishable(pipeline)
+    let steps = ringfeed_ops::gpu::finishable(pipeline, minor >= 8)
         .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
     if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
         return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
@@ -167,7 +174,7 @@ fn gpu_fields(open: &OpenRequest, g: &GpuDecodeRequest, pipeline: &Pipeline) -> 
             per * u64::from(open.batch_size)
         )));
     }
-    Ok([
+    let mut fields = vec![
         FieldSpec {
             name: "gpu_job".into(),
             dtype: DType::I32,
@@ -178,7 +185,15 @@ fn gpu_fields(open: &OpenRequest, g: &GpuDecodeRequest, pipeline: &Pipeline) -> 
             dtype: DType::U8,
             shape: vec![per as u32],
         },
-    ])
+    ];
+    if steps > 0 {
+        fields.push(FieldSpec {
+            name: "gpu_ops".into(),
+            dtype: DType::I32,
+            shape: vec![steps, ringfeed_format::ring::gpu_ops::RECORD_INTS as u32],
+        });
+    }
+    Ok(fields)
 }
 
 /// The image kind's parts once the ring is made: each field's place in a slot.
@@ -199,7 +214,11 @@ fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindPar
         crop: field("crop"),
         gpu: field("gpu_job")
             .zip(field("gpu_bytes"))
-            .map(|(job, bytes)| crate::pool::GpuFields { job, bytes }),
+            .map(|(job, bytes)| crate::pool::GpuFields {
+                job,
+                bytes,
+                ops: field("gpu_ops"),
+            }),
         pipeline,
         layout,
         kind: crate::pool::SampleKind::Image,

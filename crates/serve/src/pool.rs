@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use ringfeed_decode::Limits;
-use ringfeed_format::ring::FieldDesc;
+use ringfeed_format::ring::{FieldDesc, gpu_ops};
 use ringfeed_ops::{Layout, Pipeline, Processor, Sink, Trace};
 use ringfeed_order::rng::SampleRng;
 
@@ -94,12 +94,14 @@ pub struct ViewFields {
     pub erase: Option<FieldDesc>,
 }
 
-/// The ring fields of hybrid decode (ring.md, `gpu_job` and `gpu_bytes`).
+/// The ring fields of hybrid decode (ring.md, `gpu_job`, `gpu_bytes` and `gpu_ops`).
 #[derive(Debug, Clone)]
 pub struct GpuFields {
     pub job: FieldDesc,
     /// Not per sample: the payload of a whole batch is one arena of encoded bytes.
     pub bytes: FieldDesc,
+    /// 1.8: each GPU sample's tail steps, for a view with per-image ops after its geometry.
+    pub ops: Option<FieldDesc>,
 }
 
 /// The outputs of sample `pos` of a FILLING slot, for [`Processor::run`].
@@ -587,7 +589,11 @@ fn to_gpu(
     sink: &mut SlotSink<'_>,
 ) -> Result<Option<ringfeed_ops::Crop>, ringfeed_ops::OpError> {
     let ctx = &task.stream;
-    let Some((plan, crop)) = processor.plan_gpu(data, &ctx.pipeline, rng, sink, &mut Trace::off())? else {
+    let max_steps = gpu
+        .ops
+        .as_ref()
+        .map_or(0, |f| f.sample_bytes as usize / gpu_ops::RECORD_BYTES);
+    let Some((plan, crop)) = processor.plan_gpu(data, &ctx.pipeline, rng, max_steps, sink, &mut Trace::off())? else {
         return Ok(None);
     };
     let len = data.len() as u64;
@@ -606,6 +612,18 @@ fn to_gpu(
     }
     // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants).
     unsafe { put(task, &gpu.job, pos, &b) };
+    if let Some(field) = &gpu.ops {
+        // Every record: the steps, then zeros (ring.md: kind 0 ends them, and the rest are 0).
+        let (h, w) = ctx.pipeline.views[0].size;
+        let (size, steps) = ((w, h), processor.gpu_steps());
+        let mut records = [0u8; gpu_ops::RECORD_BYTES * gpu_ops::MAX_STEPS as usize];
+        for (k, s) in steps.iter().enumerate() {
+            records[k * gpu_ops::RECORD_BYTES..(k + 1) * gpu_ops::RECORD_BYTES]
+                .copy_from_slice(&s.record(size).to_le_bytes());
+        }
+        // SAFETY: as above; `max_steps` records are the field's sample bytes.
+        unsafe { put(task, field, pos, &records[..max_steps * gpu_ops::RECORD_BYTES]) };
+    }
     ctx.stats.gpu_handed.fetch_add(1, Ordering::Relaxed);
     Ok(Some(crop))
 }

@@ -74,7 +74,7 @@ pub async fn serve_connection(
         // 1.2: a long open (an image folder being listed) sends `opening` while the client waits.
         let minor = protocol[1].min(PROTOCOL.1);
         let progress = if minor >= 2 { Some(&mut write) } else { None };
-        let opened = match open_stream(&open, &shared, done_tx, pid, progress).await {
+        let opened = match open_stream(&open, &shared, done_tx, pid, minor, progress).await {
             Ok(s) => s,
             Err((code, msg)) => return fail(&mut write, code, msg).await,
         };
@@ -184,12 +184,13 @@ async fn open_stream(
     shared: &Arc<Shared>,
     done: mpsc::UnboundedSender<Arc<BatchTask>>,
     pid: u32,
+    minor: u16,
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<(StreamState, ServerMessage), OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
     let path = check_open(open)?;
     let prepared = match open.kind() {
-        SampleKindRequest::Images => prepare_images(open, shared, &path, progress).await?,
+        SampleKindRequest::Images => prepare_images(open, shared, &path, minor, progress).await?,
         SampleKindRequest::Tokens => crate::tokens::prepare(open, shared, progress).await?,
     };
     let source = prepared.source;
@@ -743,7 +744,8 @@ impl StreamState {
 
 /// Moves the samples that succeeded to the front of every field, in batch order; returns how many
 /// there are. A no-op when nothing failed. The `gpu_bytes` arena is not a per-sample field and
-/// stays where it is: the moved `gpu_job` records still point into it (ring.md).
+/// stays where it is: the moved `gpu_job` records (and their `gpu_ops`) still point into it
+/// (ring.md).
 fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFailure]) -> u32 {
     let n = task.indices.len() as u32;
     if failures.is_empty() {
@@ -760,6 +762,7 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
                 ctx.index.as_ref(),
                 ctx.crop.as_ref(),
                 ctx.gpu.as_ref().map(|g| &g.job),
+                ctx.gpu.as_ref().and_then(|g| g.ops.as_ref()),
             ]
             .into_iter()
             .flatten(),

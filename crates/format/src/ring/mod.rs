@@ -11,6 +11,7 @@
 //! - The server writes a slot only while it is FILLING (ring.md rule 1); the stream that owns the
 //!   segment tracks slot states, and this module only provides the memory.
 
+pub mod gpu_ops;
 pub mod layout;
 
 pub use layout::{DType, FieldDesc, FieldSpec, RingLayout, SegmentHeader, SlotHeader};

@@ -509,6 +509,16 @@ fn hybrid_vectors() {
         json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "color_jitter", "brightness": [0.6, 1.4]}]}]}),
         json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "trivial_augment_wide"}]}]}),
         json!({"views": [{"ops": [{"op": "resize", "size": [256]}, {"op": "random_resized_crop", "size": [224]}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "horizontal_flip"},
+            {"op": "rand_augment", "num_ops": 2, "magnitude": 9}, {"op": "random_erasing", "p": 0.25}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "auto_augment"},
+            {"op": "random_apply", "p": 0.8, "ops": [{"op": "color_jitter", "brightness": [0.6, 1.4],
+            "contrast": [0.6, 1.4], "saturation": [0.6, 1.4], "hue": [-0.1, 0.1]}]},
+            {"op": "grayscale", "p": 0.2}, {"op": "gaussian_blur", "kernel_size": [23], "sigma": [0.1, 2.0]}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]}, {"op": "invert"},
+            {"op": "center_crop", "size": [200]}]}]}),
+        json!({"views": [{"ops": [{"op": "random_resized_crop", "size": [224]},
+            {"op": "random_apply", "p": 0.5, "ops": [{"op": "random_crop", "size": [224], "padding": [4]}]}]}]}),
         json!({"views": [{"count": 2, "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
         json!({"views": [{"name": "global", "ops": [{"op": "random_resized_crop", "size": [224]}]},
             {"name": "local", "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
@@ -516,8 +526,13 @@ fn hybrid_vectors() {
     let finishable: Vec<Value> = pipelines
         .into_iter()
         .map(|p| {
-            let verdict = ringfeed_ops::gpu::finishable(&ringfeed_ops::Pipeline::parse(&p).unwrap());
-            json!({"pipeline": p, "finishable": verdict.is_ok()})
+            // `finishable`: a 1.8 session's verdict (per-image ops after the geometry, with the
+            // `gpu_ops` field's steps per sample, 0: no field); `finishable_1_7`: before 1.8.
+            let pipeline = ringfeed_ops::Pipeline::parse(&p).unwrap();
+            let now = ringfeed_ops::gpu::finishable(&pipeline, true);
+            let before = ringfeed_ops::gpu::finishable(&pipeline, false);
+            json!({"pipeline": p, "finishable": now.is_ok(), "steps": now.unwrap_or(0),
+                "finishable_1_7": before.is_ok()})
         })
         .collect();
     let doc = json!({
@@ -578,4 +593,79 @@ fn dataset_id_vectors() {
         &vectors().join("control/dataset_id.json"),
         (serde_json::to_string_pretty(&doc).unwrap() + "\n").as_bytes(),
     );
+}
+
+/// `proto/vectors/ring/gpu_ops.json` (ring.md, "`gpu_ops`", control 1.8): one step of each kind
+/// on a 32x24 image, as its 16 int32 and as the kind, argument and parameters they mean. The
+/// Python side decodes the records with its own reader and compares.
+#[test]
+fn gpu_ops_vectors() {
+    use ringfeed_format::ring::gpu_ops::Kind;
+    use ringfeed_ops::spec::Interpolation;
+    use ringfeed_ops::steps::{Remap, Step};
+    let size = (32u32, 24u32);
+    let shear = [1.0, -0.3, 3.6, 0.0, 1.0, 0.0];
+    let steps = [
+        Step::Remap(Remap::FlipX),
+        Step::Remap(Remap::FlipY),
+        Step::Remap(Remap::Rot180),
+        Step::Brightness(1.286),
+        Step::Contrast(0.61),
+        Step::Saturation(1.9),
+        Step::Hue(-0.05),
+        Step::Grayscale,
+        Step::Solarize(128.0),
+        Step::Posterize(3),
+        Step::Invert,
+        Step::Autocontrast,
+        Step::Equalize,
+        Step::Sharpness(1.45),
+        Step::Blur {
+            kernel: (5, 7),
+            sigma: 1.3,
+        },
+        Step::Affine {
+            matrix: shear,
+            interp: Interpolation::Nearest,
+            fill: None,
+        },
+        Step::Affine {
+            matrix: shear,
+            interp: Interpolation::Bilinear,
+            fill: Some([128.0, 64.5, 0.0]),
+        },
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    let cases: Vec<Value> = steps
+        .iter()
+        .map(|s| {
+            let r = s.record(size);
+            seen.insert(r.kind.code());
+            json!({
+                "step": format!("{s:?}"),
+                "record": r.to_ints().to_vec(),
+                "kind": r.kind.name(),
+                "code": r.kind.code(),
+                "arg": r.arg,
+                // As f64 (exact for f32): what the bit patterns mean.
+                "params": r.params.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    assert_eq!(seen.len(), Kind::ALL.len(), "every kind has a vector");
+    let kinds: Vec<Value> = Kind::ALL
+        .iter()
+        .map(|k| json!({"code": k.code(), "name": k.name()}))
+        .collect();
+    let doc = json!({
+        "description": "gpu_ops records (ring.md, \"gpu_ops\", control 1.8) of steps on a 32x24 image, written by crates/ringfeed/tests/it/wire_vectors.rs",
+        "size": [size.0, size.1],
+        "record_ints": ringfeed_format::ring::gpu_ops::RECORD_INTS,
+        "max_steps": ringfeed_format::ring::gpu_ops::MAX_STEPS,
+        "kinds": kinds,
+        "steps": cases,
+    });
+    let mut text = serde_json::to_string_pretty(&doc).unwrap();
+    text.push('\n');
+    pinned(&vectors().join("ring/gpu_ops.json"), text.as_bytes());
 }

@@ -43,13 +43,15 @@ def batches(
     recipe: str = "rrc",
 ) -> Iterator[tuple[Any, Any]]:
     """``shard``: ``(rank, world)``, the reader's share of the files (DDP: one pipeline per rank).
-    ``recipe="full"`` adds DALI's own ``trivial_augment_wide`` (on the GPU, after the resize, as
-    DALI's documentation places it for a fixed-size output; the pipeline is built with
-    ``enable_conditionals``). DALI has no RandomErasing of torchvision's kind, so its "full"
-    recipe leaves erasing out, which costs it nothing (ringfeed's erasing runs on the GPU too)."""
+    ``recipe="full"`` (or ``"ta"``) adds DALI's own ``trivial_augment_wide`` (on the GPU, after the
+    resize, as DALI's documentation places it for a fixed-size output; the pipeline is built with
+    ``enable_conditionals``), ``"ra"`` its ``rand_augment(n=2, m=9)``, ``"aa"`` its
+    ``auto_augment`` (ImageNet policy). DALI has no RandomErasing of torchvision's kind, so its
+    "full" recipe leaves erasing out, which costs it nothing (ringfeed's erasing runs on the GPU
+    too)."""
     from nvidia.dali import fn, pipeline_def, types
 
-    conditionals = recipe == "full"
+    conditionals = recipe != "rrc"
 
     @pipeline_def(
         batch_size=batch,
@@ -64,10 +66,18 @@ def batches(
         )
         img = fn.decoders.image_random_crop(jpegs, device="mixed", output_type=types.RGB)
         img = fn.resize(img, resize_x=224, resize_y=224, antialias=True)
-        if conditionals:
+        if recipe in ("full", "ta"):
             from nvidia.dali.auto_aug import trivial_augment
 
             img = trivial_augment.trivial_augment_wide(img)
+        elif recipe == "ra":
+            from nvidia.dali.auto_aug import rand_augment
+
+            img = rand_augment.rand_augment(img, n=2, m=9)
+        elif recipe == "aa":
+            from nvidia.dali.auto_aug import auto_augment
+
+            img = auto_augment.auto_augment(img)
         img = fn.crop_mirror_normalize(
             img,
             dtype=types.FLOAT16,

@@ -243,21 +243,12 @@ def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
     tf = transforms.Compose(
         [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
     )
-    if recipe == "full":
-        # torchvision's ta_wide recipe (v2), erasing after normalisation: floats from the workers.
-        from torchvision.transforms import v2
+    if recipe != "rrc":
+        # torchvision v2 (_recipes: ta_wide's recipe, erasing after normalisation, or a policy):
+        # floats from the workers.
+        from _recipes import tv_recipe
 
-        tf = v2.Compose(
-            [
-                v2.RandomResizedCrop(224, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.TrivialAugmentWide(),
-                v2.PILToTensor(),
-                v2.ToDtype(torch.float32, scale=True),
-                v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-                v2.RandomErasing(0.25),
-            ]
-        )
+        tf = tv_recipe(recipe)
     ds = torchvision.datasets.ImageFolder(str(images), transform=tf)
     dl = torch.utils.data.DataLoader(
         ds,
@@ -272,7 +263,7 @@ def dataloader_batches(images: Path, workers: int, recipe: str = "rrc"):
     mean, std = MEAN.cuda(), STD.cuda()
     while True:
         for x, y in dl:
-            if recipe == "full":
+            if recipe != "rrc":
                 x = x.cuda(non_blocking=True).to(torch.bfloat16, memory_format=torch.channels_last)
             else:
                 x = x.cuda(non_blocking=True).float().sub_(mean).div_(std).to(memory_format=torch.channels_last)
@@ -300,18 +291,14 @@ def ringfeed_batches(
     gpu_decode: object = False,
     slots: int = 6,
 ):
+    from _recipes import rf_recipe
+
     import ringfeed
 
-    norm = ringfeed.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    ops = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
-    if recipe == "full":
-        ops += [ringfeed.TrivialAugmentWide(), norm, ringfeed.RandomErasing(0.25)]
-    else:
-        ops.append(norm)
     ld = ringfeed.Loader(
         packed,
         BATCH,
-        transform=ringfeed.Compose(ops),
+        transform=rf_recipe(recipe),
         device="cuda",
         dtype=torch.bfloat16,
         server=ringfeed.Server(socket=sock),

@@ -51,6 +51,13 @@
 #   charts  after setup (PIECE=1) and piece2 (this call carries .carry/dali3): the README's
 #           TrivialAugment panels, ResNet-18 on 6 and 15 threads and ResNet-50 on 15, ringfeed,
 #           DALI (trivial_augment_wide) and a DataLoader + torchvision v2; CHART_PARTS=r18 or r50.
+#   ops27   issue 27, protocol 1.8 (per-image ops on the GPU): after setup (PIECE=1; TESTS with
+#           test_gpu_ops.py) and piece2, the first call carrying .carry/dali3. OPS_PARTS=feed: the
+#           feed rate (no model) of the plain, TrivialAugmentWide, RandAugment(2, 9) and AutoAugment
+#           recipes at 6 and 15 threads, ringfeed autotuned (hybrid) and CPU only, beside DALI's own
+#           policies; OPS_PARTS=train: ResNet-18 on 6 and 15 threads and ResNet-50 on 6 with ta_wide's
+#           recipe (RRC + flip + TA + erasing), ringfeed hybrid (autotuned) and CPU only, DALI and the
+#           ceiling, every loader warmed up 12 s.
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -279,6 +286,29 @@ charts)
   timeout 250 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
     --loaders ceiling,ringfeed,dali,dataloader-pil --recipe full --workers 15 \
     --steps 150 --warmup-s 12 --out "$out/ta-r50-15" 2>&1 | grep "^| resnet\|Error" || echo "ta-r50-15 rc $?"
+  fi
+  rm -f "$out"/*/serve.log
+  ;;
+ops27)
+  [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }
+  dali_unpack
+  mkdir -p "$out"
+  parts=${OPS_PARTS:-feed,train}
+  if [[ $parts == *feed* ]]; then
+  timeout 420 python3 benches/e2e/hybrid_feed.py --images /tmp/photos --packed /tmp/packed \
+    --transforms ${OPS_TRANSFORMS:-train,ta,ra,aa} --threads ${OPS_THREADS:-6,15} --loaders ringfeed,auto,dali \
+    --batches 40 --settle 12 --out "$out/ops-feed" 2>&1 | grep -v "^{" | grep "^|\|Error\|error" | tail -40 || echo "ops-feed rc $?"
+  fi
+  if [[ $parts == *train* ]]; then
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid,ringfeed,dali --recipe full --workers 6 --threads-cap 6 \
+    --steps 300 --warmup-s 12 --out "$out/ta-r18-6" 2>&1 | grep "^| resnet\|reason\|Error" || echo "ta-r18-6 rc $?"
+  timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
+    --loaders ceiling,ringfeed-hybrid,dali --recipe full --workers 15 \
+    --steps 300 --warmup-s 12 --out "$out/ta-r18-15" 2>&1 | grep "^| resnet\|Error" || echo "ta-r18-15 rc $?"
+  timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet50 \
+    --loaders ceiling,ringfeed-hybrid,dali --recipe full --workers 6 --threads-cap 6 \
+    --steps 150 --warmup-s 12 --out "$out/ta-r50-6" 2>&1 | grep "^| resnet\|Error" || echo "ta-r50-6 rc $?"
   fi
   rm -f "$out"/*/serve.log
   ;;

@@ -44,7 +44,7 @@ import harness
 BATCH = 256
 WARMUP = 10
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-TRANSFORMS = ("train", "eval")
+TRANSFORMS = ("train", "eval", "ta", "ra", "aa", "full")
 
 
 def _big_one(args: tuple[str, str, float]) -> int:
@@ -74,6 +74,10 @@ def ringfeed_transform(transform: str):
     """The ringfeed pipeline of `transform` (`train` or `eval`), as torchvision writes it."""
     import ringfeed
 
+    if transform in ("ta", "ra", "aa", "full"):
+        from _recipes import rf_recipe
+
+        return rf_recipe(transform)
     if transform == "train":
         ops = [ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip()]
     elif transform == "eval":
@@ -112,7 +116,9 @@ def ringfeed_loader(
 def dali_iter(images: Path, threads: int, transform: str = "train"):
     import _dali
 
-    return (_dali.batches if transform == "train" else _dali.eval_batches)(images, threads, BATCH)
+    if transform == "eval":
+        return _dali.eval_batches(images, threads, BATCH)
+    return _dali.batches(images, threads, BATCH, recipe="rrc" if transform == "train" else transform)
 
 
 def rate(batches, n: int, settle_s: float = 0.0) -> tuple[float, float]:
@@ -165,7 +171,10 @@ def main() -> None:
     ap.add_argument("--big-images", type=Path)
     ap.add_argument("--big-packed", type=Path)
     ap.add_argument(
-        "--transforms", default="train,eval", help="train (RandomResizedCrop + flip), eval (Resize + CenterCrop)"
+        "--transforms",
+        default="train,eval",
+        help="train (RandomResizedCrop + flip), eval (Resize + CenterCrop), or a recipe of _recipes.py "
+        "(ta, ra, aa: the policy after the crop and flip; full: ta_wide's with erasing)",
     )
     ap.add_argument("--threads", default="6,15")
     ap.add_argument("--shares", default="0.5,0.75,1.0")
@@ -223,7 +232,8 @@ def main() -> None:
     lines = [
         "# Feed rate, no model: normalised bf16 224x224 on the GPU, batch 256",
         "",
-        "Transforms: train = RandomResizedCrop(224) + flip (DALI: its training pipeline), "
+        "Transforms: train = RandomResizedCrop(224) + flip (DALI: its training pipeline); ta, ra, aa = "
+        "the same + TrivialAugmentWide, RandAugment(2, 9), AutoAugment (DALI: its own policy, on the GPU), "
         "eval = Resize(256) + CenterCrop(224) (DALI: its evaluation pipeline).",
         "",
         f"{torch.cuda.get_device_name()}, {os.cpu_count()} CPU cores; {a.batches} timed batches "

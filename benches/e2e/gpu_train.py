@@ -357,6 +357,9 @@ def main() -> None:
                 model = make_model(name)
                 kind, _, opt = loader.partition("@")
                 slots = int(opt.removeprefix("slots")) if opt.startswith("slots") else 6
+                # `@torchops`: the per-image steps of hybrid decode as PyTorch ops (RINGFEED_GPU_OPS),
+                # to weigh the fused Triton kernels against them.
+                os.environ["RINGFEED_GPU_OPS"] = "torch" if opt == "torchops" else "auto"
                 share = float(kind.removeprefix("ringfeed-share-")) if kind.startswith("ringfeed-share-") else None
                 batches = {
                     f"ringfeed-share-{share}": lambda: ringfeed_batches(

@@ -96,7 +96,10 @@ case $step in
 setup)
   cp .carry/bin/ringfeed /tmp/rf/ringfeed
   # nvJPEG's wheel at least (the Finisher's direct decoder); nvImageCodec's where carried.
-  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_*.whl
+  # nvImageCodec's wheel where carried (.carry/nvimg: 25 MB, a call of its own beside the DALI
+  # pieces); installed here, in one go with nvJPEG's: pip --target skips a top-level `nvidia/`
+  # that already exists, and DALI's package has an `nvidia/nvimgcodec/` of libraries only.
+  pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_*.whl $(ls .carry/nvimg/*.whl 2>/dev/null)
   [ -z "${PIECE:-}" ] || { mkdir -p /tmp/dali && cp .carry/dali"$PIECE"/* /tmp/dali/; }
   deps
   [ ! -d /tmp/nv/nvidia/nvimgcodec ] || python3 - <<'PY'
@@ -301,7 +304,7 @@ ops27)
   fi
   if [[ $parts == *train* ]]; then
   timeout 200 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
-    --loaders ceiling,ringfeed-hybrid,ringfeed,dali --recipe full --workers 6 --threads-cap 6 \
+    --loaders ${OPS_R18_6:-ceiling,ringfeed-hybrid,ringfeed-hybrid@torchops,dali} --recipe full --workers 6 --threads-cap 6 \
     --steps 300 --warmup-s 12 --out "$out/ta-r18-6" 2>&1 | grep "^| resnet\|reason\|Error" || echo "ta-r18-6 rc $?"
   timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ceiling,ringfeed-hybrid,dali --recipe full --workers 15 \

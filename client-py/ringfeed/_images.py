@@ -338,6 +338,7 @@ class ImageBatches(BatchMaker):
             samples, ns, fallbacks, waited = self.finisher.totals
             out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
             out["gpu_decode_wait_s"] = waited / 1e9
+            out["gpu_steps_path"] = self.finisher.steps_path
 
 
 class _SampleDecodeError(ServerError):

@@ -583,3 +583,46 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
     assert [torch.equal(a, b) for a, b in zip(whole, head + tail, strict=True)] == [True] * len(whole)
     assert len(again) == len(whole)
     assert ahead <= 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("steps", ["triton", "torch"])
+@pytest.mark.parametrize("name", list(TAILS))
+def test_per_image_ops_on_a_cuda_device(
+    folder: tuple[Path, dict[str, str]], sock: str, name: str, steps: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CUDA device with the GPU decoder, the per-image steps (1.8) run on the GPU samples by
+    either path (the fused Triton kernels, or PyTorch ops): every sample within a few levels of
+    the CPU path's (the decoders differ; a step not run, or run with other draws, moves a sample
+    by tens of levels), the labels, indices and crops the CPU path's, and the path the stats name
+    is the one asked for (no silent fallback)."""
+    monkeypatch.setenv("RINGFEED_GPU_OPS", steps)
+    root, kinds = folder
+    transform = TAILS[name]
+    cpu, _ = _epoch(root, sock, False, transform)
+    with ringfeed.Loader(
+        root,
+        6,
+        transform,
+        server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
+        seed=5,
+        shuffle=True,
+        drop_last=True,
+        fields=["index", "crop"],
+        gpu_decode=1.0,
+        device="cuda",
+    ) as ld:
+        gpu = [{k: v.cpu() for k, v in b.items()} for b in ld]
+        stats = ld.stats()
+    assert stats["gpu_steps_path"] == steps, stats
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
+    assert stats["gpu_samples"] == plain > 0, stats
+    worst = 0.0
+    for a, b in zip(cpu, gpu, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        d = (a["image"].float() - b["image"].float()).abs().flatten(1).mean(1)
+        worst = max(worst, float(d.max()))
+    assert worst < 4.0, f"a sample differs from the CPU path's by {worst:.2f} levels on average"
+    print(f"{name} ({steps}): worst sample {worst:.2f} levels from the CPU path's")

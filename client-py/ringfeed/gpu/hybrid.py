@@ -296,6 +296,26 @@ class Finisher:
                     e,
                 )
         self.geometry = "triton" if self._kernel is not None else "bmm"
+        #: How the per-image steps after the geometry run (``gpu_ops``, protocol 1.8): ``"triton"``,
+        #: a few fused launches a batch (:mod:`ringfeed.gpu.ops_kernel`), or ``"torch"``, PyTorch
+        #: ops per step and kind (:mod:`ringfeed.gpu.ops`, a few hundred launches a batch); the same
+        #: bytes (blur within 40 dB). ``RINGFEED_GPU_OPS`` sets it; ``"auto"`` (the default) is the
+        #: Triton kernels on a CUDA device, falling back to PyTorch (with a warning) where they fail
+        #: to compile.
+        ops_choice = os.environ.get("RINGFEED_GPU_OPS", "auto")
+        if ops_choice not in ("auto", "torch", "triton"):
+            raise ValueError(f"RINGFEED_GPU_OPS must be 'auto', 'torch' or 'triton', not {ops_choice!r}")
+        self._ops_choice = ops_choice
+        self._ops_kernel: Any = None
+        if ops_choice == "triton" or (ops_choice == "auto" and device.type == "cuda"):
+            try:
+                from . import ops_kernel
+
+                self._ops_kernel = ops_kernel
+            except Exception as e:  # Triton missing or broken
+                if ops_choice == "triton":
+                    raise ValueError(f"RINGFEED_GPU_OPS=triton: the Triton step kernels cannot run here ({e!r})") from e
+                log.warning("ringfeed: the Triton step kernels cannot run here (%r); using PyTorch ops", e)
         self.device = device
         self.backend = backend
         self.layout = layout
@@ -718,11 +738,7 @@ class Finisher:
                 part = ok[c : c + step]
                 self._finish(rec[part], [images[i] for i in part], image, pos[part])
         if ok and ops is not None:
-            from . import ops as gops
-
-            rows = pos[ok]
-            table = gops.OpTable.from_records(ops[rows], self.size, rows=rows, device=self.device)
-            gops.apply(image, table, self.layout)
+            self._run_steps(image, ops[pos[ok]], pos[ok])
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
             c[0] += len(ok)
@@ -731,6 +747,29 @@ class Finisher:
         if failed:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])
         return [int(p) for p in pos]
+
+    @property
+    def steps_path(self) -> str:
+        """How the per-image steps run now: ``"triton"`` or ``"torch"`` (``RINGFEED_GPU_OPS``)."""
+        return "triton" if self._ops_kernel is not None else "torch"
+
+    def _run_steps(self, image: Any, records: np.ndarray, rows: np.ndarray) -> None:
+        """The ``gpu_ops`` ``records`` of batch rows ``rows`` on ``image``, after the geometry."""
+        if self._ops_kernel is not None:
+            try:
+                self._ops_kernel.run(image, records, rows, self.layout)
+                return
+            except ValueError:
+                raise
+            except Exception as e:  # a kernel variant that fails to compile: nothing was written back yet
+                if self._ops_choice == "triton":
+                    raise
+                log.warning("ringfeed: the Triton step kernels failed (%r); using PyTorch ops from now on", e)
+                self._ops_kernel = None
+        from . import ops as gops
+
+        table = gops.OpTable.from_records(records, self.size, rows=rows, device=self.device)
+        gops.apply(image, table, self.layout)
 
     def rebuild_chroma(self, rec: np.ndarray, at: np.ndarray) -> int:
         """Rebuilds interpolated chroma in place (``RINGFEED_GPU_CHROMA=rebuild``) in the decoded

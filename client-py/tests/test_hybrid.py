@@ -586,43 +586,54 @@ def test_batches_taken_ahead_are_neither_lost_nor_repeated(folder: tuple[Path, d
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("steps", ["triton", "torch"])
 @pytest.mark.parametrize("name", list(TAILS))
 def test_per_image_ops_on_a_cuda_device(
-    folder: tuple[Path, dict[str, str]], sock: str, name: str, steps: str, monkeypatch: pytest.MonkeyPatch
+    folder: tuple[Path, dict[str, str]], sock: str, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a CUDA device with the GPU decoder, the per-image steps (1.8) run on the GPU samples by
-    either path (the fused Triton kernels, or PyTorch ops): every sample within a few levels of
-    the CPU path's (the decoders differ; a step not run, or run with other draws, moves a sample
-    by tens of levels), the labels, indices and crops the CPU path's, and the path the stats name
-    is the one asked for (no silent fallback)."""
-    monkeypatch.setenv("RINGFEED_GPU_OPS", steps)
+    either path, the fused Triton kernels or PyTorch ops, with the same bytes (blur within 40 dB
+    PSNR: the kernels sum its taps in the server's order), and the stats name the path asked for
+    (no silent fallback). Against the CPU path: the same labels, indices and crops, and pixels
+    near its (the hardware decoder's replicated chroma differs, docs/hybrid-decode.md "Chroma",
+    and ops such as equalize widen that; a step not run, or run with other draws, moves a sample
+    by tens of levels)."""
     root, kinds = folder
     transform = TAILS[name]
     cpu, _ = _epoch(root, sock, False, transform)
-    with ringfeed.Loader(
-        root,
-        6,
-        transform,
-        server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
-        seed=5,
-        shuffle=True,
-        drop_last=True,
-        fields=["index", "crop"],
-        gpu_decode=1.0,
-        device="cuda",
-    ) as ld:
-        gpu = [{k: v.cpu() for k, v in b.items()} for b in ld]
-        stats = ld.stats()
-    assert stats["gpu_steps_path"] == steps, stats
-    order = sorted(kinds)
-    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
-    assert stats["gpu_samples"] == plain > 0, stats
-    worst = 0.0
-    for a, b in zip(cpu, gpu, strict=True):
+    out = {}
+    for steps in ("triton", "torch"):
+        monkeypatch.setenv("RINGFEED_GPU_OPS", steps)
+        with ringfeed.Loader(
+            root,
+            6,
+            transform,
+            server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
+            seed=5,
+            shuffle=True,
+            drop_last=True,
+            fields=["index", "crop"],
+            gpu_decode=1.0,
+            device="cuda",
+        ) as ld:
+            out[steps] = [{k: v.cpu() for k, v in b.items()} for b in ld]
+            stats = ld.stats()
+        assert stats["gpu_steps_path"] == steps, stats
+        order = sorted(kinds)
+        plain = sum(kinds[order[int(i)]] == "gpu" for b in out[steps] for i in b["index"])
+        assert stats["gpu_samples"] == plain > 0, stats
+    fused, plain_ops = out["triton"], out["torch"]
+    for a, b in zip(fused, plain_ops, strict=True):
+        if "blur" in name:
+            mse = float(((a["image"].float() - b["image"].float()) ** 2).mean())
+            assert mse == 0 or 10 * math.log10(255.0**2 / mse) >= 40.0, mse
+        else:
+            assert torch.equal(a["image"], b["image"]), "the fused kernels give PyTorch's bytes"
+    diffs = []
+    for a, b in zip(cpu, fused, strict=True):
         for k in ("label", "index", "crop"):
             assert torch.equal(a[k], b[k]), k
-        d = (a["image"].float() - b["image"].float()).abs().flatten(1).mean(1)
-        worst = max(worst, float(d.max()))
-    assert worst < 4.0, f"a sample differs from the CPU path's by {worst:.2f} levels on average"
-    print(f"{name} ({steps}): worst sample {worst:.2f} levels from the CPU path's")
+        diffs.append((a["image"].float() - b["image"].float()).abs().flatten(1).mean(1))
+    d = torch.cat(diffs)
+    assert float(d.median()) < 3.0, d
+    assert float(d.max()) < 16.0, d
+    print(f"{name}: from the CPU path's by {float(d.median()):.2f} levels (median), {float(d.max()):.2f} (worst)")

@@ -75,6 +75,8 @@ LR, LG, LB, UNIT, SIXTH, TO8, S1, S5 = map(tl.constexpr, (_LR, _LG, _LB, _UNIT, 
 # Kind codes (ring.md), for the kernels; the compile-time masks of a step's kinds use the codes.
 REMAP, BLEND, HUE, GRAYSCALE, SOLARIZE, POSTERIZE, INVERT = map(tl.constexpr, range(1, 8))
 AUTOCONTRAST, EQUALIZE, SHARPNESS, BLUR, AFFINE = map(tl.constexpr, range(8, 13))
+#: The kinds every kernel launched so far compiled in (a bit per kind code): see :func:`run`.
+_SEEN = 0
 #: Kinds whose step needs the pre-pass (contrast is a blend with arg 1).
 _PRE = frozenset((2, 8, 9, 11))
 
@@ -361,7 +363,9 @@ def _affine(base, out, prm, arg, ok, y, x, h, w, cx0, cy0):
 # -- the kernels -------------------------------------------------------------------------------
 
 
-@triton.jit
+# Scalars that change from call to call are not specialised on (Triton compiles a variant for an
+# integer equal to 1 or divisible by 16): a step index or a count would otherwise compile anew.
+@triton.jit(do_not_specialize=["n_stats"])
 def _gather_kernel(batch, buf, nst, rows, stats, n_stats, hw, w, s_b, s_y, s_x, s_c, block: tl.constexpr):
     """Batch rows into the compact buffer's first half; zeroes the statistics."""
     i = tl.program_id(0)
@@ -385,7 +389,7 @@ def _gather_kernel(batch, buf, nst, rows, stats, n_stats, hw, w, s_b, s_y, s_x, 
             j += 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _scatter_kernel(buf, batch, nst, rows, m, hw, w, s_b, s_y, s_x, s_c, block: tl.constexpr):
     """Each sample from the half its last step wrote back to its batch row."""
     i = tl.program_id(0)
@@ -403,7 +407,7 @@ def _scatter_kernel(buf, batch, nst, rows, m, hw, w, s_b, s_y, s_x, s_c, block: 
             tl.store(dst + c * s_c, tl.load(src + c, mask=ok), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k", "steps"])
 def _pre_kernel(src, recs, stats, scratch, aux, k, steps, hw, w, aux_w, kinds: tl.constexpr, block: tl.constexpr):
     """Step ``k``'s whole-image statistics (atomics into ``stats``), or its blur's horizontal pass."""
     i = tl.program_id(0)
@@ -448,7 +452,7 @@ def _pre_kernel(src, recs, stats, scratch, aux, k, steps, hw, w, aux_w, kinds: t
             _store3(scratch + (i64 * hw + p) * 3, a0, a1, a2, ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["k", "steps"])
 def _apply_kernel(
     src,
     dst,
@@ -623,9 +627,15 @@ def run(
     common = {"num_warps": warps, "enable_fp_fusion": False}
 
     _gather_kernel[grid](images, buf, nst_d, rows_d, stats, len(pre), hw, w, s_b, s_y, s_x, s_c, block=block, **common)
+    # The kinds the kernels compile in: every kind seen so far in this process, not this step's
+    # (which differ from batch to batch: a policy draws one of 14, so a mask per step and batch
+    # would compile a variant for each new combination, seconds each, inside the training loop).
+    # The union only grows, so it settles within the first batches: a few compiles in all.
+    global _SEEN
+    _SEEN |= sum(1 << c for c in set().union(*present))
+    mask = _SEEN
     for k in range(steps):
         src, dst = buf[k % 2], buf[(k + 1) % 2]
-        mask = sum(1 << c for c in present[k])
         st = stats[pre.index(k)] if k in pre else stats[0]
         ax = aux_d[blurs.index(k)] if k in blurs else no_aux
         if k in pre:

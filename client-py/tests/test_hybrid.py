@@ -63,6 +63,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
 def _epoch(
     ds: Path, sock: str, gpu: float | bool | ringfeed.GPUDecode, transform: object = RRC, **kw: object
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, object]]:
+    """One epoch's batches (on the host) and the stats; the host backend unless ``device="cuda"``
+    is given (then the GPU decoder)."""
+    backend = {} if kw.get("device") == "cuda" else {"_gpu_backend": "host"}
     with ringfeed.Loader(
         ds,
         6,
@@ -73,10 +76,10 @@ def _epoch(
         drop_last=True,
         fields=["index", "crop"],
         gpu_decode=gpu,
-        _gpu_backend="host",
+        **backend,
         **kw,
     ) as ld:
-        out = [{k: v.clone() for k, v in b.items()} for b in ld]
+        out = [{k: v.cpu().clone() for k, v in b.items()} for b in ld]
         stats = ld.stats()
     return out, stats
 
@@ -603,20 +606,7 @@ def test_per_image_ops_on_a_cuda_device(
     out = {}
     for steps in ("triton", "torch"):
         monkeypatch.setenv("RINGFEED_GPU_OPS", steps)
-        with ringfeed.Loader(
-            root,
-            6,
-            transform,
-            server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
-            seed=5,
-            shuffle=True,
-            drop_last=True,
-            fields=["index", "crop"],
-            gpu_decode=1.0,
-            device="cuda",
-        ) as ld:
-            out[steps] = [{k: v.cpu() for k, v in b.items()} for b in ld]
-            stats = ld.stats()
+        out[steps], stats = _epoch(root, sock, 1.0, transform, device="cuda")
         assert stats["gpu_steps_path"] == steps, stats
         order = sorted(kinds)
         plain = sum(kinds[order[int(i)]] == "gpu" for b in out[steps] for i in b["index"])

@@ -3,7 +3,12 @@
 DataLoader with the torchvision v2 equivalent; top-1 on the same validation set, same evaluator.
 
     python3 benches/e2e/accuracy.py --data DIR --packed DIR [--seeds 0,1,2] [--recipes rrc,full]
+        [--loaders ringfeed,ringfeed-share-0.5,ringfeed-host,dataloader]
         [--epochs 5] [--size 112] [--workers 15] [--bin PATH] [--out DIR]
+
+``--loaders``: ``ringfeed`` (hybrid decode with the autotuned share: the GPU share of each batch
+decoded and augmented on the GPU, protocol 1.8), ``ringfeed-share-S`` (the share pinned at S),
+``ringfeed-host`` (every sample on the server's CPU), ``dataloader``.
 
 ``--data`` is ``make_learnable.py``'s output (``train/`` and ``val/`` ImageFolders); ``--packed`` is
 ``ringfeed pack DATA/train``. Recipes:
@@ -67,7 +72,9 @@ def batches_dataloader(data: Path, recipe: str, size: int, workers: int, seed: i
             yield x.contiguous(memory_format=torch.channels_last), y
 
 
-def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: int, classes: int, sock: str):
+def batches_ringfeed(
+    packed: Path, recipe: str, size: int, workers: int, seed: int, classes: int, sock: str, gpu_decode: object = "auto"
+):
     import ringfeed
 
     mix = None
@@ -84,10 +91,21 @@ def batches_ringfeed(packed: Path, recipe: str, size: int, workers: int, seed: i
         seed=seed,
         server=ringfeed.Server(socket=sock),
         tuning=ringfeed.Tuning(threads=workers, slots=6),
+        gpu_decode=gpu_decode,
         shuffle=True,
         drop_last=True,
     )
     yield from harness.epochs(ld)
+
+
+def gpu_decode_of(loader: str) -> object:
+    """``ringfeed``: hybrid decode autotuned (the default); ``ringfeed-host``: every sample decoded
+    and augmented by the server; ``ringfeed-share-S``: the GPU share pinned at ``S``."""
+    if loader == "ringfeed-host":
+        return False
+    if loader.startswith("ringfeed-share-"):
+        return float(loader.removeprefix("ringfeed-share-"))
+    return "auto"
 
 
 def evaluate(model: nn.Module, data: Path, size: int, workers: int) -> float:
@@ -157,8 +175,10 @@ def main() -> None:
                 for loader in a.loaders.split(","):
                     t = time.perf_counter()
                     batches = (
-                        batches_ringfeed(a.packed, recipe, a.size, a.workers, seed, classes, sock)
-                        if loader == "ringfeed"
+                        batches_ringfeed(
+                            a.packed, recipe, a.size, a.workers, seed, classes, sock, gpu_decode_of(loader)
+                        )
+                        if loader.startswith("ringfeed")
                         else batches_dataloader(a.data, recipe, a.size, a.workers, seed, classes)
                     )
                     model = train_one(batches, steps, seed, classes, a.lr)

@@ -58,6 +58,10 @@
 #           policies; OPS_PARTS=train: ResNet-18 on 6 and 15 threads and ResNet-50 on 6 with ta_wide's
 #           recipe (RRC + flip + TA + erasing), ringfeed hybrid (autotuned) and CPU only, DALI and the
 #           ceiling, every loader warmed up 12 s.
+#   accuracy27  issue 27's accuracy rows (after setup; no DALI needed): ResNet-18 on
+#           make_learnable.py --grid 3, ta_wide's recipe with MixUp/CutMix, fed by ringfeed with hybrid
+#           decode autotuned, with the share pinned at 0.5, on the host only, and by a DataLoader +
+#           torchvision v2; SEEDS (default 0,1,2,3,4; split over calls if one runs past 600 s).
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
@@ -291,6 +295,16 @@ charts)
     --steps 150 --warmup-s 12 --out "$out/ta-r50-15" 2>&1 | grep "^| resnet\|Error" || echo "ta-r50-15 rc $?"
   fi
   rm -f "$out"/*/serve.log
+  ;;
+accuracy27)
+  if [ ! -d /tmp/learn3-packed ]; then
+    python3 benches/make_learnable.py /tmp/learn3 --grid 3 --train-per-class 200 --val-per-class 50 >/dev/null
+    "$RINGFEED_BIN" pack /tmp/learn3/train /tmp/learn3-packed --progress none --threads 16 --force | tail -1
+  fi
+  mkdir -p "$out"
+  timeout 560 python3 benches/e2e/accuracy.py --data /tmp/learn3 --packed /tmp/learn3-packed --seeds ${SEEDS:-0,1,2,3,4} \
+    --recipes full --loaders ringfeed,ringfeed-share-0.5,ringfeed-host,dataloader --epochs 8 --lr 0.2 --size 112 \
+    --workers 15 --out "$out/accuracy-${SEEDS:-all}" 2>&1 | tail -12 || echo "accuracy rc $?"
   ;;
 ops27)
   [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, fields
 from typing import Any
 
+from ._errors import ProtocolError
 from .wire.sidecar import default_socket_path
 
 #: Bounds from control.md, "open".
@@ -38,6 +39,29 @@ MAX_SEED = (1 << 53) - 1
 MAX_EPOCH = (1 << 32) - 1
 #: Datasets on object storage (protocol 1.3): sent to the server unchanged.
 REMOTE_SCHEME = "s3://"
+#: Every object store's scheme (``ringfeed_format::control::REMOTE_SCHEMES``) and the protocol a
+#: server needs to fetch it: S3 1.3, Google Cloud Storage and Azure Blob Storage 1.9.
+REMOTE_SCHEMES = {REMOTE_SCHEME: (1, 3), "gs://": (1, 9), "az://": (1, 9)}
+
+
+def remote_scheme(path: str) -> str | None:
+    """The scheme of ``REMOTE_SCHEMES`` that ``path`` starts with, if any."""
+    return next((s for s in REMOTE_SCHEMES if path.startswith(s)), None)
+
+
+def check_remote_protocol(paths: Sequence[str], server_protocol: tuple[int, int]) -> None:
+    """Refuses, naming the server's version, a URL of a store the server does not fetch yet (a
+    1.8 server takes ``gs://b/k`` for a relative path: control.md, "Other object stores")."""
+    for p in paths:
+        scheme = remote_scheme(p)
+        if scheme is not None and server_protocol < REMOTE_SCHEMES[scheme]:
+            need = REMOTE_SCHEMES[scheme]
+            raise ProtocolError(
+                f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; {scheme} datasets ({p}) "
+                f"need {need[0]}.{need[1]} (install a ringfeed server that matches this package)"
+            )
+
+
 #: Sample orders (control.md, "Order and randomness", 1.3) and the bounds of their members.
 ORDERS = ("auto", "global", "shard_blocks")
 MAX_ORDER_BLOCK = 1 << 20
@@ -431,18 +455,21 @@ def dataset_path(path: str | os.PathLike[str]) -> str:
     """What ``open.dataset`` carries: a local path made absolute, or a remote URL unchanged.
 
     Absolute without resolving symlinks: what the user named is sent. A remote dataset
-    (``s3://bucket/prefix``, protocol 1.3 for images, 1.7 for tokens) is fetched by the server
-    with its own credentials (docs/remote.md); its URL is checked here as the server checks it (a
-    bucket, no ``.`` or ``..`` in the prefix), so a malformed one is a ``ValueError`` naming it
-    rather than a path folded into the working directory.
+    (``s3://bucket/prefix``, protocol 1.3 for images, 1.7 for tokens; 1.9: ``gs://bucket/prefix``,
+    ``az://container/prefix``) is fetched by the server with its own credentials
+    (docs/remote.md); its URL is checked here as the server checks it (a bucket, no ``.`` or
+    ``..`` in the prefix), so a malformed one is a ``ValueError`` naming it rather than a path
+    folded into the working directory.
     """
     p = os.fspath(path)
-    if isinstance(p, str) and p.startswith("s3:"):
-        bucket, _, prefix = p[len(REMOTE_SCHEME) :].partition("/")
-        if not p.startswith(REMOTE_SCHEME):
-            why = "expected s3://bucket/prefix (a pathlib.Path collapses the //: pass the URL as a str)"
+    scheme = next((s for s in REMOTE_SCHEMES if isinstance(p, str) and p.startswith(s[:3])), None)
+    if scheme is not None and isinstance(p, str):
+        bucket, _, prefix = p[len(scheme) :].partition("/")
+        word = "container" if scheme == "az://" else "bucket"
+        if not p.startswith(scheme):
+            why = f"expected {scheme}{word}/prefix (a pathlib.Path collapses the //: pass the URL as a str)"
         elif not bucket:
-            why = "it names no bucket (expected s3://bucket/prefix)"
+            why = f"it names no {word} (expected {scheme}{word}/prefix)"
         elif any(c in (".", "..") for c in prefix.strip("/").split("/")):
             why = "`.` and `..` are not allowed in the prefix"
         else:

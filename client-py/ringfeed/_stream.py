@@ -51,7 +51,7 @@ from typing import Any, Literal, overload
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError
 from ._meter import Meter
-from ._options import MAX_BATCH_SIZE, MAX_EPOCH, MAX_SEED, StreamConfig, env_int, int_in
+from ._options import MAX_BATCH_SIZE, MAX_EPOCH, MAX_SEED, StreamConfig, check_remote_protocol, env_int, int_in
 from ._version import __version__
 from .wire.observe import snapshot
 from .wire.protocol import PROTOCOL, Connection, check_server_message, remote_stats, stats_message
@@ -310,6 +310,8 @@ class Stream:
     def _open_message(self) -> dict[str, Any]:
         """The ``open``: the members every sample kind shares, and the kind's own."""
         cfg = self.cfg
+        # 1.9: gs:// and az:// only to a server that fetches them (an older one takes them for paths).
+        check_remote_protocol([cfg.path], self.server_protocol)
         msg: dict[str, Any] = {
             "type": "open",
             "dataset": cfg.path,

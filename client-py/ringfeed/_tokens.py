@@ -24,15 +24,16 @@ from typing import Any
 from ._base import BaseLoader, From
 from ._errors import ProtocolError
 from ._options import (
-    REMOTE_SCHEME,
     Server,
     StreamConfig,
     Tuning,
+    check_remote_protocol,
     dataset_path,
     int_in,
     legacy_group,
     no_other_keywords,
     refuse_both,
+    remote_scheme,
 )
 from ._options import deprecated as warn_deprecated
 from ._stream import BatchMaker
@@ -108,7 +109,8 @@ class TokenBatches(BatchMaker):
             tokens["pad_id"] = o.pad_id
         if o.token_dtype is not None:
             tokens["dtype"] = o.token_dtype
-        remote = [p for p, _ in o.mix if p.startswith(REMOTE_SCHEME)]
+        check_remote_protocol([p for p, _ in o.mix], server_protocol)
+        remote = [p for p, _ in o.mix if remote_scheme(p) is not None]
         if remote and server_protocol < (1, 7):
             raise ProtocolError(
                 f"the server speaks protocol {server_protocol[0]}.{server_protocol[1]}; token datasets on S3 "
@@ -162,8 +164,9 @@ class TokenLoader(BaseLoader):
     Args:
         path: a token dataset (``ringfeed pack --tokenizer``), a Megatron ``PREFIX.bin``, or a
             flat token file (with ``token_dtype``); or, protocol 1.7, the ``"s3://bucket/prefix"`` URL
-            of a token dataset on S3-compatible storage (sent unchanged; the server fetches it
-            into its cache with its own credentials: docs/remote.md); or a mapping of such paths to weights, to mix them
+            of a token dataset on S3-compatible storage (1.9: ``gs://``, ``az://``) (sent unchanged; the server
+            fetches it into its cache with its own credentials: docs/remote.md); or a mapping of such paths to
+            weights, to mix them
             into one stream (protocol 1.3; control.md, "Mixing"): ``{"/data/web.tok": 0.7,
             "/data/code.tok": 0.3}``. Weights count tokens (every window holds ``seq_len``), need
             not sum to 1, and hold at every prefix of the stream: after any number of windows

@@ -105,7 +105,9 @@ class Loader(BaseLoader):
             listed by the server at open and read in place (see the README, "Serving files in
             place", for what packing adds). Made absolute here; the server opens it. Or the URL
             ``s3://bucket/prefix`` of a packed dataset on S3-compatible storage (protocol 1.3),
-            sent unchanged: the server fetches it with its own credentials into its shard cache
+            or ``gs://bucket/prefix`` (Google Cloud Storage), ``az://container/prefix`` (Azure
+            Blob Storage; both protocol 1.9), sent unchanged: the server fetches it with its own
+            credentials into its shard cache
             (docs/remote.md). A source with options is an object: ``ringfeed.LMDB(path,
             layout=..., labels=..., labels_key=...)`` (docs/lmdb.md) or
             ``ringfeed.WebDataset(path, image=..., label=..., label_key=..., write_index=...)``

@@ -107,13 +107,18 @@ class S3Server:
         return self.dir / BUCKET / key
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ends a server process: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @dataclass
@@ -138,7 +143,7 @@ class Stats:
 class FaultProxy:
     """An HTTP proxy in front of `upstream` that applies staged faults (see the module docs)."""
 
-    def __init__(self, upstream_port: int, rate: float | None = None) -> None:
+    def __init__(self, upstream_port: int, rate: float | None = None, port: int = 0) -> None:
         self.upstream = upstream_port
         #: Bytes per second over all responses (None: unlimited).
         self.rate = rate
@@ -149,7 +154,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._tokens = 0.0
         self._last = time.monotonic()
-        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock = socket.create_server(("127.0.0.1", port))
         self.port = int(self._sock.getsockname()[1])
         self._stop = False
         self._thread = threading.Thread(target=self._serve, daemon=True)

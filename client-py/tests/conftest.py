@@ -40,6 +40,17 @@ def sockdir() -> Iterator[Path]:
 
 
 @pytest.fixture
+def sidecars() -> Iterator[list[Any]]:
+    """Real `ringfeed serve` processes a test started (objects with `proc` and `close()`, such as
+    `test_remote.Sidecar`): those still running are closed afterwards."""
+    made: list[Any] = []
+    yield made
+    for s in made:
+        if s.proc.poll() is None:
+            s.close()
+
+
+@pytest.fixture
 def serve(sockdir: Path) -> Iterator[Callable[..., FakeServer]]:
     """Starts fake servers (the real protocol, checked for violations) on sockets in `sockdir`."""
     servers: list[FakeServer] = []

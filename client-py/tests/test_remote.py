@@ -128,15 +128,6 @@ class Sidecar:
         self.proc.wait(timeout=20)
 
 
-@pytest.fixture
-def sidecars(sockdir: Path) -> Iterator[list[Sidecar]]:
-    made: list[Sidecar] = []
-    yield made
-    for s in made:
-        if s.proc.poll() is None:
-            s.close()
-
-
 def start(made: list[Sidecar], sockdir: Path, env: dict[str, str], cache: Path, cache_bytes: int, *a: str) -> Sidecar:
     s = Sidecar(sockdir, env, cache, cache_bytes, *a)
     made.append(s)

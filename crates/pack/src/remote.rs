@@ -18,7 +18,7 @@ use ringfeed_source::wds::{Catalog, WdsOptions, index};
 
 /// A store for `url`'s bucket, for one command.
 pub fn store_for(url: &RemoteUrl, config: &RemoteConfig) -> Result<Store, RemoteError> {
-    Store::from_env(&url.bucket, config, Arc::new(Counters::default()))
+    Store::from_env(url.scheme, &url.bucket, config, Arc::new(Counters::default()))
 }
 
 /// Whether `url` already holds a packed image dataset (its index).
@@ -333,7 +333,7 @@ pub fn inspect_tars(
     };
     let mut cat = Catalog::new(&url.to_string(), &opts);
     let (mut from_index, mut read_whole) = (0u64, 0u64);
-    let object_url = |key: &str| format!("{}{}/{key}", ringfeed_remote::SCHEME, url.bucket);
+    let object_url = |key: &str| url.key_url(key);
     for o in &listing.tars {
         let index_key = format!("{}{}", o.key, index::SUFFIX);
         let indexed = listing.indexes.contains_key(&index_key).then(|| {

@@ -1,9 +1,12 @@
-//! Remote packed datasets on S3-compatible object storage (`s3://bucket/prefix/dataset`),
+//! Remote packed datasets on object storage (`s3://bucket/prefix/dataset` on S3-compatible
+//! stores; 1.9: `gs://` on Google Cloud Storage, `az://container/prefix` on Azure Blob Storage),
 //! served through a bounded local cache of whole shards (`docs/remote.md`).
 //!
 //! The sidecar does all the fetching: credentials and the endpoint come from the server's
-//! environment (`AWS_*`, read by `object_store`'s `AmazonS3Builder::from_env`), never from a
-//! client's message. A client names a dataset by URL and nothing else.
+//! environment (`AWS_*`, `GOOGLE_*`, `AZURE_*`, read by `object_store`'s own builders'
+//! `from_env`), never from a client's message. A client names a dataset by URL and nothing else.
+//! Every store goes through the same [`Store`] (one `dyn ObjectStore`), so the cache, prefetch,
+//! retries and messages are one code path whatever the scheme.
 //!
 //! The pieces, from the network to the decoder:
 //! - [`store`]: one bucket's object store, a blocking facade over `object_store` on its own small
@@ -46,26 +49,102 @@ pub use store::Store;
 pub use tokens::RemoteTokens;
 pub use wds::RemoteWdsSource;
 
-/// The URL scheme of remote datasets.
+/// The URL scheme of S3 datasets.
 pub const SCHEME: &str = ringfeed_format::control::REMOTE_SCHEME;
 
-/// A parsed `s3://bucket/prefix` URL.
+/// Which object store a URL names: its scheme (`ringfeed_format::control::REMOTE_SCHEMES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scheme {
+    /// `s3://bucket/prefix`: S3 or an S3-compatible store.
+    S3,
+    /// `gs://bucket/prefix`: Google Cloud Storage (1.9).
+    Gcs,
+    /// `az://container/prefix`: Azure Blob Storage (1.9).
+    Azure,
+}
+
+impl Scheme {
+    /// The scheme `s` starts with, if it is one of ours.
+    pub fn of(s: &str) -> Option<Self> {
+        match ringfeed_format::control::object_storage_scheme(s)? {
+            "s3://" => Some(Scheme::S3),
+            "gs://" => Some(Scheme::Gcs),
+            "az://" => Some(Scheme::Azure),
+            other => unreachable!("REMOTE_SCHEMES has {other}, which Scheme does not know"),
+        }
+    }
+
+    /// `s3://`, `gs://` or `az://`.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3://",
+            Scheme::Gcs => "gs://",
+            Scheme::Azure => "az://",
+        }
+    }
+
+    /// What the store calls the top level of a URL (for messages).
+    pub fn bucket_word(self) -> &'static str {
+        match self {
+            Scheme::Azure => "container",
+            Scheme::S3 | Scheme::Gcs => "bucket",
+        }
+    }
+
+    /// The environment variables that configure this store, for messages that send the user
+    /// there (`docs/remote.md`, "Settings").
+    pub fn settings(self) -> &'static str {
+        match self {
+            Scheme::S3 => {
+                "set AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http://), AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the server's environment"
+            }
+            Scheme::Gcs => {
+                "set GOOGLE_SERVICE_ACCOUNT (or GOOGLE_APPLICATION_CREDENTIALS, or GOOGLE_SERVICE_ACCOUNT_KEY) in the server's environment, and GOOGLE_BASE_URL with GOOGLE_SKIP_SIGNATURE=true for an emulator"
+            }
+            Scheme::Azure => {
+                "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_SAS_KEY, or a service principal) in the server's environment, or AZURE_STORAGE_USE_EMULATOR=true for Azurite"
+            }
+        }
+    }
+
+    /// The credential variables, for an access-denied message.
+    pub fn credentials(self) -> &'static str {
+        match self {
+            Scheme::S3 => "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
+            Scheme::Gcs => "GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS",
+            Scheme::Azure => "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY",
+        }
+    }
+}
+
+impl std::fmt::Display for Scheme {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.prefix())
+    }
+}
+
+/// A parsed `s3://bucket/prefix` (or `gs://bucket/prefix`, `az://container/prefix`) URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteUrl {
+    /// The store, as the URL named it.
+    pub scheme: Scheme,
+    /// The bucket (Azure: the container).
     pub bucket: String,
     /// The key prefix of the dataset's files, without leading or trailing `/` (may be empty).
     pub prefix: String,
 }
 
 impl RemoteUrl {
-    /// Parses `s3://bucket/prefix`; `None` when `s` is not an `s3://` URL at all.
+    /// Parses `s3://bucket/prefix` (`gs://`, `az://`); `None` when `s` is no such URL at all.
     pub fn parse(s: &str) -> Option<Result<Self, RemoteError>> {
-        let rest = s.strip_prefix(SCHEME)?;
+        let scheme = Scheme::of(s)?;
+        let rest = &s[scheme.prefix().len()..];
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
+            let word = scheme.bucket_word();
             return Some(Err(RemoteError::Url {
                 url: s.to_owned(),
-                why: "it names no bucket (expected s3://bucket/prefix)".into(),
+                why: format!("it names no {word} (expected {scheme}{word}/prefix)"),
             }));
         }
         let prefix = prefix.trim_matches('/');
@@ -76,6 +155,7 @@ impl RemoteUrl {
             }));
         }
         Some(Ok(RemoteUrl {
+            scheme,
             bucket: bucket.to_owned(),
             prefix: prefix.to_owned(),
         }))
@@ -92,13 +172,18 @@ impl RemoteUrl {
 
     /// `s3://bucket/key` of file `name`, for messages.
     pub fn object_url(&self, name: &str) -> String {
-        format!("{SCHEME}{}/{}", self.bucket, self.key(name))
+        self.key_url(&self.key(name))
+    }
+
+    /// `s3://bucket/key` of the object `key` of the URL's bucket, for messages.
+    pub fn key_url(&self, key: &str) -> String {
+        format!("{}{}/{key}", self.scheme, self.bucket)
     }
 }
 
 impl std::fmt::Display for RemoteUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{SCHEME}{}/{}", self.bucket, self.prefix)
+        write!(f, "{}{}/{}", self.scheme, self.bucket, self.prefix)
     }
 }
 
@@ -240,16 +325,15 @@ impl Counters {
 pub enum RemoteError {
     #[error("{url} is not a usable dataset URL: {why}")]
     Url { url: String, why: String },
-    #[error(
-        "cannot make an S3 client for bucket {bucket}: {why}; set AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for http://), AWS_REGION, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the server's environment"
-    )]
-    Config { bucket: String, why: String },
+    #[error("cannot make a client for {store}: {why}; {settings}", settings = scheme.settings())]
+    Config { scheme: Scheme, store: String, why: String },
     #[error("{url}: the object does not exist (404); the dataset was moved or deleted, or the URL is wrong")]
     Gone { url: String },
     #[error(
-        "{url}: access denied ({why}); check the credentials in the server's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN)"
+        "{url}: access denied ({why}); check the credentials in the server's environment ({vars})",
+        vars = scheme.credentials()
     )]
-    Denied { url: String, why: String },
+    Denied { scheme: Scheme, url: String, why: String },
     #[error(
         "{url} changed while this server used it (etag {was}, now {now}): the dataset was rewritten under a running job; restart the job once the new dataset is complete"
     )]
@@ -265,13 +349,13 @@ pub enum RemoteError {
 }
 
 /// Everything remote a server shares between its streams: the settings, one cache, one store
-/// per bucket, the counters. Made at server start; the cache directory is opened on first use.
+/// per bucket (of each scheme), the counters. Made at server start; the cache directory is opened on first use.
 #[derive(Debug)]
 pub struct Hub {
     pub config: RemoteConfig,
     pub counters: Arc<Counters>,
     cache: Mutex<Option<Arc<Cache>>>,
-    stores: Mutex<BTreeMap<String, Arc<Store>>>,
+    stores: Mutex<BTreeMap<(Scheme, String), Arc<Store>>>,
 }
 
 impl Hub {
@@ -306,21 +390,27 @@ impl Hub {
         self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The store of `bucket`, made from the environment on first use.
-    pub fn store(&self, bucket: &str) -> Result<Arc<Store>, RemoteError> {
+    /// The store of `url`'s bucket, made from the environment on first use.
+    pub fn store(&self, url: &RemoteUrl) -> Result<Arc<Store>, RemoteError> {
         let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = stores.get(bucket) {
+        let key = (url.scheme, url.bucket.clone());
+        if let Some(s) = stores.get(&key) {
             return Ok(Arc::clone(s));
         }
-        let s = Arc::new(Store::from_env(bucket, &self.config, Arc::clone(&self.counters))?);
-        stores.insert(bucket.to_owned(), Arc::clone(&s));
+        let s = Arc::new(Store::from_env(
+            url.scheme,
+            &url.bucket,
+            &self.config,
+            Arc::clone(&self.counters),
+        )?);
+        stores.insert(key, Arc::clone(&s));
         Ok(s)
     }
 
     /// Uses `store` for its bucket from now on (instead of one made from the environment).
     pub fn add_store(&self, store: Store) {
         let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        stores.insert(store.bucket().to_owned(), Arc::new(store));
+        stores.insert((store.scheme(), store.bucket().to_owned()), Arc::new(store));
     }
 
     /// What remote fetching has done, when anything remote was opened.
@@ -346,5 +436,26 @@ mod tests {
         assert!(RemoteUrl::parse("/data/x").is_none());
         assert!(RemoteUrl::parse("s3:///x").unwrap().is_err());
         assert!(RemoteUrl::parse("s3://b/../x").unwrap().is_err());
+        // 1.9: the other stores keep their scheme, in every URL made from theirs.
+        let g = RemoteUrl::parse("gs://b/ds").unwrap().unwrap();
+        assert_eq!(
+            (g.scheme, g.bucket.as_str(), g.prefix.as_str()),
+            (Scheme::Gcs, "b", "ds")
+        );
+        assert_eq!(g.object_url("index.rfi"), "gs://b/ds/index.rfi");
+        assert_eq!(g.to_string(), "gs://b/ds");
+        let a = RemoteUrl::parse("az://c/x/ds").unwrap().unwrap();
+        assert_eq!((a.scheme, a.key_url("k")), (Scheme::Azure, "az://c/k".to_owned()));
+        let e = RemoteUrl::parse("az:///x").unwrap().unwrap_err().to_string();
+        assert!(
+            e.contains("az:///x") && e.contains("expected az://container/prefix"),
+            "{e}"
+        );
+        assert!(RemoteUrl::parse("gs://b/x/../y").unwrap().is_err());
+        assert!(RemoteUrl::parse("gcs://b/x").is_none());
+        // Every scheme the protocol lists is one a URL can have.
+        for s in ringfeed_format::control::REMOTE_SCHEMES {
+            assert_eq!(Scheme::of(s).map(Scheme::prefix), Some(s));
+        }
     }
 }

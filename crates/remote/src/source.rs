@@ -28,7 +28,7 @@ use ringfeed_source::{Sample, SampleReader, Source, SourceError};
 #[derive(Debug)]
 pub struct StoreFetch {
     store: Arc<Store>,
-    /// The cache key's prefix: `bucket/`.
+    /// The cache key's prefix ([`Store::cache_prefix`]).
     strip: String,
     etags: Mutex<HashMap<String, String>>,
 }
@@ -36,7 +36,7 @@ pub struct StoreFetch {
 impl StoreFetch {
     pub fn new(store: Arc<Store>) -> Self {
         StoreFetch {
-            strip: format!("{}/", store.bucket()),
+            strip: store.cache_prefix(),
             store,
             etags: Mutex::new(HashMap::new()),
         }
@@ -117,7 +117,7 @@ impl RemoteSource {
     /// cache. Blocking (call it off the control plane).
     pub fn open(hub: &Hub, url: &RemoteUrl, check_crc: bool) -> Result<Self, OpenError> {
         ringfeed_format::fault::install().map_err(|e| ShardError::io(Path::new(&url.to_string()), e))?;
-        let store = hub.store(&url.bucket)?;
+        let store = hub.store(url)?;
         let cache = hub.cache()?;
         let index_key = url.key(INDEX_FILE);
         // A probe: a prefix without `index.rfi` may hold WebDataset tars instead.
@@ -139,7 +139,7 @@ impl RemoteSource {
         for n in 0..index.shard_count() {
             let name = index.shard_name(n)?.to_owned();
             let entry = index.shard_entry(n);
-            let key = format!("{}/{}", url.bucket, url.key(&name));
+            let key = store.cache_key(&url.key(&name));
             cache.check_fits(&key, entry.file_len)?;
             let map: Mapping = Arc::default();
             let on_evict = {

@@ -1,4 +1,6 @@
-//! One bucket of an S3-compatible store, as blocking calls with deadlines and bounded retries.
+//! One bucket of an object store (S3-compatible, Google Cloud Storage, Azure Blob Storage: one
+//! `dyn ObjectStore` from `object_store`'s own backend for the URL's scheme), as blocking calls
+//! with deadlines and bounded retries. Everything above this module is the same for every store.
 //!
 //! `object_store`'s own retry loop is switched off (`max_retries: 0`) and this module retries
 //! instead, so that every retry is counted ([`super::Counters::retries`]) and the error that ends
@@ -23,11 +25,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, RetryConfig};
 
-use super::{Counters, RemoteConfig, RemoteError};
+use super::{Counters, RemoteConfig, RemoteError, Scheme};
 
 /// Largest object [`Store::put_file`] sends in one request; larger ones go in 16 MiB parts.
 const SINGLE_PUT: u64 = 64 << 20;
@@ -35,8 +39,9 @@ const SINGLE_PUT: u64 = 64 << 20;
 /// One bucket's client.
 #[derive(Debug)]
 pub struct Store {
+    scheme: Scheme,
     bucket: String,
-    s3: Arc<AmazonS3>,
+    s3: Arc<dyn ObjectStore>,
     runtime: tokio::runtime::Runtime,
     timeout: Duration,
     retries: u32,
@@ -57,7 +62,55 @@ impl Store {
     /// What the environment leaves unset (keys, region, endpoint) is read from the AWS CLI's
     /// files, for the profile `$AWS_PROFILE` (else `default`): `$AWS_SHARED_CREDENTIALS_FILE`
     /// (else `~/.aws/credentials`) and `$AWS_CONFIG_FILE` (else `~/.aws/config`).
-    pub fn from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
+    ///
+    /// `gs://` (1.9): `GoogleCloudStorageBuilder::from_env` (the `GOOGLE_*` variables; an
+    /// `http://` `GOOGLE_BASE_URL` allows plain HTTP, for an emulator). `az://` (1.9):
+    /// `MicrosoftAzureBuilder::from_env` (the `AZURE_*` variables; `AZURE_STORAGE_USE_EMULATOR`
+    /// for Azurite at `AZURITE_BLOB_STORAGE_URL`), the URL's bucket being the container.
+    pub fn from_env(
+        scheme: Scheme,
+        bucket: &str,
+        config: &RemoteConfig,
+        counters: Arc<Counters>,
+    ) -> Result<Self, RemoteError> {
+        match scheme {
+            Scheme::S3 => Self::s3_from_env(bucket, config, counters),
+            Scheme::Gcs => {
+                let builder = GoogleCloudStorageBuilder::from_env();
+                let http = builder
+                    .get_config_value(&GoogleConfigKey::BaseUrl)
+                    .is_some_and(|u| u.starts_with("http://"));
+                let gcs = builder
+                    .with_bucket_name(bucket)
+                    .with_client_options(client_options(config, http))
+                    .with_retry(retry_config(config))
+                    .build()
+                    .map_err(|e| config_error(scheme, bucket, &e))?;
+                Self::from_object_store(scheme, bucket, Arc::new(gcs), config, counters)
+            }
+            Scheme::Azure => {
+                let builder = MicrosoftAzureBuilder::from_env();
+                // Azurite's endpoint is plain HTTP (the builder allows it for the emulator itself
+                // only when it keeps its own client options, which ours replace).
+                let http = builder
+                    .get_config_value(&AzureConfigKey::UseEmulator)
+                    .is_some_and(|v| v == "true")
+                    || builder
+                        .get_config_value(&AzureConfigKey::Endpoint)
+                        .is_some_and(|u| u.starts_with("http://"));
+                let az = builder
+                    .with_container_name(bucket)
+                    .with_client_options(client_options(config, http))
+                    .with_retry(retry_config(config))
+                    .build()
+                    .map_err(|e| config_error(scheme, bucket, &e))?;
+                Self::from_object_store(scheme, bucket, Arc::new(az), config, counters)
+            }
+        }
+    }
+
+    /// [`Store::from_env`] for `s3://`: the `AWS_*` variables, then the AWS CLI's files.
+    fn s3_from_env(bucket: &str, config: &RemoteConfig, counters: Arc<Counters>) -> Result<Self, RemoteError> {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
         let file = |var: &str, name: &str| {
             std::env::var_os(var)
@@ -87,38 +140,44 @@ impl Store {
         config: &RemoteConfig,
         counters: Arc<Counters>,
     ) -> Result<Self, RemoteError> {
-        let cfg_err = |why: String| RemoteError::Config {
-            bucket: bucket.to_owned(),
-            why,
-        };
         let mut builder = builder.with_bucket_name(bucket);
-        let mut options = ClientOptions::new()
-            .with_timeout(config.timeout)
-            .with_connect_timeout(Duration::from_secs(5).min(config.timeout));
-        if endpoint.starts_with("http://") {
-            options = options.with_allow_http(true);
-        }
         if builder
             .get_config_value(&object_store::aws::AmazonS3ConfigKey::Region)
             .is_none_or(|r| r.is_empty())
         {
             builder = builder.with_region("us-east-1");
         }
-        builder = builder.with_client_options(options).with_retry(RetryConfig {
-            max_retries: 0,
-            retry_timeout: config.timeout,
-            ..RetryConfig::default()
-        });
-        let s3 = builder.build().map_err(|e| cfg_err(e.to_string()))?;
+        builder = builder
+            .with_client_options(client_options(config, endpoint.starts_with("http://")))
+            .with_retry(retry_config(config));
+        let s3 = builder.build().map_err(|e| config_error(Scheme::S3, bucket, &e))?;
+        Self::from_object_store(Scheme::S3, bucket, Arc::new(s3), config, counters)
+    }
+
+    /// A client for `bucket` of a `scheme` store over `store`, an `object_store` client made
+    /// for that bucket with [`client_options`] and [`retry_config`] (tests give one for their
+    /// own emulator).
+    pub fn from_object_store(
+        scheme: Scheme,
+        bucket: &str,
+        store: Arc<dyn ObjectStore>,
+        config: &RemoteConfig,
+        counters: Arc<Counters>,
+    ) -> Result<Self, RemoteError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("ringfeed-s3")
+            .thread_name("ringfeed-store")
             .enable_all()
             .build()
-            .map_err(|e| cfg_err(format!("starting its runtime: {e}")))?;
+            .map_err(|e| RemoteError::Config {
+                scheme,
+                store: format!("{scheme}{bucket}"),
+                why: format!("starting its runtime: {e}"),
+            })?;
         Ok(Store {
+            scheme,
             bucket: bucket.to_owned(),
-            s3: Arc::new(s3),
+            s3: store,
             runtime,
             timeout: config.timeout,
             retries: config.retries,
@@ -132,8 +191,29 @@ impl Store {
         &self.bucket
     }
 
-    fn url(&self, key: &str) -> String {
-        format!("{}{}/{key}", super::SCHEME, self.bucket)
+    /// The store's scheme.
+    pub fn scheme(&self) -> Scheme {
+        self.scheme
+    }
+
+    /// The cache key of object `key` ([`super::cache::Object::key`]): `bucket/key` for S3 (as
+    /// before 1.9, so a cache filled then stays valid), the whole URL for the other stores, so
+    /// that buckets of the same name in two stores never share a file.
+    pub fn cache_key(&self, key: &str) -> String {
+        format!("{}{key}", self.cache_prefix())
+    }
+
+    /// What [`Store::cache_key`] puts before an object's key.
+    pub fn cache_prefix(&self) -> String {
+        match self.scheme {
+            Scheme::S3 => format!("{}/", self.bucket),
+            _ => format!("{}{}/", self.scheme, self.bucket),
+        }
+    }
+
+    /// `s3://bucket/key` (with the store's scheme) of object `key`, for messages.
+    pub fn url(&self, key: &str) -> String {
+        format!("{}{}/{key}", self.scheme, self.bucket)
     }
 
     /// Classifies an `object_store` error.
@@ -142,6 +222,7 @@ impl Store {
             object_store::Error::NotFound { .. } => Attempt::Fatal(RemoteError::Gone { url: self.url(key) }),
             object_store::Error::PermissionDenied { source, .. }
             | object_store::Error::Unauthenticated { source, .. } => Attempt::Fatal(RemoteError::Denied {
+                scheme: self.scheme,
                 url: self.url(key),
                 why: source.to_string(),
             }),
@@ -151,6 +232,7 @@ impl Store {
                 // with the status in its text: as final as a typed 401/403.
                 if why.contains("403 Forbidden") || why.contains("401 Unauthorized") {
                     Attempt::Fatal(RemoteError::Denied {
+                        scheme: self.scheme,
                         url: self.url(key),
                         why,
                     })
@@ -231,7 +313,7 @@ impl Store {
         let path = ObjectPath::from(key);
         let got = self.attempts(key, count_gone, |_| async {
             let r = self.s3.get(&path).await.map_err(|e| self.classify(key, e))?;
-            let etag = r.meta.e_tag.clone();
+            let etag = quoted(r.meta.e_tag.as_deref());
             let mut stream = r.into_stream();
             let mut out = Vec::new();
             while let Some(chunk) = stream.next().await {
@@ -277,7 +359,7 @@ impl Store {
                     ..GetOptions::default()
                 };
                 let r = self.s3.get_opts(path, options).await.map_err(|e| self.classify(key, e))?;
-                let now = r.meta.e_tag.clone();
+                let now = quoted(r.meta.e_tag.as_deref());
                 if let (Some(was), Some(now)) = (seen.borrow().as_deref(), now.as_deref())
                     && was != now
                 {
@@ -398,7 +480,7 @@ impl Store {
                 .map(|m| Listed {
                     key: m.location.to_string(),
                     size: m.size,
-                    etag: m.e_tag,
+                    etag: quoted(m.e_tag.as_deref()),
                     modified_ns: m.last_modified.timestamp_nanos_opt().unwrap_or(0),
                 })
                 .collect::<Vec<_>>();
@@ -449,7 +531,8 @@ impl Store {
                     .get_opts(&path, options)
                     .await
                     .map_err(|e| self.classify(key, e))?;
-                if let (Some(was), Some(now)) = (etag, r.meta.e_tag.as_deref())
+                let now = quoted(r.meta.e_tag.as_deref());
+                if let (Some(was), Some(now)) = (etag, now.as_deref())
                     && was != now
                 {
                     return Err(Attempt::Fatal(RemoteError::Changed {
@@ -458,7 +541,6 @@ impl Store {
                         now: now.to_owned(),
                     }));
                 }
-                let now = r.meta.e_tag.clone();
                 let mut stream = r.into_stream();
                 let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
                 while let Some(chunk) = stream.next().await {
@@ -496,6 +578,32 @@ impl Store {
             }
             Ok(out)
         })
+    }
+}
+
+/// The HTTP client's settings of every store: a request's deadline (`--fetch-timeout`), and plain
+/// HTTP where the configured endpoint is `http://` (an emulator, a local store).
+pub fn client_options(config: &RemoteConfig, allow_http: bool) -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(config.timeout)
+        .with_connect_timeout(Duration::from_secs(5).min(config.timeout))
+        .with_allow_http(allow_http)
+}
+
+/// `object_store`'s own retries, off: [`Store`] retries (and counts, and names the settings).
+pub fn retry_config(config: &RemoteConfig) -> RetryConfig {
+    RetryConfig {
+        max_retries: 0,
+        retry_timeout: config.timeout,
+        ..RetryConfig::default()
+    }
+}
+
+fn config_error(scheme: Scheme, bucket: &str, e: &object_store::Error) -> RemoteError {
+    RemoteError::Config {
+        scheme,
+        store: format!("{scheme}{bucket}"),
+        why: one_line(e),
     }
 }
 
@@ -580,6 +688,20 @@ impl AwsFiles {
     }
 }
 
+/// An ETag in its quoted form (`"abc"`), whatever the store sent: S3 and Azure quote them
+/// everywhere, GCS's XML listing does not where its GET headers do, and an ETag is compared
+/// between the two (a tar listed at open, then downloaded). A quoted one is left as it is, so
+/// the ETags recorded before 1.9 (S3's, in `TAR.rfidx` files) still compare equal.
+fn quoted(etag: Option<&str>) -> Option<String> {
+    etag.map(|e| {
+        if e.starts_with('"') || e.starts_with("W/\"") {
+            e.to_owned()
+        } else {
+            format!("\"{e}\"")
+        }
+    })
+}
+
 /// The wait before attempt `n` (1, 2, ...): `first × 2^(n-1)`, at most 8 s, with up to 50 %
 /// jitter from the clock (so ranks that failed together do not retry together).
 fn backoff(first: Duration, n: u32) -> Duration {
@@ -645,6 +767,14 @@ mod tests {
         let b = work.apply(AmazonS3Builder::new().with_region("ap-south-1"));
         assert_eq!(b.get_config_value(&K::Region).as_deref(), Some("ap-south-1"));
         assert_eq!(b.get_config_value(&K::AccessKeyId).as_deref(), Some("WORK"));
+    }
+
+    #[test]
+    fn etags_compare_in_their_quoted_form() {
+        assert_eq!(quoted(Some("abc")).as_deref(), Some("\"abc\""));
+        assert_eq!(quoted(Some("\"abc\"")).as_deref(), Some("\"abc\""));
+        assert_eq!(quoted(Some("W/\"abc\"")).as_deref(), Some("W/\"abc\""));
+        assert_eq!(quoted(None), None);
     }
 
     #[test]

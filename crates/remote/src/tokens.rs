@@ -137,7 +137,7 @@ impl RemoteTokens {
             url: shown.clone(),
             source: ShardError::io(Path::new(&shown), e),
         })?;
-        let store = hub.store(&url.bucket)?;
+        let store = hub.store(url)?;
         let (listed, dirs) = store.list_dir_and_prefixes(&url.prefix)?;
         let find = |name: &str| listed.iter().find(|o| o.key == url.key(name));
         let Some(tokens) = find(TOKENS_FILE) else {
@@ -185,7 +185,7 @@ impl RemoteTokens {
         }
         let fetch: Arc<dyn Fetch> = Arc::new(fetch);
         let object = |key: &str, len: u64, check: Arc<Check>| Object {
-            key: format!("{}/{key}", url.bucket),
+            key: store.cache_key(key),
             len,
             check,
             fetch: Arc::clone(&fetch),

@@ -101,9 +101,7 @@ pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError>
                 match l.into_iter().find(|o| o.key == key) {
                     Some(o) => listing.tars.push(o),
                     None => {
-                        return Err(RemoteError::Gone {
-                            url: format!("{}{}/{key}", super::SCHEME, url.bucket),
-                        });
+                        return Err(RemoteError::Gone { url: url.key_url(&key) });
                     }
                 }
             }
@@ -197,14 +195,14 @@ impl RemoteWdsSource {
     ) -> Result<Self, OpenError> {
         let name = url.to_string();
         ringfeed_format::fault::install().map_err(|e| ringfeed_format::shard::ShardError::io(Path::new(&name), e))?;
-        let store = hub.store(&url.bucket)?;
+        let store = hub.store(url)?;
         let cache = hub.cache()?;
         let listing = list_tars(&store, url)?;
         let fetch = Arc::new(StoreFetch::new(Arc::clone(&store)));
         let mut tables: Vec<Arc<OnceLock<tar::Scan>>> = Vec::with_capacity(listing.tars.len());
         let mut slots = Vec::with_capacity(listing.tars.len());
         for o in &listing.tars {
-            let key = format!("{}/{}", url.bucket, o.key);
+            let key = store.cache_key(&o.key);
             cache.check_fits(&key, o.size)?;
             if let Some(e) = &o.etag {
                 fetch.expect(&o.key, e);
@@ -217,7 +215,7 @@ impl RemoteWdsSource {
             };
             slots.push(Slot {
                 object: Object {
-                    check: tar_check(Arc::clone(&table), format!("{}{key}", super::SCHEME)),
+                    check: tar_check(Arc::clone(&table), store.url(&o.key)),
                     key,
                     len: o.size,
                     fetch: Arc::clone(&fetch) as Arc<dyn Fetch>,
@@ -282,7 +280,7 @@ impl RemoteWdsSource {
                 .into_inner()
                 .unwrap_or_else(|p| p.into_inner())
                 .expect("every tar was indexed");
-            let tar_url = PathBuf::from(format!("{}{}/{}", super::SCHEME, url.bucket, listing.tars[i].key));
+            let tar_url = PathBuf::from(url.key_url(&listing.tars[i].key));
             match r {
                 Ok(had) => {
                     match had {
@@ -358,7 +356,7 @@ struct TarCtx<'a> {
 
 impl TarCtx<'_> {
     fn url(&self) -> String {
-        format!("{}{}", super::SCHEME, self.object.key)
+        self.store.url(&self.listed.key)
     }
 
     fn cached_index(&self) -> PathBuf {
@@ -398,9 +396,8 @@ impl TarCtx<'_> {
                     return Ok(Had::Store);
                 }
                 Err(why) => tracing::info!(
-                    "{}{}/{index_key}: not using it: {why}; indexing the tar from a download",
-                    super::SCHEME,
-                    self.object.key.split('/').next().unwrap_or_default()
+                    "{}: not using it: {why}; indexing the tar from a download",
+                    self.store.url(&index_key)
                 ),
             }
         }
@@ -521,7 +518,8 @@ pub fn index_object(
     has_index: bool,
     dir: &Path,
 ) -> Result<ObjectIndexReport, RemoteError> {
-    let url = format!("{}{bucket}/{}", super::SCHEME, o.key);
+    debug_assert_eq!(bucket, store.bucket());
+    let url = store.url(&o.key);
     let index_key = format!("{}{}", o.key, index::SUFFIX);
     let mut rebuilt = None;
     if has_index {

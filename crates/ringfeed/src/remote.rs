@@ -157,9 +157,9 @@ pub(crate) fn index(args: &RemoteArgs, mode: ProgressMode, url: &RemoteUrl) -> R
     progress.message(&format!("indexing the tars of {url}"));
     let on_start = |i: usize, n: usize, key: &str, size: u64| {
         progress.message(&format!(
-            "indexing tar {} of {n}: s3://{}/{key} ({:.1} MB)",
+            "indexing tar {} of {n}: {} ({:.1} MB)",
             i + 1,
-            url.bucket,
+            url.key_url(key),
             size as f64 / 1e6
         ));
     };

@@ -308,7 +308,7 @@ fn check_open(open: &OpenRequest) -> Result<TokenOpen, OpenError> {
     for (i, m) in t.mix.iter().flatten().enumerate() {
         if !Path::new(&m.dataset).is_absolute() && !ringfeed_format::control::names_object_storage(&m.dataset) {
             return Err(bad(format!(
-                "open.tokens.mix[{i}].dataset {:?} must be an absolute path or an s3:// URL",
+                "open.tokens.mix[{i}].dataset {:?} must be an absolute path or an s3://, gs:// or az:// URL",
                 m.dataset
             )));
         }

@@ -237,13 +237,23 @@ pub struct GpuDecodeRequest {
     pub bytes_per_sample: Option<u64>,
 }
 
-/// The URL scheme of a dataset on object storage (control.md, "open", 1.3): an `open.dataset`
-/// that starts with it is sent unchanged and fetched by the server; anything else is a path.
+/// The URL scheme of a dataset on S3-compatible storage (control.md, "open", 1.3): an
+/// `open.dataset` that starts with it is sent unchanged and fetched by the server.
 pub const REMOTE_SCHEME: &str = "s3://";
+
+/// Every URL scheme of a dataset on object storage: S3 (1.3), Google Cloud Storage and Azure
+/// Blob Storage (1.9, "Other object stores"). An `open.dataset` that starts with one is fetched
+/// by the server; anything else is a path. The one list every side checks URLs against.
+pub const REMOTE_SCHEMES: [&str; 3] = [REMOTE_SCHEME, "gs://", "az://"];
+
+/// The scheme of [`REMOTE_SCHEMES`] that `dataset` starts with, if any.
+pub fn object_storage_scheme(dataset: &str) -> Option<&'static str> {
+    REMOTE_SCHEMES.into_iter().find(|s| dataset.starts_with(s))
+}
 
 /// Whether `dataset` names a dataset on object storage rather than a local path.
 pub fn names_object_storage(dataset: &str) -> bool {
-    dataset.starts_with(REMOTE_SCHEME)
+    object_storage_scheme(dataset).is_some()
 }
 
 impl OpenRequest {

@@ -14,6 +14,7 @@ use ringfeed_ops::{Layout, Pipeline, Transform};
 use ringfeed_order::blocks;
 use ringfeed_source::listing::InputKind;
 
+use crate::fields::SampleFields;
 use crate::pool::ViewFields;
 use crate::segment::Segment;
 use crate::shared::{KindParts, OpenError, Prepared, Shared, admit};
@@ -77,6 +78,16 @@ pub(crate) async fn prepare_images(
             Some(g.clone())
         }
     };
+    // 1.9: text and metadata fields, from the source's members or columns.
+    let mut taken: Vec<String> = specs.iter().map(|s| s.name.to_string()).collect();
+    taken.extend(["label", "index", "crop"].map(String::from));
+    taken.extend(pipeline.views.iter().map(|v| v.name.clone()));
+    let admit_tokenizer = |p: &Path| admit(shared, p).map(|_| p.to_owned()).map_err(|(_, m)| m);
+    let sample_fields =
+        SampleFields::parse(open, source.field_kind(), &source.describe(), &taken, &admit_tokenizer).map_err(bad)?;
+    if let Some(f) = &sample_fields {
+        specs.extend(f.specs());
+    }
     let per_sample = format!("samples of {} images", pipeline.outputs());
     Ok(Prepared {
         source,
@@ -88,7 +99,7 @@ pub(crate) async fn prepare_images(
         reports_order: true,
         start_threads: None,
         per_sample,
-        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout)),
+        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields)),
     })
 }
 
@@ -197,8 +208,12 @@ fn gpu_fields(
 }
 
 /// The image kind's parts once the ring is made: each field's place in a slot.
-fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindParts {
+fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout, fields: Option<SampleFields>) -> KindParts {
     let field = |n: &str| segment.layout().field(n).cloned();
+    let fields = fields.map(|mut f| {
+        f.bind(&field);
+        Arc::new(f)
+    });
     let views = pipeline
         .views
         .iter()
@@ -219,6 +234,7 @@ fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindPar
                 bytes,
                 ops: field("gpu_ops"),
             }),
+        fields,
         pipeline,
         layout,
         kind: crate::pool::SampleKind::Image,
@@ -289,8 +305,11 @@ async fn open_source(
                 kind.name()
             )
         }
-        // Listed files: no CRC, no LMDB options.
-        ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+        // Listed files: no CRC, no LMDB options; a manifest's other columns kept only for a stream
+        // that asks for sample fields (1.9).
+        ServedKind::Folder | ServedKind::Manifest => {
+            format!("{}|{}|{}", canonical.display(), kind.name(), columns(open))
+        }
         ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
     };
     if let Some(s) = shared.cached_source(&key) {
@@ -305,7 +324,7 @@ async fn open_source(
             };
             let publisher = Arc::clone(shared);
             let cache_key = key.clone();
-            let waiter = shared.openings.join(&key, canonical, input, move |s| {
+            let waiter = shared.openings.join(&key, canonical, input, columns(open), move |s| {
                 publisher.cache_source(cache_key, s);
             });
             return wait_for_listing(shared, waiter, open, progress).await;
@@ -344,6 +363,11 @@ async fn open_source(
     };
     shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+/// Whether a stream asks for sample fields (1.9), so that a manifest keeps its other columns.
+fn columns(open: &OpenRequest) -> bool {
+    open.text.as_ref().is_some_and(|t| !t.is_empty()) || open.meta.as_ref().is_some_and(|m| !m.is_empty())
 }
 
 /// Opens (or reuses) the remote dataset at `url` (1.3, `ringfeed_remote`): a packed dataset, its

@@ -13,8 +13,8 @@ pub mod snapshot;
 pub use dataset_id::DatasetId;
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
 pub use message::{
-    ClientMessage, ErrorCode, LmdbRequest, MixEntry, OpenRequest, REMOTE_SCHEME, SampleKindRequest, ServerMessage,
-    TokenOptions, TransformRequest, WdsRequest, names_object_storage,
+    ClientMessage, ErrorCode, LmdbRequest, MetaFieldRequest, MixEntry, OpenRequest, REMOTE_SCHEME, SampleKindRequest,
+    ServerMessage, TextFieldRequest, TokenOptions, TransformRequest, WdsRequest, names_object_storage,
 };
 pub use snapshot::{RemoteSnapshot, ServerSnapshot, SlotCounts, Snapshot, StageTimes, StreamSnapshot};
 

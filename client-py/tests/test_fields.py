@@ -148,6 +148,49 @@ def test_raw_captions_and_metadata_equal_the_sources_on_two_ranks(laion: Path, s
     check_raw(got, [record(i) for i in range(N)])
 
 
+def test_views_and_hybrid_decode_keep_the_fields(laion: Path, sock: str) -> None:
+    """With two views, and with hybrid decode (its host backend), the batch is a dict of the views
+    and the fields, each sample's its own."""
+    views = ringfeed.Views({"big": ringfeed.RandomResizedCrop(12), "small": ringfeed.RandomResizedCrop(8)})
+    with ringfeed.Loader(
+        wds(laion), 4, views, fields=["index"], server=ringfeed.Server(socket=sock, spawn=True), **RAW
+    ) as ld:
+        batches = list(ld)
+    assert set(batches[0]) == {"big", "small", "label", "index", "text", *META}
+    got = rows(batches, NAMES)
+    assert sorted(got) == list(range(N))
+    check_raw(got, [record(i) for i in range(N)])
+    with ringfeed.Loader(
+        wds(laion),
+        4,
+        ringfeed.RandomResizedCrop(16),
+        fields=["index"],
+        server=ringfeed.Server(socket=sock, spawn=True),
+        gpu_decode=0.5,
+        _gpu_backend="host",
+        **RAW,
+    ) as ld:
+        batches = list(ld)
+        assert ld.stats()["gpu_samples"] > 0
+    got = rows(batches, NAMES)
+    assert sorted(got) == list(range(N))
+    check_raw(got, [record(i) for i in range(N)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_mode_moves_the_tensors_and_keeps_the_texts_on_the_host(laion: Path, sock: str) -> None:
+    """In CUDA mode the metadata go to the device with the batch; texts stay Python strings; values as on the CPU."""
+    with loader(wds(laion), sock, device="cuda", **RAW) as ld:
+        batches = [{k: (v if isinstance(v, list) else v.cpu()) for k, v in b.items()} for b in ld]
+    with loader(wds(laion), sock, device="cuda", **RAW) as ld:
+        b = next(iter(ld))
+        assert all(b[k].is_cuda for k in META)
+        assert b["nsfw"].dtype == torch.bool
+    got = rows(batches, NAMES)
+    assert sorted(got) == list(range(N))
+    check_raw(got, [record(i) for i in range(N)])
+
+
 def test_fields_hold_across_a_resume(laion: Path, sock: str) -> None:
     """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample's fields its own."""
     with loader(wds(laion), sock, **RAW) as ld:
@@ -212,11 +255,12 @@ def test_missing_or_ill_typed_metadata_follows_on_error(tmp_path: Path, sock: st
     assert "000003" in msg
     assert 'open.meta "width" (.json:width)' in msg
     assert "no key" in msg
-    with loader(wds(d), sock, shuffle=False, meta=meta, on_error="skip") as ld:
-        got = rows(list(ld), ["width"])
+    with loader(wds(d), sock, shuffle=False, meta=meta, text=ringfeed.Text("txt"), on_error="skip") as ld:
+        got = rows(list(ld), ["width", "text"])
         assert ld.stats(server=False)["skipped"] == 2
     assert sorted(got) == [0, 1, 2, 4, 6, 7]
-    assert all(got[i]["width"] == 100 + 3 * i for i in got)
+    # The samples after a skipped one moved up in their batch with their fields.
+    assert all(got[i] == {"width": 100 + 3 * i, "text": caption(i)} for i in got)
 
 
 def test_an_ill_typed_value_is_named(tmp_path: Path, sock: str) -> None:

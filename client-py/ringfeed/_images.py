@@ -272,19 +272,17 @@ class ImageBatches(BatchMaker):
         texts: dict[str, list[str]] = {}
         if not (o.text or o.meta):
             return texts
-        import torch
-
         for t in o.text:
             if t.tokenizer is None:
-                data = views.pop(t.name).numpy()
-                lens = views.pop(f"{t.name}_len").numpy()
+                data = _host(views.pop(t.name))
+                lens = _host(views.pop(f"{t.name}_len"))
                 texts[t.name] = [bytes(data[i, : int(n)]).decode("utf-8") for i, n in enumerate(lens)]
             else:
-                views[f"{t.name}_mask"] = views[f"{t.name}_mask"].view(torch.bool)
+                views[f"{t.name}_mask"] = _as_bool(views[f"{t.name}_mask"])
         for m in o.meta:
             for name, (dtype, _) in m.ring_fields().items():
                 if dtype == "uint8":  # a bool field
-                    views[name] = views[name].view(torch.bool)
+                    views[name] = _as_bool(views[name])
         return texts
 
     def _to_device(self, st: Stream, views: dict[str, Any], slot: int, header: Any, finish: _Finish | None) -> Any:
@@ -484,6 +482,20 @@ def check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str
             raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
         out.append(name)
     return tuple(out)
+
+
+def _host(a: Any) -> Any:
+    """A ring view as a numpy array (a torch tensor's numpy view; numpy arrays as they are)."""
+    return a.numpy() if hasattr(a, "numpy") else a
+
+
+def _as_bool(a: Any) -> Any:
+    """A 0/1 uint8 ring view as booleans, without a copy (torch.bool, or numpy's bool without torch)."""
+    if hasattr(a, "numpy"):
+        import torch
+
+        return a.view(torch.bool)
+    return a.view(bool)
 
 
 def _as_tuple(name: str, value: Any, cls: type) -> tuple[Any, ...]:

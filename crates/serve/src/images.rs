@@ -82,9 +82,19 @@ pub(crate) async fn prepare_images(
     let mut taken: Vec<String> = specs.iter().map(|s| s.name.to_string()).collect();
     taken.extend(["label", "index", "crop"].map(String::from));
     taken.extend(pipeline.views.iter().map(|v| v.name.clone()));
-    let admit_tokenizer = |p: &Path| admit(shared, p).map(|_| p.to_owned()).map_err(|(_, m)| m);
-    let sample_fields =
-        SampleFields::parse(open, source.field_kind(), &source.describe(), &taken, &admit_tokenizer).map_err(bad)?;
+    let sample_fields = if columns(open) {
+        // A tokenizer.json is read and parsed here (megabytes for CLIP's): off the runtime.
+        let (req, kind, desc, within) = (open.clone(), source.field_kind(), source.describe(), Arc::clone(shared));
+        tokio::task::spawn_blocking(move || {
+            let admit_tokenizer = |p: &Path| admit(&within, p).map_err(|(_, m)| m);
+            SampleFields::parse(&req, kind, &desc, &taken, &admit_tokenizer)
+        })
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+        .map_err(bad)?
+    } else {
+        None
+    };
     if let Some(f) = &sample_fields {
         specs.extend(f.specs());
     }

@@ -282,12 +282,17 @@ META_DTYPES = ("float32", "int32", "int64", "bool")
 #: Bounds of the sample fields (control.md, "Sample fields (1.9)").
 MAX_TEXT_BYTES = 1 << 20
 MAX_TEXT_LENGTH = 8192
-_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: Ring field names are at most 16 bytes (ring.md): a text field's ``NAME_mask`` must fit.
+MAX_META_NAME = 16
+MAX_TEXT_NAME = 11
 
 
-def _field_name(who: str, name: Any) -> str:
-    if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name):
-        raise ValueError(f"{who}: a field's name must match [a-z][a-z0-9_]* (at most 32 bytes), got {name!r}")
+def _field_name(who: str, name: Any, most: int) -> str:
+    if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name) or len(name) > most:
+        raise ValueError(
+            f"{who}: a field's name must match [a-z][a-z0-9_]* and have at most {most} bytes, got {name!r}"
+        )
     return name
 
 
@@ -305,7 +310,7 @@ class Text:
         source: where the text is: a WebDataset member's extension (``"txt"``), a JSON member's key
             (``"json:caption"``, a dotted path for nested keys), or a manifest's column
             (``"caption"``).
-        name: the field's name in the batch, ``[a-z][a-z0-9_]*`` (default ``"text"``).
+        name: the field's name in the batch, ``[a-z][a-z0-9_]*``, at most 11 bytes (default ``"text"``).
         tokenizer: a Hugging Face ``tokenizer.json`` the server reads (made absolute here);
             ``None``: raw text.
         max_length: tokens per sample, ``1 ..= 8192`` (tokenised only).
@@ -323,7 +328,7 @@ class Text:
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
             raise ValueError(f"Text: source must be a member, JSON key or column name, got {self.source!r}")
-        _field_name("Text", self.name)
+        _field_name("Text", self.name, MAX_TEXT_NAME)
         if self.tokenizer is not None and not isinstance(self.tokenizer, (str, os.PathLike)):
             raise ValueError(f"Text: tokenizer must be the path of a tokenizer.json, got {self.tokenizer!r}")
         int_in("Text: max_length", self.max_length, 1, MAX_TEXT_LENGTH)
@@ -349,7 +354,7 @@ class Meta:
     """Typed metadata fields of each sample (protocol 1.9; docs/fields.md):
     ``Loader(..., meta=ringfeed.Meta("json", {"aesthetic": "float32", "width": "int32", "nsfw": "bool"}))``.
 
-    Each key becomes a tensor of the batch named after it (dots become ``_``): ``float32``,
+    Each key becomes a tensor of the batch named after it (dots become ``_``; at most 16 bytes): ``float32``,
     ``int32``, ``int64``, or ``torch.bool`` for ``"bool"``. A missing or ill-typed value is a
     sample error (``on_error``) naming the sample, the field and the value.
 
@@ -371,7 +376,7 @@ class Meta:
         for key, dtype in self.fields.items():
             if not isinstance(key, str) or not key:
                 raise ValueError(f"Meta: keys must be non-empty strings, got {key!r}")
-            _field_name("Meta", key.replace(".", "_"))
+            _field_name("Meta", key.replace(".", "_"), MAX_META_NAME)
             if dtype not in META_DTYPES:
                 raise ValueError(f"Meta: the dtype of {key!r} must be one of {', '.join(META_DTYPES)}, got {dtype!r}")
         _set(self, "fields", dict(self.fields))

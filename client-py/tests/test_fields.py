@@ -336,6 +336,8 @@ def test_field_options_are_checked_where_written() -> None:
     """Bad names, dtypes and bounds fail in the option objects, naming the parameter."""
     with pytest.raises(ValueError, match="name must match"):
         ringfeed.Text("txt", name="Caption")
+    with pytest.raises(ValueError, match="at most 11 bytes"):
+        ringfeed.Text("txt", name="caption_text")  # its ring field caption_text_mask would not fit
     with pytest.raises(ValueError, match=r"max_length must be an integer in 1\.\.=8192"):
         ringfeed.Text("txt", tokenizer="t.json", max_length=0)
     with pytest.raises(ValueError, match="dtype of 'w' must be one of"):
@@ -376,3 +378,13 @@ def test_an_older_server_is_refused_naming_its_version(serve: Any) -> None:
             server=ringfeed.Server(socket=server.path, spawn=False, timeout=5),
             text=ringfeed.Text("txt"),
         )
+
+
+def test_more_fields_than_the_ring_holds_are_refused(laion: Path, sock: str) -> None:
+    """A ring holds 16 fields (ring.md): image, label, index and 14 metadata fields are refused, naming the members."""
+    meta = ringfeed.Meta("json", {f"m{k}": "float32" for k in range(14)})
+    with pytest.raises(ServerError) as e:
+        loader(wds(laion), sock, meta=meta)
+    assert e.value.code == "bad_request"
+    assert "open.text and open.meta" in str(e.value)
+    assert "17 ring fields" in str(e.value)

@@ -24,8 +24,10 @@ pub const MAX_MAX_BYTES: u64 = 1 << 20;
 /// `open.text[].max_length`: its default and bound.
 pub const DEFAULT_MAX_LENGTH: u64 = 77;
 pub const MAX_MAX_LENGTH: u64 = 8192;
-/// Longest field name, in bytes.
-pub const MAX_NAME: usize = 32;
+/// Longest name of a metadata field, in bytes: a ring field's name (ring.md).
+pub const MAX_NAME: usize = 16;
+/// Longest name of a text field, so that `NAME_mask` is a ring field's name.
+pub const MAX_TEXT_NAME: usize = MAX_NAME - "_mask".len();
 
 /// A metadata field's type (`open.meta[].dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +136,7 @@ impl SampleFields {
         };
         for t in text {
             let label = format!("open.text {:?}", t.name);
-            check_name(&t.name, &label)?;
+            check_name(&t.name, &label, MAX_TEXT_NAME)?;
             let from = from_of("text", &t.name, &t.source)?;
             let what = match &t.tokenizer {
                 None => {
@@ -180,7 +182,7 @@ impl SampleFields {
         }
         for m in meta {
             let label = format!("open.meta {:?}", m.name);
-            check_name(&m.name, &label)?;
+            check_name(&m.name, &label, MAX_NAME)?;
             let from = from_of("meta", &m.name, &m.source)?;
             let dtype = MetaType::parse(&m.dtype).ok_or_else(|| {
                 format!(
@@ -298,9 +300,9 @@ impl Field {
     }
 }
 
-/// A field's name: `[a-z][a-z0-9_]*`, at most [`MAX_NAME`] bytes.
-fn check_name(name: &str, label: &str) -> Result<(), String> {
-    let ok = name.len() <= MAX_NAME
+/// A field's name: `[a-z][a-z0-9_]*`, at most `max` bytes.
+fn check_name(name: &str, label: &str, max: usize) -> Result<(), String> {
+    let ok = name.len() <= max
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && name
             .chars()
@@ -309,7 +311,7 @@ fn check_name(name: &str, label: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{label}: a field's name must match [a-z][a-z0-9_]* and have at most {MAX_NAME} bytes"
+            "{label}: a field's name must match [a-z][a-z0-9_]* and have at most {max} bytes (its ring fields' names are at most {MAX_NAME})"
         ))
     }
 }
@@ -574,6 +576,16 @@ mod tests {
                 serde_json::json!([{"name": "Text", "source": "txt"}]),
                 serde_json::json!([]),
                 "must match",
+            ),
+            (
+                serde_json::json!([{"name": "caption_text", "source": "txt"}]),
+                serde_json::json!([]),
+                "at most 11 bytes",
+            ),
+            (
+                serde_json::json!([]),
+                serde_json::json!([{"name": "a_seventeen_bytes", "source": "json:x", "dtype": "bool"}]),
+                "at most 16 bytes",
             ),
             (
                 serde_json::json!([{"name": "label", "source": "txt"}]),

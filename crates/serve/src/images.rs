@@ -97,6 +97,13 @@ pub(crate) async fn prepare_images(
     };
     if let Some(f) = &sample_fields {
         specs.extend(f.specs());
+        if specs.len() > ringfeed_format::ring::layout::MAX_FIELDS {
+            return Err(bad(format!(
+                "open.text and open.meta: the stream would carry {} ring fields, more than the ring's {} (ring.md); ask for fewer fields",
+                specs.len(),
+                ringfeed_format::ring::layout::MAX_FIELDS
+            )));
+        }
     }
     let per_sample = format!("samples of {} images", pipeline.outputs());
     Ok(Prepared {

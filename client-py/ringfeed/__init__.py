@@ -41,7 +41,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
-from ._options import LMDB, GPUDecode, Server, ShardBlocks, Tuning, WebDataset
+from ._options import LMDB, GPUDecode, Meta, Server, ShardBlocks, Text, Tuning, WebDataset
 from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
@@ -97,6 +97,7 @@ __all__ = [
     "GPUDecode",
     "GaussianBlur",
     "Loader",
+    "Meta",
     "MixUp",
     "Normalize",
     "Op",
@@ -125,6 +126,7 @@ __all__ = [
     "ServerDiedError",
     "ServerError",
     "ShardBlocks",
+    "Text",
     "TimeoutError",
     "TokenLoader",
     "Transform",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ProtocolError, RingfeedError, ServerError
-from ._options import LMDB, GPUDecode, StreamConfig, WebDataset, boolean
+from ._options import LMDB, GPUDecode, Meta, StreamConfig, Text, WebDataset, boolean
 from ._stream import BatchMaker, Stream
 from ._transforms import Views, as_views
 from .wire.ring import Segment
@@ -68,6 +68,9 @@ class ImageOptions:
     gpu_backend: str | None
     gpu_decode_reason: str | None
     gpu_bytes: int | None
+    #: 1.9: the text and metadata fields (control.md, "Sample fields (1.9)").
+    text: tuple[Text, ...] = ()
+    meta: tuple[Meta, ...] = ()
 
     @classmethod
     def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
@@ -80,6 +83,9 @@ class ImageOptions:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         fields = check_fields(kw["fields"], views)
+        text = _as_tuple("text", kw.get("text"), Text)
+        meta = _as_tuple("meta", kw.get("meta"), Meta)
+        fields = _sample_fields(fields, views, text, meta)
         check_crc = boolean("check_crc", kw["check_crc"])
         source = kw["source"]
         lmdb = source.options() if isinstance(source, LMDB) else None
@@ -89,7 +95,7 @@ class ImageOptions:
         share, backend, why = _gpu_plan(gpu.share, kw["_gpu_backend"], cfg.device, views, cfg.autotune)
         return cls(
             transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
-            share, backend, why, gpu.bytes_per_sample,
+            share, backend, why, gpu.bytes_per_sample, text, meta,
         )  # fmt: skip
 
 
@@ -147,6 +153,18 @@ class ImageBatches(BatchMaker):
                 gpu["bytes_per_sample"] = o.gpu_bytes
             msg["gpu_decode"] = gpu
         msg.update(_order_members(cfg, o.webdataset, server_protocol))
+        if o.text or o.meta:
+            if server_protocol < (1, 9):
+                # control.md, 1.9: a 1.8 server would ignore `text` and `meta`.
+                major, minor = server_protocol
+                raise RingfeedError(
+                    f"the server speaks protocol {major}.{minor}; text and metadata fields need a ringfeed "
+                    f"server with protocol 1.9 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+                )
+            if o.text:
+                msg["text"] = [t.request() for t in o.text]
+            if o.meta:
+                msg["meta"] = [r for m in o.meta for r in m.requests()]
         return msg
 
     def _pipeline_member(self, server_protocol: tuple[int, int]) -> dict[str, Any]:
@@ -172,6 +190,10 @@ class ImageBatches(BatchMaker):
         o = self.opts
         if name in FIELDS:
             return FIELDS[name]
+        for f in (*o.text, *o.meta):
+            spec = f.ring_fields().get(name)
+            if spec is not None:
+                return spec
         if o.views is None:
             size = tuple(o.legacy.get("size", ()))  # type: ignore[union-attr]
             h, w = size if len(size) == 2 else (None, None)
@@ -205,6 +227,7 @@ class ImageBatches(BatchMaker):
 
     def make(self, st: Stream, slot: int, header: Any, pending: Any = None) -> Any:
         views = st.ring_views(slot, header.count)
+        texts = self._sample_fields(views)
         post = self.opts.post
         if post is not None:
             try:
@@ -235,7 +258,32 @@ class ImageBatches(BatchMaker):
         else:
             out = st.hand_out(slot, views)
         st.count_delivered(header)
+        if texts and finish is not None and finish.keep is not None:
+            # Hybrid decode left samples out (on_error="skip"): so do their texts.
+            texts = {k: [v[p] for p in finish.keep] for k, v in texts.items()}
+        out.update(texts)
         return self.shape(out)
+
+    def _sample_fields(self, views: dict[str, Any]) -> dict[str, list[str]]:
+        """1.9: takes the raw text fields out of ``views`` as lists of ``str`` (they stay on the
+        host), and views the boolean fields (masks, ``bool`` metadata: 0/1 bytes) as ``torch.bool``
+        without copying."""
+        o = self.opts
+        texts: dict[str, list[str]] = {}
+        if not (o.text or o.meta):
+            return texts
+        for t in o.text:
+            if t.tokenizer is None:
+                data = _host(views.pop(t.name))
+                lens = _host(views.pop(f"{t.name}_len"))
+                texts[t.name] = [bytes(data[i, : int(n)]).decode("utf-8") for i, n in enumerate(lens)]
+            else:
+                views[f"{t.name}_mask"] = _as_bool(views[f"{t.name}_mask"])
+        for m in o.meta:
+            for name, (dtype, _) in m.ring_fields().items():
+                if dtype == "uint8":  # a bool field
+                    views[name] = _as_bool(views[name])
+        return texts
 
     def _to_device(self, st: Stream, views: dict[str, Any], slot: int, header: Any, finish: _Finish | None) -> Any:
         """CUDA mode: the copy, then the GPU samples' finishing, then the batch ops, on the side stream."""
@@ -260,6 +308,8 @@ class ImageBatches(BatchMaker):
         for k in [k for k in out if k.endswith("_erase")]:
             del out[k]
         views = self.opts.views
+        if self.opts.text or self.opts.meta:
+            return out
         if views is None or (list(views.views) == ["image"] and set(out) == {"image", "label"}):
             return out["image"], out["label"]
         return out
@@ -354,6 +404,8 @@ class _Finish:
         self.kind, self.jobs, self.arena, self.header, self.index = kind, jobs, arena, header, index
         self.pending, self.ops = pending, ops
         self.skipped = 0
+        #: The positions kept when samples were left out (``on_error="skip"``), else ``None``.
+        self.keep: list[int] | None = None
 
     def __call__(self, out: dict[str, Any], stream: Any = None) -> dict[str, Any]:
         from .gpu.hybrid import DecodeError
@@ -383,6 +435,7 @@ class _Finish:
 
         keep = [p for p in range(next(iter(out.values())).shape[0]) if p not in {p for p, _ in failed}]
         self.skipped = len(failed)
+        self.keep = keep
         rows = torch.as_tensor(keep, dtype=torch.long)
         return {k: v.index_select(0, rows.to(v.device)) for k, v in out.items()}
 
@@ -428,6 +481,55 @@ def check_fields(fields: Sequence[str] | None, views: Views | None) -> tuple[str
             known = ", ".join([*(views.views if views else ["image"]), *FIELDS])
             raise ValueError(f"fields: unknown field {name!r}; the server delivers {known}")
         out.append(name)
+    return tuple(out)
+
+
+def _host(a: Any) -> Any:
+    """A ring view as a numpy array (a torch tensor's numpy view; numpy arrays as they are)."""
+    return a.numpy() if hasattr(a, "numpy") else a
+
+
+def _as_bool(a: Any) -> Any:
+    """A 0/1 uint8 ring view as booleans, without a copy (torch.bool, or numpy's bool without torch)."""
+    if hasattr(a, "numpy"):
+        import torch
+
+        return a.view(torch.bool)
+    return a.view(bool)
+
+
+def _as_tuple(name: str, value: Any, cls: type) -> tuple[Any, ...]:
+    """``Loader(text=...)``/``meta=``: one object, a list of them, or ``None``."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, cls) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, cls) for i in items):
+        raise ValueError(f"{name} must be a ringfeed.{cls.__name__} or a list of them, got {value!r}")
+    return tuple(items)
+
+
+def _sample_fields(
+    fields: tuple[str, ...], views: Views | None, text: tuple[Text, ...], meta: tuple[Meta, ...]
+) -> tuple[str, ...]:
+    """``fields`` and the ring fields of the text and metadata fields (1.9), whose names must not
+    collide with a view, ``label``, ``index``, ``crop`` or each other."""
+    if not text and not meta:
+        return fields
+    reserved = {*(views.views if views else ["image"]), *FIELDS}
+    out = list(fields)
+    names: set[str] = set()
+    for f in (*text, *meta):
+        own = [f.name] if isinstance(f, Text) else list(f.ring_fields())
+        for name in own:
+            if name in reserved or name in names:
+                raise ValueError(
+                    f"{type(f).__name__}: the field name {name!r} is taken (by a view, label, index, crop or a field)"
+                )
+            names.add(name)
+        for ring in f.ring_fields():
+            if ring in out or ring in reserved:
+                raise ValueError(f"{type(f).__name__}: its ring field {ring!r} is taken by another field")
+            out.append(ring)
     return tuple(out)
 
 

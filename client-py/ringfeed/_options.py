@@ -23,6 +23,7 @@ Every refusal is a ``ValueError`` that names the parameter, the bounds and the v
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, fields
@@ -298,6 +299,123 @@ class WebDataset:
     def options(self) -> dict[str, Any]:
         """``open.webdataset`` (control.md, "WebDataset shards"): the options given."""
         return {k: getattr(self, k) for k in WEBDATASET_OPTIONS if getattr(self, k) is not None}
+
+
+#: ``open.meta[].dtype`` values (control.md, "Sample fields (1.9)").
+META_DTYPES = ("float32", "int32", "int64", "bool")
+#: Bounds of the sample fields (control.md, "Sample fields (1.9)").
+MAX_TEXT_BYTES = 1 << 20
+MAX_TEXT_LENGTH = 8192
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]*")
+#: Ring field names are at most 16 bytes (ring.md): a text field's ``NAME_mask`` must fit.
+MAX_META_NAME = 16
+MAX_TEXT_NAME = 11
+
+
+def _field_name(who: str, name: Any, most: int) -> str:
+    if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name) or len(name) > most:
+        raise ValueError(
+            f"{who}: a field's name must match [a-z][a-z0-9_]* and have at most {most} bytes, got {name!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text field of each sample (protocol 1.9; docs/fields.md): ``Loader(..., text=ringfeed.Text("txt"))``.
+
+    The batch then is a dict with ``name`` as a list of Python strings, or, with a ``tokenizer``,
+    ``{name}_ids`` (``int32 [N, max_length]``) and ``{name}_mask`` (``bool [N, max_length]``),
+    tokenised in the server as the Python ``tokenizers`` library does with the same file
+    (``add_special_tokens=True``, truncated on the right to ``max_length``, padded on the right with
+    the tokenizer's padding id).
+
+    Args:
+        source: where the text is: a WebDataset member's extension (``"txt"``), a JSON member's key
+            (``"json:caption"``, a dotted path for nested keys), or a manifest's column
+            (``"caption"``).
+        name: the field's name in the batch, ``[a-z][a-z0-9_]*``, at most 11 bytes (default ``"text"``).
+        tokenizer: a Hugging Face ``tokenizer.json`` the server reads (made absolute here);
+            ``None``: raw text.
+        max_length: tokens per sample, ``1 ..= 8192`` (tokenised only).
+        max_bytes: raw text: room per sample for its UTF-8 bytes, ``1 ..= 1048576``; a longer
+            text is a sample error (``on_error``), never cut.
+    """
+
+    source: str
+    _: KW_ONLY
+    name: str = "text"
+    tokenizer: str | os.PathLike[str] | None = None
+    max_length: int = 77
+    max_bytes: int = 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"Text: source must be a member, JSON key or column name, got {self.source!r}")
+        _field_name("Text", self.name, MAX_TEXT_NAME)
+        if self.tokenizer is not None and not isinstance(self.tokenizer, (str, os.PathLike)):
+            raise ValueError(f"Text: tokenizer must be the path of a tokenizer.json, got {self.tokenizer!r}")
+        int_in("Text: max_length", self.max_length, 1, MAX_TEXT_LENGTH)
+        int_in("Text: max_bytes", self.max_bytes, 1, MAX_TEXT_BYTES)
+
+    def request(self) -> dict[str, Any]:
+        """Its ``open.text`` entry (control.md, "Sample fields (1.9)")."""
+        if self.tokenizer is None:
+            return {"name": self.name, "source": self.source, "max_bytes": self.max_bytes}
+        path = os.path.abspath(os.fspath(self.tokenizer))  # noqa: PTH100
+        return {"name": self.name, "source": self.source, "tokenizer": path, "max_length": self.max_length}
+
+    def ring_fields(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The ring fields it adds (ring.md), with their dtypes and per-sample shapes."""
+        if self.tokenizer is None:
+            return {self.name: ("uint8", (self.max_bytes,)), f"{self.name}_len": ("int32", ())}
+        n = self.max_length
+        return {f"{self.name}_ids": ("int32", (n,)), f"{self.name}_mask": ("uint8", (n,))}
+
+
+@dataclass(frozen=True)
+class Meta:
+    """Typed metadata fields of each sample (protocol 1.9; docs/fields.md):
+    ``Loader(..., meta=ringfeed.Meta("json", {"aesthetic": "float32", "width": "int32", "nsfw": "bool"}))``.
+
+    Each key becomes a tensor of the batch named after it (dots become ``_``; at most 16 bytes): ``float32``,
+    ``int32``, ``int64``, or ``torch.bool`` for ``"bool"``. A missing or ill-typed value is a
+    sample error (``on_error``) naming the sample, the field and the value.
+
+    Args:
+        source: the JSON member the keys are read from (``"json"``: key ``k`` is ``json:k``); or
+            ``None`` for a manifest, whose columns the keys name.
+        fields: each key (a dotted path in a JSON member) and its dtype, one of ``"float32"``,
+            ``"int32"``, ``"int64"``, ``"bool"``.
+    """
+
+    source: str | None
+    fields: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if self.source is not None and (not isinstance(self.source, str) or not self.source):
+            raise ValueError(f"Meta: source must be a JSON member ('json') or None for columns, got {self.source!r}")
+        if not isinstance(self.fields, Mapping) or not self.fields:
+            raise ValueError(f"Meta: fields must be a non-empty dict of key -> dtype, got {self.fields!r}")
+        for key, dtype in self.fields.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"Meta: keys must be non-empty strings, got {key!r}")
+            _field_name("Meta", key.replace(".", "_"), MAX_META_NAME)
+            if dtype not in META_DTYPES:
+                raise ValueError(f"Meta: the dtype of {key!r} must be one of {', '.join(META_DTYPES)}, got {dtype!r}")
+        _set(self, "fields", dict(self.fields))
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Its ``open.meta`` entries (control.md, "Sample fields (1.9)")."""
+        out = []
+        for key, dtype in self.fields.items():
+            source = key if self.source is None else f"{self.source}:{key}"
+            out.append({"name": key.replace(".", "_"), "source": source, "dtype": dtype})
+        return out
+
+    def ring_fields(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The ring fields it adds: one scalar each (``bool`` as ``uint8``)."""
+        return {key.replace(".", "_"): ("uint8" if d == "bool" else d, ()) for key, d in self.fields.items()}
 
 
 def _names(cls: type) -> tuple[str, ...]:

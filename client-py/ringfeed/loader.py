@@ -52,9 +52,11 @@ from ._options import (
     LMDB,
     WEBDATASET_OPTIONS,
     GPUDecode,
+    Meta,
     Server,
     ShardBlocks,
     StreamConfig,
+    Text,
     Tuning,
     WebDataset,
     dataset_path,
@@ -163,6 +165,15 @@ class Loader(BaseLoader):
         fields: extra fields to deliver besides ``image`` and ``label``: ``"index"`` (the sample's
             dataset index) and ``"crop"`` (``top, left, height, width, flipped``). With extras,
             batches are dicts by field name instead of ``(images, labels)`` tuples.
+        text: text fields of each sample (protocol 1.9; docs/fields.md), from WebDataset members
+            or manifest columns: ``ringfeed.Text("txt")`` adds ``text``, a list of ``str``;
+            ``ringfeed.Text("json:caption", tokenizer="tokenizer.json", max_length=77)`` adds
+            ``text_ids`` (``int32 [N, max_length]``) and ``text_mask`` (``bool``), tokenised in
+            the server. One object or a list. Batches are then dicts (``image``, ``label``, the
+            fields); tensors go to ``device`` with the batch, lists of ``str`` stay on the host.
+        meta: typed metadata fields (protocol 1.9): ``ringfeed.Meta("json", {"aesthetic":
+            "float32", "width": "int32", "nsfw": "bool"})`` adds one tensor per key. A missing
+            or ill-typed value follows ``on_error``. One object or a list.
         layout: ``"NHWC"`` (``[N, H, W, 3]``) or ``"NCHW"`` (``[N, 3, H, W]``) uint8 images.
         check_crc: have the server check each packed record's CRC-32C on read.
         server: ``ringfeed.Server(socket=..., spawn=..., spawn_timeout=..., timeout=...,
@@ -223,6 +234,8 @@ class Loader(BaseLoader):
         order: str | ShardBlocks = "auto",
         gpu_decode: bool | float | str | GPUDecode = "auto",
         fields: Sequence[str] | None = None,
+        text: Text | Sequence[Text] | None = None,
+        meta: Meta | Sequence[Meta] | None = None,
         layout: str = "NHWC",
         check_crc: bool = True,
         server: Server | None = None,
@@ -255,7 +268,8 @@ class Loader(BaseLoader):
             order=order, blocks=blocks,
         )  # fmt: skip
         opts = ImageOptions.check(
-            cfg, transform, layout=layout, on_error=on_error, fields=fields, check_crc=check_crc, source=source,
+            cfg, transform, layout=layout, on_error=on_error, fields=fields, text=text, meta=meta, check_crc=check_crc,
+            source=source,
             normalize=normalize, dtype=dtype, batch_transform=batch_transform, gpu_decode=gpu,
             _gpu_backend=_gpu_backend,
         )  # fmt: skip
@@ -270,6 +284,10 @@ class Loader(BaseLoader):
     #: Every field the ring carries for this loader: each view's images (and erasing boxes), ``label``, the extras.
     fields = From("_kind.opts")
     check_crc = From("_kind.opts")
+    #: The text fields (``ringfeed.Text``), as a tuple.
+    text = From("_kind.opts")
+    #: The metadata fields (``ringfeed.Meta``), as a tuple.
+    meta = From("_kind.opts")
     lmdb = From("_kind.opts")
     webdataset = From("_kind.opts")
     order_shard = From("_stream.cfg")

@@ -75,3 +75,29 @@ def restripe_conformance(
         assert sorted(both) == list(range(n)), f"world {world}, batch {b}: every index of the epoch exactly once"
         out[(world, b)] = rest
     return out
+
+
+#: proto/vectors/control/frames.json, the control protocol's vectors.
+FRAMES = REPO / "proto" / "vectors" / "control" / "frames.json"
+
+
+def frame_vector(name: str) -> dict[str, Any]:
+    """The message of the frames.json vector called `name`."""
+    import json
+
+    return next(c for c in json.loads(FRAMES.read_text()) if c["name"] == name)["message"]  # type: ignore[no-any-return]
+
+
+def record_sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every message the client sends from now on (still sent), in order."""
+    from ringfeed.wire import protocol
+
+    sent: list[dict[str, Any]] = []
+    real_send = protocol.Connection.send
+
+    def record(self: Any, msg: dict[str, Any]) -> None:
+        sent.append(msg)
+        real_send(self, msg)
+
+    monkeypatch.setattr(protocol.Connection, "send", record)
+    return sent

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _support import restripe_conformance, ringfeed_bin
+from _support import frame_vector, record_sent, restripe_conformance, ringfeed_bin
 from _tokorder import epoch_order, quantise, quota_schedule, rest_of_epoch
 
 import ringfeed
@@ -382,24 +382,11 @@ def test_bad_token_requests_are_refused(corpus: Path, sock: str) -> None:
         )
 
 
-VECTORS = Path(__file__).resolve().parents[2] / "proto" / "vectors" / "control" / "frames.json"
-
-
 def test_the_token_open_is_the_vectors(corpus: Path, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `open` a TokenLoader sends is the frames.json vector "open, 1.2 token stream" (which the
     Rust side decodes into its one OpenRequest and encodes back byte for byte), but for the path."""
-    from ringfeed.wire import protocol
-
-    case = next(c for c in json.loads(VECTORS.read_text()) if c["name"] == "open, 1.2 token stream")
-    want = case["message"]
-    sent: list[dict[str, Any]] = []
-    real_send = protocol.Connection.send
-
-    def record(self: Any, msg: dict[str, Any]) -> None:
-        sent.append(msg)
-        real_send(self, msg)
-
-    monkeypatch.setattr(protocol.Connection, "send", record)
+    want = frame_vector("open, 1.2 token stream")
+    sent = record_sent(monkeypatch)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     t = want["tokens"]
     with ringfeed.TokenLoader(

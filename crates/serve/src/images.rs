@@ -14,6 +14,7 @@ use ringfeed_ops::{Layout, Pipeline, Transform};
 use ringfeed_order::blocks;
 use ringfeed_source::listing::InputKind;
 
+use crate::fields::SampleFields;
 use crate::pool::ViewFields;
 use crate::segment::Segment;
 use crate::shared::{KindParts, OpenError, Prepared, Shared, admit};
@@ -77,6 +78,33 @@ pub(crate) async fn prepare_images(
             Some(g.clone())
         }
     };
+    // 1.9: text and metadata fields, from the source's members or columns.
+    let mut taken: Vec<String> = specs.iter().map(|s| s.name.to_string()).collect();
+    taken.extend(["label", "index", "crop"].map(String::from));
+    taken.extend(pipeline.views.iter().map(|v| v.name.clone()));
+    let sample_fields = if columns(open) {
+        // A tokenizer.json is read and parsed here (megabytes for CLIP's): off the runtime.
+        let (req, kind, desc, within) = (open.clone(), source.field_kind(), source.describe(), Arc::clone(shared));
+        tokio::task::spawn_blocking(move || {
+            let admit_tokenizer = |p: &Path| admit(&within, p).map_err(|(_, m)| m);
+            SampleFields::parse(&req, kind, &desc, &taken, &admit_tokenizer)
+        })
+        .await
+        .map_err(|e| (ErrorCode::Internal, e.to_string()))?
+        .map_err(bad)?
+    } else {
+        None
+    };
+    if let Some(f) = &sample_fields {
+        specs.extend(f.specs());
+        if specs.len() > ringfeed_format::ring::layout::MAX_FIELDS {
+            return Err(bad(format!(
+                "open.text and open.meta: the stream would carry {} ring fields, more than the ring's {} (ring.md); ask for fewer fields",
+                specs.len(),
+                ringfeed_format::ring::layout::MAX_FIELDS
+            )));
+        }
+    }
     let per_sample = format!("samples of {} images", pipeline.outputs());
     Ok(Prepared {
         source,
@@ -88,7 +116,7 @@ pub(crate) async fn prepare_images(
         reports_order: true,
         start_threads: None,
         per_sample,
-        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout)),
+        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields)),
     })
 }
 
@@ -197,8 +225,12 @@ fn gpu_fields(
 }
 
 /// The image kind's parts once the ring is made: each field's place in a slot.
-fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindParts {
+fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout, fields: Option<SampleFields>) -> KindParts {
     let field = |n: &str| segment.layout().field(n).cloned();
+    let fields = fields.map(|mut f| {
+        f.bind(&field);
+        Arc::new(f)
+    });
     let views = pipeline
         .views
         .iter()
@@ -219,6 +251,7 @@ fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout) -> KindPar
                 bytes,
                 ops: field("gpu_ops"),
             }),
+        fields,
         pipeline,
         layout,
         kind: crate::pool::SampleKind::Image,
@@ -289,8 +322,11 @@ async fn open_source(
                 kind.name()
             )
         }
-        // Listed files: no CRC, no LMDB options.
-        ServedKind::Folder | ServedKind::Manifest => format!("{}|{}", canonical.display(), kind.name()),
+        // Listed files: no CRC, no LMDB options; a manifest's other columns kept only for a stream
+        // that asks for sample fields (1.9).
+        ServedKind::Folder | ServedKind::Manifest => {
+            format!("{}|{}|{}", canonical.display(), kind.name(), columns(open))
+        }
         ServedKind::WebDataset => return open_webdataset(shared, open, progress).await,
     };
     if let Some(s) = shared.cached_source(&key) {
@@ -305,7 +341,7 @@ async fn open_source(
             };
             let publisher = Arc::clone(shared);
             let cache_key = key.clone();
-            let waiter = shared.openings.join(&key, canonical, input, move |s| {
+            let waiter = shared.openings.join(&key, canonical, input, columns(open), move |s| {
                 publisher.cache_source(cache_key, s);
             });
             return wait_for_listing(shared, waiter, open, progress).await;
@@ -344,6 +380,11 @@ async fn open_source(
     };
     shared.cache_source(key, &opened);
     Ok(opened)
+}
+
+/// Whether a stream asks for sample fields (1.9), so that a manifest keeps its other columns.
+fn columns(open: &OpenRequest) -> bool {
+    open.text.as_ref().is_some_and(|t| !t.is_empty()) || open.meta.as_ref().is_some_and(|m| !m.is_empty())
 }
 
 /// Opens (or reuses) the remote dataset at `url` (1.3, `ringfeed_remote`): a packed dataset, its

@@ -114,7 +114,8 @@ impl Drop for Waiter<'_> {
 
 impl Openings {
     /// Joins the listing of `path` under `key`, starting it on a blocking thread if none is in
-    /// progress. `publish` runs on that thread with a successful result, before the listing
+    /// progress (with `columns`, a manifest keeps its rows' other columns for 1.9's fields).
+    /// `publish` runs on that thread with a successful result, before the listing
     /// leaves the map (the caller caches the source there, so a later open finds one or the
     /// other).
     pub fn join(
@@ -122,10 +123,11 @@ impl Openings {
         key: &str,
         path: PathBuf,
         kind: InputKind,
+        columns: bool,
         publish: impl FnOnce(&Arc<dyn Source>) + Send + 'static,
     ) -> Waiter<'_> {
-        let list = move |cancel: &AtomicBool, listed: &AtomicU64, started: Instant| match FilesSource::open(
-            &path, kind, cancel, listed,
+        let list = move |cancel: &AtomicBool, listed: &AtomicU64, started: Instant| match FilesSource::open_with_columns(
+            &path, kind, columns, cancel, listed,
         ) {
             Ok(s) => {
                 tracing::info!(

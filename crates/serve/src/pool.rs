@@ -49,6 +49,8 @@ pub struct StreamCtx {
     pub crop: Option<FieldDesc>,
     /// 1.3, hybrid decode: the `gpu_job` records and the `gpu_bytes` arena (ring.md).
     pub gpu: Option<GpuFields>,
+    /// 1.9: the sample fields (text, tokens, metadata), read with each sample's image.
+    pub fields: Option<Arc<crate::fields::SampleFields>>,
     /// The run whose jobs should do their work; jobs of any other run are skipped.
     pub current_run: AtomicU32,
     /// Where finished batches go.
@@ -491,12 +493,30 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
     let mut outcome: Result<(), (String, String)> = Ok(());
     let mut times = [0u64; STAGES];
     let t0 = Instant::now();
-    ctx.source
-        .with_sample(index, &mut |sample| {
+    match &ctx.fields {
+        None => ctx.source.with_sample(index, &mut |sample| {
             times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
             outcome = write_sample(processor, job, index, sample, &mut times)
-        })
-        .map_err(|e| (format!("#{index}"), e.to_string()))?;
+        }),
+        // 1.9: the fields come from the same read as the image, so they follow it everywhere;
+        // they are encoded first, so a sample whose field fails is not decoded for nothing.
+        Some(fields) => ctx.source.with_sample_extra(index, &mut |sample, extra| {
+            let encoded = fields
+                .encode(&extra)
+                .map_err(|e| (String::from_utf8_lossy(sample.key).into_owned(), e));
+            times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
+            outcome = encoded.and_then(|encoded| {
+                write_sample(processor, job, index, sample, &mut times)?;
+                for (desc, bytes) in fields.descs().iter().zip(&encoded) {
+                    // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
+                    // `encode` gives each field exactly its sample bytes.
+                    unsafe { put(task, desc, job.pos, bytes) };
+                }
+                Ok(())
+            });
+        }),
+    }
+    .map_err(|e| (format!("#{index}"), e.to_string()))?;
     ctx.stats.add_sample_times(times);
     outcome
 }

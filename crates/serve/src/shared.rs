@@ -191,6 +191,8 @@ pub(crate) struct KindParts {
     pub crop: Option<FieldDesc>,
     /// 1.3: hybrid decode's ring fields (images only).
     pub gpu: Option<crate::pool::GpuFields>,
+    /// 1.9: the sample fields (images only).
+    pub fields: Option<Arc<crate::fields::SampleFields>>,
     pub pipeline: Pipeline,
     pub layout: Layout,
     pub kind: crate::pool::SampleKind,

@@ -266,6 +266,7 @@ async fn open_stream(
         index: parts.index,
         crop: parts.crop,
         gpu: parts.gpu,
+        fields: parts.fields,
         source: Arc::clone(&source),
         segment: Arc::new(segment),
         pipeline: parts.pipeline,
@@ -767,6 +768,8 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
             .into_iter()
             .flatten(),
         )
+        // 1.9: a sample's text and metadata move with it.
+        .chain(ctx.fields.iter().flat_map(|f| f.descs()))
         .collect();
     let mut to = 0u32;
     for from in 0..n {

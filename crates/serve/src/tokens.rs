@@ -552,6 +552,7 @@ fn prepared(windows: Arc<TokenWindows>, specs: Vec<FieldSpec>, seq_len: u32) -> 
                 index: None,
                 crop: None,
                 gpu: None,
+                fields: None,
                 pipeline: ringfeed_ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
                 layout: ringfeed_ops::Layout::Nhwc,
                 kind: SampleKind::Filled(kind),

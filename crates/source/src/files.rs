@@ -28,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-use super::{Sample, SampleReader, Source, SourceError};
+use super::{Extra, FieldKind, Sample, SampleReader, Source, SourceError};
 use crate::listing::{self, InputError, InputKind, Origin, Problem};
 use crate::lmdb::LmdbOptions;
 
@@ -47,6 +47,12 @@ pub struct FilesSource {
     keys: Vec<u8>,
     ends: Vec<usize>,
     labels: Vec<i64>,
+    /// 1.9, a manifest opened with its columns: each row's other columns as a JSON object, all
+    /// concatenated (row `i` ends at `column_ends[i]`); empty when not asked for.
+    columns: Vec<u8>,
+    column_ends: Vec<usize>,
+    /// Whether the manifest is a CSV (its cells are text) rather than JSONL (JSON values).
+    csv: bool,
     classes: Vec<Vec<u8>>,
     problems: Vec<Problem>,
     /// Files ignored because of their extension.
@@ -70,6 +76,18 @@ impl FilesSource {
     /// [`InputKind::Manifest`]), adding to `listed` as it goes and stopping early when `cancel`
     /// is set.
     pub fn open(path: &Path, kind: InputKind, cancel: &AtomicBool, listed: &AtomicU64) -> Result<Self, InputError> {
+        Self::open_with_columns(path, kind, false, cancel, listed)
+    }
+
+    /// [`FilesSource::open`]; with `columns`, a manifest keeps each row's other columns for the
+    /// sample fields of 1.9 ([`Source::with_sample_extra`]). Without, nothing of them is kept.
+    pub fn open_with_columns(
+        path: &Path,
+        kind: InputKind,
+        columns: bool,
+        cancel: &AtomicBool,
+        listed: &AtomicU64,
+    ) -> Result<Self, InputError> {
         assert!(
             matches!(kind, InputKind::Folder | InputKind::Manifest),
             "FilesSource serves folders and manifests, not {kind:?}"
@@ -91,6 +109,17 @@ impl FilesSource {
             ends.push(keys.len());
             labels.push(item.label);
         }
+        let columns = columns && kind == InputKind::Manifest;
+        let (mut row_columns, mut column_ends) = (Vec::new(), Vec::new());
+        if columns {
+            row_columns.reserve(plan.items.iter().map(|i| i.meta.len()).sum());
+            column_ends.reserve(plan.items.len());
+            for item in &plan.items {
+                row_columns.extend_from_slice(&item.meta);
+                column_ends.push(row_columns.len());
+            }
+        }
+        let csv = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
         Ok(FilesSource {
             kind,
             path: path.to_owned(),
@@ -98,6 +127,9 @@ impl FilesSource {
             keys,
             ends,
             labels,
+            columns: row_columns,
+            column_ends,
+            csv,
             classes: plan.classes,
             problems: plan.problems,
             ignored: plan.ignored,
@@ -139,18 +171,39 @@ impl FilesSource {
         Ok(index as usize)
     }
 
-    /// Reads sample `index` into `buf` and calls `f` with it.
-    fn read_into(&self, index: u64, buf: &mut Vec<u8>, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
+    /// Row `i`'s other columns (1.9), as a JSON object: `{}` when it has none or they were not kept.
+    fn row(&self, i: usize) -> Extra<'_> {
+        let json: &[u8] = match self.column_ends.get(i) {
+            Some(&end) => {
+                let start = if i == 0 { 0 } else { self.column_ends[i - 1] };
+                &self.columns[start..end]
+            }
+            None => &[],
+        };
+        let json = if json.is_empty() { b"{}".as_slice() } else { json };
+        Extra::Row { json, text: self.csv }
+    }
+
+    /// Reads sample `index` into `buf` and calls `f` with it and its row's other columns.
+    fn read_into(
+        &self,
+        index: u64,
+        buf: &mut Vec<u8>,
+        f: &mut dyn FnMut(Sample<'_>, Extra<'_>),
+    ) -> Result<(), SourceError> {
         let i = self.check(index)?;
         let key = self.key(i);
         let path = self.file_path(key);
         listing::read_regular_file_into(&path, buf).map_err(|source| SourceError::File { path, source })?;
-        f(Sample {
-            index,
-            key,
-            label: self.labels[i],
-            data: buf,
-        });
+        f(
+            Sample {
+                index,
+                key,
+                label: self.labels[i],
+                data: buf,
+            },
+            self.row(i),
+        );
         if buf.capacity() > KEEP_BUFFER_BYTES {
             *buf = Vec::new();
         }
@@ -196,6 +249,14 @@ impl Source for FilesSource {
     }
 
     fn with_sample(&self, index: u64, f: &mut dyn FnMut(Sample<'_>)) -> Result<(), SourceError> {
+        self.with_sample_extra(index, &mut |s, _| f(s))
+    }
+
+    fn field_kind(&self) -> Option<FieldKind> {
+        (self.kind == InputKind::Manifest).then_some(FieldKind::Columns)
+    }
+
+    fn with_sample_extra(&self, index: u64, f: &mut dyn FnMut(Sample<'_>, Extra<'_>)) -> Result<(), SourceError> {
         BUFFER.with(|b| match b.try_borrow_mut() {
             Ok(mut buf) => self.read_into(index, &mut buf, f),
             // Re-entered from inside `f` (nothing does this today): use a buffer of its own.

@@ -9,6 +9,12 @@
 //! shards, LMDB): nothing is copied between the file and the decoder. Files served in place are
 //! the exception: each is read into a per-thread buffer, one `read` per sample.
 //!
+//! 1.9: a sample's other values (a WebDataset sample's other members, a manifest's other
+//! columns) come with it through [`Source::with_sample_extra`] as an [`Extra`], borrowed from the
+//! same read as the image; [`fields`] finds and parses the ones a stream asks for. Sources without
+//! such values say so ([`Source::field_kind`]), and nothing is read or kept for a stream that
+//! asks for none.
+//!
 //! Invariants every implementation keeps:
 //! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
 //!   key, label and bytes every time (a training order is a pure function of the index); files
@@ -18,6 +24,7 @@
 
 use std::fmt;
 
+pub mod fields;
 pub mod files;
 pub mod listing;
 pub mod lmdb;
@@ -49,6 +56,33 @@ impl fmt::Debug for Sample<'_> {
             .field("data_len", &self.data.len())
             .finish()
     }
+}
+
+/// 1.9: a sample's values besides its image and label (control.md, "Sample fields (1.9)"),
+/// borrowed from where the sample was read; [`fields::values`] picks the ones a stream wants.
+#[derive(Debug, Clone, Copy)]
+pub enum Extra<'a> {
+    /// The source has none.
+    None,
+    /// A WebDataset sample's members (in archive order) and the bytes of its tar from byte `base`
+    /// on (the whole mapping, or a ranged read of the sample's members).
+    Members {
+        members: &'a [wds::tar::Member],
+        data: &'a [u8],
+        base: u64,
+    },
+    /// A manifest row's other columns as a JSON object (`{}` when it has none); `text`: the
+    /// values are a CSV row's cells (text), not JSON values.
+    Row { json: &'a [u8], text: bool },
+}
+
+/// What kind of field sources a source reads (control.md, "Sample fields (1.9)").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// WebDataset members: `EXT`, or `EXT:KEY` of a JSON member.
+    Members,
+    /// Manifest columns (CSV) or members (JSONL), by name.
+    Columns,
 }
 
 /// Label used for samples that have none.
@@ -106,6 +140,18 @@ pub trait Source: Send + Sync + fmt::Debug {
         let mut reader = self.reader()?;
         f(reader.get(index)?);
         Ok(())
+    }
+
+    /// 1.9: which sample fields the source can serve (`None`: none; an `open` that asks for one
+    /// is refused naming the source's kind).
+    fn field_kind(&self) -> Option<FieldKind> {
+        None
+    }
+
+    /// 1.9: [`Source::with_sample`], with the sample's other values beside it, from the same
+    /// read. Sources without any ([`Source::field_kind`] is `None`) pass [`Extra::None`].
+    fn with_sample_extra(&self, index: u64, f: &mut dyn FnMut(Sample<'_>, Extra<'_>)) -> Result<(), SourceError> {
+        self.with_sample(index, &mut |s| f(s, Extra::None))
     }
 
     /// How many of the samples a stream will read next this source wants to be told about

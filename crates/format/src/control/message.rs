@@ -223,6 +223,44 @@ pub struct OpenRequest {
     /// 1.3: WebDataset options (`ringfeed_source::wds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webdataset: Option<WdsRequest>,
+    /// 1.9: text fields of each sample (control.md, "Sample fields (1.9)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<Vec<TextFieldRequest>>,
+    /// 1.9: typed metadata fields of each sample (control.md, "Sample fields (1.9)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Vec<MetaFieldRequest>>,
+}
+
+/// 1.9: one of `open.text` (control.md, "Sample fields (1.9)"): raw UTF-8, or token ids when it
+/// names a `tokenizer`. Bounds and names are checked by the server when it opens the stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TextFieldRequest {
+    /// The field's name in the batch.
+    pub name: String,
+    /// Where it comes from: a member `EXT`, a JSON member `EXT:KEY`, or a manifest column.
+    pub source: String,
+    /// Raw text: room per sample for its UTF-8 bytes (default 1024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    /// Tokenised: the absolute path of a Hugging Face `tokenizer.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Tokenised: tokens per sample (default 77).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_length: Option<u64>,
+}
+
+/// 1.9: one of `open.meta` (control.md, "Sample fields (1.9)"): a typed scalar per sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaFieldRequest {
+    /// The field's name in the batch.
+    pub name: String,
+    /// Where it comes from, as a text field's `source`.
+    pub source: String,
+    /// `float32`, `int32`, `int64` or `bool`.
+    pub dtype: String,
 }
 
 /// `open.gpu_decode` (1.3).

@@ -284,3 +284,38 @@ fn index_file_vectors_are_current_and_read_back() {
     as_10[n..].copy_from_slice(&crc);
     assert_eq!(index::parse(&as_10).unwrap().scan, scan, "a 1.0 index is read");
 }
+
+/// 1.9: a tokenizer is a file the server reads, so `--data-root` confines it as it confines
+/// datasets; inside the roots the same stream opens, with its ring fields.
+#[test]
+fn a_tokenizer_outside_the_data_roots_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let members = vec![
+        ("k0.jpg".to_owned(), jpeg(20, 16, 1)),
+        ("k0.txt".to_owned(), b"a b".to_vec()),
+    ];
+    std::fs::write(root.join("s.tar"), tar(&members)).unwrap();
+    let tokenizer = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+        "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+        "model":{"type":"WordLevel","vocab":{"[UNK]":0,"a":1,"b":2,"<pad>":3},"unk_token":"[UNK]"}}"#;
+    let outside = tmp.path().join("tokenizer.json");
+    let inside = root.join("tokenizer.json");
+    std::fs::write(&outside, tokenizer).unwrap();
+    std::fs::write(&inside, tokenizer).unwrap();
+    let server = Server::start_args(tmp.path(), 1, &["--data-root", root.to_str().unwrap()]);
+    let open = |tok: &Path| {
+        let text = json!([{"name": "text", "source": "txt", "tokenizer": tok.to_str().unwrap(), "max_length": 4}]);
+        server.client().open(open_msg(
+            &root.join("s.tar"),
+            json!({"batch_size": 1, "webdataset": {"label": ""}, "text": text}),
+        ))
+    };
+    let r = open(&outside);
+    assert_eq!(r["code"], "bad_request", "{r}");
+    let msg = r["message"].as_str().unwrap();
+    assert!(msg.contains("open.text \"text\"") && msg.contains("--data-root"), "{r}");
+    let r = open(&inside);
+    assert_eq!(r["type"], "ring", "{r}");
+}

@@ -175,6 +175,18 @@ fn messages() -> Vec<(&'static str, Value)> {
                 "fields": ["position_ids", "cu_seqlens"], "autotune": true}),
         ),
         (
+            "open, 1.9 sample fields",
+            json!({"type": "open", "dataset": "/data/laion/{00000..00099}.tar", "batch_size": 256,
+                "transform": {"kind": "resize", "size": [224, 224]},
+                "layout": "NHWC", "shuffle": true, "seed": 1, "drop_last": true, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "skip", "webdataset": {"label": ""},
+                "text": [{"name": "text", "source": "txt", "max_bytes": 1024},
+                    {"name": "caption", "source": "json:caption", "tokenizer": "/models/clip/tokenizer.json", "max_length": 77}],
+                "meta": [{"name": "aesthetic", "source": "json:aesthetic", "dtype": "float32"},
+                    {"name": "width", "source": "json:width", "dtype": "int32"},
+                    {"name": "nsfw", "source": "json:nsfw", "dtype": "bool"}]}),
+        ),
+        (
             "open, 1.3 token mix",
             json!({"type": "open", "sample_kind": "tokens", "dataset": "/data/web.tok", "batch_size": 8,
                 "tokens": {"seq_len": 1024, "mode": "concat", "max_docs": 1024, "weight": 0.7,

@@ -23,7 +23,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use super::{Sample, SampleReader, Source, SourceError};
+use super::{Extra, FieldKind, Sample, SampleReader, Source, SourceError};
 use crate::listing::Problem;
 use ringfeed_format::control::WdsRequest;
 use ringfeed_format::shard::reader::Mapped;
@@ -313,6 +313,17 @@ impl Catalog {
     /// [`Catalog::lookup`] from `data`, the bytes of its tar from byte `base` on (a ranged read
     /// of the sample's members).
     pub fn lookup_window<'a>(&'a self, index: u64, data: &'a [u8], base: u64) -> Result<Sample<'a>, SourceError> {
+        self.lookup_extra_window(index, data, base).map(|(s, _)| s)
+    }
+
+    /// [`Catalog::lookup_window`], with the sample's members (1.9, its other fields) beside it:
+    /// borrowed, nothing is read from them here.
+    pub fn lookup_extra_window<'a>(
+        &'a self,
+        index: u64,
+        data: &'a [u8],
+        base: u64,
+    ) -> Result<(Sample<'a>, Extra<'a>), SourceError> {
         let e = self.entry(index, "")?;
         let (path, members) = &self.tars[e.tar as usize];
         let key = &members[e.first as usize].name[..e.key_len as usize];
@@ -358,6 +369,7 @@ impl Catalog {
                 ),
             ));
         };
+        let whole = data;
         let data = bytes(&members[image as usize])?;
         let label = match (&self.opts.label, e.label) {
             (None, _) => super::NO_LABEL,
@@ -379,12 +391,20 @@ impl Catalog {
                 .map_err(|reason| fail(Some(m), reason.to_string()))?
             }
         };
-        Ok(Sample {
-            index,
-            key,
-            label,
-            data,
-        })
+        let extra = Extra::Members {
+            members: &members[e.first as usize..(e.first + e.members) as usize],
+            data: whole,
+            base,
+        };
+        Ok((
+            Sample {
+                index,
+                key,
+                label,
+                data,
+            },
+            extra,
+        ))
     }
 }
 
@@ -497,6 +517,12 @@ impl WdsSource {
     fn lookup(&self, index: u64) -> Result<Sample<'_>, SourceError> {
         let t = self.catalog.tar_of(index, &self.describe())?;
         self.catalog.lookup(index, self.data(t))
+    }
+
+    /// [`WdsSource::lookup`] with the sample's members (1.9).
+    fn lookup_extra(&self, index: u64) -> Result<(Sample<'_>, Extra<'_>), SourceError> {
+        let t = self.catalog.tar_of(index, &self.describe())?;
+        self.catalog.lookup_extra_window(index, self.data(t), 0)
     }
 
     /// A tar that changed on disk since it was mapped fails every later read of it.
@@ -685,6 +711,19 @@ impl Source for WdsSource {
         // Bytes read after a fault are zeros: report the fault, not what the zeros look like.
         self.check_fault(index)?;
         f(got?);
+        self.check_fault(index)
+    }
+
+    fn field_kind(&self) -> Option<FieldKind> {
+        Some(FieldKind::Members)
+    }
+
+    fn with_sample_extra(&self, index: u64, f: &mut dyn FnMut(Sample<'_>, Extra<'_>)) -> Result<(), SourceError> {
+        let got = self.lookup_extra(index);
+        self.check_fault(index)?;
+        let (sample, extra) = got?;
+        f(sample, extra);
+        // The fields are read inside `f`: a fault while they were read is reported too.
         self.check_fault(index)
     }
 }

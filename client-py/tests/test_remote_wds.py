@@ -337,3 +337,47 @@ def test_inspect_of_tars_in_a_store_reports_what_the_local_inspect_does(tars: Pa
             assert "read:     4 tars from their index files" in text, text
         finally:
             proxy.close()
+
+
+def test_sample_fields_of_tars_in_a_store_are_the_local_tars(tars: Path, sockdir: Path, tmp_path: Path) -> None:
+    """Text and metadata fields (protocol 1.9) of tars served from a store come from the same cached copy as the image:
+    every batch (images, labels, captions, metadata) is the local tars' batch."""
+    with s3_server("s3s-fs") as server:
+        upload(server, tars, "wds")
+        sock = str(sockdir / "f.sock")
+        cmd = ["serve", "--socket", sock, "--threads", "2", "--cache-dir", str(tmp_path / "cache")]
+        proc = subprocess.Popen(
+            [ringfeed_bin(), *cmd, "--cache-bytes", str(1 << 30)],
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **server.env()},
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not Path(sock).exists():
+                assert proc.poll() is None
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            kw = {
+                "transform": ringfeed.RandomResizedCrop(16),
+                "seed": 3,
+                "order": "shard_blocks",
+                "server": ringfeed.Server(socket=sock),
+                "text": ringfeed.Text("json:caption"),
+                "meta": ringfeed.Meta("json", {"tar": "int32", "j": "int64"}),
+            }
+            with ringfeed.Loader(f"s3://{BUCKET}/wds", 8, **kw) as ld:
+                got = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+            with ringfeed.Loader(tars, 8, **kw) as ld:
+                want = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=20)
+    assert len(got) == len(want) == TARS * PER_TAR // 8
+    for a, b in zip(got, want, strict=True):
+        assert set(a) == set(b) == {"image", "label", "text", "tar", "j"}
+        assert a["text"] == b["text"]
+        for k in ("image", "label", "tar", "j"):
+            assert (a[k] == b[k]).all(), k
+    # The captions are the JSON members' own, matching each sample's metadata.
+    for b in got:
+        assert b["text"] == [f"photo {t}/{j}" for t, j in zip(b["tar"].tolist(), b["j"].tolist(), strict=True)]

@@ -31,7 +31,7 @@ use super::{Cache, Hub, RemoteError, RemoteUrl, Store};
 use ringfeed_format::shard::reader::Mapped;
 use ringfeed_source::listing::Problem;
 use ringfeed_source::wds::{Catalog, WdsOptions, index, pattern, tar};
-use ringfeed_source::{Sample, SampleReader, Source, SourceError};
+use ringfeed_source::{Extra, FieldKind, Sample, SampleReader, Source, SourceError};
 
 /// The subdirectory of the cache directory holding the index files made from cached tars.
 pub const INDEX_DIR: &str = "indexes";
@@ -696,6 +696,21 @@ impl Source for RemoteWdsSource {
         let got = self.catalog.lookup(index, &m.map);
         self.check_fault(&m, index)?;
         f(got?);
+        self.check_fault(&m, index)
+    }
+
+    fn field_kind(&self) -> Option<FieldKind> {
+        Some(FieldKind::Members)
+    }
+
+    fn with_sample_extra(&self, index: u64, f: &mut dyn FnMut(Sample<'_>, Extra<'_>)) -> Result<(), SourceError> {
+        let t = self.catalog.tar_of(index, &self.describe())?;
+        let (_pin, m) = self.open_tar(t)?;
+        let got = self.catalog.lookup_extra_window(index, &m.map, 0);
+        self.check_fault(&m, index)?;
+        let (sample, extra) = got?;
+        f(sample, extra);
+        // The fields are read inside `f`, from the same pinned copy: a fault meanwhile is reported.
         self.check_fault(&m, index)
     }
 

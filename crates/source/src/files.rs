@@ -300,6 +300,8 @@ pub enum ServedKind {
     Manifest,
     /// 1.3: a directory holding `*.tar` files, or one `.tar` file: WebDataset shards.
     WebDataset,
+    /// 1.9: a directory holding `*.parquet` files, or one `.parquet` file.
+    Parquet,
 }
 
 impl ServedKind {
@@ -313,6 +315,7 @@ impl ServedKind {
             return match InputKind::Auto.detect(path) {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
                 _ if crate::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => Ok(ServedKind::WebDataset),
+                _ if parquet_in(path) => Ok(ServedKind::Parquet),
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
                 _ => Err(UnknownKind::Directory { path: path.to_owned() }),
             };
@@ -324,6 +327,7 @@ impl ServedKind {
                 match ext.as_deref() {
                     Some("csv" | "jsonl" | "ndjson") => Ok(ServedKind::Manifest),
                     Some("tar") => Ok(ServedKind::WebDataset),
+                    Some("parquet") => Ok(ServedKind::Parquet),
                     _ => Err(UnknownKind::File { path: path.to_owned() }),
                 }
             }
@@ -338,6 +342,7 @@ impl ServedKind {
             ServedKind::Folder => InputKind::Folder.name(),
             ServedKind::Manifest => InputKind::Manifest.name(),
             ServedKind::WebDataset => "webdataset",
+            ServedKind::Parquet => "parquet",
         }
     }
 }
@@ -348,17 +353,27 @@ impl ServedKind {
 pub enum UnknownKind {
     /// A directory that is none of the kinds.
     #[error(
-        "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
+        "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor Parquet (no *.parquet files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
         path.display(),
         ringfeed_format::shard::INDEX_FILE
     )]
     Directory { path: PathBuf },
     /// A file that is none of the kinds.
     #[error(
-        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
+        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar), a Parquet file (.parquet) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
         path.display()
     )]
     File { path: PathBuf },
+}
+
+/// Whether a directory holds a `*.parquet` file (any case).
+pub fn parquet_in(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|es| {
+        es.flatten().any(|e| {
+            let p = e.path();
+            p.extension().is_some_and(|x| x.eq_ignore_ascii_case("parquet")) && p.is_file()
+        })
+    })
 }
 
 /// Whether `dir` has at least one sub-directory (following symlinks, as the listing does). A

@@ -8,6 +8,7 @@ ImageFolder of the same pictures; ranks, resume, and the listing and per-row fai
 from __future__ import annotations
 
 import io
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _support import frame_vector, record_sent, ringfeed_bin
 from PIL import Image
 
 import ringfeed
@@ -308,3 +310,68 @@ def test_an_older_server_is_refused_naming_its_version(serve: Any) -> None:
             ringfeed.Resize((4, 6)),
             server=ringfeed.Server(socket=s.path, spawn=False, timeout=5),
         )
+
+
+def test_the_open_members_are_the_vector(data: dict[str, Path], sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`parquet`, `text` and `meta` as a Loader sends them are the frames.json vector "open, 1.9
+    parquet" (which the Rust side decodes into its OpenRequest and encodes back byte for byte)."""
+    want = frame_vector("open, 1.9 parquet")
+    sent = record_sent(monkeypatch)
+    source = ringfeed.Parquet(data["binary"], image="jpg", label="")
+    # The file has no column jpg: the server refuses, after the open was sent.
+    with pytest.raises(ServerError, match="jpg"):
+        loader(source, sock, text=ringfeed.Text("caption"), meta=ringfeed.Meta("meta", {"width": "int32"}))
+    got = next(m for m in sent if m["type"] == "open")
+    assert (got["parquet"], got["text"], got["meta"]) == (want["parquet"], want["text"], want["meta"])
+
+
+def run_pack(*args: str) -> subprocess.CompletedProcess[str]:
+    """`ringfeed pack ARGS` without progress output."""
+    return subprocess.run(
+        [ringfeed_bin(), "pack", *args, "--progress", "none"], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("kind", ["struct", "hf"])
+def test_pack_from_parquet_keeps_every_row(data: dict[str, Path], sock: str, tmp_path: Path, kind: str) -> None:
+    """`ringfeed pack` of a Parquet directory: the packed dataset's samples are the rows, in order,
+    with their labels and the ImageFolder's pixels."""
+    if kind not in data:
+        pytest.skip("the datasets library is not installed (scripts/bootstrap installs it)")
+    want = folder_pixels(data, sock)
+    out = tmp_path / "packed"
+    r = run_pack(str(data[kind]), str(out))
+    assert r.returncode == 0, r.stderr
+    with loader(str(out), sock) as ld:
+        got = samples(list(ld))
+    assert sorted(got) == list(range(N))
+    for i in range(N):
+        assert got[i]["label"].item() == label(i)
+        assert torch.equal(got[i]["image"], want[i]), f"row {i}: pixels differ from the ImageFolder's"
+
+
+def test_pack_of_a_null_image_fails_naming_the_row_or_skips_it(tmp_path: Path) -> None:
+    src = write_nulls(tmp_path / "src", 2, None)
+    r = run_pack(str(src), str(tmp_path / "a"))
+    assert r.returncode != 0
+    assert 'x.parquet: row 2: the image (column "image") is null' in r.stderr
+    r = run_pack(str(src), str(tmp_path / "b"), "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "b" / "skipped.tsv").read_text().splitlines()
+    assert len(report) == 2, report
+    assert report[1].startswith("x.parquet:2\t")
+    assert "row 2" in report[1]
+
+
+def test_a_save_to_disk_directory_is_refused_saying_what_to_do(tmp_path: Path, sock: str) -> None:
+    """`datasets.Dataset.save_to_disk` writes Arrow IPC files, which are not read: serving or packing
+    one says how to write Parquet instead."""
+    datasets = pytest.importorskip("datasets")
+    d = tmp_path / "saved"
+    datasets.Dataset.from_dict({"label": [0, 1]}).save_to_disk(str(d))
+    with pytest.raises(ServerError, match=r"save_to_disk .*to_parquet"):
+        loader(str(d), sock)
+    r = run_pack(str(d), str(tmp_path / "out"))
+    assert r.returncode != 0
+    assert "save_to_disk" in r.stderr
+    assert "to_parquet" in r.stderr

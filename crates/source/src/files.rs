@@ -103,7 +103,7 @@ impl FilesSource {
         for item in &plan.items {
             match &item.origin {
                 Origin::File(p) => debug_assert_eq!(*p, base.join(std::ffi::OsStr::from_bytes(&item.key))),
-                Origin::Lmdb(_) => unreachable!("folders and manifests list files"),
+                Origin::Lmdb(_) | Origin::Row(_) => unreachable!("folders and manifests list files"),
             }
             keys.extend_from_slice(&item.key);
             ends.push(keys.len());
@@ -315,7 +315,8 @@ impl ServedKind {
             return match InputKind::Auto.detect(path) {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
                 _ if crate::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => Ok(ServedKind::WebDataset),
-                _ if parquet_in(path) => Ok(ServedKind::Parquet),
+                _ if listing::parquet_in(path) => Ok(ServedKind::Parquet),
+                _ if saved_by_datasets(path) => Err(UnknownKind::SavedToDisk { path: path.to_owned() }),
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
                 _ => Err(UnknownKind::Directory { path: path.to_owned() }),
             };
@@ -358,6 +359,12 @@ pub enum UnknownKind {
         ringfeed_format::shard::INDEX_FILE
     )]
     Directory { path: PathBuf },
+    /// 1.9: a directory written by `datasets.Dataset.save_to_disk` (Arrow files), which is not read.
+    #[error(
+        "{} was written by datasets' save_to_disk (Arrow IPC files), which ringfeed does not read; write it as Parquet: datasets.load_from_disk(DIR).to_parquet(\"DIR.parquet\") (docs/parquet.md)",
+        path.display()
+    )]
+    SavedToDisk { path: PathBuf },
     /// A file that is none of the kinds.
     #[error(
         "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar), a Parquet file (.parquet) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
@@ -366,14 +373,14 @@ pub enum UnknownKind {
     File { path: PathBuf },
 }
 
-/// Whether a directory holds a `*.parquet` file (any case).
-pub fn parquet_in(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|es| {
-        es.flatten().any(|e| {
-            let p = e.path();
-            p.extension().is_some_and(|x| x.eq_ignore_ascii_case("parquet")) && p.is_file()
+/// Whether a directory is a `datasets.Dataset.save_to_disk` output: `state.json` beside
+/// `*.arrow` files.
+pub fn saved_by_datasets(dir: &Path) -> bool {
+    dir.join("state.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|es| {
+            es.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x.eq_ignore_ascii_case("arrow")))
         })
-    })
 }
 
 /// Whether `dir` has at least one sub-directory (following symlinks, as the listing does). A

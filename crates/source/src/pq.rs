@@ -31,7 +31,7 @@ use parquet::schema::types::Type;
 
 use super::{Extra, FieldKind, NO_LABEL, Sample, SampleReader, Source, SourceError};
 use crate::fields::Value;
-use crate::listing::Problem;
+use crate::listing::{InputError, InputKind, Item, Origin, ParquetColumns, Plan, Problem};
 
 /// Row groups the decoded-row cache holds at most.
 pub const CACHE_GROUPS: usize = 64;
@@ -247,6 +247,15 @@ impl ParquetSource {
         self.groups.len()
     }
 
+    /// Sample `index`'s key, `FILE:ROW` (the file's name, the row in the file), without reading it.
+    pub fn key(&self, index: u64) -> Option<Vec<u8>> {
+        let (g, r) = self.locate(index).ok()?;
+        let at = self.groups[g];
+        let path = &self.files[at.file as usize].path;
+        let name = path.file_name().unwrap_or(path.as_os_str()).to_string_lossy();
+        Some(format!("{name}:{}", at.first_row + r as u64).into_bytes())
+    }
+
     /// Where sample `index` is: its group and its row in that group.
     fn locate(&self, index: u64) -> Result<(usize, usize), SourceError> {
         if index >= self.len() {
@@ -300,10 +309,9 @@ impl ParquetSource {
             let iter = RowIter::from_row_group(Some(f.projection.clone()), rg.as_ref())
                 .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
             let mut rows = Vec::with_capacity((self.starts[g + 1] - self.starts[g]) as usize);
-            let file_name = f.path.file_name().unwrap_or(f.path.as_os_str()).to_string_lossy();
             for (i, row) in iter.enumerate() {
                 let row = row.map_err(|e| format!("cannot decode row group {}: {e}", at.group))?;
-                let key = format!("{file_name}:{}", at.first_row + i as u64).into_bytes();
+                let key = self.key(self.starts[g] + i as u64).unwrap_or_default();
                 rows.push(self.row(key, row));
             }
             Ok(rows)
@@ -623,6 +631,56 @@ impl SampleReader for ParquetReader<'_> {
     }
 }
 
+/// 1.9: the rows of the Parquet file or directory `src`, read with `columns` (the row groups are
+/// read once here for the labels, as an LMDB's values are): a file that cannot be served whole is
+/// a problem, a row that cannot (a null image) another, as an unreadable file is.
+pub fn plan(src: &Path, columns: &ParquetColumns, cancel: &AtomicBool, listed: &AtomicU64) -> Result<Plan, InputError> {
+    let invalid = |detail: String| InputError::Invalid {
+        path: src.to_owned(),
+        detail,
+    };
+    let opts = ParquetOptions::new(columns.image.as_deref(), columns.label.as_deref(), &[]).map_err(invalid)?;
+    let name = src.display().to_string();
+    let files = files(src).map_err(|e| invalid(e.to_string()))?;
+    let source = ParquetSource::open(&name, &files, &opts, cancel, listed).map_err(|e| match e {
+        ParquetError::Cancelled => InputError::Interrupted,
+        e => invalid(e.to_string()),
+    })?;
+    let mut problems: Vec<Problem> = source.listing_problems().to_vec();
+    let mut items = Vec::with_capacity(source.len() as usize);
+    for i in 0..source.len() {
+        if i % 4096 == 0 && cancel.load(Ordering::Relaxed) {
+            return Err(InputError::Interrupted);
+        }
+        let mut item = None;
+        let read = source.with_sample(i, &mut |s| {
+            item = Some(Item {
+                key: s.key.to_vec(),
+                label: s.label,
+                meta: Vec::new(),
+                origin: Origin::Row(i),
+            });
+        });
+        match (read, item) {
+            (Ok(()), Some(item)) => items.push(item),
+            (Err(e), _) => problems.push(Problem {
+                key: source.key(i).unwrap_or_else(|| format!("#{i}").into_bytes()),
+                reason: e.to_string(),
+            }),
+            (Ok(()), None) => unreachable!("with_sample calls back on success"),
+        }
+    }
+    Ok(Plan {
+        kind: InputKind::Parquet,
+        items,
+        classes: Vec::new(),
+        problems,
+        ignored: 0,
+        lmdb: None,
+        rows: Some(Box::new(source)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -770,7 +828,9 @@ mod tests {
             "{why}"
         );
         let wrong = ParquetOptions::new(None, Some("caption"), &[]).unwrap();
-        let why = open(std::slice::from_ref(&good), &wrong).listing_problems()[0].reason.clone();
+        let why = open(std::slice::from_ref(&good), &wrong).listing_problems()[0]
+            .reason
+            .clone();
         assert!(
             why.contains("column \"caption\" (open.parquet.label) is BYTE_ARRAY, not an integer"),
             "{why}"

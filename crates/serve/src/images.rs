@@ -417,6 +417,13 @@ async fn open_remote(
             "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
         )));
     }
+    if open.parquet.is_some() || url.prefix.to_ascii_lowercase().ends_with(".parquet") {
+        // Spec'd (row groups fetched and cached as shards), not built yet: say so rather than
+        // look for a packed dataset or tars there.
+        return Err(dataset_err(format!(
+            "dataset {url}: Parquet on object storage is not served yet; copy the files to a local directory (docs/parquet.md)"
+        )));
+    }
     if ringfeed_remote::wds::names_tars(&url) || open.webdataset.is_some() {
         return open_remote_webdataset(shared, url, open, progress).await;
     }

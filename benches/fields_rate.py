@@ -51,18 +51,21 @@ def captions(text_dir: Path, n: int) -> list[str]:
 
 
 def write_tars(photos: Path, text_dir: Path, count: int, dest: Path, per_tar: int = 500) -> Path:
-    """LAION-like tars of `count` photos with captions and metadata, by the `webdataset` library."""
+    """LAION-like tars of `count` photos with their class, captions and metadata, by the `webdataset`
+    library."""
     import webdataset as wds
 
     files = sorted(p for p in photos.rglob("*.jpg"))[:count]
     if len(files) < count:
         raise SystemExit(f"{photos} has {len(files)} photos, fewer than --count {count}")
     caps = captions(text_dir, count)
+    classes = {c: k for k, c in enumerate(sorted({p.parent.name for p in files}))}
     dest.mkdir(parents=True, exist_ok=True)
     with wds.ShardWriter(str(dest / "shard-%04d.tar"), maxcount=per_tar, verbose=0) as sink:
         for i, (p, cap) in enumerate(zip(files, caps, strict=True)):
             meta = {"caption": cap, "aesthetic": 4.0 + (i % 30) / 10, "width": 300 + i % 500, "nsfw": i % 7 == 0}
-            sink.write({"__key__": f"s{i:06d}", "jpg": p.read_bytes(), "txt": cap, "json": json.dumps(meta)})
+            sample = {"__key__": f"s{i:06d}", "jpg": p.read_bytes(), "cls": str(classes[p.parent.name])}
+            sink.write({**sample, "txt": cap, "json": json.dumps(meta)})
     return dest
 
 

@@ -20,7 +20,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
   ownership, runs, resume, reconnecting; ``BatchMaker``, what a sample kind adds to it.
 - ``_images``: the image kind: ``ImageOptions``, ``ImageBatches`` (fields, batch ops, hybrid decode).
 - ``_options``: the option objects (``Server``, ``Tuning``, ``ShardBlocks``, ``GPUDecode``, the
-  sources ``LMDB`` and ``WebDataset``), ``StreamConfig``, the checks every loader argument goes
+  sources ``LMDB``, ``WebDataset`` and ``Parquet``), ``StreamConfig``, the checks every loader argument goes
   through, and the deprecated keywords' translation.
 - ``_meter``: the wait and compute per step, for ``stats()`` and the server's autotuner.
 - ``_transforms``: the ops (torchvision's names), ``Compose``, ``Views``, ``MixUp``/``CutMix``.
@@ -41,7 +41,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
-from ._options import LMDB, GPUDecode, Meta, Server, ShardBlocks, Text, Tuning, WebDataset
+from ._options import LMDB, GPUDecode, Meta, Parquet, Server, ShardBlocks, Text, Tuning, WebDataset
 from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
@@ -102,6 +102,7 @@ __all__ = [
     "Normalize",
     "Op",
     "PackedDataset",
+    "Parquet",
     "Preview",
     "ProtocolError",
     "RandAugment",

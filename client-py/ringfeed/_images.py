@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ProtocolError, RingfeedError, ServerError
-from ._options import LMDB, GPUDecode, Meta, StreamConfig, Text, WebDataset, boolean
+from ._options import LMDB, GPUDecode, Meta, Parquet, StreamConfig, Text, WebDataset, boolean
 from ._stream import BatchMaker, Stream
 from ._transforms import Views, as_views
 from .wire.ring import Segment
@@ -71,11 +71,13 @@ class ImageOptions:
     #: 1.9: the text and metadata fields (control.md, "Sample fields (1.9)").
     text: tuple[Text, ...] = ()
     meta: tuple[Meta, ...] = ()
+    #: 1.9: ``open.parquet`` (control.md, "Parquet datasets (1.9)"), for a ``Parquet`` source.
+    parquet: dict[str, Any] | None = None
 
     @classmethod
     def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
         """Checks the image arguments (``kw``: ``Loader``'s keywords of them, the source as an
-        ``LMDB``, a ``WebDataset`` or ``None``, hybrid decode as a ``GPUDecode``) against ``cfg``."""
+        ``LMDB``, a ``WebDataset``, a ``Parquet`` or ``None``, hybrid decode as a ``GPUDecode``) against ``cfg``."""
         views, legacy = _check_transform(transform)
         layout, on_error = kw["layout"], kw["on_error"]
         if layout not in ("NHWC", "NCHW"):
@@ -90,12 +92,13 @@ class ImageOptions:
         source = kw["source"]
         lmdb = source.options() if isinstance(source, LMDB) else None
         webdataset = source.options() if isinstance(source, WebDataset) else None
+        parquet = source.options() if isinstance(source, Parquet) else None
         post = _batch_ops(cfg, views, legacy, layout, kw["normalize"], kw["dtype"], kw["batch_transform"])
         gpu: GPUDecode = kw["gpu_decode"]
         share, backend, why = _gpu_plan(gpu.share, kw["_gpu_backend"], cfg.device, views, cfg.autotune)
         return cls(
             transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
-            share, backend, why, gpu.bytes_per_sample, text, meta,
+            share, backend, why, gpu.bytes_per_sample, text, meta, parquet,
         )  # fmt: skip
 
 
@@ -153,6 +156,15 @@ class ImageBatches(BatchMaker):
                 gpu["bytes_per_sample"] = o.gpu_bytes
             msg["gpu_decode"] = gpu
         msg.update(_order_members(cfg, o.webdataset, server_protocol))
+        if o.parquet is not None:
+            if server_protocol < (1, 9):
+                # control.md, 1.9: a 1.8 server serves no Parquet and ignores `parquet`.
+                major, minor = server_protocol
+                raise RingfeedError(
+                    f"the server speaks protocol {major}.{minor}; Parquet datasets need a ringfeed server "
+                    f"with protocol 1.9 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+                )
+            msg["parquet"] = o.parquet
         if o.text or o.meta:
             if server_protocol < (1, 9):
                 # control.md, 1.9: a 1.8 server would ignore `text` and `meta`.

@@ -301,6 +301,40 @@ class WebDataset:
         return {k: getattr(self, k) for k in WEBDATASET_OPTIONS if getattr(self, k) is not None}
 
 
+@dataclass(frozen=True)
+class Parquet:
+    """Parquet files as a loader's ``path``, with their columns (protocol 1.9; docs/parquet.md):
+    ``Loader(ringfeed.Parquet("/data/train", image="jpg", label="cls"), 256, ...)``. Rows are
+    samples, read in place; a ``.parquet`` file or a directory of them alone is ``Parquet(path)``.
+
+    Args:
+        path: a ``.parquet`` file, or a directory of them (taken in bytewise order of names).
+        image: the image column (default ``"image"``): binary, or Hugging Face's ``Image()``
+            struct ``{bytes, path}`` (the bytes are read; a row with only a path is an error).
+        label: the integer label column (default ``"label"``; a null is ``-1``); ``""``: no
+            labels.
+    """
+
+    path: str | os.PathLike[str]
+    _: KW_ONLY
+    image: str | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise ValueError(f"Parquet: path must be a path, got {self.path!r}")
+        for key in ("image", "label"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"Parquet: {key} must be a column name (a str), got {value!r}")
+        if self.image == "":
+            raise ValueError('Parquet: image must name the image column, e.g. "image"')
+
+    def options(self) -> dict[str, Any]:
+        """``open.parquet`` (control.md, "Parquet datasets (1.9)"): the options given."""
+        return {k: getattr(self, k) for k in ("image", "label") if getattr(self, k) is not None}
+
+
 #: ``open.meta[].dtype`` values (control.md, "Sample fields (1.9)").
 META_DTYPES = ("float32", "int32", "int64", "bool")
 #: Bounds of the sample fields (control.md, "Sample fields (1.9)").

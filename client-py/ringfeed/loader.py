@@ -53,6 +53,7 @@ from ._options import (
     WEBDATASET_OPTIONS,
     GPUDecode,
     Meta,
+    Parquet,
     Server,
     ShardBlocks,
     StreamConfig,
@@ -94,11 +95,11 @@ class Loader(BaseLoader):
     is written: ``server=ringfeed.Server(...)`` (socket, sidecar, timeouts, reconnecting),
     ``tuning=ringfeed.Tuning(...)`` (slots, threads, prefetch, hold, autotune, log_every),
     ``order=ringfeed.ShardBlocks(...)``, ``gpu_decode=ringfeed.GPUDecode(...)``, and the source
-    formats as ``path``: ``ringfeed.LMDB(path, ...)``, ``ringfeed.WebDataset(path, ...)``. The
-    keywords these replaced (``socket=``, ``threads=``, ``lmdb={...}``, ``normalize=``, ...) still
-    work in this release, each with a ``DeprecationWarning`` naming its new spelling
-    (docs/from-dataloader.md has the table); passing one beside the object that now holds it is a
-    ``ValueError``.
+    formats as ``path``: ``ringfeed.LMDB(path, ...)``, ``ringfeed.WebDataset(path, ...)``,
+    ``ringfeed.Parquet(path, ...)``. The keywords these replaced (``socket=``, ``threads=``,
+    ``lmdb={...}``, ``normalize=``, ...) still work in this release, each with a
+    ``DeprecationWarning`` naming its new spelling (docs/from-dataloader.md has the table); passing
+    one beside the object that now holds it is a ``ValueError``.
 
     Args:
         path: the dataset: a packed dataset directory (``ringfeed pack``), an LMDB, an image
@@ -113,7 +114,9 @@ class Loader(BaseLoader):
             (docs/remote.md). A source with options is an object: ``ringfeed.LMDB(path,
             layout=..., labels=..., labels_key=...)`` (docs/lmdb.md) or
             ``ringfeed.WebDataset(path, image=..., label=..., label_key=..., write_index=...)``
-            (docs/webdataset.md).
+            (docs/webdataset.md) or ``ringfeed.Parquet(path, image=..., label=...)`` (protocol
+            1.9, docs/parquet.md; a ``.parquet`` file or a directory of them alone is served with
+            the default columns ``image`` and ``label``).
         batch_size: samples per batch, ``1 ..= 65536``.
         transform: the per-image pipeline, with torchvision's names and semantics: an op,
             ``ringfeed.Compose([...])`` (e.g. ``Compose([RandomResizedCrop(224),
@@ -165,8 +168,9 @@ class Loader(BaseLoader):
         fields: extra fields to deliver besides ``image`` and ``label``: ``"index"`` (the sample's
             dataset index) and ``"crop"`` (``top, left, height, width, flipped``). With extras,
             batches are dicts by field name instead of ``(images, labels)`` tuples.
-        text: text fields of each sample (protocol 1.9; docs/fields.md), from WebDataset members
-            or manifest columns: ``ringfeed.Text("txt")`` adds ``text``, a list of ``str``;
+        text: text fields of each sample (protocol 1.9; docs/fields.md), from WebDataset members,
+            manifest columns or Parquet columns (``"caption"``; ``"meta:caption"``: a struct's
+            member): ``ringfeed.Text("txt")`` adds ``text``, a list of ``str``;
             ``ringfeed.Text("json:caption", tokenizer="tokenizer.json", max_length=77)`` adds
             ``text_ids`` (``int32 [N, max_length]``) and ``text_mask`` (``bool``), tokenised in
             the server. One object or a list. Batches are then dicts (``image``, ``label``, the
@@ -218,7 +222,7 @@ class Loader(BaseLoader):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | LMDB | WebDataset,
+        path: str | os.PathLike[str] | LMDB | WebDataset | Parquet,
         batch_size: int,
         transform: Any,
         *,
@@ -290,6 +294,7 @@ class Loader(BaseLoader):
     meta = From("_kind.opts")
     lmdb = From("_kind.opts")
     webdataset = From("_kind.opts")
+    parquet = From("_kind.opts")
     order_shard = From("_stream.cfg")
     #: Why hybrid decode is off (``None`` while it is on).
     gpu_decode_reason = From("_kind")
@@ -307,10 +312,10 @@ class Loader(BaseLoader):
         )
 
 
-def _legacy_source(old: dict[str, Any], path: Any) -> LMDB | WebDataset | None:
+def _legacy_source(old: dict[str, Any], path: Any) -> LMDB | WebDataset | Parquet | None:
     """The source object: ``path`` itself, or one made of ``path`` and the deprecated ``lmdb={...}``
     or ``webdataset={...}`` in ``old``."""
-    source = path if isinstance(path, (LMDB, WebDataset)) else None
+    source = path if isinstance(path, (LMDB, WebDataset, Parquet)) else None
     for key, cls, known in (
         ("lmdb", LMDB, ("layout", "labels", "labels_key")),
         ("webdataset", WebDataset, tuple(WEBDATASET_OPTIONS)),

@@ -43,7 +43,7 @@ pub mod remote;
 pub mod text;
 
 pub use crate::progress::ProgressMode;
-pub use ringfeed_source::listing::{InputKind, Plan};
+pub use ringfeed_source::listing::{InputKind, ParquetColumns, Plan};
 
 /// What to do when one input file cannot be packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +70,8 @@ pub enum Check {
 pub struct PackOptions {
     pub input: InputKind,
     pub lmdb: LmdbOptions,
+    /// 1.9: the columns of a Parquet input.
+    pub parquet: ParquetColumns,
     pub writer: WriterOptions,
     /// Re-encode every image as JPEG with this maximum side and quality; `None` keeps the bytes.
     pub reencode: Option<Reencode>,
@@ -96,6 +98,7 @@ impl Default for PackOptions {
         PackOptions {
             input: InputKind::Auto,
             lmdb: LmdbOptions::default(),
+            parquet: ParquetColumns::default(),
             writer: WriterOptions::default(),
             reencode: None,
             restarts: true,
@@ -205,7 +208,26 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
     }
     let progress = crate::progress::Progress::new(opts.progress);
     progress.message(&format!("listing {}", src.display()));
-    let plan = listing::plan(src, opts.input, &opts.lmdb, cancel).map_err(|e| match e {
+    if src.is_dir() && ringfeed_source::files::saved_by_datasets(src) {
+        let e = ringfeed_source::files::UnknownKind::SavedToDisk { path: src.to_owned() };
+        return Err(PackError::Input(listing::InputError::Invalid {
+            path: src.to_owned(),
+            detail: e.to_string(),
+        }));
+    }
+    let planned = match opts.input.detect(src) {
+        #[cfg(feature = "parquet")]
+        InputKind::Parquet => {
+            ringfeed_source::pq::plan(src, &opts.parquet, cancel, &std::sync::atomic::AtomicU64::new(0))
+        }
+        #[cfg(not(feature = "parquet"))]
+        InputKind::Parquet => Err(listing::InputError::Invalid {
+            path: src.to_owned(),
+            detail: "this ringfeed was built without Parquet input (the `parquet` feature); use a build with default features".to_owned(),
+        }),
+        _ => listing::plan(src, opts.input, &opts.lmdb, cancel),
+    };
+    let plan = planned.map_err(|e| match e {
         listing::InputError::Interrupted => PackError::Interrupted,
         e => PackError::Input(e),
     })?;
@@ -532,10 +554,12 @@ fn write_dataset(
     Ok((written, input_bytes, restarted_count, threads))
 }
 
-/// Per-thread state: a decoder and, for LMDB inputs, a reader with its own transaction.
+/// Per-thread state: a decoder and, for LMDB inputs, a reader with its own transaction (for
+/// Parquet inputs, one that keeps the row group it read last).
 struct Worker<'a> {
     decoder: Decoder,
     lmdb: Option<Box<dyn SampleReader + 'a>>,
+    rows: Option<Box<dyn SampleReader + 'a>>,
     opts: &'a PackOptions,
     scratch: Vec<u8>,
 }
@@ -557,9 +581,14 @@ impl<'a> Worker<'a> {
             Some(source) => Some(source.reader()?),
             None => None,
         };
+        let rows = match &plan.rows {
+            Some(source) => Some(source.reader()?),
+            None => None,
+        };
         Ok(Worker {
             decoder: Decoder::new(opts.limits)?,
             lmdb,
+            rows,
             opts,
             scratch: Vec::new(),
         })
@@ -579,8 +608,12 @@ impl<'a> Worker<'a> {
                     };
                 }
             },
-            listing::Origin::Lmdb(i) => {
-                let reader = self.lmdb.as_mut().expect("LMDB items come with an LMDB reader");
+            listing::Origin::Lmdb(_) | listing::Origin::Row(_) => {
+                let (reader, i) = match &item.origin {
+                    listing::Origin::Lmdb(i) => (self.lmdb.as_mut().expect("LMDB items come with an LMDB reader"), i),
+                    listing::Origin::Row(i) => (self.rows.as_mut().expect("Parquet rows come with a reader"), i),
+                    listing::Origin::File(_) => unreachable!("matched above"),
+                };
                 match reader.get(*i) {
                     Ok(s) => {
                         owned = s.data.to_vec();

@@ -16,7 +16,8 @@ use crate::text::TextArgs;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct PackArgs {
-    /// Image folder (SRC/class/*.jpg), manifest (.csv/.jsonl) or LMDB.
+    /// Image folder (SRC/class/*.jpg), manifest (.csv/.jsonl), LMDB, or Parquet (a .parquet
+    /// file or a directory of them).
     pub(crate) src: PathBuf,
     /// Output dataset directory (must not exist unless --force), or an `s3://bucket/prefix`
     /// (packed in a temporary directory, then uploaded: shards first, the index last).
@@ -71,6 +72,12 @@ pub(crate) struct PackArgs {
     pub(crate) summary_json: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) lmdb: LmdbArgs,
+    /// Parquet input: the image column (binary, or Hugging Face's `{bytes, path}` struct).
+    #[arg(long, value_name = "COLUMN", default_value = "image")]
+    pub(crate) image_column: String,
+    /// Parquet input: the integer label column ("" for none).
+    #[arg(long, value_name = "COLUMN", default_value = "label")]
+    pub(crate) label_column: String,
     #[command(flatten)]
     pub(crate) text: TextArgs,
     #[command(flatten)]
@@ -140,6 +147,10 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
     let opts = PackOptions {
         input: a.input,
         lmdb: a.lmdb.options()?,
+        parquet: ringfeed_pack::ParquetColumns {
+            image: Some(a.image_column),
+            label: Some(a.label_column),
+        },
         writer: WriterOptions {
             target_shard_bytes: a.shard_size,
             record_align: a.align,

@@ -129,7 +129,7 @@ impl SampleFields {
         let from_of = |member: &str, name: &str, src: &str| -> Result<FieldFrom, String> {
             let Some(kind) = kind else {
                 return Err(format!(
-                    "open.{member} {name:?}: {source} holds no sample fields; this server reads them from WebDataset tars' members (local or in an object store) and CSV/JSONL manifests' columns"
+                    "open.{member} {name:?}: {source} holds no sample fields; this server reads them from WebDataset tars' members (local or in an object store), CSV/JSONL manifests' columns and local Parquet columns"
                 ));
             };
             FieldFrom::parse(src, kind).map_err(|e| format!("open.{member} {name:?}: {e}"))

@@ -36,6 +36,15 @@ pub mod tokens;
 pub mod tune;
 mod wire;
 
+/// What a build without the `parquet` feature answers to a Parquet dataset `what`.
+#[cfg(not(feature = "parquet"))]
+pub fn parquet_not_built(what: &str) -> String {
+    format!(
+        "{what}: this ringfeed was built without Parquet datasets (the `parquet` feature); use a build \
+         with default features (`cargo build --release -p ringfeed`, or the wheel)"
+    )
+}
+
 /// What a build without the `remote` feature answers to `what` (a dataset, a command line
 /// argument) on object storage: the server's open error and the binary's, in one wording.
 #[cfg(not(feature = "remote"))]

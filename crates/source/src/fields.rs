@@ -19,8 +19,10 @@ pub enum FieldFrom {
     Member(Vec<u8>),
     /// The member at `path` (dotted) of the JSON object in the WebDataset member `ext`.
     JsonKey { ext: Vec<u8>, path: Vec<String> },
-    /// A manifest's column (CSV) or member (JSONL).
+    /// A manifest's column (CSV) or member (JSONL), or a Parquet column.
     Column(String),
+    /// The member at `path` (dotted) of the Parquet struct column `column` (`COLUMN:KEY`).
+    StructKey { column: String, path: Vec<String> },
 }
 
 impl FieldFrom {
@@ -31,6 +33,21 @@ impl FieldFrom {
         }
         match kind {
             FieldKind::Columns => Ok(FieldFrom::Column(source.to_owned())),
+            FieldKind::Parquet => match source.split_once(':') {
+                None => Ok(FieldFrom::Column(source.to_owned())),
+                Some((column, key)) => {
+                    let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+                    if column.is_empty() || path.iter().any(String::is_empty) {
+                        return Err(format!(
+                            "source {source:?}: give COLUMN or COLUMN:KEY (a member of a struct column), each part non-empty"
+                        ));
+                    }
+                    Ok(FieldFrom::StructKey {
+                        column: column.to_owned(),
+                        path,
+                    })
+                }
+            },
             FieldKind::Members => {
                 let (ext, key) = match source.split_once(':') {
                     Some((e, k)) => (e, Some(k)),
@@ -67,6 +84,15 @@ impl FieldFrom {
             FieldFrom::Member(ext) => format!(".{}", String::from_utf8_lossy(ext)),
             FieldFrom::JsonKey { ext, path } => format!(".{}:{}", String::from_utf8_lossy(ext), path.join(".")),
             FieldFrom::Column(c) => format!("column {c:?}"),
+            FieldFrom::StructKey { column, path } => format!("column {column:?} member {:?}", path.join(".")),
+        }
+    }
+
+    /// The top-level column it reads (a Parquet column, a manifest's), if it reads one.
+    pub fn column(&self) -> Option<&str> {
+        match self {
+            FieldFrom::Column(c) | FieldFrom::StructKey { column: c, .. } => Some(c),
+            FieldFrom::Member(_) | FieldFrom::JsonKey { .. } => None,
         }
     }
 }
@@ -135,7 +161,10 @@ pub fn values<'a>(extra: &Extra<'a>, wanted: &[FieldFrom]) -> Vec<Result<Value<'
                             )
                         })
                     }
-                    FieldFrom::Column(c) => Err(format!("column {c:?}: a WebDataset sample has members, not columns")),
+                    FieldFrom::Column(_) | FieldFrom::StructKey { .. } => Err(format!(
+                        "{}: a WebDataset sample has members, not columns",
+                        w.describe()
+                    )),
                 })
                 .collect()
         }
@@ -160,6 +189,33 @@ pub fn values<'a>(extra: &Extra<'a>, wanted: &[FieldFrom]) -> Vec<Result<Value<'
                 })
                 .collect()
         }
+        Extra::Cells { names, cells } => wanted
+            .iter()
+            .map(|w| {
+                let cell = |c: &str| -> Result<&'a Value<'static>, String> {
+                    names
+                        .iter()
+                        .position(|n| n == c)
+                        .and_then(|i| cells.get(i))
+                        .ok_or_else(|| format!("the row has no column {c:?}"))
+                };
+                match w {
+                    FieldFrom::Column(c) => Ok(match cell(c)? {
+                        Value::Text(t) => Value::Text(Cow::Borrowed(t)),
+                        Value::Json(j) => Value::Json(j.clone()),
+                    }),
+                    FieldFrom::StructKey { column, path } => match cell(column)? {
+                        Value::Json(doc @ serde_json::Value::Object(_)) => lookup(doc, path)
+                            .cloned()
+                            .map(Value::Json)
+                            .ok_or_else(|| format!("the column {column:?} has no member {:?}", path.join("."))),
+                        Value::Json(serde_json::Value::Null) => Err(format!("the column {column:?} is null")),
+                        _ => Err(format!("the column {column:?} is not a struct")),
+                    },
+                    _ => Err(format!("{}: a Parquet row has columns, not members", w.describe())),
+                }
+            })
+            .collect(),
     }
 }
 
@@ -254,5 +310,45 @@ mod tests {
         assert!(csv[2].as_ref().unwrap_err().contains("no column \"z\""));
         let jsonl = values(&Extra::Row { json, text: false }, &wanted);
         assert_eq!(jsonl[1], Ok(Value::Json(serde_json::json!("12"))));
+    }
+
+    #[test]
+    fn parquet_columns_and_struct_members() {
+        let p = FieldKind::Parquet;
+        assert_eq!(FieldFrom::parse("caption", p), Ok(FieldFrom::Column("caption".into())));
+        let key = FieldFrom::parse("meta:size.w", p).unwrap();
+        assert_eq!(
+            key,
+            FieldFrom::StructKey {
+                column: "meta".into(),
+                path: vec!["size".into(), "w".into()]
+            }
+        );
+        assert!(FieldFrom::parse("meta:", p).unwrap_err().contains("COLUMN:KEY"));
+        let names = ["caption".to_owned(), "meta".to_owned(), "gone".to_owned()];
+        let cells = [
+            Value::Text(Cow::Owned(b"a cat".to_vec())),
+            Value::Json(serde_json::json!({"size": {"w": 3}})),
+            Value::Json(serde_json::Value::Null),
+        ];
+        let extra = Extra::Cells {
+            names: &names,
+            cells: &cells,
+        };
+        let wanted = [
+            FieldFrom::Column("caption".into()),
+            key,
+            FieldFrom::parse("meta:nope", p).unwrap(),
+            FieldFrom::parse("gone:x", p).unwrap(),
+            FieldFrom::parse("caption:x", p).unwrap(),
+            FieldFrom::Column("other".into()),
+        ];
+        let got = values(&extra, &wanted);
+        assert!(matches!(&got[0], Ok(Value::Text(Cow::Borrowed(b))) if *b == b"a cat"));
+        assert_eq!(got[1], Ok(Value::Json(serde_json::json!(3))));
+        assert!(got[2].as_ref().unwrap_err().contains("no member \"nope\""));
+        assert!(got[3].as_ref().unwrap_err().contains("is null"));
+        assert!(got[4].as_ref().unwrap_err().contains("not a struct"));
+        assert!(got[5].as_ref().unwrap_err().contains("no column \"other\""));
     }
 }

@@ -103,7 +103,7 @@ impl FilesSource {
         for item in &plan.items {
             match &item.origin {
                 Origin::File(p) => debug_assert_eq!(*p, base.join(std::ffi::OsStr::from_bytes(&item.key))),
-                Origin::Lmdb(_) => unreachable!("folders and manifests list files"),
+                Origin::Lmdb(_) | Origin::Row(_) => unreachable!("folders and manifests list files"),
             }
             keys.extend_from_slice(&item.key);
             ends.push(keys.len());
@@ -300,6 +300,8 @@ pub enum ServedKind {
     Manifest,
     /// 1.3: a directory holding `*.tar` files, or one `.tar` file: WebDataset shards.
     WebDataset,
+    /// 1.9: a directory holding `*.parquet` files, or one `.parquet` file.
+    Parquet,
 }
 
 impl ServedKind {
@@ -313,6 +315,8 @@ impl ServedKind {
             return match InputKind::Auto.detect(path) {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
                 _ if crate::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => Ok(ServedKind::WebDataset),
+                _ if listing::parquet_in(path) => Ok(ServedKind::Parquet),
+                _ if saved_by_datasets(path) => Err(UnknownKind::SavedToDisk { path: path.to_owned() }),
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
                 _ => Err(UnknownKind::Directory { path: path.to_owned() }),
             };
@@ -324,6 +328,7 @@ impl ServedKind {
                 match ext.as_deref() {
                     Some("csv" | "jsonl" | "ndjson") => Ok(ServedKind::Manifest),
                     Some("tar") => Ok(ServedKind::WebDataset),
+                    Some("parquet") => Ok(ServedKind::Parquet),
                     _ => Err(UnknownKind::File { path: path.to_owned() }),
                 }
             }
@@ -338,6 +343,7 @@ impl ServedKind {
             ServedKind::Folder => InputKind::Folder.name(),
             ServedKind::Manifest => InputKind::Manifest.name(),
             ServedKind::WebDataset => "webdataset",
+            ServedKind::Parquet => "parquet",
         }
     }
 }
@@ -348,17 +354,33 @@ impl ServedKind {
 pub enum UnknownKind {
     /// A directory that is none of the kinds.
     #[error(
-        "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
+        "{} is neither a packed ringfeed dataset (it has no {}), an LMDB (no data.mdb), nor WebDataset shards (no *.tar files), nor Parquet (no *.parquet files), nor an image folder (no class sub-directories: an image folder is DIR/class_name/image.jpg); pass one of these, a manifest (.csv, .jsonl), or pack the images with `ringfeed pack SRC OUT`",
         path.display(),
         ringfeed_format::shard::INDEX_FILE
     )]
     Directory { path: PathBuf },
+    /// 1.9: a directory written by `datasets.Dataset.save_to_disk` (Arrow files), which is not read.
+    #[error(
+        "{} was written by datasets' save_to_disk (Arrow IPC files), which ringfeed does not read; write it as Parquet: datasets.load_from_disk(DIR).to_parquet(\"DIR.parquet\") (docs/parquet.md)",
+        path.display()
+    )]
+    SavedToDisk { path: PathBuf },
     /// A file that is none of the kinds.
     #[error(
-        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
+        "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar), a Parquet file (.parquet) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
         path.display()
     )]
     File { path: PathBuf },
+}
+
+/// Whether a directory is a `datasets.Dataset.save_to_disk` output: `state.json` beside
+/// `*.arrow` files.
+pub fn saved_by_datasets(dir: &Path) -> bool {
+    dir.join("state.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|es| {
+            es.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x.eq_ignore_ascii_case("arrow")))
+        })
 }
 
 /// Whether `dir` has at least one sub-directory (following symlinks, as the listing does). A

@@ -1,6 +1,6 @@
 //! Sources: random access to encoded samples, wherever they live: packed shards
 //! ([`PackedSource`]), LMDBs ([`lmdb`]), image folders and manifests ([`files`]), and WebDataset
-//! tars ([`wds`]), the last three read in place. [`listing`] lists folders, manifests and LMDBs
+//! tars ([`wds`]), and (1.9, feature `parquet`) Parquet files (`pq`), the last four read in place. [`listing`] lists folders, manifests and LMDBs
 //! for both the files source and `ringfeed pack`, so both see the same samples in the same order.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
@@ -29,6 +29,8 @@ pub mod files;
 pub mod listing;
 pub mod lmdb;
 pub mod packed;
+#[cfg(feature = "parquet")]
+pub mod pq;
 pub mod wds;
 
 pub use files::FilesSource;
@@ -74,6 +76,12 @@ pub enum Extra<'a> {
     /// A manifest row's other columns as a JSON object (`{}` when it has none); `text`: the
     /// values are a CSV row's cells (text), not JSON values.
     Row { json: &'a [u8], text: bool },
+    /// A Parquet row's field columns (`names[i]`'s value is `cells[i]`): strings and binary as
+    /// text, the rest (numbers, structs) as JSON.
+    Cells {
+        names: &'a [String],
+        cells: &'a [fields::Value<'static>],
+    },
 }
 
 /// What kind of field sources a source reads (control.md, "Sample fields (1.9)").
@@ -83,6 +91,8 @@ pub enum FieldKind {
     Members,
     /// Manifest columns (CSV) or members (JSONL), by name.
     Columns,
+    /// Parquet columns: `COLUMN`, or `COLUMN:KEY` of a struct column.
+    Parquet,
 }
 
 /// Label used for samples that have none.
@@ -197,6 +207,10 @@ pub enum SourceError {
     /// A WebDataset sample cannot be served (no image, no label, a cut member, ...).
     #[error(transparent)]
     Wds(#[from] wds::WdsError),
+    /// A Parquet row cannot be served (a null image, an undecodable row group, ...).
+    #[cfg(feature = "parquet")]
+    #[error(transparent)]
+    Parquet(#[from] pq::ParquetError),
     /// A file of an image folder or manifest served in place could not be read.
     #[error("cannot read {}: {source}", path.display())]
     File {

@@ -223,6 +223,9 @@ pub struct OpenRequest {
     /// 1.3: WebDataset options (`ringfeed_source::wds`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webdataset: Option<WdsRequest>,
+    /// 1.9: Parquet options (control.md, "Parquet datasets (1.9)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parquet: Option<ParquetRequest>,
     /// 1.9: text fields of each sample (control.md, "Sample fields (1.9)").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<Vec<TextFieldRequest>>,
@@ -353,6 +356,17 @@ pub struct WdsRequest {
     /// Whether the server may write index files next to the tars (default true).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_index: Option<bool>,
+}
+
+/// 1.9: the Parquet options of an `open` (control.md, "Parquet datasets (1.9)").
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ParquetRequest {
+    /// The image column (default `image`): binary, or a struct with a binary member `bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The integer label column (default `label`); `""` for no labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 /// Error codes (control.md, "error").

@@ -187,6 +187,15 @@ fn messages() -> Vec<(&'static str, Value)> {
                     {"name": "nsfw", "source": "json:nsfw", "dtype": "bool"}]}),
         ),
         (
+            "open, 1.9 parquet",
+            json!({"type": "open", "dataset": "/data/hf/train", "batch_size": 256,
+                "transform": {"kind": "resize", "size": [224, 224]},
+                "layout": "NHWC", "shuffle": true, "seed": 1, "drop_last": true, "rank": 0, "world_size": 1, "slots": 4,
+                "on_error": "skip", "parquet": {"image": "jpg", "label": ""},
+                "text": [{"name": "text", "source": "caption", "max_bytes": 1024}],
+                "meta": [{"name": "width", "source": "meta:width", "dtype": "int32"}]}),
+        ),
+        (
             "open, 1.3 token mix",
             json!({"type": "open", "sample_kind": "tokens", "dataset": "/data/web.tok", "batch_size": 8,
                 "tokens": {"seq_len": 1024, "mode": "concat", "max_docs": 1024, "weight": 0.7,

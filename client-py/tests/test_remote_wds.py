@@ -7,6 +7,7 @@ or rewrite a tar under it) and, for the index, ``moto_server`` too (it lists ETa
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -126,6 +127,29 @@ def server(request: pytest.FixtureRequest) -> Iterator[S3Server]:
         yield s
 
 
+@contextlib.contextmanager
+def serving(server: S3Server, sock: str, tmp_path: Path, log: Path | None = None, env: dict[str, str] | None = None):
+    """A `ringfeed serve` on `sock` reading `server`'s store (a cache in `tmp_path`), stderr to `log`; stopped on
+    exit."""
+    cmd = ["serve", "--socket", sock, "--threads", "2", "--cache-dir", str(tmp_path / "cache")]
+    with (log or Path(os.devnull)).open("wb") as f:
+        proc = subprocess.Popen(
+            [ringfeed_bin(), *cmd, "--cache-bytes", str(1 << 30)],
+            stderr=f,
+            env={**os.environ, **server.env(), **(env or {})},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(sock).exists():
+            assert proc.poll() is None, log.read_text() if log else "the server exited"
+            assert time.monotonic() < deadline, log.read_text() if log else "the server did not start"
+            time.sleep(0.02)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def as_stored(local: bytes, mtime_ns: int, etag: str) -> bytes:
     """The local index of a tar with the modification time and ETag of a tar in a store (proto/webdataset.md 1.1:
     the same layout, `etag_len` at byte 12, the ETag before the CRC)."""
@@ -180,19 +204,7 @@ def test_serving_opens_from_the_stored_indexes_without_scanning(tars: Path, sock
         r = run("index", f"s3://{BUCKET}/wds", env=server.env())
         assert r.returncode == 0, r.stderr
         sock, log = str(sockdir / "r.sock"), tmp_path / "serve.log"
-        cmd = ["serve", "--socket", sock, "--threads", "2", "--cache-dir", str(tmp_path / "cache")]
-        with log.open("wb") as f:
-            proc = subprocess.Popen(
-                [ringfeed_bin(), *cmd, "--cache-bytes", str(1 << 30)],
-                stderr=f,
-                env={**os.environ, **server.env(), "RINGFEED_LOG": "warn,ringfeed_serve::images=info"},
-            )
-        try:
-            deadline = time.monotonic() + 30
-            while not Path(sock).exists():
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.02)
+        with serving(server, sock, tmp_path, log, {"RINGFEED_LOG": "warn,ringfeed_serve::images=info"}):
             kw = {
                 "transform": ringfeed.RandomResizedCrop(16),
                 "seed": 3,
@@ -203,9 +215,6 @@ def test_serving_opens_from_the_stored_indexes_without_scanning(tars: Path, sock
                 got = [(b[0].clone(), b[1].clone()) for b in ld]
             with ringfeed.Loader(tars, 8, **kw) as ld:
                 want = [(b[0].clone(), b[1].clone()) for b in ld]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
         text = log.read_text()
         assert f"{TARS} tars (0 from cached index files, {TARS} from the store's, 0 downloaded and scanned)" in text, (
             text
@@ -345,18 +354,7 @@ def test_sample_fields_of_tars_in_a_store_are_the_local_tars(tars: Path, sockdir
     with s3_server("s3s-fs") as server:
         upload(server, tars, "wds")
         sock = str(sockdir / "f.sock")
-        cmd = ["serve", "--socket", sock, "--threads", "2", "--cache-dir", str(tmp_path / "cache")]
-        proc = subprocess.Popen(
-            [ringfeed_bin(), *cmd, "--cache-bytes", str(1 << 30)],
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, **server.env()},
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not Path(sock).exists():
-                assert proc.poll() is None
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+        with serving(server, sock, tmp_path):
             kw = {
                 "transform": ringfeed.RandomResizedCrop(16),
                 "seed": 3,
@@ -369,9 +367,6 @@ def test_sample_fields_of_tars_in_a_store_are_the_local_tars(tars: Path, sockdir
                 got = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
             with ringfeed.Loader(tars, 8, **kw) as ld:
                 want = [{k: (v.clone() if hasattr(v, "clone") else v) for k, v in b.items()} for b in ld]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=20)
     assert len(got) == len(want) == TARS * PER_TAR // 8
     for a, b in zip(got, want, strict=True):
         assert set(a) == set(b) == {"image", "label", "text", "tar", "j"}

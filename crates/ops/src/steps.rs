@@ -91,14 +91,7 @@ impl Step {
             Step::Hue(v) => Record::new(Kind::Hue, 0, &[f(v)]),
             Step::Grayscale => Record::new(Kind::Grayscale, 0, &[]),
             Step::Solarize(t) => Record::new(Kind::Solarize, 0, &[f(t)]),
-            Step::Posterize(bits) => {
-                let mask = if bits >= 8 {
-                    255
-                } else {
-                    (((1u16 << bits) - 1) << (8 - bits)) as u8
-                };
-                Record::new(Kind::Posterize, 0, &[f32::from(mask)])
-            }
+            Step::Posterize(bits) => Record::new(Kind::Posterize, 0, &[f32::from(super::tone::posterize_mask(bits))]),
             Step::Invert => Record::new(Kind::Invert, 0, &[]),
             Step::Autocontrast => Record::new(Kind::Autocontrast, 0, &[]),
             Step::Equalize => Record::new(Kind::Equalize, 0, &[]),

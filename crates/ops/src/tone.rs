@@ -30,12 +30,21 @@ pub(super) fn solarize(px: &mut [u8], threshold: f64) {
     }
 }
 
+/// `posterize`'s mask: the top `bits` bits (all of them from 8 on).
+pub(super) fn posterize_mask(bits: u8) -> u8 {
+    if bits >= 8 {
+        255
+    } else {
+        (((1u16 << bits) - 1) << (8 - bits)) as u8
+    }
+}
+
 /// `posterize(x, bits)`.
 pub(super) fn posterize(px: &mut [u8], bits: u8) {
     if bits >= 8 {
         return;
     }
-    let mask = (((1u16 << bits) - 1) << (8 - bits)) as u8;
+    let mask = posterize_mask(bits);
     for c in px.iter_mut() {
         *c &= mask;
     }

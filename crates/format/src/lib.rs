@@ -13,10 +13,12 @@
 //! - [`ring`]: the shared-memory ring's layout and dtype codes (`proto/ring.md`).
 //! - [`control`]: the control protocol (`proto/control.md`): framing, messages, the `snapshot`
 //!   observers get.
+//! - [`targets`]: a sample's detection and segmentation targets as plain data (1.10).
 //! - [`fault`]: SIGBUS on a mapped file that changed on disk becomes an error naming the file.
 
 pub mod control;
 pub mod fault;
 pub mod ring;
 pub mod shard;
+pub mod targets;
 pub mod tokens;

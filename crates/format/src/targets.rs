@@ -2,6 +2,13 @@
 //! segmentation targets (1.10)"): what a source reads (a packed dataset's `targets.rft`, a
 //! WebDataset sample's members), what the ops move with the image, and what the server writes
 //! into the ring's `boxes`, `box_labels`, `box_count` and `mask` fields.
+//!
+//! # Layout
+//! - [`file`]: the packed dataset's `targets.rft` (`proto/targets.md`): writer, reader, verifier.
+
+pub mod file;
+
+pub use file::{TARGETS_FILE, TargetsFile, TargetsReport, TargetsWriter, verify_targets};
 
 /// Boxes and a label map of one image, in the pixel coordinates of the image they go with (the
 /// stored image before the ops; the view's output after them).

@@ -1,4 +1,4 @@
-"""The on-disk formats: the packed dataset (``proto/shard.md``) and the token dataset (``proto/tokens.md``).
+"""The on-disk formats: the packed dataset (``proto/shard.md``, ``proto/targets.md``), the token dataset.
 
 Plain data: readers, verifiers and the ``struct`` layouts they share, over memory-mapped files.
 Nothing here talks to a server or touches a GPU, so ``ringfeed verify`` and ``PackedDataset``
@@ -11,6 +11,8 @@ Layout:
 - ``reader``: ``PackedDataset`` and ``Sample``.
 - ``verify``: ``verify``, every byte in the spec's order.
 - ``tokfile``: the token dataset format: reader, ``verify_tokens``, Megatron and flat readers.
+- ``targets``: a packed dataset's ``targets.rft`` (``proto/targets.md``): ``TargetsFile``,
+  ``verify_targets``.
 
 Imports: the bottom layer. These modules import the standard library, numpy (``tokfile``) and
 one another, nothing else of ``ringfeed`` (not ``wire``, ``gpu`` or the loader);

@@ -44,8 +44,10 @@
 //! - `orient`: EXIF orientation applied to a packed RGB8 buffer, and rectangles mapped between
 //!   stored and oriented coordinates.
 //! - `resize`: the target size of a re-encode, and the antialiased bilinear downscale.
+//! - [`labels`]: label-map PNGs (segmentation masks): palette indices and grey values as labels.
 
 mod jpeg;
+pub mod labels;
 mod markers;
 mod orient;
 mod raster;

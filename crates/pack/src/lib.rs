@@ -1,7 +1,8 @@
 //! The offline packer: image folders, manifests and LMDBs in, a packed dataset out ([`text`]:
-//! JSONL and plain text in, a token dataset out; feature `text`). Also [`inspect`] (what a
-//! dataset holds, in words), `remote` (upload, and verify or inspect in a store; feature
-//! `remote`) and [`progress`] (bars and plain progress lines).
+//! JSONL and plain text in, a token dataset out; feature `text`; [`targets`]: COCO boxes and PNG
+//! label maps into the dataset's `targets.rft`). Also [`inspect`] (what a dataset holds, in
+//! words), `remote` (upload, and verify or inspect in a store; feature `remote`) and
+//! [`progress`] (bars and plain progress lines).
 //!
 //! ```text
 //!  plan (ordered items) ──► dispatcher ──jobs──► N workers: read, check, re-encode ──results──►
@@ -31,6 +32,7 @@ use crossbeam_channel::{bounded, unbounded};
 
 use ringfeed_decode::{Decoder, Limits, RESTART_TARGET_MCUS, Reencode};
 use ringfeed_format::shard::{DatasetWriter, ShardError, WriteSummary, WriterOptions};
+use ringfeed_format::targets::{TARGETS_FILE, TargetsWriter};
 use ringfeed_source::listing;
 use ringfeed_source::lmdb::LmdbOptions;
 use ringfeed_source::{SampleReader, Source};
@@ -39,10 +41,12 @@ pub mod inspect;
 pub mod progress;
 #[cfg(feature = "remote")]
 pub mod remote;
+pub mod targets;
 #[cfg(feature = "text")]
 pub mod text;
 
 pub use crate::progress::ProgressMode;
+pub use crate::targets::TargetsInput;
 pub use ringfeed_source::listing::{InputKind, ParquetColumns, Plan};
 
 /// What to do when one input file cannot be packed.
@@ -91,6 +95,8 @@ pub struct PackOptions {
     /// Replace an existing dataset at the destination.
     pub force: bool,
     pub progress: ProgressMode,
+    /// Detection and segmentation targets (`--coco`, `--masks`): written to `targets.rft`.
+    pub targets: TargetsInput,
 }
 
 impl Default for PackOptions {
@@ -109,6 +115,7 @@ impl Default for PackOptions {
             report: None,
             force: false,
             progress: ProgressMode::Auto,
+            targets: TargetsInput::default(),
         }
     }
 }
@@ -135,6 +142,17 @@ pub struct PackSummary {
     pub report: Option<PathBuf>,
     pub threads: usize,
     pub elapsed: Duration,
+    /// With targets: boxes written, masks written, crowd annotations left out, the largest count.
+    pub targets: Option<TargetsSummary>,
+}
+
+/// What `pack` wrote to `targets.rft`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetsSummary {
+    pub boxes: u64,
+    pub masks: u64,
+    pub crowds: u64,
+    pub max_boxes: u32,
 }
 
 impl PackSummary {
@@ -164,6 +182,9 @@ impl PackSummary {
             "seconds": self.elapsed.as_secs_f64(),
             "images_per_sec": self.images_per_sec(),
             "input_mb_per_sec": self.input_mb_per_sec(),
+            "targets": self.targets.map(|t| serde_json::json!({
+                "boxes": t.boxes, "masks": t.masks, "crowds": t.crowds, "max_boxes": t.max_boxes,
+            })),
         })
     }
 }
@@ -215,7 +236,20 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
             detail: e.to_string(),
         }));
     }
+    let coco = match &opts.targets.coco {
+        Some(path) => {
+            if !src.is_dir() {
+                return Err(PackError::Setting(format!(
+                    "{}: with --coco, SRC is the directory the COCO file's `file_name`s are relative to",
+                    src.display()
+                )));
+            }
+            Some(targets::Coco::load(path)?)
+        }
+        None => None,
+    };
     let planned = match opts.input.detect(src) {
+        _ if coco.is_some() => Ok(coco.as_ref().expect("checked").plan(src)),
         #[cfg(feature = "parquet")]
         InputKind::Parquet => {
             ringfeed_source::pq::plan(src, &opts.parquet, cancel, &std::sync::atomic::AtomicU64::new(0))
@@ -251,8 +285,8 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
     }
 
     let tmp = temp_dir_for(out)?;
-    let result = write_dataset(&plan, &tmp, opts, cancel, &progress, &mut skipped);
-    let (written, input_bytes, restarted, threads) = match result {
+    let result = write_dataset(&plan, &tmp, opts, coco.as_ref(), cancel, &progress, &mut skipped);
+    let (written, input_bytes, restarted, threads, targets) = match result {
         Ok(r) => r,
         Err(e) => {
             let _ = fs::remove_dir_all(&tmp);
@@ -299,7 +333,8 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
         (None, _) => None,
     };
     Ok(PackSummary {
-        input: plan.kind.name(),
+        input: if coco.is_some() { "coco" } else { plan.kind.name() },
+        targets,
         written,
         input_bytes,
         restarted,
@@ -408,22 +443,29 @@ enum Outcome {
         data: Vec<u8>,
         input_len: u64,
         restarted: bool,
+        /// With `--masks`: the sample's label map, re-encoded as 8-bit grey PNG.
+        mask: Option<Vec<u8>>,
     },
     Bad {
         reason: String,
     },
 }
 
-/// Runs the worker pool and the writer; returns what was written, the input bytes, the JPEGs
-/// given restart markers, the threads.
+/// What [`write_dataset`] returns: what was written, the input bytes, the JPEGs given restart
+/// markers, the threads, the targets written.
+type Written = (WriteSummary, u64, u64, usize, Option<TargetsSummary>);
+
+/// Runs the worker pool and the writer (and, with targets, the targets file's writer, fed in
+/// the index's order).
 fn write_dataset(
     plan: &Plan,
     dir: &Path,
     opts: &PackOptions,
+    coco: Option<&targets::Coco>,
     cancel: &AtomicBool,
     progress: &crate::progress::Progress,
     skipped: &mut Vec<Skipped>,
-) -> Result<(WriteSummary, u64, u64, usize), PackError> {
+) -> Result<Written, PackError> {
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -431,6 +473,18 @@ fn write_dataset(
     let n = plan.items.len();
     let window = (threads * 8).max(64);
     let mut writer = DatasetWriter::create(dir, opts.writer)?;
+    let mut targets_out = match opts.targets.is_some() {
+        true => Some(TargetsWriter::create(
+            &dir.join(TARGETS_FILE),
+            coco.is_some(),
+            opts.targets.masks.is_some(),
+        )?),
+        false => None,
+    };
+    let mut summary = TargetsSummary {
+        crowds: coco.map_or(0, |c| c.crowds),
+        ..TargetsSummary::default()
+    };
     let (mut input_bytes, mut restarted_count) = (0u64, 0u64);
     progress.start(n as u64);
 
@@ -505,8 +559,17 @@ fn write_dataset(
                             data,
                             input_len,
                             restarted,
+                            mask,
                         } => {
                             writer.push(&item.key, item.label, &item.meta, &data)?;
+                            if let Some(t) = targets_out.as_mut() {
+                                let none = targets::SampleBoxes::default();
+                                let b = coco.map_or(&none, |c| &c.boxes[next]);
+                                t.push(&b.boxes, &b.labels, mask.as_deref())?;
+                                summary.boxes += b.boxes.len() as u64;
+                                summary.masks += u64::from(mask.is_some());
+                                summary.max_boxes = summary.max_boxes.max(b.boxes.len() as u32);
+                            }
                             input_bytes += input_len;
                             restarted_count += u64::from(restarted);
                         }
@@ -551,7 +614,15 @@ fn write_dataset(
     });
     progress.message("writing the index");
     let written = writer.finish(&plan.classes, &info.to_string())?;
-    Ok((written, input_bytes, restarted_count, threads))
+    let targets = match targets_out {
+        Some(t) => {
+            progress.message("writing the targets");
+            t.finish(coco.map_or("", |c| &c.categories))?;
+            Some(summary)
+        }
+        None => None,
+    };
+    Ok((written, input_bytes, restarted_count, threads, targets))
 }
 
 /// Per-thread state: a decoder and, for LMDB inputs, a reader with its own transaction (for
@@ -594,7 +665,45 @@ impl<'a> Worker<'a> {
         })
     }
 
+    /// [`Worker::read`], then, with `--masks`, the sample's label map checked against it.
     fn process(&mut self, item: &listing::Item) -> Outcome {
+        let outcome = self.read(item);
+        let (Some(masks), Outcome::Ready { data, mask, .. }) = (&self.opts.targets.masks, &outcome) else {
+            return outcome;
+        };
+        debug_assert!(mask.is_none());
+        let mut labels = std::mem::take(&mut self.scratch);
+        let read = targets::read_mask(
+            &mut self.decoder,
+            masks,
+            &item.key,
+            data,
+            self.opts.limits.max_pixels,
+            &mut labels,
+        );
+        self.scratch = labels;
+        match (read, outcome) {
+            (
+                Ok(png),
+                Outcome::Ready {
+                    data,
+                    input_len,
+                    restarted,
+                    ..
+                },
+            ) => Outcome::Ready {
+                data,
+                input_len,
+                restarted,
+                mask: Some(png),
+            },
+            (Err(reason), _) => Outcome::Bad { reason },
+            (_, bad) => bad,
+        }
+    }
+
+    /// Reads, checks and (as the options say) rewrites one image.
+    fn read(&mut self, item: &listing::Item) -> Outcome {
         let owned;
         let data: &[u8] = match &item.origin {
             listing::Origin::File(path) => match listing::read_regular_file(path) {
@@ -645,6 +754,7 @@ impl<'a> Worker<'a> {
                     data: out,
                     input_len,
                     restarted: true,
+                    mask: None,
                 };
             }
         }
@@ -661,6 +771,7 @@ impl<'a> Worker<'a> {
             data,
             input_len,
             restarted: false,
+            mask: None,
         }
     }
 }

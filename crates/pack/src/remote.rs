@@ -305,6 +305,7 @@ pub fn inspect(store: &Store, url: &RemoteUrl, sample: Option<u64>) -> Result<cr
         sample,
         webdataset: None,
         labels: None,
+        targets: None,
     })
 }
 
@@ -422,5 +423,6 @@ pub fn inspect_tars(
         sample,
         webdataset: Some(summary),
         labels: (!labels.is_empty()).then(|| LabelStats::from(&labels)),
+        targets: None,
     })
 }

@@ -70,6 +70,16 @@ pub(crate) struct PackArgs {
     /// Also write the closing summary as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub(crate) summary_json: Option<PathBuf>,
+    /// Detection targets: a COCO instances JSON whose `images` are the samples (SRC/file_name,
+    /// in ascending id) and whose `annotations` give their boxes (`bbox` xywh becomes xyxy,
+    /// `category_id` the label; crowds are left out; polygons, RLE and keypoints are ignored).
+    /// Written to OUT/targets.rft (proto/targets.md).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) coco: Option<PathBuf>,
+    /// Segmentation targets: DIR/<stem>.png for every image, an 8-bit grey or palette PNG of the
+    /// image's size whose values (palette indices) are the labels. Written to OUT/targets.rft.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) masks: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) lmdb: LmdbArgs,
     /// Parquet input: the image column (binary, or Hugging Face's `{bytes, path}` struct).
@@ -169,6 +179,10 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
         report: a.report,
         force: a.force,
         progress: a.progress,
+        targets: ringfeed_pack::TargetsInput {
+            coco: a.coco,
+            masks: a.masks,
+        },
     };
     if !a.align.is_power_of_two() || !(8..=1 << 20).contains(&a.align) {
         bail!("--align {} must be a power of two between 8 and 1048576", a.align);
@@ -206,6 +220,16 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
         summary.images_per_sec(),
         summary.input_mb_per_sec()
     );
+    if let Some(t) = &summary.targets {
+        println!(
+            "targets: {} boxes (at most {} per image; {} crowd annotations left out), {} masks, in {}",
+            t.boxes,
+            t.max_boxes,
+            t.crowds,
+            t.masks,
+            a.out.join(ringfeed_format::targets::TARGETS_FILE).display()
+        );
+    }
     let ignored = if summary.ignored > 0 {
         format!("; ignored {} files with other extensions", summary.ignored)
     } else {

@@ -135,6 +135,23 @@ pub(crate) fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
     match result {
         Ok(r) => {
             print_verified(&r, a.decode, "");
+            let path = a.dataset.join(ringfeed_format::targets::TARGETS_FILE);
+            if path.exists() {
+                match ringfeed_format::targets::verify_targets(&path, Some(r.samples)) {
+                    Ok(t) => println!(
+                        "ok: targets of {} samples: {} boxes (at most {} per sample), {} masks, {:.1} MB checked",
+                        t.samples,
+                        t.boxes,
+                        t.max_boxes,
+                        t.masks,
+                        t.bytes as f64 / 1e6
+                    ),
+                    Err(e) => {
+                        let kind = e.kind();
+                        return Err(anyhow::Error::from(e).context(format!("verify failed ({kind})")));
+                    }
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

@@ -182,6 +182,53 @@ pub struct Inspection {
     /// WebDataset tars: what their member tables say, and the labels read.
     pub webdataset: Option<WdsSummary>,
     pub labels: Option<LabelStats>,
+    /// A packed dataset's `targets.rft` (`proto/targets.md`), when it has one.
+    pub targets: Option<TargetsInspection>,
+}
+
+/// What a packed dataset's targets file holds, and the described sample's targets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetsInspection {
+    pub boxes: u64,
+    pub max_boxes: u32,
+    pub masks: bool,
+    /// The stored categories (COCO's), as given.
+    pub categories: Option<serde_json::Value>,
+    /// The described sample's boxes, labels, and mask PNG bytes (0: none).
+    pub sample: Option<(Vec<[f32; 4]>, Vec<i64>, usize)>,
+}
+
+/// The targets of the packed dataset in `dir`, if it has a `targets.rft`.
+fn inspect_targets(dir: &Path, sample: Option<u64>) -> Result<Option<TargetsInspection>, ShardError> {
+    let Some(t) = ringfeed_format::targets::TargetsFile::open_in(dir)? else {
+        return Ok(None);
+    };
+    let mut boxes = 0;
+    for i in 0..t.len() {
+        boxes += t.get(i, false)?.boxes.len() as u64;
+    }
+    let sample = match sample {
+        Some(i) if i < t.len() => {
+            let s = t.get(i, false)?;
+            Some((s.boxes, s.labels, s.mask_png.len()))
+        }
+        _ => None,
+    };
+    let info = TargetsInspection {
+        boxes,
+        max_boxes: t.header.max_boxes,
+        masks: t.header.has_masks(),
+        categories: serde_json::from_slice(t.categories()).ok(),
+        sample,
+    };
+    if let Some(at) = t.fault() {
+        return Err(ShardError::corrupt(
+            t.path(),
+            at,
+            "the file changed on disk while it was read",
+        ));
+    }
+    Ok(Some(info))
 }
 
 /// Why `inspect` failed.
@@ -261,6 +308,7 @@ fn inspect_opened(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspe
 }
 
 fn inspect_mapped(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspection, InspectError> {
+    let sample_index = sample;
     let n = ds.len();
     let mut per_class = vec![0u64; ds.class_count() as usize];
     let mut sizes = Vec::with_capacity(n as usize);
@@ -315,6 +363,7 @@ fn inspect_mapped(ds: &Dataset, dir: &Path, sample: Option<u64>) -> Result<Inspe
         sample,
         webdataset: None,
         labels: None,
+        targets: inspect_targets(dir, sample_index)?,
     })
 }
 
@@ -397,6 +446,7 @@ pub fn inspect_webdataset(dataset: &str, sample: Option<u64>) -> Result<Inspecti
         sample,
         webdataset: Some(WdsSummary::of(cat)),
         labels: (!labels.is_empty()).then(|| LabelStats::from(&labels)),
+        targets: None,
     })
 }
 
@@ -451,6 +501,7 @@ fn inspect_source(
         sample,
         webdataset: None,
         labels: None,
+        targets: None,
     })
 }
 
@@ -538,6 +589,16 @@ impl Inspection {
                 );
             }
         }
+        if let Some(t) = &self.targets {
+            let cats = t.categories.as_ref().and_then(|c| c.as_array()).map_or(0, Vec::len);
+            let _ = writeln!(
+                o,
+                "  targets:  {} boxes (at most {} per sample), {}, {cats} categories",
+                t.boxes,
+                t.max_boxes,
+                if t.masks { "a mask per sample" } else { "no masks" }
+            );
+        }
         if let Some(s) = &self.sample {
             let _ = writeln!(o, "  sample {}:", s.index);
             let _ = writeln!(o, "    key:   {}", s.key);
@@ -570,6 +631,15 @@ impl Inspection {
             if let Some(m) = &s.meta {
                 let _ = writeln!(o, "    metadata: {m}");
             }
+            if let Some((boxes, labels, mask)) = self.targets.as_ref().and_then(|t| t.sample.as_ref()) {
+                let _ = writeln!(o, "    boxes: {} (xyxy, stored-image pixels)", boxes.len());
+                for (b, l) in boxes.iter().zip(labels) {
+                    let _ = writeln!(o, "      {b:?} label {l}");
+                }
+                if *mask > 0 {
+                    let _ = writeln!(o, "    mask:  {mask} bytes of PNG");
+                }
+            }
         }
         o
     }
@@ -595,6 +665,10 @@ impl Inspection {
             })),
             "labels": self.labels.as_ref().map(|l| serde_json::json!({
                 "read": l.read, "min": l.min, "max": l.max, "distinct": l.distinct,
+            })),
+            "targets": self.targets.as_ref().map(|t| serde_json::json!({
+                "boxes": t.boxes, "max_boxes": t.max_boxes, "masks": t.masks, "categories": t.categories,
+                "sample": t.sample.as_ref().map(|(b, l, m)| serde_json::json!({"boxes": b, "labels": l, "mask_bytes": m})),
             })),
             "sample": self.sample.as_ref().map(|s| serde_json::json!({
                 "index": s.index, "key": s.key, "label": s.label, "class": s.class, "bytes": s.bytes,

@@ -107,43 +107,20 @@ impl Coco {
                 .get("image_id")
                 .and_then(serde_json::Value::as_i64)
                 .ok_or_else(|| malformed(path, format!("{} has no integer `image_id`", at())))?;
-            let category = ann
-                .get("category_id")
-                .and_then(serde_json::Value::as_i64)
-                .ok_or_else(|| malformed(path, format!("{} has no integer `category_id`", at())))?;
-            let bbox: Option<Vec<f64>> = ann
-                .get("bbox")
-                .and_then(serde_json::Value::as_array)
-                .filter(|b| b.len() == 4)
-                .and_then(|b| b.iter().map(serde_json::Value::as_f64).collect());
-            let Some(b) = bbox else {
-                return Err(malformed(
-                    path,
-                    format!("{}: `bbox` is not four numbers [x, y, w, h]", at()),
-                ));
-            };
             let Some((name, target)) = by_id.get_mut(&image_id) else {
                 return Err(malformed(
                     path,
                     format!("{}: image_id {image_id} is not in `images`", at()),
                 ));
             };
-            let (x, y, w, h) = (b[0] as f32, b[1] as f32, b[2] as f32, b[3] as f32);
-            if ![x, y, w, h].iter().all(|v| v.is_finite()) || w < 0.0 || h < 0.0 {
-                return Err(malformed(
-                    path,
-                    format!(
-                        "{} of image {name:?}: bbox {b:?} is not finite or has a negative width or height",
-                        at()
-                    ),
-                ));
+            match ringfeed_source::targets::coco_box(ann) {
+                Ok(Some((b, label))) => {
+                    target.boxes.push(b);
+                    target.labels.push(label);
+                }
+                Ok(None) => crowds += 1,
+                Err(e) => return Err(malformed(path, format!("{} of image {name:?}: {e}", at()))),
             }
-            if ann.get("iscrowd").and_then(serde_json::Value::as_i64) == Some(1) {
-                crowds += 1;
-                continue;
-            }
-            target.boxes.push([x, y, x + w, y + h]);
-            target.labels.push(category);
         }
         let categories = match doc.get("categories") {
             None => String::new(),

@@ -15,6 +15,9 @@
 //! such values say so ([`Source::field_kind`]), and nothing is read or kept for a stream that
 //! asks for none.
 //!
+//! 1.10: a sample's detection and segmentation targets ([`targets`]) come from a packed
+//! dataset's `targets.rft` ([`Source::stored_targets`]) or a WebDataset sample's members.
+//!
 //! Invariants every implementation keeps:
 //! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
 //!   key, label and bytes every time (a training order is a pure function of the index); files
@@ -31,6 +34,7 @@ pub mod lmdb;
 pub mod packed;
 #[cfg(feature = "parquet")]
 pub mod pq;
+pub mod targets;
 pub mod wds;
 
 pub use files::FilesSource;
@@ -174,6 +178,12 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// source fetches what they need ahead of the reads. Called from the control plane: it
     /// must not block.
     fn will_read(&self, _upcoming: &mut dyn Iterator<Item = u64>) {}
+
+    /// 1.10: the source's stored targets (a packed dataset's `targets.rft`), if it has them
+    /// (control.md, "Detection and segmentation targets (1.10)", `"stored"`).
+    fn stored_targets(&self) -> Option<&ringfeed_format::targets::TargetsFile> {
+        None
+    }
 
     /// A batch of these samples has been submitted: a guard that keeps what they need at hand
     /// until it is dropped (when the batch is done), for sources that can lose it in between (a

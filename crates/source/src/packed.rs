@@ -11,21 +11,40 @@ use std::path::Path;
 
 use super::{Sample, SampleReader, Source, SourceError};
 use ringfeed_format::shard::{Dataset, PackedSample, ShardError};
+use ringfeed_format::targets::TargetsFile;
 
 /// A packed dataset opened for reading.
 #[derive(Debug)]
 pub struct PackedSource {
     dataset: Dataset,
     check_crc: bool,
+    /// 1.10: the dataset's `targets.rft`, when it was packed with targets.
+    targets: Option<TargetsFile>,
 }
 
 impl PackedSource {
     /// Opens the dataset in `dir`. With `check_crc`, every read checks the record's CRC-32C.
     pub fn open(dir: &Path, check_crc: bool) -> Result<Self, ShardError> {
         ringfeed_format::fault::install().map_err(|e| ShardError::io(dir, e))?;
+        let dataset = Dataset::open(dir)?;
+        let targets = TargetsFile::open_in(dir)?;
+        if let Some(t) = &targets
+            && t.len() != dataset.len()
+        {
+            return Err(ShardError::corrupt(
+                t.path(),
+                16,
+                format!(
+                    "the file has targets for {} samples, the index has {}; re-pack the dataset",
+                    t.len(),
+                    dataset.len()
+                ),
+            ));
+        }
         Ok(PackedSource {
-            dataset: Dataset::open(dir)?,
+            dataset,
             check_crc,
+            targets,
         })
     }
 
@@ -49,6 +68,10 @@ impl Source for PackedSource {
                     .to_vec()
             })
             .collect()
+    }
+
+    fn stored_targets(&self) -> Option<&TargetsFile> {
+        self.targets.as_ref()
     }
 
     fn describe(&self) -> String {

@@ -232,6 +232,36 @@ pub struct OpenRequest {
     /// 1.9: typed metadata fields of each sample (control.md, "Sample fields (1.9)").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Vec<MetaFieldRequest>>,
+    /// 1.10: detection and segmentation targets (control.md, "Detection and segmentation
+    /// targets (1.10)").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<TargetsRequest>,
+}
+
+/// 1.10: `open.targets`: where each sample's boxes and label map come from, and how they are
+/// delivered. Bounds are checked by the server when it opens the stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetsRequest {
+    /// `"stored"` (a packed dataset's `targets.rft`), or a WebDataset JSON member `EXT` /
+    /// `EXT:KEY` holding a list of COCO annotation objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boxes: Option<String>,
+    /// `"stored"`, or a WebDataset PNG member's extension.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<String>,
+    /// Room per sample for boxes, `1 ..= 4096`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_boxes: Option<u32>,
+    /// `SanitizeBoundingBoxes`' `min_size` (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_size: Option<f64>,
+    /// `SanitizeBoundingBoxes`' `min_area` (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_area: Option<f64>,
+    /// The label of mask pixels no source pixel covers (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_fill: Option<u32>,
 }
 
 /// 1.9: one of `open.text` (control.md, "Sample fields (1.9)"): raw UTF-8, or token ids when it

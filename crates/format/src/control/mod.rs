@@ -14,8 +14,8 @@ pub use dataset_id::DatasetId;
 pub use frame::{FrameError, MAX_FRAME, decode_frame, encode_frame};
 pub use message::{
     ClientMessage, ErrorCode, LmdbRequest, MetaFieldRequest, MixEntry, OpenRequest, ParquetRequest, REMOTE_SCHEME,
-    REMOTE_SCHEMES, SampleKindRequest, ServerMessage, TextFieldRequest, TokenOptions, TransformRequest, WdsRequest,
-    names_object_storage, object_storage_scheme,
+    REMOTE_SCHEMES, SampleKindRequest, ServerMessage, TargetsRequest, TextFieldRequest, TokenOptions, TransformRequest,
+    WdsRequest, names_object_storage, object_storage_scheme,
 };
 pub use snapshot::{RemoteSnapshot, ServerSnapshot, SlotCounts, Snapshot, StageTimes, StreamSnapshot};
 

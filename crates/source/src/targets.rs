@@ -1,0 +1,239 @@
+//! 1.10: where a sample's detection and segmentation targets come from, and reading them
+//! (control.md, "Detection and segmentation targets (1.10)").
+//!
+//! A packed dataset packed with targets holds them in its `targets.rft` ([`Source::stored_targets`]:
+//! `"stored"`); a WebDataset sample holds them in its members, read from the same
+//! [`Extra`] as its image (boxes: a JSON member `EXT` or `EXT:KEY` whose value is a list of COCO
+//! annotation objects; mask: a PNG member). Other sources have none. What is missing or malformed
+//! is an error string for that sample, which the caller names and puts under `on_error`.
+//!
+//! Boxes come out as xyxy (`[x, y, x + w, y + h]` in `f32`, as torchvision converts COCO's
+//! `bbox`); the mask comes out as its PNG bytes, which the caller decodes (this crate decodes no
+//! images).
+
+use crate::fields::{FieldFrom, Value, values};
+use crate::{Extra, FieldKind, Source};
+use ringfeed_format::targets::Targets;
+
+/// The `open.targets` value that means "the packed dataset's `targets.rft`".
+pub const STORED: &str = "stored";
+
+/// Where a stream's boxes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BoxesFrom {
+    /// A packed dataset's `targets.rft`.
+    Stored,
+    /// A WebDataset JSON member (or a key of one) holding a list of COCO annotations.
+    Annotations(FieldFrom),
+}
+
+/// Where a stream's label maps come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MaskFrom {
+    /// A packed dataset's `targets.rft`.
+    Stored,
+    /// A WebDataset member (a PNG), by extension.
+    Member(FieldFrom),
+}
+
+/// Where a stream's targets come from, checked against its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetsFrom {
+    pub boxes: Option<BoxesFrom>,
+    pub mask: Option<MaskFrom>,
+}
+
+impl TargetsFrom {
+    /// Parses `open.targets`' `boxes` and `mask` for `source`. The error is a `bad_request`
+    /// message naming the member.
+    pub fn parse(boxes: Option<&str>, mask: Option<&str>, source: &dyn Source) -> Result<Self, String> {
+        if boxes.is_none() && mask.is_none() {
+            return Err("targets: give `boxes`, `mask` or both".to_owned());
+        }
+        let stored = source.stored_targets();
+        let members = source.field_kind() == Some(FieldKind::Members);
+        let refuse = |member: &str, value: &str| -> String {
+            if value == STORED {
+                format!(
+                    "targets.{member} \"stored\": {} has no stored {member}s (pack it with `ringfeed pack --coco FILE`{} to store them)",
+                    source.describe(),
+                    if member == "mask" { " --masks DIR" } else { "" }
+                )
+            } else {
+                format!(
+                    "targets.{member} {value:?}: {} cannot serve targets from members; targets come from a packed dataset (\"stored\") or WebDataset members",
+                    source.describe()
+                )
+            }
+        };
+        let boxes = match boxes {
+            None => None,
+            Some(STORED) if stored.is_some_and(|t| t.header.has_boxes()) => Some(BoxesFrom::Stored),
+            Some(v) if v != STORED && members => {
+                let from = FieldFrom::parse(v, FieldKind::Members).map_err(|e| format!("targets.boxes: {e}"))?;
+                let json = match &from {
+                    FieldFrom::Member(ext) | FieldFrom::JsonKey { ext, .. } => {
+                        ext == b"json" || ext.ends_with(b".json")
+                    }
+                    _ => false,
+                };
+                if !json {
+                    return Err(format!(
+                        "targets.boxes {v:?}: boxes come from a JSON member (\"json\" or \"json:KEY\") holding a list of COCO annotations"
+                    ));
+                }
+                Some(BoxesFrom::Annotations(from))
+            }
+            Some(v) => return Err(refuse("boxes", v)),
+        };
+        let mask = match mask {
+            None => None,
+            Some(STORED) if stored.is_some_and(|t| t.header.has_masks()) => Some(MaskFrom::Stored),
+            Some(v) if v != STORED && members => match FieldFrom::parse(v, FieldKind::Members) {
+                Ok(from @ FieldFrom::Member(_)) => Some(MaskFrom::Member(from)),
+                Ok(_) => {
+                    return Err(format!(
+                        "targets.mask {v:?}: a mask is a whole member, named by its extension (\"png\")"
+                    ));
+                }
+                Err(e) => return Err(format!("targets.mask: {e}")),
+            },
+            Some(v) => return Err(refuse("mask", v)),
+        };
+        Ok(TargetsFrom { boxes, mask })
+    }
+
+    /// Reads sample `index`'s targets into `targets` (boxes and labels; the mask is left `None`)
+    /// and its mask's PNG bytes into `mask_png` (cleared when the stream has no mask). `extra`
+    /// is the sample's, from the same read as its image; `check_crc` checks a stored record's CRC.
+    pub fn read(
+        &self,
+        source: &dyn Source,
+        index: u64,
+        extra: &Extra<'_>,
+        check_crc: bool,
+        targets: &mut Targets,
+        mask_png: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        targets.clear();
+        mask_png.clear();
+        let wants_stored = matches!(self.boxes, Some(BoxesFrom::Stored)) || matches!(self.mask, Some(MaskFrom::Stored));
+        if wants_stored {
+            let file = source
+                .stored_targets()
+                .ok_or_else(|| "the dataset has no targets.rft any more".to_owned())?;
+            let s = file.get(index, check_crc).map_err(|e| e.to_string())?;
+            if matches!(self.boxes, Some(BoxesFrom::Stored)) {
+                targets.boxes.extend_from_slice(&s.boxes);
+                targets.labels.extend_from_slice(&s.labels);
+            }
+            if matches!(self.mask, Some(MaskFrom::Stored)) {
+                mask_png.extend_from_slice(s.mask_png);
+            }
+            if let Some(at) = file.fault() {
+                return Err(format!(
+                    "{} at byte {at}: the file changed on disk after it was opened; re-pack or restore the dataset",
+                    file.path().display()
+                ));
+            }
+        }
+        if let Some(BoxesFrom::Annotations(from)) = &self.boxes {
+            let v = values(extra, std::slice::from_ref(from)).remove(0);
+            let v = v.map_err(|e| format!("targets.boxes {}: {e}", from.describe()))?;
+            let json = match v {
+                Value::Json(j) => j,
+                Value::Text(bytes) => serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("targets.boxes {}: not JSON: {e}", from.describe()))?,
+            };
+            annotation_boxes(&json, targets).map_err(|e| format!("targets.boxes {}: {e}", from.describe()))?;
+        }
+        if let Some(MaskFrom::Member(from)) = &self.mask {
+            match values(extra, std::slice::from_ref(from)).remove(0) {
+                Ok(Value::Text(bytes)) => mask_png.extend_from_slice(&bytes),
+                Ok(Value::Json(_)) => return Err(format!("targets.mask {}: not a whole member", from.describe())),
+                Err(e) => return Err(format!("targets.mask {}: {e}", from.describe())),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends the boxes of a list of COCO annotation objects to `targets` ([`coco_box`]); the
+/// error names the annotation.
+pub fn annotation_boxes(json: &serde_json::Value, targets: &mut Targets) -> Result<(), String> {
+    let list = json
+        .as_array()
+        .ok_or_else(|| "not a list of COCO annotation objects".to_owned())?;
+    for (k, ann) in list.iter().enumerate() {
+        if let Some((b, label)) = coco_box(ann).map_err(|e| format!("annotation {k}: {e}"))? {
+            targets.boxes.push(b);
+            targets.labels.push(label);
+        }
+    }
+    Ok(())
+}
+
+/// One COCO annotation's box and label: its `bbox` `[x, y, w, h]` as xyxy `[x, y, x + w, y +
+/// h]` (in `f32`, as torchvision's `convert_bounding_box_format` computes it) and its
+/// `category_id`; `Ok(None)` for a crowd (`iscrowd: 1`, which torchvision's detection
+/// references leave out). `ringfeed pack --coco` reads annotations with it too.
+pub fn coco_box(ann: &serde_json::Value) -> Result<Option<([f32; 4], i64)>, String> {
+    if ann.get("iscrowd").and_then(serde_json::Value::as_i64) == Some(1) {
+        return Ok(None);
+    }
+    let category = ann
+        .get("category_id")
+        .and_then(serde_json::Value::as_i64)
+        .ok_or_else(|| "no integer `category_id`".to_owned())?;
+    let bbox: Option<Vec<f64>> = ann
+        .get("bbox")
+        .and_then(serde_json::Value::as_array)
+        .filter(|b| b.len() == 4)
+        .and_then(|b| b.iter().map(serde_json::Value::as_f64).collect());
+    let b = bbox.ok_or_else(|| "`bbox` is not four numbers [x, y, w, h]".to_owned())?;
+    let (x, y, w, h) = (b[0] as f32, b[1] as f32, b[2] as f32, b[3] as f32);
+    if ![x, y, w, h].iter().all(|v| v.is_finite()) || w < 0.0 || h < 0.0 {
+        return Err(format!("bbox {b:?} is not finite or has a negative width or height"));
+    }
+    Ok(Some(([x, y, x + w, y + h], category)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotations_become_xyxy_and_crowds_are_left_out() {
+        let mut t = Targets::default();
+        let json = serde_json::json!([
+            {"bbox": [1.5, 2, 3, 4.25], "category_id": 7, "area": 3},
+            {"bbox": [0, 0, 1, 1], "category_id": 3, "iscrowd": 1},
+            {"bbox": [10, 20, 0, 5], "category_id": 1, "iscrowd": 0},
+        ]);
+        annotation_boxes(&json, &mut t).unwrap();
+        assert_eq!(t.boxes, vec![[1.5, 2.0, 4.5, 6.25], [10.0, 20.0, 10.0, 25.0]]);
+        assert_eq!(t.labels, vec![7, 1]);
+    }
+
+    #[test]
+    fn malformed_annotations_are_named() {
+        for (json, want) in [
+            (serde_json::json!({"bbox": [0, 0, 1, 1]}), "not a list"),
+            (
+                serde_json::json!([{"bbox": [0, 0, 1, 1]}]),
+                "annotation 0: no integer `category_id`",
+            ),
+            (
+                serde_json::json!([{"bbox": [0, 0, 1], "category_id": 1}]),
+                "annotation 0: `bbox` is not four numbers",
+            ),
+            (
+                serde_json::json!([{"bbox": [0, 0, 1, -1], "category_id": 1}]),
+                "negative width or height",
+            ),
+        ] {
+            let e = annotation_boxes(&json, &mut Targets::default()).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+}

@@ -17,6 +17,8 @@
 //! - [`tune`]: the autotuner setting each stream's threads, prefetch depth and GPU share.
 //! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
 //! - [`fields`]: 1.9 sample fields (text, tokens, metadata): checked at open, encoded per sample.
+//! - [`targets`]: 1.10 detection and segmentation targets: `open.targets` checked at open, each
+//!   sample's read, checked and encoded into `boxes`, `box_labels`, `box_count`, `mask`.
 //! - [`stats`]: what the server measures per stream.
 //! - [`segment`]: the ring's memfd segment: created, sealed, mapped, pre-faulted.
 //! - [`socket`]: the listening socket.
@@ -32,6 +34,7 @@ pub mod shared;
 pub mod socket;
 pub mod stats;
 pub mod stream;
+pub mod targets;
 pub mod tokens;
 pub mod tune;
 mod wire;

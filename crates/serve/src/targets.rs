@@ -1,0 +1,400 @@
+//! 1.10 detection and segmentation targets of an image stream (control.md, "Detection and
+//! segmentation targets (1.10)"; ring.md): `open.targets` checked once, each sample's targets
+//! read from its source, and their ring bytes.
+//!
+//! [`StreamTargets::parse`] checks `open.targets` against the source (where boxes and masks come
+//! from: `ringfeed_source::targets`) and the pipeline (one view of one image), and fixes the ring
+//! fields `boxes`, `box_labels`, `box_count` and `mask`. The pool calls [`StreamTargets::read`]
+//! with the sample's [`Extra`] (from the same read as its image, so targets follow their sample
+//! through the order, ranks, skips and resume), has the ops move the targets with the image, and
+//! writes [`StreamTargets::encode`]'s bytes. What is missing or malformed is an error for that
+//! sample (the pool puts it under `on_error`), naming the sample's value and the setting.
+
+use ringfeed_decode::labels::decode_labels;
+use ringfeed_format::control::TargetsRequest;
+use ringfeed_format::ring::{DType, FieldDesc, FieldSpec};
+use ringfeed_format::targets::{LabelMap, Targets};
+use ringfeed_ops::Pipeline;
+use ringfeed_source::targets::TargetsFrom;
+use ringfeed_source::{Extra, Source};
+
+/// `open.targets.max_boxes`' bound.
+pub const MAX_MAX_BOXES: u32 = 4096;
+/// The ring fields, in [`StreamTargets::specs`] order (those a stream has).
+pub const BOXES: &str = "boxes";
+pub const BOX_LABELS: &str = "box_labels";
+pub const BOX_COUNT: &str = "box_count";
+pub const MASK: &str = "mask";
+
+/// How the last step treats the moved targets (torchvision's `SanitizeBoundingBoxes`) and what
+/// uncovered mask pixels become.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sanitize {
+    pub min_size: f32,
+    pub min_area: f32,
+    pub mask_fill: u8,
+}
+
+/// A stream's targets, checked, with their places in the ring once it exists.
+#[derive(Debug)]
+pub struct StreamTargets {
+    from: TargetsFrom,
+    /// Room per sample for boxes (0: the stream has no boxes).
+    max_boxes: u32,
+    /// The view's output `(height, width)`: the mask's shape.
+    size: (u32, u32),
+    pub sanitize: Sanitize,
+    check_crc: bool,
+    max_pixels: u64,
+    /// The ring fields, in [`StreamTargets::specs`] order (set by [`StreamTargets::bind`]).
+    descs: Vec<FieldDesc>,
+}
+
+impl StreamTargets {
+    /// Checks `open.targets` (absent: `Ok(None)`) for `source` and `pipeline`; `taken`: the
+    /// stream's other ring fields. The error is a `bad_request` message naming the member.
+    pub fn parse(
+        req: Option<&TargetsRequest>,
+        source: &dyn Source,
+        pipeline: &Pipeline,
+        taken: &[String],
+        check_crc: bool,
+        max_pixels: u64,
+    ) -> Result<Option<Self>, String> {
+        let Some(req) = req else {
+            return Ok(None);
+        };
+        if pipeline.views.len() != 1 || pipeline.views[0].count != 1 {
+            return Err(format!(
+                "targets go with a pipeline of one view of one image; this one makes {} images per sample (views and their count)",
+                pipeline.outputs()
+            ));
+        }
+        let from = TargetsFrom::parse(req.boxes.as_deref(), req.mask.as_deref(), source)?;
+        let max_boxes = match (&from.boxes, req.max_boxes) {
+            (None, Some(_)) => return Err("targets.max_boxes is for boxes; give targets.boxes".to_owned()),
+            (None, None) => 0,
+            (Some(_), Some(m)) => m,
+            (Some(ringfeed_source::targets::BoxesFrom::Stored), None) => {
+                source.stored_targets().map_or(1, |t| t.header.max_boxes.max(1))
+            }
+            (Some(_), None) => {
+                return Err(
+                    "targets.max_boxes: give the room per sample for boxes (1..=4096); only a packed dataset's targets know their largest count"
+                        .to_owned(),
+                );
+            }
+        };
+        if from.boxes.is_some() && !(1..=MAX_MAX_BOXES).contains(&max_boxes) {
+            return Err(format!("targets.max_boxes {max_boxes} is outside 1..={MAX_MAX_BOXES}"));
+        }
+        let number = |name: &str, v: Option<f64>| -> Result<f32, String> {
+            match v {
+                None => Ok(1.0),
+                Some(x) if x.is_finite() && x >= 0.0 && x <= f64::from(f32::MAX) => Ok(x as f32),
+                Some(x) => Err(format!("targets.{name} {x} must be a finite number >= 0")),
+            }
+        };
+        let sanitize = Sanitize {
+            min_size: number("min_size", req.min_size)?,
+            min_area: number("min_area", req.min_area)?,
+            mask_fill: match req.mask_fill {
+                None => 0,
+                Some(f) => u8::try_from(f).map_err(|_| format!("targets.mask_fill {f} is outside 0..=255"))?,
+            },
+        };
+        let out = StreamTargets {
+            from,
+            max_boxes,
+            size: pipeline.views[0].size,
+            sanitize,
+            check_crc,
+            max_pixels,
+            descs: Vec::new(),
+        };
+        if let Some(name) = out
+            .specs()
+            .iter()
+            .map(|s| s.name.to_string())
+            .find(|n| taken.contains(n))
+        {
+            return Err(format!(
+                "targets: the ring field {name:?} is taken by a view or a sample field of the stream; rename it"
+            ));
+        }
+        Ok(Some(out))
+    }
+
+    /// Whether the stream delivers boxes.
+    pub fn has_boxes(&self) -> bool {
+        self.from.boxes.is_some()
+    }
+
+    /// Whether the stream delivers a mask.
+    pub fn has_mask(&self) -> bool {
+        self.from.mask.is_some()
+    }
+
+    /// The ring fields (ring.md): `boxes`, `box_labels`, `box_count` with boxes, `mask` with a
+    /// mask.
+    pub fn specs(&self) -> Vec<FieldSpec> {
+        let spec = |name: &'static str, dtype, shape| FieldSpec {
+            name: name.into(),
+            dtype,
+            shape,
+        };
+        let mut out = Vec::new();
+        if self.has_boxes() {
+            out.push(spec(BOXES, DType::F32, vec![self.max_boxes, 4]));
+            out.push(spec(BOX_LABELS, DType::I64, vec![self.max_boxes]));
+            out.push(spec(BOX_COUNT, DType::I32, vec![]));
+        }
+        if self.has_mask() {
+            out.push(spec(MASK, DType::U8, vec![self.size.0, self.size.1]));
+        }
+        out
+    }
+
+    /// Finds each ring field in the made ring.
+    pub fn bind(&mut self, field: &dyn Fn(&str) -> Option<FieldDesc>) {
+        self.descs = self
+            .specs()
+            .iter()
+            .map(|s| field(&s.name).expect("the ring holds every targets field"))
+            .collect();
+    }
+
+    /// Every ring field of the targets (for writing and for slot compaction).
+    pub fn descs(&self) -> &[FieldDesc] {
+        &self.descs
+    }
+
+    /// Reads sample `index`'s targets into `out`, in the stored image's pixels: boxes (at most
+    /// `max_boxes`), labels, and the mask decoded and checked against the image's stored
+    /// `(width, height)`. `png` is scratch. The error names the value and the setting.
+    pub fn read(
+        &self,
+        source: &dyn Source,
+        index: u64,
+        extra: &Extra<'_>,
+        image_size: (u32, u32),
+        out: &mut Targets,
+        png: &mut Vec<u8>,
+    ) -> Result<(), String> {
+        self.from.read(source, index, extra, self.check_crc, out, png)?;
+        if self.has_boxes() && out.boxes.len() > self.max_boxes as usize {
+            return Err(format!(
+                "the sample has {} boxes, more than targets.max_boxes = {}; raise max_boxes",
+                out.boxes.len(),
+                self.max_boxes
+            ));
+        }
+        if self.has_mask() {
+            let mut labels = Vec::new();
+            let (w, h) = decode_labels(png, self.max_pixels, &mut labels).map_err(|e| format!("targets.mask: {e}"))?;
+            if (w, h) != image_size {
+                return Err(format!(
+                    "targets.mask is {w}x{h} pixels, the image is {}x{} (a label map has the image's size)",
+                    image_size.0, image_size.1
+                ));
+            }
+            out.mask = Some(LabelMap {
+                width: w,
+                height: h,
+                data: labels,
+            });
+        }
+        Ok(())
+    }
+
+    /// One sample's bytes for each of [`StreamTargets::descs`], from its targets moved to the
+    /// view's output: boxes padded with zeros, labels with `-1`, the count, the mask (which must
+    /// have the view's size).
+    pub fn encode(&self, moved: &Targets) -> Result<Vec<Vec<u8>>, String> {
+        let mut out = Vec::with_capacity(4);
+        if self.has_boxes() {
+            let m = self.max_boxes as usize;
+            if moved.boxes.len() > m || moved.labels.len() != moved.boxes.len() {
+                return Err(format!(
+                    "{} boxes and {} labels after the ops, for room of {m}",
+                    moved.boxes.len(),
+                    moved.labels.len()
+                ));
+            }
+            let mut boxes = vec![0u8; m * 16];
+            for (o, b) in boxes.chunks_exact_mut(16).zip(&moved.boxes) {
+                for (k, v) in b.iter().enumerate() {
+                    o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let labels: Vec<u8> = (0..m)
+                .flat_map(|k| moved.labels.get(k).copied().unwrap_or(-1).to_le_bytes())
+                .collect();
+            out.push(boxes);
+            out.push(labels);
+            out.push((moved.boxes.len() as i32).to_le_bytes().to_vec());
+        }
+        if self.has_mask() {
+            let (h, w) = self.size;
+            match &moved.mask {
+                Some(mk) if (mk.height, mk.width) == (h, w) => out.push(mk.data.clone()),
+                Some(mk) => {
+                    return Err(format!(
+                        "the mask is {}x{} after the ops, the view is {w}x{h}",
+                        mk.width, mk.height
+                    ));
+                }
+                None => return Err("the sample has no mask after the ops".to_owned()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline(json: serde_json::Value) -> Pipeline {
+        Pipeline::parse(&json).unwrap()
+    }
+
+    fn packed_with_targets(dir: &std::path::Path, boxes: bool, masks: bool) -> ringfeed_source::PackedSource {
+        let mut w = ringfeed_format::shard::DatasetWriter::create(dir, Default::default()).unwrap();
+        let mut t = ringfeed_format::targets::TargetsWriter::create(&dir.join("targets.rft"), boxes, masks).unwrap();
+        let png = ringfeed_decode::labels::encode_grey_png(4, 3, &[1; 12]);
+        for i in 0..3u8 {
+            w.push(&[b'k', i], -1, b"", &ringfeed_testkit::jpeg(4, 3, u64::from(i)))
+                .unwrap();
+            let n = usize::from(i);
+            let b: Vec<[f32; 4]> = (0..n).map(|k| [k as f32, 0.0, k as f32 + 1.0, 2.0]).collect();
+            let l: Vec<i64> = (0..n as i64).collect();
+            t.push(
+                if boxes { &b } else { &[] },
+                if boxes { &l } else { &[] },
+                masks.then_some(&png[..]),
+            )
+            .unwrap();
+        }
+        w.finish(&[], "{}").unwrap();
+        t.finish("").unwrap();
+        ringfeed_source::PackedSource::open(dir, true).unwrap()
+    }
+
+    fn req(json: serde_json::Value) -> TargetsRequest {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A packed dataset of three samples (0, 1 and 2 boxes) and a one-view 6x8 pipeline.
+    fn setup(boxes: bool, masks: bool) -> (tempfile::TempDir, ringfeed_source::PackedSource, Pipeline) {
+        let dir = tempfile::tempdir().unwrap();
+        let src = packed_with_targets(dir.path(), boxes, masks);
+        let p = pipeline(serde_json::json!({"views": [{"ops": [{"op": "resize", "size": [6, 8]}]}]}));
+        (dir, src, p)
+    }
+
+    fn parse(
+        src: &dyn Source,
+        p: &Pipeline,
+        j: serde_json::Value,
+        taken: &[String],
+    ) -> Result<Option<StreamTargets>, String> {
+        StreamTargets::parse(Some(&req(j)), src, p, taken, true, 1 << 20)
+    }
+
+    #[test]
+    fn stored_targets_take_max_boxes_from_the_file_and_encode_padded() {
+        let (_dir, src, p) = setup(true, true);
+        let t = parse(&src, &p, serde_json::json!({"boxes": "stored", "mask": "stored"}), &[])
+            .unwrap()
+            .unwrap();
+        let names: Vec<String> = t.specs().iter().map(|s| s.name.to_string()).collect();
+        assert_eq!(names, ["boxes", "box_labels", "box_count", "mask"]);
+        assert_eq!(t.specs()[0].shape, vec![2, 4], "max_boxes is the file's largest count");
+        assert_eq!(t.specs()[3].shape, vec![6, 8]);
+        let (mut out, mut png) = (Targets::default(), Vec::new());
+        t.read(&src, 2, &Extra::None, (4, 3), &mut out, &mut png).unwrap();
+        assert_eq!(out.boxes, vec![[0.0, 0.0, 1.0, 2.0], [1.0, 0.0, 2.0, 2.0]]);
+        assert_eq!(out.mask.as_ref().unwrap().data, vec![1; 12]);
+        let e = t.read(&src, 2, &Extra::None, (3, 4), &mut out, &mut png).unwrap_err();
+        assert!(e.contains("targets.mask is 4x3 pixels, the image is 3x4"), "{e}");
+        // Moved to the output: one box left, the mask at the view's size.
+        let moved = Targets {
+            boxes: vec![[1.0, 2.0, 3.0, 4.0]],
+            labels: vec![7],
+            mask: Some(LabelMap::filled(8, 6, 5)),
+        };
+        let bytes = t.encode(&moved).unwrap();
+        assert_eq!(bytes[0].len(), 32);
+        assert_eq!(&bytes[0][..16], [1f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat());
+        assert_eq!(&bytes[0][16..], [0u8; 16]);
+        assert_eq!(bytes[1], [7i64, -1].map(i64::to_le_bytes).concat());
+        assert_eq!(bytes[2], 1i32.to_le_bytes());
+        assert_eq!(bytes[3], vec![5; 48]);
+        let e = t
+            .encode(&Targets {
+                mask: Some(LabelMap::filled(6, 8, 0)),
+                ..moved
+            })
+            .unwrap_err();
+        assert!(e.contains("after the ops"), "{e}");
+    }
+
+    #[test]
+    fn bad_requests_name_the_member() {
+        let (_dir, src, one) = setup(true, false);
+        let two = pipeline(serde_json::json!({"views": [
+            {"name": "a", "ops": [{"op": "resize", "size": [4, 4]}]},
+            {"name": "b", "ops": [{"op": "resize", "size": [4, 4]}]}]}));
+        for (j, p, want) in [
+            (serde_json::json!({"boxes": "stored"}), &two, "one view of one image"),
+            (serde_json::json!({}), &one, "give `boxes`, `mask` or both"),
+            (serde_json::json!({"mask": "stored"}), &one, "has no stored masks"),
+            (
+                serde_json::json!({"boxes": "json"}),
+                &one,
+                "cannot serve targets from members",
+            ),
+            (
+                serde_json::json!({"boxes": "stored", "max_boxes": 0}),
+                &one,
+                "max_boxes 0 is outside 1..=4096",
+            ),
+            (
+                serde_json::json!({"boxes": "stored", "mask_fill": 256}),
+                &one,
+                "mask_fill 256",
+            ),
+            (
+                serde_json::json!({"boxes": "stored", "min_size": -1.0}),
+                &one,
+                "targets.min_size -1",
+            ),
+        ] {
+            let e = parse(&src, p, j.clone(), &["label".to_owned()])
+                .map(|_| ())
+                .unwrap_err();
+            assert!(e.contains(want), "{j}: {e}");
+        }
+        let e = parse(
+            &src,
+            &one,
+            serde_json::json!({"boxes": "stored"}),
+            &["box_count".to_owned()],
+        )
+        .unwrap_err();
+        assert!(e.contains("\"box_count\" is taken"), "{e}");
+    }
+
+    #[test]
+    fn more_boxes_than_max_boxes_is_the_samples_failure() {
+        let (_dir, src, p) = setup(true, false);
+        let t = parse(&src, &p, serde_json::json!({"boxes": "stored", "max_boxes": 1}), &[])
+            .unwrap()
+            .unwrap();
+        let (mut out, mut png) = (Targets::default(), Vec::new());
+        t.read(&src, 1, &Extra::None, (4, 3), &mut out, &mut png).unwrap();
+        let e = t.read(&src, 2, &Extra::None, (4, 3), &mut out, &mut png).unwrap_err();
+        assert!(e.contains("2 boxes, more than targets.max_boxes = 1"), "{e}");
+    }
+}

@@ -41,7 +41,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 """
 
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
-from ._options import LMDB, GPUDecode, Meta, Parquet, Server, ShardBlocks, Text, Tuning, WebDataset
+from ._options import LMDB, GPUDecode, Meta, Parquet, Server, ShardBlocks, Targets, Text, Tuning, WebDataset
 from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
@@ -127,6 +127,7 @@ __all__ = [
     "ServerDiedError",
     "ServerError",
     "ShardBlocks",
+    "Targets",
     "Text",
     "TimeoutError",
     "TokenLoader",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import ProtocolError, RingfeedError, ServerError
-from ._options import LMDB, GPUDecode, Meta, Parquet, StreamConfig, Text, WebDataset, boolean
+from ._options import LMDB, GPUDecode, Meta, Parquet, StreamConfig, Targets, Text, WebDataset, boolean
 from ._stream import BatchMaker, Stream
 from ._transforms import Views, as_views
 from .wire.ring import Segment
@@ -73,6 +73,8 @@ class ImageOptions:
     meta: tuple[Meta, ...] = ()
     #: 1.9: ``open.parquet`` (control.md, "Parquet datasets (1.9)"), for a ``Parquet`` source.
     parquet: dict[str, Any] | None = None
+    #: 1.10: detection and segmentation targets (control.md, "Detection and segmentation targets (1.10)").
+    targets: Targets | None = None
 
     @classmethod
     def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
@@ -88,6 +90,8 @@ class ImageOptions:
         text = _as_tuple("text", kw.get("text"), Text)
         meta = _as_tuple("meta", kw.get("meta"), Meta)
         fields = _sample_fields(fields, views, text, meta)
+        targets = kw.get("targets")
+        fields = _target_fields(fields, views, targets)
         check_crc = boolean("check_crc", kw["check_crc"])
         source = kw["source"]
         lmdb = source.options() if isinstance(source, LMDB) else None
@@ -98,7 +102,7 @@ class ImageOptions:
         share, backend, why = _gpu_plan(gpu.share, kw["_gpu_backend"], cfg.device, views, cfg.autotune)
         return cls(
             transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
-            share, backend, why, gpu.bytes_per_sample, text, meta, parquet,
+            share, backend, why, gpu.bytes_per_sample, text, meta, parquet, targets,
         )  # fmt: skip
 
 
@@ -157,26 +161,20 @@ class ImageBatches(BatchMaker):
             msg["gpu_decode"] = gpu
         msg.update(_order_members(cfg, o.webdataset, server_protocol))
         if o.parquet is not None:
-            if server_protocol < (1, 9):
-                # control.md, 1.9: a 1.8 server serves no Parquet and ignores `parquet`.
-                major, minor = server_protocol
-                raise RingfeedError(
-                    f"the server speaks protocol {major}.{minor}; Parquet datasets need a ringfeed server "
-                    f"with protocol 1.9 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
-                )
+            # control.md, 1.9: a 1.8 server serves no Parquet and ignores `parquet`.
+            _need(server_protocol, (1, 9), "Parquet datasets need a")
             msg["parquet"] = o.parquet
         if o.text or o.meta:
-            if server_protocol < (1, 9):
-                # control.md, 1.9: a 1.8 server would ignore `text` and `meta`.
-                major, minor = server_protocol
-                raise RingfeedError(
-                    f"the server speaks protocol {major}.{minor}; text and metadata fields need a ringfeed "
-                    f"server with protocol 1.9 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
-                )
+            # control.md, 1.9: a 1.8 server would ignore `text` and `meta`.
+            _need(server_protocol, (1, 9), "text and metadata fields need a")
             if o.text:
                 msg["text"] = [t.request() for t in o.text]
             if o.meta:
                 msg["meta"] = [r for m in o.meta for r in m.requests()]
+        if o.targets is not None:
+            # control.md, 1.10: a 1.9 server ignores `targets`; the batch would have none.
+            _need(server_protocol, (1, 10), "detection and segmentation targets need a")
+            msg["targets"] = o.targets.request()
         return msg
 
     def _pipeline_member(self, server_protocol: tuple[int, int]) -> dict[str, Any]:
@@ -202,6 +200,11 @@ class ImageBatches(BatchMaker):
         o = self.opts
         if name in FIELDS:
             return FIELDS[name]
+        if o.targets is not None and o.views is not None:
+            (view,) = o.views.views.values()
+            spec = o.targets.ring_fields(view.size).get(name)
+            if spec is not None:
+                return spec
         for f in (*o.text, *o.meta):
             spec = f.ring_fields().get(name)
             if spec is not None:
@@ -320,7 +323,7 @@ class ImageBatches(BatchMaker):
         for k in [k for k in out if k.endswith("_erase")]:
             del out[k]
         views = self.opts.views
-        if self.opts.text or self.opts.meta:
+        if self.opts.text or self.opts.meta or self.opts.targets is not None:
             return out
         if views is None or (list(views.views) == ["image"] and set(out) == {"image", "label"}):
             return out["image"], out["label"]
@@ -542,6 +545,37 @@ def _sample_fields(
             if ring in out or ring in reserved:
                 raise ValueError(f"{type(f).__name__}: its ring field {ring!r} is taken by another field")
             out.append(ring)
+    return tuple(out)
+
+
+def _need(server_protocol: tuple[int, int], version: tuple[int, int], what: str) -> None:
+    """Refuses a server older than ``version`` for ``what`` (``"... need a"``), naming both versions."""
+    if server_protocol < version:
+        major, minor = server_protocol
+        raise RingfeedError(
+            f"the server speaks protocol {major}.{minor}; {what} ringfeed server with protocol "
+            f"{version[0]}.{version[1]} (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+        )
+
+
+def _target_fields(fields: tuple[str, ...], views: Views | None, targets: Any) -> tuple[str, ...]:
+    """``fields`` and the ring fields of ``targets`` (1.10), which go with a pipeline of one view of
+    one image, and whose names must not collide with the stream's other fields."""
+    if targets is None:
+        return fields
+    if not isinstance(targets, Targets):
+        raise TypeError(f"targets must be a ringfeed.Targets, got {type(targets).__name__}")
+    if views is None or len(views.views) != 1 or next(iter(views.views.values())).count != 1:
+        raise ValueError(
+            "targets go with a pipeline of one view of one image (a list of ops or one View); "
+            "multi-view and count > 1 pipelines carry no targets"
+        )
+    (view,) = views.views.values()
+    out = list(fields)
+    for name in targets.ring_fields(view.size):
+        if name in out or name in views.views:
+            raise ValueError(f"Targets: its ring field {name!r} is taken by a view or another field")
+        out.append(name)
     return tuple(out)
 
 

@@ -22,6 +22,7 @@ Every refusal is a ``ValueError`` that names the parameter, the bounds and the v
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -450,6 +451,92 @@ class Meta:
     def ring_fields(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """The ring fields it adds: one scalar each (``bool`` as ``uint8``)."""
         return {key.replace(".", "_"): ("uint8" if d == "bool" else d, ()) for key, d in self.fields.items()}
+
+
+#: ``Targets``' bounds (control.md, "Detection and segmentation targets (1.10)").
+MAX_BOXES = 4096
+#: The ring fields of targets (ring.md): boxes, their labels and count, and the label map.
+TARGET_FIELDS = ("boxes", "box_labels", "box_count", "mask")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Detection and segmentation targets of each sample (protocol 1.10; docs/detection.md):
+    ``Loader(..., targets=ringfeed.Targets(boxes="stored", mask="stored"))``.
+
+    The server moves them with the image through every geometric op of the pipeline, as
+    torchvision v2 moves ``tv_tensors.BoundingBoxes`` (XYXY) and ``tv_tensors.Mask``, and removes
+    boxes smaller than ``min_size``/``min_area`` at the end (``SanitizeBoundingBoxes``). The batch
+    is then a dict with ``image``, ``label`` and, with boxes, ``boxes`` (``float32 [N, max_boxes,
+    4]``, xyxy in output pixels, the first ``box_count`` meaningful), ``box_labels`` (``int64 [N,
+    max_boxes]``, ``-1`` padding) and ``box_count`` (``int32 [N]``); with a mask, ``mask``
+    (``uint8 [N, H, W]``). In CUDA mode they arrive on the device with the image.
+
+    Args:
+        boxes: where the boxes come from: ``"stored"`` (a dataset packed with ``ringfeed pack
+            --coco``), or a WebDataset JSON member holding a list of COCO annotations (``"json"``,
+            or ``"json:annotations"`` for a key of it); ``None``: no boxes.
+        mask: where the label map comes from: ``"stored"`` (packed with ``--masks``) or a
+            WebDataset PNG member's extension (``"png"``); ``None``: no mask.
+        max_boxes: room per sample for boxes, ``1 ..= 4096``; a sample with more is a sample
+            error (``on_error``). Optional with ``"stored"`` boxes (the packed file's largest count).
+        min_size: boxes narrower or lower than this many output pixels are removed (default 1).
+        min_area: boxes smaller than this many square output pixels are removed (default 1).
+        mask_fill: the label of mask pixels no source pixel covers (padding, zoom-out), ``0 ..= 255``.
+    """
+
+    boxes: str | None = None
+    mask: str | None = None
+    _: KW_ONLY
+    max_boxes: int | None = None
+    min_size: float = 1.0
+    min_area: float = 1.0
+    mask_fill: int = 0
+
+    def __post_init__(self) -> None:
+        if self.boxes is None and self.mask is None:
+            raise ValueError("Targets: give boxes, mask or both (e.g. Targets(boxes='stored'))")
+        for name in ("boxes", "mask"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"Targets: {name} must be 'stored' or a WebDataset member, got {v!r}")
+        if self.max_boxes is not None:
+            if self.boxes is None:
+                raise ValueError("Targets: max_boxes is for boxes; give boxes")
+            int_in("Targets: max_boxes", self.max_boxes, 1, MAX_BOXES)
+        elif self.boxes is not None and self.boxes != "stored":
+            raise ValueError(
+                f"Targets: boxes={self.boxes!r} needs max_boxes (room per sample, 1..={MAX_BOXES}); "
+                f"only a packed dataset's targets know their largest count"
+            )
+        for name in ("min_size", "min_area"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"Targets: {name} must be a finite number >= 0, got {v!r}")
+        int_in("Targets: mask_fill", self.mask_fill, 0, 255)
+
+    def request(self) -> dict[str, Any]:
+        """Its ``open.targets`` (control.md, "Detection and segmentation targets (1.10)")."""
+        out: dict[str, Any] = {"min_size": float(self.min_size), "min_area": float(self.min_area)}
+        if self.boxes is not None:
+            out["boxes"] = self.boxes
+        if self.mask is not None:
+            out["mask"] = self.mask
+            out["mask_fill"] = self.mask_fill
+        if self.max_boxes is not None:
+            out["max_boxes"] = self.max_boxes
+        return out
+
+    def ring_fields(self, size: tuple[int, int]) -> dict[str, tuple[str, tuple[int | None, ...]]]:
+        """The ring fields it adds for a view of output ``size`` ``(h, w)``, with their dtypes and
+        per-sample shapes (``None``: the server decides, from a packed file's largest count)."""
+        out: dict[str, tuple[str, tuple[int | None, ...]]] = {}
+        if self.boxes is not None:
+            m = self.max_boxes
+            out.update({"boxes": ("float32", (m, 4)), "box_labels": ("int64", (m,)), "box_count": ("int32", ())})
+        if self.mask is not None:
+            out["mask"] = ("uint8", size)
+        return out
 
 
 def _names(cls: type) -> tuple[str, ...]:

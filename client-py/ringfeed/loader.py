@@ -57,6 +57,7 @@ from ._options import (
     Server,
     ShardBlocks,
     StreamConfig,
+    Targets,
     Text,
     Tuning,
     WebDataset,
@@ -178,6 +179,12 @@ class Loader(BaseLoader):
         meta: typed metadata fields (protocol 1.9): ``ringfeed.Meta("json", {"aesthetic":
             "float32", "width": "int32", "nsfw": "bool"})`` adds one tensor per key. A missing
             or ill-typed value follows ``on_error``. One object or a list.
+        targets: detection and segmentation targets (protocol 1.10; docs/detection.md):
+            ``ringfeed.Targets(boxes="stored", mask="stored")`` for a dataset packed with
+            ``ringfeed pack --coco --masks``, or WebDataset members
+            (``Targets(boxes="json:annotations", max_boxes=100, mask="png")``), moved with the
+            image by the pipeline's geometric ops. Batches are then dicts with ``boxes``,
+            ``box_labels``, ``box_count`` and/or ``mask`` beside ``image`` and ``label``.
         layout: ``"NHWC"`` (``[N, H, W, 3]``) or ``"NCHW"`` (``[N, 3, H, W]``) uint8 images.
         check_crc: have the server check each packed record's CRC-32C on read.
         server: ``ringfeed.Server(socket=..., spawn=..., spawn_timeout=..., timeout=...,
@@ -240,6 +247,7 @@ class Loader(BaseLoader):
         fields: Sequence[str] | None = None,
         text: Text | Sequence[Text] | None = None,
         meta: Meta | Sequence[Meta] | None = None,
+        targets: Targets | None = None,
         layout: str = "NHWC",
         check_crc: bool = True,
         server: Server | None = None,
@@ -273,7 +281,7 @@ class Loader(BaseLoader):
         )  # fmt: skip
         opts = ImageOptions.check(
             cfg, transform, layout=layout, on_error=on_error, fields=fields, text=text, meta=meta, check_crc=check_crc,
-            source=source,
+            source=source, targets=targets,
             normalize=normalize, dtype=dtype, batch_transform=batch_transform, gpu_decode=gpu,
             _gpu_backend=_gpu_backend,
         )  # fmt: skip
@@ -292,6 +300,8 @@ class Loader(BaseLoader):
     text = From("_kind.opts")
     #: The metadata fields (``ringfeed.Meta``), as a tuple.
     meta = From("_kind.opts")
+    #: The detection and segmentation targets (``ringfeed.Targets``), or ``None``.
+    targets = From("_kind.opts")
     lmdb = From("_kind.opts")
     webdataset = From("_kind.opts")
     parquet = From("_kind.opts")

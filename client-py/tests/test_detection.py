@@ -207,3 +207,58 @@ def test_a_malformed_annotation_names_the_file_and_the_annotation(
     assert message in r.stderr
     assert "instances.json" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+# -- the client's option ---------------------------------------------------------------------------
+
+ONE_VIEW = ringfeed.Compose([ringfeed.Resize((24, 32))])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({}, "give boxes, mask or both"),
+        ({"boxes": "json:annotations"}, "needs max_boxes"),
+        ({"mask": "png", "max_boxes": 4}, "max_boxes is for boxes"),
+        ({"boxes": "stored", "max_boxes": 0}, "max_boxes"),
+        ({"boxes": "stored", "max_boxes": 5000}, "max_boxes"),
+        ({"boxes": "stored", "min_size": -1}, "min_size must be a finite number >= 0"),
+        ({"mask": "stored", "mask_fill": 256}, "mask_fill"),
+        ({"boxes": ""}, "boxes must be 'stored' or a WebDataset member"),
+    ],
+)
+def test_targets_options_are_checked(kw: dict[str, Any], message: str) -> None:
+    """ringfeed.Targets refuses what open.targets would refuse, naming the argument."""
+    with pytest.raises(ValueError, match=message):
+        ringfeed.Targets(**kw)
+
+
+def test_targets_request_and_ring_fields() -> None:
+    """Targets' open.targets member and ring fields follow control.md and ring.md."""
+    t = ringfeed.Targets(boxes="json:annotations", mask="png", max_boxes=7, min_size=2, mask_fill=255)
+    assert t.request() == {
+        "boxes": "json:annotations", "mask": "png", "max_boxes": 7, "min_size": 2.0, "min_area": 1.0, "mask_fill": 255,
+    }  # fmt: skip
+    assert t.ring_fields((24, 32)) == {
+        "boxes": ("float32", (7, 4)), "box_labels": ("int64", (7,)), "box_count": ("int32", ()),
+        "mask": ("uint8", (24, 32)),
+    }  # fmt: skip
+    assert ringfeed.Targets(boxes="stored").ring_fields((8, 8))["boxes"] == ("float32", (None, 4))
+
+
+def test_targets_need_one_view_of_one_image(tmp_path: Path) -> None:
+    """A multi-view pipeline with targets is refused before anything is sent, naming targets."""
+    views = ringfeed.Views({"a": ringfeed.Resize((8, 8)), "b": ringfeed.Resize((8, 8))})
+    with pytest.raises(ValueError, match="targets go with a pipeline of one view of one image"):
+        ringfeed.Loader(tmp_path, 2, views, targets=ringfeed.Targets(boxes="stored"))
+
+
+def test_a_1_9_server_is_refused_naming_its_version(tmp_path: Path, sock: str) -> None:
+    """Against the server binary (protocol 1.9), a loader with targets raises before it opens,
+    naming the server's version and what targets need: a 1.9 server would ignore them."""
+    write_set(tmp_path)
+    out = tmp_path / "out"
+    pack_set(tmp_path, out)
+    server = ringfeed.Server(socket=sock, spawn=True, timeout=60)
+    with pytest.raises(ringfeed.RingfeedError, match=r"speaks protocol 1\.9; detection and segmentation targets need"):
+        ringfeed.Loader(out, 2, ONE_VIEW, targets=ringfeed.Targets(boxes="stored", mask="stored"), server=server)

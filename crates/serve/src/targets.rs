@@ -30,8 +30,8 @@ pub const MASK: &str = "mask";
 /// uncovered mask pixels become.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sanitize {
-    pub min_size: f32,
-    pub min_area: f32,
+    pub min_size: f64,
+    pub min_area: f64,
     pub mask_fill: u8,
 }
 
@@ -88,10 +88,10 @@ impl StreamTargets {
         if from.boxes.is_some() && !(1..=MAX_MAX_BOXES).contains(&max_boxes) {
             return Err(format!("targets.max_boxes {max_boxes} is outside 1..={MAX_MAX_BOXES}"));
         }
-        let number = |name: &str, v: Option<f64>| -> Result<f32, String> {
+        let number = |name: &str, v: Option<f64>| -> Result<f64, String> {
             match v {
                 None => Ok(1.0),
-                Some(x) if x.is_finite() && x >= 0.0 && x <= f64::from(f32::MAX) => Ok(x as f32),
+                Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
                 Some(x) => Err(format!("targets.{name} {x} must be a finite number >= 0")),
             }
         };
@@ -170,14 +170,13 @@ impl StreamTargets {
     }
 
     /// Reads sample `index`'s targets into `out`, in the stored image's pixels: boxes (at most
-    /// `max_boxes`), labels, and the mask decoded and checked against the image's stored
-    /// `(width, height)`. `png` is scratch. The error names the value and the setting.
+    /// `max_boxes`), labels, and the mask decoded (the ops check its size against the image's,
+    /// which they probe anyway). `png` is scratch. The error names the value and the setting.
     pub fn read(
         &self,
         source: &dyn Source,
         index: u64,
         extra: &Extra<'_>,
-        image_size: (u32, u32),
         out: &mut Targets,
         png: &mut Vec<u8>,
     ) -> Result<(), String> {
@@ -192,12 +191,6 @@ impl StreamTargets {
         if self.has_mask() {
             let mut labels = Vec::new();
             let (w, h) = decode_labels(png, self.max_pixels, &mut labels).map_err(|e| format!("targets.mask: {e}"))?;
-            if (w, h) != image_size {
-                return Err(format!(
-                    "targets.mask is {w}x{h} pixels, the image is {}x{} (a label map has the image's size)",
-                    image_size.0, image_size.1
-                ));
-            }
             out.mask = Some(LabelMap {
                 width: w,
                 height: h,
@@ -313,11 +306,9 @@ mod tests {
         assert_eq!(t.specs()[0].shape, vec![2, 4], "max_boxes is the file's largest count");
         assert_eq!(t.specs()[3].shape, vec![6, 8]);
         let (mut out, mut png) = (Targets::default(), Vec::new());
-        t.read(&src, 2, &Extra::None, (4, 3), &mut out, &mut png).unwrap();
+        t.read(&src, 2, &Extra::None, &mut out, &mut png).unwrap();
         assert_eq!(out.boxes, vec![[0.0, 0.0, 1.0, 2.0], [1.0, 0.0, 2.0, 2.0]]);
         assert_eq!(out.mask.as_ref().unwrap().data, vec![1; 12]);
-        let e = t.read(&src, 2, &Extra::None, (3, 4), &mut out, &mut png).unwrap_err();
-        assert!(e.contains("targets.mask is 4x3 pixels, the image is 3x4"), "{e}");
         // Moved to the output: one box left, the mask at the view's size.
         let moved = Targets {
             boxes: vec![[1.0, 2.0, 3.0, 4.0]],
@@ -393,8 +384,8 @@ mod tests {
             .unwrap()
             .unwrap();
         let (mut out, mut png) = (Targets::default(), Vec::new());
-        t.read(&src, 1, &Extra::None, (4, 3), &mut out, &mut png).unwrap();
-        let e = t.read(&src, 2, &Extra::None, (4, 3), &mut out, &mut png).unwrap_err();
+        t.read(&src, 1, &Extra::None, &mut out, &mut png).unwrap();
+        let e = t.read(&src, 2, &Extra::None, &mut out, &mut png).unwrap_err();
         assert!(e.contains("2 boxes, more than targets.max_boxes = 1"), "{e}");
     }
 }

@@ -2,7 +2,7 @@
 """CLIP-style contrastive training fed by each loader, against the same model's ceiling (issue 29).
 
     python3 benches/clip_train.py --data DIR [--loaders ceiling,ringfeed,dataloader] [--threads 6,15]
-        [--batch 512] [--steps 60] [--warmup-s 12] [--warmup-steps 10] [--image-size 224]
+        [--batch 512] [--steps 60] [--seconds 0] [--warmup-s 12] [--warmup-steps 10] [--image-size 224]
         [--device cuda] [--out DIR] [--bin PATH]
 
 `--data`: what `benches/make_laion.py DIR` wrote (LAION-like WebDataset tars of photos with
@@ -32,15 +32,16 @@ mask `bool [B, 77]`:
 
 ringfeed and dataloader run once per `--threads` count; the ceiling once. Each run warms up for at
 least `--warmup-steps` steps and `--warmup-s` seconds (the autotuner settles in that time, the
-DataLoader's workers fill their queues), then times `--steps` steps (`harness.timed`, the device
-synchronised at both ends). It prints one JSON line per run: img/s, the ratio to the ceiling of the
-same process, the share of the time the loop spent in `next()`, CPU milliseconds per image and
-cores busy (the whole process tree, `e2e/_cpu.py`: the loop, the workers, the sidecar), ringfeed's
-hybrid decode state, and the loss (finite: the model trained). `--out` gets `clip.json` (a
+DataLoader's workers fill their queues), then times at least `--steps` steps and `--seconds`
+seconds (`harness.timed`, the device synchronised at both ends). It prints one JSON line per run:
+img/s, the ratio to the ceiling of the same process, the share of the time the loop spent in
+`next()`, CPU milliseconds per image and cores busy (the whole process tree, `e2e/_cpu.py`: the
+loop, the workers, the sidecar), ringfeed's hybrid decode state (why it is off, or the samples
+decoded on the GPU), and the last loss (finite: the model trained). `--out` gets `clip.json` (a
 `harness` record, the ceiling as its baseline) and `clip.md`.
 
 At toy size it runs on a CPU (`--device cpu --batch 8 --steps 3 --image-size 64 --warmup-s 0
---warmup-steps 1`), as `client-py/tests/test_bench.py` does.
+--warmup-steps 1`), as `client-py/tests/test_bench_clip.py` does.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def train(batches: Iterator[Batch], a: argparse.Namespace, vocab: int) -> dict:
     model.image.patch.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.2, fused=a.device == "cuda")
     waited = [0.0]
-    losses: list[torch.Tensor] = []
+    last: list[torch.Tensor] = []  # the last step's loss (read once, at the end: no sync per step)
 
     def steps() -> Iterator[torch.Tensor]:
         while True:
@@ -274,14 +275,16 @@ def train(batches: Iterator[Batch], a: argparse.Namespace, vocab: int) -> dict:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(loss.detach())
+            last[:] = [loss.detach()]
             yield x
 
     sync = torch.cuda.synchronize if a.device == "cuda" else None
     it = steps()
     warm = harness.warm_up(it, a.warmup_s, a.warmup_steps)
     waited[0] = 0.0
-    m = harness.timed(it, min_batches=a.steps, sync=sync, clocks={"cpu_s": _cpu.tree_cpu_seconds})
+    m = harness.timed(
+        it, min_batches=a.steps, min_seconds=a.seconds, sync=sync, clocks={"cpu_s": _cpu.tree_cpu_seconds}
+    )
     it.close()
     return {
         "img_per_s": m["img_per_s"],
@@ -292,7 +295,7 @@ def train(batches: Iterator[Batch], a: argparse.Namespace, vocab: int) -> dict:
         "cpu_ms_per_img": m["cpu_s"] / m["images"] * 1e3,
         "cpu_cores": m["cpu_s"] / m["seconds"],
         "warmup": warm,
-        "loss": float(losses[-1]),
+        "loss": float(last[0]),
     }
 
 
@@ -303,6 +306,7 @@ def main() -> None:
     ap.add_argument("--threads", default="6", help="decode threads / DataLoader workers, comma-separated")
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--seconds", type=float, default=0.0, help="time at least this long too (whole steps)")
     ap.add_argument("--warmup-steps", type=int, default=10)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -357,8 +361,8 @@ def write(a: argparse.Namespace, data: dict, runs: list[dict]) -> None:
         "# CLIP-style training (ViT-Tiny/16 + 4-layer text tower) fed by each loader",
         "",
         f"{gpu}, {harness.cpu_model()}; batch {a.batch}, {a.image_size} px, bf16; {data['count']} LAION-like "
-        f"samples in {data['shards']} tars; {a.steps} timed steps after at least {a.warmup_steps} steps and "
-        f"{a.warmup_s:g} s of warm-up.",
+        f"samples in {data['shards']} tars; at least {a.steps} timed steps and {a.seconds:g} s after at least "
+        f"{a.warmup_steps} steps and {a.warmup_s:g} s of warm-up.",
         "",
         "| loader | threads | img/s | of the ceiling | loop in next() | CPU ms per image | CPU cores busy |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -558,7 +558,8 @@ clip29)
   # Issue 29's GPU row: the CLIP-style model fed by ringfeed and by the webdataset + DataLoader
   # pipeline such users run, at 6 and 15 threads, against its ceiling, in one process. Each run
   # warms up 12 s, then times at least 20 steps and 15 s. COUNT (default 4000) samples; photos
-  # from setup's /tmp/photos when this machine has them, else made here.
+  # from setup's /tmp/photos when this machine has them, else made here. CLIP_ARGS: more flags
+  # for clip_train.py (later ones win, e.g. "--steps 40").
   if [ -f .carry/bin/ringfeed.xz ]; then xz -dc .carry/bin/ringfeed.xz > /tmp/rf/ringfeed && chmod +x /tmp/rf/ringfeed
   elif [ -f .carry/bin/ringfeed ]; then cp .carry/bin/ringfeed /tmp/rf/ringfeed; fi
   "$RINGFEED_BIN" --version
@@ -575,7 +576,7 @@ clip29)
     echo "data: $(( $(date +%s) - t0 )) s"
   fi
   timeout 330 python3 benches/clip_train.py --data /tmp/laion --loaders ceiling,ringfeed,dataloader \
-    --threads "${CLIP_THREADS:-6,15}" --batch 512 --steps 20 --seconds 15 --warmup-s 12 --out "$out/clip" 2>&1 \
+    --threads "${CLIP_THREADS:-6,15}" --batch 512 --steps 20 --seconds 15 --warmup-s 12 --out "$out/clip" ${CLIP_ARGS:-} 2>&1 \
     | tee "$out/clip/clip.log" | grep -v "^{" | tail -24 || echo "clip rc $?"
   ;;
 train)

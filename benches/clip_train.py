@@ -257,7 +257,7 @@ def ceiling_batches(data: dict, a: argparse.Namespace) -> Iterator[Batch]:
 
 
 def train(batches: Iterator[Batch], a: argparse.Namespace, vocab: int) -> dict:
-    """Trains a fresh model on `batches`: the warm-up, then `--steps` timed steps."""
+    """Trains a fresh model on `batches`: the warm-up, then at least `--steps` steps and `--seconds`, timed."""
     torch.manual_seed(0)
     model = Clip(a.image_size, vocab).to(a.device)
     model.image.patch.to(memory_format=torch.channels_last)

@@ -324,7 +324,8 @@ impl Processor {
         g: &mut SampleRng,
         trace: &mut Trace,
     ) -> Result<Option<Fused>, OpError> {
-        let f = plan::plan(&view.ops, width, height, g, trace);
+        self.follow.start(false, (width, height));
+        let f = plan::plan(&view.ops, width, height, g, trace, &mut self.follow);
         let size = f.out_size();
         let tail = &view.ops[f.consumed..];
         self.steps.clear();

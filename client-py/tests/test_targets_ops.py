@@ -158,6 +158,15 @@ class Replay:
             self.crop(d["top"], d["left"], *op["size"])
         elif name == "random_crop":
             self.random_crop(d, op)
+        elif name == "scale_jitter":
+            self.resize([d["height"], d["width"]])
+        elif name == "random_zoom_out":
+            if d["apply"]:
+                self.boxes = F.pad(self.boxes, d["padding"])
+                self.mask = F.pad(self.mask, d["padding"], fill=self.fill)
+        elif name == "random_iou_crop":
+            if d["apply"]:
+                self.iou_crop(d)
         elif name in ("trivial_augment_wide", "rand_augment", "auto_augment"):
             if d.get("apply") is not False and d["aug"] in GEOMETRIC:
                 m = d.get("magnitude") or 0.0
@@ -167,6 +176,16 @@ class Replay:
                 self.mask = move(self.mask, d["aug"], m, policy.interpolation, fill)
         else:
             assert name in ("color_jitter", "invert", "solarize", "grayscale"), name
+
+    def iou_crop(self, d: dict[str, Any]) -> None:
+        """RandomIoUCrop.transform: F.crop, and the boxes whose centre was outside zeroed (sanitize removes them)."""
+        b = self.boxes.as_subclass(torch.Tensor)
+        cx, cy = 0.5 * (b[:, 0] + b[:, 2]), 0.5 * (b[:, 1] + b[:, 3])
+        left, top = d["left"], d["top"]
+        right, bottom = left + d["width"], top + d["height"]
+        within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+        self.both(F.crop, top=top, left=left, height=d["height"], width=d["width"])
+        self.boxes[~within] = 0
 
     def resize(self, size: list[int]) -> None:
         self.boxes = F.resize(self.boxes, size)
@@ -288,3 +307,87 @@ def test_sanitize_thresholds(sample: dict[str, Any]) -> None:
     few = check(sample, ops, (32, 32), count=30, min_size=4, min_area=40)
     many = check(sample, ops, (32, 32), count=30, min_size=0.5, min_area=0.5)
     assert sum(len(line["boxes"]) for line in few) < sum(len(line["boxes"]) for line in many)
+
+
+def test_scale_jitter_then_random_crop(sample: dict[str, Any]) -> None:
+    """ScaleJitter (F.resize to the drawn size) then RandomCrop(pad_if_needed) move targets as torchvision's do."""
+    check(
+        sample,
+        [ringfeed.ScaleJitter((60, 40), scale_range=(0.3, 2.0)), ringfeed.RandomCrop((48, 48), pad_if_needed=True)],
+        (48, 48),
+        mask_fill=255,
+    )
+
+
+def test_zoom_out_iou_crop_resize(sample: dict[str, Any]) -> None:
+    """The SSD recipe: RandomZoomOut, RandomIoUCrop (boxes whose centre is outside removed), Resize, flip."""
+    lines = check(
+        sample,
+        [
+            ringfeed.RandomZoomOut(fill=(10, 20, 30), side_range=(1.0, 2.5)),
+            ringfeed.RandomIoUCrop(),
+            ringfeed.Resize((40, 40)),
+            ringfeed.RandomHorizontalFlip(),
+        ],
+        (40, 40),
+        count=80,
+        mask_fill=254,
+    )
+    drawn = [next(d for d in line["trace"] if d["op"] == "random_iou_crop") for line in lines]
+    assert 0 < sum(d["apply"] for d in drawn) < len(drawn)
+    zoomed = [next(d for d in line["trace"] if d["op"] == "random_zoom_out") for line in lines]
+    assert 0 < sum(d["apply"] for d in zoomed) < len(zoomed)
+
+
+def test_detection_ops_pixels_follow_torchvision(sample: dict[str, Any]) -> None:
+    """The images of random_zoom_out (F.pad with fill), random_iou_crop (F.crop) and scale_jitter (F.resize) are
+    torchvision's on the drawn parameters: exact for the pad and crop, PSNR >= 40 dB for the antialiased resize."""
+    from test_ops import one, psnr
+
+    x = torch.from_numpy(np.asarray(photo(W, H, 3)).copy()).permute(2, 0, 1)
+    path = sample["path"]
+    ops = [ringfeed.RandomZoomOut(fill=(10, 20, 30), p=1.0), ringfeed.CenterCrop((150, 200))]
+    got, lines = one(path, *ops, count=6)
+    for img, line in zip(got, lines, strict=True):
+        d = line["trace"][0]
+        assert torch.equal(img, F.center_crop(F.pad(x, d["padding"], fill=[10, 20, 30]), [150, 200]))
+    got, lines = one(path, ringfeed.ScaleJitter((50, 50)), ringfeed.CenterCrop((40, 40)), count=6)
+    for img, line in zip(got, lines, strict=True):
+        d = line["trace"][0]
+        want = F.center_crop(F.resize(x, [d["height"], d["width"]], antialias=True), [40, 40])
+        assert psnr(img, want) >= 40
+    # RandomIoUCrop without boxes leaves the image as it is.
+    got, lines = one(path, ringfeed.RandomIoUCrop(), ringfeed.CenterCrop((H, W)), count=3)
+    assert all(torch.equal(img, x) for img in got)
+    assert all(line["trace"][0] == {"op": "random_iou_crop", "apply": False} for line in lines)
+    results = run_targets(sample, ringfeed.RandomIoUCrop(), ringfeed.CenterCrop((32, 32)), size=(32, 32), count=20)
+    n = 0
+    for line, _ in results:
+        d = line["trace"][0]
+        if d["apply"]:
+            n += 1
+            assert d["top"] + d["height"] <= H
+            assert d["left"] + d["width"] <= W
+    assert n > 0
+
+
+def test_iou_crop_sampler_follows_torchvision(sample: dict[str, Any]) -> None:
+    """RandomIoUCrop's crops (whether it crops, top, left, height, width) are distributed as torchvision's make_params
+    on the same image size and boxes (Kolmogorov-Smirnov, p > 0.01)."""
+    from scipy import stats
+
+    n = 1500
+    results = run_targets(sample, ringfeed.RandomIoUCrop(), ringfeed.Resize((16, 16)), size=(16, 16), count=n)
+    ours = [line["trace"][0] for line, _ in results]
+    torch.manual_seed(0)
+    tv = T.RandomIoUCrop()
+    boxes = tv_tensors.BoundingBoxes(torch.tensor(sample["boxes"]), format="XYXY", canvas_size=(H, W))
+    image = tv_tensors.Image(torch.zeros(3, H, W, dtype=torch.uint8))
+    theirs = [tv.make_params([image, boxes]) for _ in range(n)]
+    p = stats.ks_2samp([float(d["apply"]) for d in ours], [float(bool(t)) for t in theirs]).pvalue
+    assert p > 0.01, ("apply", p)
+    for key in ("top", "left", "height", "width"):
+        a = [d[key] for d in ours if d["apply"]]
+        b = [t[key] for t in theirs if t]
+        p = stats.ks_2samp(a, b).pvalue
+        assert p > 0.01, (key, p)

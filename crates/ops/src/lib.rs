@@ -1069,14 +1069,7 @@ impl Processor {
             Op::CenterCrop { size: (ch, cw) } => {
                 let (l, t) = (plan::center_offset(w, cw), plan::center_offset(h, ch));
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
-                self.follow.push(Geo::Crop {
-                    left: l,
-                    top: t,
-                    width: cw,
-                    height: ch,
-                });
-                image::crop_into(img, l, t, cw, ch, [0; 3], &mut self.img2);
-                std::mem::swap(img, &mut self.img2);
+                self.crop(img, (l, t), (cw, ch), [0; 3]);
             }
             Op::RandomCrop {
                 size,
@@ -1137,6 +1130,58 @@ impl Processor {
                 self.follow.push(Geo::Resize { width: rw, height: rh });
                 self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
             }
+            Op::RandomIouCrop {
+                scale,
+                aspect,
+                ref options,
+                trials,
+            } => {
+                // Its draws depend on the boxes on this image: the targets so far.
+                let boxes = self.follow.flush();
+                let drawn = geometry::random_iou_crop_params((w, h), boxes, (scale, aspect, options, trials), rng);
+                let Some((t, l, ch, cw)) = drawn else {
+                    trace.record(op, || [("apply", false.into())]);
+                    return Ok(());
+                };
+                trace.record(op, || {
+                    [
+                        ("apply", true.into()),
+                        ("top", t.into()),
+                        ("left", l.into()),
+                        ("height", ch.into()),
+                        ("width", cw.into()),
+                    ]
+                });
+                self.follow.push(Geo::KeepCentred {
+                    left: l,
+                    top: t,
+                    right: l + i64::from(cw),
+                    bottom: t + i64::from(ch),
+                });
+                self.crop(img, (l, t), (cw, ch), [0; 3]);
+            }
+            Op::RandomZoomOut { fill, side_range, p } => {
+                if rng.uniform(0.0, 1.0) >= p {
+                    trace.record(op, || [("apply", false.into())]);
+                    return Ok(());
+                }
+                let pad = geometry::random_zoom_out_padding((w, h), side_range, rng);
+                trace.record(op, || [("apply", true.into()), ("padding", pad.to_vec().into())]);
+                let (cw, ch) = (w + pad[0] + pad[2], h + pad[1] + pad[3]);
+                self.check_size(cw, ch, Some(op))?;
+                self.crop(img, (-i64::from(pad[0]), -i64::from(pad[1])), (cw, ch), fill);
+            }
+            Op::ScaleJitter {
+                target,
+                scale,
+                resampling,
+            } => {
+                let (rw, rh) = geometry::scale_jitter_size((w, h), target, scale, rng);
+                trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
+                self.check_size(rw, rh, Some(op))?;
+                self.follow.push(Geo::Resize { width: rw, height: rh });
+                self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
+            }
             // Containers with a sized op inside: the same draws as `steps::lower`'s.
             Op::RandomApply { p, ref ops } => {
                 if steps::coin(op, p, rng, trace) {
@@ -1155,6 +1200,18 @@ impl Processor {
             _ => unreachable!("{} lowers to steps", op.name()),
         }
         Ok(())
+    }
+
+    /// Crops the `w`×`h` window at `(left, top)` of `img` (outside it: `fill`), and records it.
+    fn crop(&mut self, img: &mut Image, (left, top): (i64, i64), (w, h): (u32, u32), fill: [u8; 3]) {
+        self.follow.push(Geo::Crop {
+            left,
+            top,
+            width: w,
+            height: h,
+        });
+        image::crop_into(img, left, top, w, h, fill, &mut self.img2);
+        std::mem::swap(img, &mut self.img2);
     }
 
     /// Runs one step on `img` (it keeps its size).

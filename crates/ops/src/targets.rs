@@ -67,6 +67,15 @@ pub(crate) enum Geo {
     /// A warp at the canvas's size by the inverse matrix of [`Step::Affine`] (centred
     /// coordinates, as `affine::inverse_matrix` makes it).
     Affine { inverse: [f64; 6] },
+    /// RandomIoUCrop's filter before its crop: boxes whose centre is not strictly inside the
+    /// window `[left, right] × [top, bottom]` are removed (torchvision zeroes them for the
+    /// `SanitizeBoundingBoxes` it requires after it to remove).
+    KeepCentred {
+        left: i64,
+        top: i64,
+        right: i64,
+        bottom: i64,
+    },
 }
 
 impl Geo {
@@ -277,6 +286,25 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
                 affine::warp_mask(&m.data, w, h, inverse, fill, scratch);
                 std::mem::swap(&mut m.data, scratch);
             }
+            (w, h)
+        }
+        Geo::KeepCentred {
+            left,
+            top,
+            right,
+            bottom,
+        } => {
+            let c = [left as f32, top as f32, right as f32, bottom as f32];
+            let mut k = 0;
+            for i in 0..t.boxes.len() {
+                if super::geometry::centred_in(&t.boxes[i], &c) {
+                    t.boxes[k] = t.boxes[i];
+                    t.labels[k] = t.labels[i];
+                    k += 1;
+                }
+            }
+            t.boxes.truncate(k);
+            t.labels.truncate(k);
             (w, h)
         }
     }

@@ -762,16 +762,7 @@ impl Processor {
         // the pixels.
         self.follow.start(follow, (info.width, info.height));
         if follow {
-            if let Some(m) = &self.follow.targets.mask
-                && (m.width, m.height) != (info.width, info.height)
-            {
-                return Err(OpError::MaskSize {
-                    mask_width: m.width,
-                    mask_height: m.height,
-                    width: info.width,
-                    height: info.height,
-                });
-            }
+            self.follow.check()?;
             if let Some(g) = Geo::orientation(info.orientation, (info.width, info.height)) {
                 self.follow.push(g);
             }
@@ -842,8 +833,7 @@ impl Processor {
         self.plans = plans;
         result?;
         if follow {
-            self.follow.flush();
-            self.follow.sanitize();
+            self.follow.finish()?;
         }
         Ok(crop0.unwrap_or(Crop {
             top: 0,

@@ -23,6 +23,7 @@
 
 use ringfeed_format::targets::{LabelMap, Targets};
 
+use super::OpError;
 use super::affine;
 use super::steps::{Remap, Step};
 
@@ -131,6 +132,8 @@ pub(crate) struct Follow {
     done: usize,
     /// The canvas `targets` lies on (after `geo[..done]`).
     size: (u32, u32),
+    /// The stored image's size, where `geo` starts.
+    source: (u32, u32),
     /// The sample's targets, moved in (and handed back by) [`super::Processor::run_targets`].
     pub(crate) targets: Targets,
     /// Mask scratch, swapped with the mask at each step.
@@ -146,6 +149,30 @@ impl Follow {
         self.geo.clear();
         self.done = 0;
         self.size = size;
+        self.source = size;
+    }
+
+    /// Checks that the mask is the source's size ([`OpError::MaskSize`]).
+    pub(crate) fn check(&self) -> Result<(), OpError> {
+        match &self.targets.mask {
+            Some(m) if (m.width, m.height) != self.source => Err(OpError::MaskSize {
+                mask_width: m.width,
+                mask_height: m.height,
+                width: self.source.0,
+                height: self.source.1,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves the targets through all the geometry recorded and sanitises them.
+    pub(crate) fn finish(&mut self) -> Result<(), OpError> {
+        if self.done == 0 {
+            self.check()?;
+        }
+        self.flush();
+        self.sanitize();
+        Ok(())
     }
 
     /// Records `g` if this output follows its geometry.
@@ -636,5 +663,77 @@ mod tests {
                 .to_string()
                 .contains("mask is 36x48 but the image is 48x36")
         );
+    }
+
+    #[test]
+    fn targets_follow_the_exif_orientation() {
+        // Four quadrants of distinct colours; the mask names each pixel's quadrant, one box
+        // covers quadrant 0. After each orientation the decoded pixels, the mask and the box
+        // must still agree (interiors only: JPEG blurs the quadrant edges).
+        let colours = [[250u8, 10, 10], [10, 250, 10], [10, 10, 250], [250, 250, 10]];
+        let quadrant = |x: u32, y: u32| usize::from(x >= 24) + 2 * usize::from(y >= 16);
+        let img = image::RgbImage::from_fn(48, 32, |x, y| image::Rgb(colours[quadrant(x, y)]));
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 95)
+            .encode_image(&img)
+            .unwrap();
+        let mask = LabelMap {
+            width: 48,
+            height: 32,
+            data: (0..32)
+                .flat_map(|y| (0..48).map(move |x| quadrant(x, y) as u8))
+                .collect(),
+        };
+        for o in 1..=8u8 {
+            // APP1 "Exif", a little-endian TIFF whose IFD0 holds only tag 0x0112 = o.
+            let mut app1 = b"Exif\0\0II\x2a\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0".to_vec();
+            app1.extend_from_slice(&[o, 0, 0, 0, 0, 0, 0, 0]);
+            let mut data = vec![0xFF, 0xD8, 0xFF, 0xE1];
+            data.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+            data.extend_from_slice(&app1);
+            data.extend_from_slice(&jpeg[2..]);
+            let (w, h) = if o >= 5 { (32, 48) } else { (48, 32) };
+            let pipeline = crate::Pipeline::parse(&serde_json::json!({"views": [{"ops": [
+                {"op": "center_crop", "size": [h, w]}]}]}))
+            .unwrap();
+            let mut p = crate::Processor::new(ringfeed_decode::Limits::default()).unwrap();
+            let mut sink = crate::BufferSink::for_pipeline(&pipeline);
+            let mut t = Targets {
+                boxes: vec![[0.0, 0.0, 24.0, 16.0]],
+                labels: vec![1],
+                mask: Some(mask.clone()),
+            };
+            let rng = ringfeed_order::rng::SampleRng::new(0, 0, 0);
+            let options = TargetOptions::default();
+            p.run_targets(
+                &data,
+                &pipeline,
+                rng,
+                crate::Layout::Nhwc,
+                &mut sink,
+                &mut crate::Trace::off(),
+                &mut t,
+                &options,
+            )
+            .unwrap();
+            let m = t.mask.as_ref().unwrap();
+            assert_eq!((m.width, m.height), (w, h), "orientation {o}");
+            let b = t.boxes[0];
+            for y in 0..h {
+                for x in 0..w {
+                    let px = &sink.outs[0][((y * w + x) * 3) as usize..][..3];
+                    let near = |c: &[u8; 3]| c.iter().zip(px).all(|(a, b)| a.abs_diff(*b) < 60);
+                    let Some(q) = colours.iter().position(near) else {
+                        continue;
+                    };
+                    assert_eq!(usize::from(m.get(x, y)), q, "orientation {o}: ({x}, {y})");
+                    let inside = (x as f32) + 0.5 > b[0]
+                        && (x as f32) + 0.5 < b[2]
+                        && (y as f32) + 0.5 > b[1]
+                        && (y as f32) + 0.5 < b[3];
+                    assert_eq!(inside, q == 0, "orientation {o}: ({x}, {y}) and box {b:?}");
+                }
+            }
+        }
     }
 }

@@ -369,6 +369,19 @@ impl Pipeline {
         self.views.iter().map(|v| v.count).sum()
     }
 
+    /// Whether an op draws against the sample's boxes (`random_iou_crop`, also inside a
+    /// container): such a pipeline needs `open.targets.boxes` (control.md, 1.10).
+    pub fn needs_boxes(&self) -> bool {
+        fn any(ops: &[Op]) -> bool {
+            ops.iter().any(|op| match op {
+                Op::RandomIouCrop { .. } => true,
+                Op::RandomApply { ops, .. } | Op::RandomChoice { ops, .. } => any(ops),
+                _ => false,
+            })
+        }
+        self.views.iter().any(|v| any(&v.ops))
+    }
+
     /// The one-view pipeline named `image` that runs `ops`, ending in `size`.
     pub fn single(ops: Vec<Op>) -> Result<Pipeline, PipelineError> {
         let size = check_ops(&ops, "pipeline.views[0].ops")?;
@@ -1318,6 +1331,17 @@ mod tests {
         assert_eq!(v.ops.len(), 3);
         assert!(v.normalize.is_some());
         assert_eq!(v.erasing.len(), 1);
+    }
+
+    #[test]
+    fn only_random_iou_crop_needs_boxes() {
+        let p = |ops: Value| Pipeline::parse(&json!({"views": [{"ops": ops}]})).unwrap();
+        assert!(p(json!([{"op": "random_iou_crop"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(!p(json!([{"op": "random_zoom_out"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(
+            !p(json!([{"op": "center_crop", "size": [8]}, {"op": "random_apply", "ops": [{"op": "invert"}]}]))
+                .needs_boxes()
+        );
     }
 
     #[test]

@@ -248,6 +248,37 @@ pub enum Op {
         /// Cumulative probabilities, normalised: the last is 1.
         cumulative: Vec<f64>,
     },
+    /// `RandomIoUCrop(min_scale, max_scale, min_aspect_ratio, max_aspect_ratio,
+    /// sampler_options, trials)` (1.10): a crop whose draws depend on the sample's boxes.
+    RandomIouCrop {
+        /// `(min_scale, max_scale)`, `0 < min <= max <= 1`: each side's fraction.
+        scale: (f64, f64),
+        /// `(min_aspect_ratio, max_aspect_ratio)` of the crop (width / height).
+        aspect: (f64, f64),
+        /// The minimal IoUs drawn from; a value `>= 1` leaves the image as it is.
+        options: Vec<f64>,
+        /// Tries per drawn option.
+        trials: u32,
+    },
+    /// `RandomZoomOut(fill, side_range, p)` (1.10): the image placed in a larger canvas.
+    RandomZoomOut {
+        /// The canvas's colour.
+        fill: [u8; 3],
+        /// Bounds of the canvas's side as a multiple of the image's, `1 <= min <= max`.
+        side_range: (f64, f64),
+        /// Probability.
+        p: f64,
+    },
+    /// `ScaleJitter(target_size, scale_range, interpolation, antialias)` (1.10).
+    ScaleJitter {
+        /// `(height, width)`: the image is scaled by `min(height / h, width / w)` times a
+        /// factor drawn from `scale`.
+        target: (u32, u32),
+        /// Bounds of that factor.
+        scale: (f64, f64),
+        /// How the image is resized.
+        resampling: Resampling,
+    },
 }
 
 impl Op {
@@ -274,6 +305,9 @@ impl Op {
             Op::AutoAugment { .. } => "auto_augment",
             Op::RandomApply { .. } => "random_apply",
             Op::RandomChoice { .. } => "random_choice",
+            Op::RandomIouCrop { .. } => "random_iou_crop",
+            Op::RandomZoomOut { .. } => "random_zoom_out",
+            Op::ScaleJitter { .. } => "scale_jitter",
         }
     }
 
@@ -285,6 +319,7 @@ impl Op {
                 ResizeTo::Exact(h, w) => Some((*h, *w)),
                 ResizeTo::Shorter(_) => None,
             },
+            Op::RandomIouCrop { .. } | Op::RandomZoomOut { .. } | Op::ScaleJitter { .. } => None,
             _ => size,
         }
     }
@@ -332,6 +367,19 @@ impl Pipeline {
     /// Images per sample over all views.
     pub fn outputs(&self) -> u32 {
         self.views.iter().map(|v| v.count).sum()
+    }
+
+    /// Whether an op draws against the sample's boxes (`random_iou_crop`, also inside a
+    /// container): such a pipeline needs `open.targets.boxes` (control.md, 1.10).
+    pub fn needs_boxes(&self) -> bool {
+        fn any(ops: &[Op]) -> bool {
+            ops.iter().any(|op| match op {
+                Op::RandomIouCrop { .. } => true,
+                Op::RandomApply { ops, .. } | Op::RandomChoice { ops, .. } => any(ops),
+                _ => false,
+            })
+        }
+        self.views.iter().any(|v| any(&v.ops))
     }
 
     /// The one-view pipeline named `image` that runs `ops`, ending in `size`.
@@ -969,6 +1017,32 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             op
         }
         "random_choice" => parse_random_choice(&f, depth)?,
+        "random_iou_crop" => parse_random_iou_crop(&f)?,
+        "random_zoom_out" => {
+            let side_range = f.positive_pair("side_range", (1.0, 4.0), 64.0)?;
+            if side_range.0 < 1.0 {
+                return Err(f.err(
+                    "side_range",
+                    &format!("must be [min, max] with 1 <= min <= max <= 64, got {side_range:?}"),
+                ));
+            }
+            let op = Op::RandomZoomOut {
+                fill: f.fill_u8("fill")?,
+                side_range,
+                p: f.prob("p", 0.5)?,
+            };
+            f.done(&["fill", "side_range", "p"])?;
+            op
+        }
+        "scale_jitter" => {
+            let op = Op::ScaleJitter {
+                target: f.size("target_size")?,
+                scale: f.positive_pair("scale_range", (0.1, 2.0), 64.0)?,
+                resampling: f.resampling(Interpolation::Bilinear)?,
+            };
+            f.done(&["target_size", "scale_range", "interpolation", "antialias"])?;
+            op
+        }
         other => {
             return Err(PipelineError::UnknownOp {
                 at: at.to_owned(),
@@ -1139,6 +1213,49 @@ fn parse_random_choice(f: &Fields<'_>, depth: usize) -> Result<Op, PipelineError
     Ok(Op::RandomChoice { ops, cumulative })
 }
 
+/// `random_iou_crop`: torchvision's members, as separate bounds.
+fn parse_random_iou_crop(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let num = |k: &str, default: f64| f.num(k, Some(default));
+    let scale = (num("min_scale", 0.3)?, num("max_scale", 1.0)?);
+    if !(0.0 < scale.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+        return Err(f.err(
+            "min_scale",
+            &format!("min_scale and max_scale must satisfy 0 < min_scale <= max_scale <= 1, got {scale:?}"),
+        ));
+    }
+    let aspect = (num("min_aspect_ratio", 0.5)?, num("max_aspect_ratio", 2.0)?);
+    if !(0.0 < aspect.0 && aspect.0 <= aspect.1 && aspect.1.is_finite()) {
+        return Err(f.err(
+            "min_aspect_ratio",
+            &format!("min_aspect_ratio and max_aspect_ratio must satisfy 0 < min <= max (finite), got {aspect:?}"),
+        ));
+    }
+    let options = f
+        .nums("sampler_options")?
+        .unwrap_or_else(|| vec![0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]);
+    if options.is_empty() || options.len() > 64 || options.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(f.err(
+            "sampler_options",
+            &format!("must hold 1..=64 minimal IoUs >= 0 (1 or more: leave the image as it is), got {options:?}"),
+        ));
+    }
+    let op = Op::RandomIouCrop {
+        scale,
+        aspect,
+        options,
+        trials: f.uint("trials", Some(40), 1..=1000)?,
+    };
+    f.done(&[
+        "min_scale",
+        "max_scale",
+        "min_aspect_ratio",
+        "max_aspect_ratio",
+        "sampler_options",
+        "trials",
+    ])?;
+    Ok(op)
+}
+
 /// Every op name the protocol knows, in control.md's order.
 pub const KNOWN_OPS: &[&str] = &[
     "random_resized_crop",
@@ -1161,6 +1278,9 @@ pub const KNOWN_OPS: &[&str] = &[
     "auto_augment",
     "random_apply",
     "random_choice",
+    "random_iou_crop",
+    "random_zoom_out",
+    "scale_jitter",
     "normalize",
     "random_erasing",
 ];
@@ -1214,6 +1334,31 @@ mod tests {
     }
 
     #[test]
+    fn only_random_iou_crop_needs_boxes() {
+        let p = |ops: Value| Pipeline::parse(&json!({"views": [{"ops": ops}]})).unwrap();
+        assert!(p(json!([{"op": "random_iou_crop"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(!p(json!([{"op": "random_zoom_out"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(
+            !p(json!([{"op": "center_crop", "size": [8]}, {"op": "random_apply", "ops": [{"op": "invert"}]}]))
+                .needs_boxes()
+        );
+    }
+
+    #[test]
+    fn detection_ops_need_a_fixed_size_op_after_them() {
+        for op in [
+            json!({"op": "random_iou_crop"}),
+            json!({"op": "random_zoom_out"}),
+            json!({"op": "scale_jitter", "target_size": [64, 48]}),
+        ] {
+            let e = err(json!({"views": [{"ops": [{"op": "center_crop", "size": [8]}, op.clone()]}]}));
+            assert!(e.contains("depends on the image"), "{e}");
+            let p = Pipeline::parse(&json!({"views": [{"ops": [op, {"op": "resize", "size": [8, 9]}]}]})).unwrap();
+            assert_eq!(p.views[0].size, (8, 9));
+        }
+    }
+
+    #[test]
     fn resize_then_center_crop_is_fixed_and_resize_alone_is_not() {
         let ok = Pipeline::parse(&json!({"views": [{"ops": [
             {"op": "resize", "size": [256]}, {"op": "center_crop", "size": [224]}]}]}))
@@ -1252,6 +1397,22 @@ mod tests {
             (
                 json!({"op": "random_crop", "size": [32], "padding_mode": "reflect"}),
                 "padding_mode (random_crop)",
+            ),
+            (
+                json!({"op": "random_iou_crop", "min_scale": 0.5, "max_scale": 1.5}),
+                "ops[0].min_scale (random_iou_crop)",
+            ),
+            (
+                json!({"op": "random_iou_crop", "sampler_options": []}),
+                "ops[0].sampler_options (random_iou_crop)",
+            ),
+            (
+                json!({"op": "random_zoom_out", "side_range": [0.5, 2]}),
+                "ops[0].side_range (random_zoom_out)",
+            ),
+            (
+                json!({"op": "scale_jitter"}),
+                "ops[0].target_size (scale_jitter): is required",
             ),
         ];
         for (op, want) in cases {

@@ -311,7 +311,7 @@ accuracy27)
   mkdir -p "$out"
   timeout 560 python3 benches/e2e/accuracy.py --data /tmp/learn3 --packed /tmp/learn3-packed --seeds ${SEEDS:-0,1,2,3,4} \
     --recipes full --loaders ringfeed,ringfeed-share-0.5,ringfeed-host,dataloader --epochs 8 --lr 0.2 --size 112 \
-    --workers 15 --out "$out/accuracy-${SEEDS:-all}" 2>&1 | tail -12 || echo "accuracy rc $?"
+    --workers 15 --out "$out/accuracy-$(echo ${SEEDS:-all} | tr , -)" 2>&1 | tail -12 || echo "accuracy rc $?"
   ;;
 ops27)
   [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }

@@ -1356,6 +1356,62 @@ mod tests {
     }
 
     #[test]
+    fn aspect_buckets_parse_and_refuse_naming_the_member() {
+        let view = |ops: serde_json::Value| json!({"views": [{"ops": ops}]});
+        let ok = Pipeline::parse(&view(json!([
+            {"op": "aspect_buckets", "area": 4096, "step": 16, "crop": "center"},
+            {"op": "horizontal_flip"}, {"op": "color_jitter", "brightness": [0.5, 1.5]}
+        ])))
+        .unwrap();
+        let v = &ok.views[0];
+        let b = v.buckets.as_ref().unwrap();
+        assert_eq!(v.size, b.largest());
+        assert_eq!(v.ops.len(), 2);
+        assert!(b.sizes.contains(&(64, 64)));
+        let cases = [
+            (
+                json!([{"op": "aspect_buckets", "min_ratio": 2, "max_ratio": 1}]),
+                "ops[0].min_ratio (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "step": 48}]),
+                "ops[0].step (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 4097u64 * 4097}]),
+                "ops[0].area (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "crop": "left"}]),
+                "ops[0].crop (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "sizes": 1}]),
+                "ops[0].sizes (aspect_buckets): unknown member",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 64, "step": 64}]),
+                "ops[0].area (aspect_buckets): no bucket",
+            ),
+            (
+                json!([{"op": "aspect_buckets"}, {"op": "horizontal_flip"}, {"op": "center_crop", "size": [8]}]),
+                "ops[2] (center_crop): changes the image's size after aspect_buckets",
+            ),
+            (
+                json!([{"op": "horizontal_flip"}, {"op": "aspect_buckets"}]),
+                "ops[1] (aspect_buckets): must be the view's first op",
+            ),
+        ];
+        for (ops, want) in cases {
+            let e = Pipeline::parse(&view(ops.clone())).unwrap_err().to_string();
+            assert!(e.contains(want), "{ops}: {e}");
+        }
+        let two = json!({"views": [{"count": 2, "ops": [{"op": "aspect_buckets"}]}]});
+        let e = Pipeline::parse(&two).unwrap_err().to_string();
+        assert!(e.contains("count: must be 1 with aspect_buckets"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_op_and_member() {
         let cases = [
             (

@@ -226,3 +226,34 @@ def test_gpu_decode_is_off_and_says_why(folder: Path, sock: str) -> None:
     """Hybrid decode does not take a bucketed pipeline; gpu_decode_reason names AspectBuckets."""
     with loader(folder, sock, gpu_decode="auto") as ld:
         assert "AspectBuckets" in (ld.gpu_decode_reason or "")
+
+
+def test_an_unreadable_header_refuses_under_raise_and_is_skipped_under_skip(
+    folder: Path, sock: str, tmp_path: Path
+) -> None:
+    """An unreadable header refuses the loader naming the sample (raise), or is left out, the rest intact (skip)."""
+    import shutil
+
+    bad = tmp_path / "train"
+    shutil.copytree(folder, bad)
+    (bad / "a" / "000-broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    broken = files(bad).index(bad / "a" / "000-broken.jpg")
+    with pytest.raises(ServerError, match=rf"sample {broken}: its image header cannot be read") as e:
+        loader(bad, sock)
+    assert e.value.code == "dataset"
+    with loader(bad, sock, on_error="skip", drop_last=False) as ld:
+        batches = run(ld)
+    got = sorted(i for b in batches for i in b["index"].tolist())
+    assert got == [i for i in range(N + 1) if i != broken]
+    paths = files(bad)
+    for b in batches:
+        _, h, w, _ = b["image"].shape
+        assert (h, w) in BUCKETS.buckets
+        # The batch that lost the broken sample was compacted at its bucket's size.
+        for i, idx in enumerate(b["index"].tolist()):
+            ref = decoded(paths[idx])
+            nh, nw = cover((h, w), ref.shape[2], ref.shape[1])
+            top, left = b["crop_top_left"][i].tolist()
+            assert b["original_size"][i].tolist() == list(ref.shape[1:])
+            want = tvf.crop(tvf.resize(ref, [nh, nw], antialias=True), top, left, h, w).permute(1, 2, 0)
+            assert int((b["image"][i].int() - want.int()).abs().max()) <= 2, idx

@@ -257,3 +257,12 @@ def test_an_unreadable_header_refuses_under_raise_and_is_skipped_under_skip(
             assert b["original_size"][i].tolist() == list(ref.shape[1:])
             want = tvf.crop(tvf.resize(ref, [nh, nw], antialias=True), top, left, h, w).permute(1, 2, 0)
             assert int((b["image"][i].int() - want.int()).abs().max()) <= 2, idx
+
+
+def test_a_1_9_server_is_refused_naming_its_version(serve: Any) -> None:
+    """A 1.9 server does not know aspect_buckets: the loader refuses it before any open, naming its version."""
+    from _fakeserver import DATASET
+
+    server = serve(protocol=(1, 9))
+    with pytest.raises(ringfeed.RingfeedError, match=r"protocol 1\.9; AspectBuckets needs .*1\.10"):
+        ringfeed.Loader(DATASET, 2, BUCKETS, server=ringfeed.Server(socket=server.path, spawn=False, timeout=5))

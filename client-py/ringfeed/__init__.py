@@ -45,6 +45,7 @@ from ._options import LMDB, GPUDecode, Meta, Parquet, Server, ShardBlocks, Text,
 from ._preview import Preview, preview
 from ._tokens import TokenLoader
 from ._transforms import (
+    AspectBuckets,
     AutoAugment,
     CenterCrop,
     ColorJitter,
@@ -91,6 +92,7 @@ from .wire.protocol import PROTOCOL
 __all__ = [
     "LMDB",
     "PROTOCOL",
+    "AspectBuckets",
     "AutoAugment",
     "CenterCrop",
     "ColorJitter",

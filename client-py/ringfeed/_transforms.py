@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
+    "AspectBuckets",
     "AutoAugment",
     "CenterCrop",
     "ColorJitter",
@@ -277,6 +279,89 @@ class Resize(Op):
 
     def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
         return (self.size[0], self.size[1]) if len(self.size) == 2 else None
+
+
+class AspectBuckets(Op):
+    """Aspect-ratio buckets (protocol 1.10), the first op of a pipeline: every batch is one bucket.
+
+    The buckets are every ``(h, w)`` whose sides are multiples of ``step`` (at most 4096) with
+    ``w = floor(area / (h * step)) * step`` (the widest with ``h * w <= area``), and its transpose,
+    whose ``w / h`` is in ``[min_ratio, max_ratio]``: SDXL's bucket lists are made this way. Each
+    image goes to the bucket nearest its aspect ratio (log-ratio distance, read from its header without decoding; EXIF
+    orientation respected), is resized to cover it (torchvision's ``Resize((nh, nw))``) and cropped
+    to it (``crop="random"``: ``RandomCrop``; ``"center"``: ``CenterCrop``). Batches then carry
+    ``crop_top_left`` and ``original_size`` (int32 ``[N, 2]``, SDXL's conditioning) and change shape
+    from batch to batch. Only ops that keep the size (colour ops, flips, policies) may follow.
+
+    Args:
+        area: the buckets' area bound, in ``1 ..= 4096 * 4096``.
+        min_ratio, max_ratio: bounds of a bucket's ``w / h``, ``0 < min_ratio <= max_ratio``.
+        step: the sides' multiple; it divides 4096.
+        crop: ``"random"`` or ``"center"``.
+        interpolation, antialias: the covering resize's, as ``Resize``'s.
+    """
+
+    op = "aspect_buckets"
+
+    def __init__(
+        self,
+        area: int = 1024 * 1024,
+        min_ratio: float = 0.5,
+        max_ratio: float = 2.0,
+        step: int = 64,
+        crop: str = "random",
+        interpolation: str = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        who = "AspectBuckets"
+        if not (_is_int(area) and 1 <= area <= MAX_SIZE * MAX_SIZE):
+            raise ValueError(
+                f"{who}: area must be an int in 1..={MAX_SIZE * MAX_SIZE} (sides are at most {MAX_SIZE}), got {area!r}"
+            )
+        if not (_real(min_ratio) and min_ratio > 0):
+            raise ValueError(f"{who}: min_ratio must be positive, got {min_ratio!r}")
+        if not (_real(max_ratio) and min_ratio <= max_ratio):
+            raise ValueError(f"{who}: min_ratio {min_ratio!r} is above max_ratio {max_ratio!r}")
+        if not (_is_int(step) and 1 <= step <= MAX_SIZE and MAX_SIZE % step == 0):
+            raise ValueError(f"{who}: step must be an int that divides {MAX_SIZE} (8, 32, 64, ...), got {step!r}")
+        if crop not in ("random", "center"):
+            raise ValueError(f"{who}: crop must be 'random' or 'center', got {crop!r}")
+        self.area, self.min_ratio, self.max_ratio, self.step = int(area), float(min_ratio), float(max_ratio), int(step)
+        self.crop = crop
+        self.interpolation = _interpolation(who, interpolation)
+        self.antialias = bool(antialias)
+        if not self.buckets:
+            raise ValueError(
+                f"{who}: no bucket of sides that are multiples of step {step} has an area up to {area} and a ratio "
+                f"in [{min_ratio}, {max_ratio}]; widen the ratios or change area or step"
+            )
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The buckets ``(h, w)``, by number (``w / h`` ascending, then ``h`` descending): control.md's rule."""
+        s, out = self.step, set()
+        for h in range(MAX_SIZE // s * s, s - 1, -s):
+            w = self.area // (h * s) * s
+            for bh, bw in ((h, w), (w, h)):
+                if s <= bh <= MAX_SIZE and s <= bw <= MAX_SIZE and self.min_ratio <= bw / bh <= self.max_ratio:
+                    out.add((bh, bw))
+        return sorted(out, key=lambda b: (Fraction(b[1], b[0]), -b[0]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "area": self.area,
+            "min_ratio": self.min_ratio,
+            "max_ratio": self.max_ratio,
+            "step": self.step,
+            "crop": self.crop,
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        # The largest bucket (the ring's slots are sized for it); a batch has its own bucket's.
+        return max(self.buckets, key=lambda b: b[0] * b[1])
 
 
 class CenterCrop(Op):
@@ -973,6 +1058,14 @@ class Compose:
                 raise ValueError(
                     f"Compose: {t!r} is not a ringfeed op "
                     f"(use ringfeed's RandomResizedCrop, ... in place of torchvision's)"
+                )
+        for i, t in enumerate(flat):
+            if isinstance(t, AspectBuckets) and i > 0:
+                raise ValueError("Compose: AspectBuckets must be the first op")
+            if i > 0 and isinstance(flat[0], AspectBuckets) and t.out_size((1, 1)) != (1, 1):
+                raise ValueError(
+                    f"Compose: {type(t).__name__} changes the size after AspectBuckets, whose bucket is the batch's "
+                    f"size; only ops that keep the size (colour ops, flips) may follow it"
                 )
         tail = False
         for i, t in enumerate(flat):

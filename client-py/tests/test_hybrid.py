@@ -299,7 +299,7 @@ def test_the_server_binary_and_the_client_speak_1_9(folder: tuple[Path, dict[str
     per-image steps of hybrid decode, ``gpu_ops``; 1.9 sample fields and more object stores)."""
     root, _ = folder
     with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
-        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 9)
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 10)
 
 
 TAILS = {

@@ -47,6 +47,8 @@
 //!
 //! # Layout
 //! - `spec`: the pipeline's ops and views, parsed and validated, with their output shapes.
+//! - `buckets`: 1.10's aspect-ratio buckets: the list, the nearest bucket, the covering resize
+//!   (the op is `spec::AspectBuckets`; its per-image resize and crop, `head`, are here).
 //! - `rng`: [`SampleRng`], the per-sample generator.
 //! - `geometry`: torchvision's crop and resize arithmetic.
 //! - `plan`: the geometric prefix fused into the decode.
@@ -64,6 +66,7 @@
 
 mod affine;
 mod blur;
+pub mod buckets;
 mod color;
 mod geometry;
 pub mod gpu;
@@ -440,8 +443,46 @@ impl Transform {
                 size: (h, w),
                 normalize: None,
                 erasing: Vec::new(),
+                buckets: None,
             }],
         }
+    }
+}
+
+impl spec::AspectBuckets {
+    /// 1.10: the ops one image runs before the view's other ops, for bucket `(h, w)`: the
+    /// covering resize (`buckets::cover`) and the crop. Also the crop's offsets `(top, left)` in
+    /// the resized image, drawn from a copy of `rng` (the image's generator, before any draw)
+    /// exactly as the crop op will draw them.
+    pub fn head(&self, bucket: (u32, u32), width: u32, height: u32, rng: &SampleRng) -> ([Op; 2], (u32, u32)) {
+        let (nh, nw) = buckets::cover(bucket, width, height);
+        let resize = Op::Resize {
+            size: spec::ResizeTo::Exact(nh, nw),
+            max_size: None,
+            resampling: self.resampling,
+        };
+        let (crop, offsets) = match self.crop {
+            buckets::BucketCrop::Random => {
+                let mut g = rng.clone();
+                let (t, l) = plan::random_crop_offsets(nw, nh, bucket, [0; 4], false, &mut g)
+                    .map_or((0, 0), |d| (d.top, d.left));
+                let crop = Op::RandomCrop {
+                    size: bucket,
+                    padding: [0; 4],
+                    pad_if_needed: false,
+                    fill: [0; 3],
+                };
+                (crop, (t as u32, l as u32))
+            }
+            buckets::BucketCrop::Center => (
+                Op::CenterCrop { size: bucket },
+                (
+                    plan::center_offset(nh, bucket.0) as u32,
+                    plan::center_offset(nw, bucket.1) as u32,
+                ),
+            ),
+        };
+        ([resize, crop], offsets)
     }
 }
 

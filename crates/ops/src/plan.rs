@@ -192,7 +192,7 @@ fn sub(win: Win, flip: (bool, bool), left: i64, top: i64, w: u32, h: u32) -> Win
 
 /// torchvision's CenterCrop offsets of a `crop` window in `n` pixels: `int(round((n - c) / 2))`,
 /// or, when the crop is larger, the negated padding before it (`(c - n) // 2`).
-pub(super) fn center_offset(n: u32, c: u32) -> i64 {
+pub(crate) fn center_offset(n: u32, c: u32) -> i64 {
     if c <= n {
         ((f64::from(n - c)) / 2.0).round_ties_even() as i64
     } else {
@@ -396,7 +396,7 @@ impl CropDraw {
 /// torchvision v2 `RandomCrop.make_params` on a `w`×`h` image, drawing `top` then `left`.
 /// `None` when the crop does not fit the padded image (torchvision raises; the pipeline then
 /// reports the sample).
-pub(super) fn random_crop_offsets(
+pub(crate) fn random_crop_offsets(
     w: u32,
     h: u32,
     (ch, cw): (u32, u32),

@@ -354,6 +354,10 @@ pub struct View {
     pub normalize: Option<([f64; 3], [f64; 3])>,
     /// `random_erasing` ops after it, whose boxes the server draws per image.
     pub erasing: Vec<Erasing>,
+    /// 1.10: `aspect_buckets`, the view's first op: each batch is one bucket, each image resized
+    /// to cover it and cropped to it (`crate::buckets`) before `ops`; `size` is then the
+    /// largest bucket's.
+    pub buckets: Option<AspectBuckets>,
 }
 
 /// A stream's pipeline.
@@ -394,6 +398,7 @@ impl Pipeline {
                 size,
                 normalize: None,
                 erasing: Vec::new(),
+                buckets: None,
             }],
         })
     }
@@ -531,10 +536,18 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
     let mut ops = Vec::new();
     let mut normalize = None;
     let mut erasing = Vec::new();
+    let mut buckets = None;
     for (j, o) in ops_v.iter().enumerate() {
         let oat = format!("{at}.ops[{j}]");
         let (name, m) = op_object(o, &oat)?;
         match name {
+            "aspect_buckets" if j == 0 => buckets = Some(parse_buckets(m, &oat)?),
+            "aspect_buckets" => {
+                return Err(PipelineError::invalid(
+                    format!("{oat} (aspect_buckets)"),
+                    "must be the view's first op",
+                ));
+            }
             "normalize" => {
                 if normalize.is_some() {
                     return Err(PipelineError::invalid(
@@ -569,7 +582,28 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
             }
         }
     }
-    let size = check_ops(&ops, &format!("{at}.ops"))?.ok_or_else(|| ends_unsized(at))?;
+    let size = match &buckets {
+        None => check_ops(&ops, &format!("{at}.ops"))?.ok_or_else(|| ends_unsized(at))?,
+        Some(b) => {
+            // The batch's size is its bucket's: what follows must keep it.
+            for (j, op) in ops.iter().enumerate() {
+                if !same_size_op(op) {
+                    return Err(PipelineError::invalid(
+                        format!("{at}.ops[{}] ({})", j + 1, op.name()),
+                        "changes the image's size after aspect_buckets, whose bucket is the batch's size; only ops that keep the size (colour ops, flips, policies) may follow it",
+                    ));
+                }
+            }
+            check_ops_from(&ops, Some(b.largest()), &format!("{at}.ops"))?;
+            if count != 1 {
+                return Err(PipelineError::invalid(
+                    format!("{at}.count"),
+                    format!("must be 1 with aspect_buckets, got {count}"),
+                ));
+            }
+            b.largest()
+        }
+    };
     Ok(View {
         name,
         count,
@@ -577,6 +611,7 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
         size,
         normalize,
         erasing,
+        buckets,
     })
 }
 
@@ -1256,6 +1291,102 @@ fn parse_random_iou_crop(f: &Fields<'_>) -> Result<Op, PipelineError> {
     Ok(op)
 }
 
+/// 1.10: the `aspect_buckets` op: the first op of a view, which then ends in the bucket's size
+/// (`crate::buckets` has the rules).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AspectBuckets {
+    /// The target area, `h·w ≤ area`.
+    pub area: u64,
+    /// Bounds of a bucket's `w/h`.
+    pub min_ratio: f64,
+    pub max_ratio: f64,
+    /// Buckets' sides are multiples of this (it divides 4096).
+    pub step: u32,
+    pub crop: crate::buckets::BucketCrop,
+    /// The covering resize's filter.
+    pub resampling: Resampling,
+    /// The buckets, `(h, w)`, by number.
+    pub sizes: Vec<(u32, u32)>,
+}
+
+impl AspectBuckets {
+    /// The bucket of the largest area (the ring's slots are sized for it); the first such.
+    pub fn largest(&self) -> (u32, u32) {
+        let mut best = self.sizes[0];
+        for &s in &self.sizes {
+            if u64::from(s.0) * u64::from(s.1) > u64::from(best.0) * u64::from(best.1) {
+                best = s;
+            }
+        }
+        best
+    }
+}
+
+/// 1.10: the `aspect_buckets` op's members, checked (control.md, "Aspect-ratio buckets (1.10)").
+fn parse_buckets(m: &Map<String, Value>, at: &str) -> Result<AspectBuckets, PipelineError> {
+    use crate::buckets::BucketCrop;
+    let f = Fields::new(m, at, "aspect_buckets");
+    let max_area = u64::from(MAX_SIZE) * u64::from(MAX_SIZE);
+    let area = match f.get("area") {
+        None => 1024 * 1024,
+        Some(v) => v.as_u64().filter(|a| (1..=max_area).contains(a)).ok_or_else(|| {
+            f.err(
+                "area",
+                &format!("must be an integer in 1..={max_area} (sides are at most {MAX_SIZE}), got {v}"),
+            )
+        })?,
+    };
+    let min_ratio = f.num("min_ratio", Some(0.5))?;
+    let max_ratio = f.num("max_ratio", Some(2.0))?;
+    if min_ratio <= 0.0 {
+        return Err(f.err("min_ratio", &format!("must be positive, got {min_ratio}")));
+    }
+    if min_ratio > max_ratio {
+        return Err(f.err("min_ratio", &format!("{min_ratio} is above max_ratio {max_ratio}")));
+    }
+    let step = f.uint("step", Some(64), 1..=MAX_SIZE)?;
+    if !MAX_SIZE.is_multiple_of(step) {
+        return Err(f.err(
+            "step",
+            &format!("{step} does not divide {MAX_SIZE}; use a power of two such as 8, 32 or 64"),
+        ));
+    }
+    let crop = match f.get("crop") {
+        None => BucketCrop::Random,
+        Some(Value::String(s)) if s == "random" => BucketCrop::Random,
+        Some(Value::String(s)) if s == "center" => BucketCrop::Center,
+        Some(v) => return Err(f.err("crop", &format!("must be \"random\" or \"center\", got {v}"))),
+    };
+    let resampling = f.resampling(Interpolation::Bilinear)?;
+    f.done(&[
+        "area",
+        "min_ratio",
+        "max_ratio",
+        "step",
+        "crop",
+        "interpolation",
+        "antialias",
+    ])?;
+    let sizes = crate::buckets::sizes_of(area, min_ratio, max_ratio, step);
+    if sizes.is_empty() {
+        return Err(f.err(
+            "area",
+            &format!(
+                "no bucket of sides that are multiples of step {step} (at most {MAX_SIZE}) has an area up to {area} and a ratio in [{min_ratio}, {max_ratio}]; widen the ratios or change area or step"
+            ),
+        ));
+    }
+    Ok(AspectBuckets {
+        area,
+        min_ratio,
+        max_ratio,
+        step,
+        crop,
+        resampling,
+        sizes,
+    })
+}
+
 /// Every op name the protocol knows, in control.md's order.
 pub const KNOWN_OPS: &[&str] = &[
     "random_resized_crop",
@@ -1283,6 +1414,7 @@ pub const KNOWN_OPS: &[&str] = &[
     "scale_jitter",
     "normalize",
     "random_erasing",
+    "aspect_buckets",
 ];
 
 fn parse_erasing(m: &Map<String, Value>, at: &str) -> Result<Erasing, PipelineError> {
@@ -1366,6 +1498,62 @@ mod tests {
         assert_eq!(ok.views[0].size, (224, 224));
         let e = err(json!({"views": [{"ops": [{"op": "resize", "size": [256]}]}]}));
         assert!(e.contains("depends on the image"), "{e}");
+    }
+
+    #[test]
+    fn aspect_buckets_parse_and_refuse_naming_the_member() {
+        let view = |ops: serde_json::Value| json!({"views": [{"ops": ops}]});
+        let ok = Pipeline::parse(&view(json!([
+            {"op": "aspect_buckets", "area": 4096, "step": 16, "crop": "center"},
+            {"op": "horizontal_flip"}, {"op": "color_jitter", "brightness": [0.5, 1.5]}
+        ])))
+        .unwrap();
+        let v = &ok.views[0];
+        let b = v.buckets.as_ref().unwrap();
+        assert_eq!(v.size, b.largest());
+        assert_eq!(v.ops.len(), 2);
+        assert!(b.sizes.contains(&(64, 64)));
+        let cases = [
+            (
+                json!([{"op": "aspect_buckets", "min_ratio": 2, "max_ratio": 1}]),
+                "ops[0].min_ratio (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "step": 48}]),
+                "ops[0].step (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 4097u64 * 4097}]),
+                "ops[0].area (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "crop": "left"}]),
+                "ops[0].crop (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "sizes": 1}]),
+                "ops[0].sizes (aspect_buckets): unknown member",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 64, "step": 64}]),
+                "ops[0].area (aspect_buckets): no bucket",
+            ),
+            (
+                json!([{"op": "aspect_buckets"}, {"op": "horizontal_flip"}, {"op": "center_crop", "size": [8]}]),
+                "ops[2] (center_crop): changes the image's size after aspect_buckets",
+            ),
+            (
+                json!([{"op": "horizontal_flip"}, {"op": "aspect_buckets"}]),
+                "ops[1] (aspect_buckets): must be the view's first op",
+            ),
+        ];
+        for (ops, want) in cases {
+            let e = Pipeline::parse(&view(ops.clone())).unwrap_err().to_string();
+            assert!(e.contains(want), "{ops}: {e}");
+        }
+        let two = json!({"views": [{"count": 2, "ops": [{"op": "aspect_buckets"}]}]});
+        let e = Pipeline::parse(&two).unwrap_err().to_string();
+        assert!(e.contains("count: must be 1 with aspect_buckets"), "{e}");
     }
 
     #[test]

@@ -111,6 +111,12 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
     };
     let value: serde_json::Value = serde_json::from_str(&text).context("--pipeline is not JSON")?;
     let pipeline = Pipeline::parse(&value).map_err(|e| anyhow::anyhow!("--pipeline: {e}"))?;
+    if pipeline.views.iter().any(|v| v.buckets.is_some()) {
+        // Its output size is the image's bucket, chosen per dataset: a stream's op, not a preview's.
+        anyhow::bail!(
+            "--pipeline: aspect_buckets sizes each batch by its bucket, which `ringfeed ops` does not choose; run it through a Loader, or preview the ops after it alone"
+        );
+    }
     let data = std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
     let options = Options {
         region_decode: !a.no_region_decode,

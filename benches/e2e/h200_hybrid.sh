@@ -65,6 +65,13 @@
 #   tuned   after setup and the DALI pieces: ResNet-18 on 6 and 15 threads fed by ringfeed with the
 #           autotuned share (Triton kernel, the tuner judging by time per batch), a pinned 0.75,
 #           and DALI; the feed rate on both corpora at 6 threads against DALI.
+#   clip29  issue 29 in one call of its own (no setup or DALI needed; about 5 minutes): the CLIP-style
+#           model of benches/clip_train.py (ViT-Tiny/16 + a 4-layer text tower, 224 px, batch 512,
+#           bf16) on 4,000 LAION-like samples (benches/make_laion.py), fed by ringfeed (captions
+#           tokenised in the server, hybrid decode autotuned) and by webdataset + DataLoader + PIL + the
+#           HF tokenizer, at 6 and 15 threads, against its ceiling in the same process. Carries
+#           .carry/clip (webdataset, braceexpand, pyyaml and tokenizers wheels for Python 3.12),
+#           .carry/bin (ringfeed or ringfeed.xz, a build with protocol 1.9) and .carry/wheels (nvJPEG).
 # The carried wheels may come split over calls (64 MiB a call): setup installs the nvidia_ ones
 # it finds, setup or piece1 the others (DALI's Python needs).
 set -euo pipefail
@@ -304,7 +311,7 @@ accuracy27)
   mkdir -p "$out"
   timeout 560 python3 benches/e2e/accuracy.py --data /tmp/learn3 --packed /tmp/learn3-packed --seeds ${SEEDS:-0,1,2,3,4} \
     --recipes full --loaders ringfeed,ringfeed-share-0.5,ringfeed-host,dataloader --epochs 8 --lr 0.2 --size 112 \
-    --workers 15 --out "$out/accuracy-${SEEDS:-all}" 2>&1 | tail -12 || echo "accuracy rc $?"
+    --workers 15 --out "$out/accuracy-$(echo ${SEEDS:-all} | tr , -)" 2>&1 | tail -12 || echo "accuracy rc $?"
   ;;
 ops27)
   [ ! -d .carry/dali3 ] || { mkdir -p /tmp/dali && cp .carry/dali3/* /tmp/dali/; }
@@ -546,6 +553,31 @@ quick)
     --loaders ceiling,ringfeed-hybrid --workers 15 --threads-cap 6 --steps 800 --out "$out/r18-6" 2>&1 | grep -v "^{" | tail -16 || echo "r18-6 rc $?"
   timeout 150 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --models resnet18 \
     --loaders ringfeed,ringfeed-hybrid --workers 15 --steps 600 --out "$out/r18-15" 2>&1 | grep -v "^{" | tail -16 || echo "r18-15 rc $?"
+  ;;
+clip29)
+  # Issue 29's GPU row: the CLIP-style model fed by ringfeed and by the webdataset + DataLoader
+  # pipeline such users run, at 6 and 15 threads, against its ceiling, in one process. Each run
+  # warms up 12 s, then times at least 20 steps and 15 s. COUNT (default 4000) samples; photos
+  # from setup's /tmp/photos when this machine has them, else made here. CLIP_ARGS: more flags
+  # for clip_train.py (later ones win, e.g. "--steps 40").
+  if [ -f .carry/bin/ringfeed.xz ]; then xz -dc .carry/bin/ringfeed.xz > /tmp/rf/ringfeed && chmod +x /tmp/rf/ringfeed
+  elif [ -f .carry/bin/ringfeed ]; then cp .carry/bin/ringfeed /tmp/rf/ringfeed; fi
+  "$RINGFEED_BIN" --version
+  [ -d /tmp/nv/nvidia ] || pip install -q --no-deps --target /tmp/nv .carry/wheels/nvidia_nvjpeg*.whl \
+    $(ls .carry/nvimg/*.whl 2>/dev/null) || echo "no nvJPEG wheel: hybrid decode falls back to torchvision's decoder"
+  [ -d /tmp/clipdeps/webdataset ] || pip install -q --no-deps --target /tmp/clipdeps .carry/clip/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/clipdeps
+  mkdir -p "$out/clip"
+  if [ ! -f /tmp/laion/laion.json ]; then
+    t0=$(date +%s)
+    photos=()
+    [ ! -f /tmp/photos/manifest.tsv ] || photos=(--photos /tmp/photos)
+    timeout 120 python3 benches/make_laion.py /tmp/laion --count "${COUNT:-4000}" "${photos[@]}" || echo "make_laion rc $?"
+    echo "data: $(( $(date +%s) - t0 )) s"
+  fi
+  timeout 330 python3 benches/clip_train.py --data /tmp/laion --loaders ceiling,ringfeed,dataloader \
+    --threads "${CLIP_THREADS:-6,15}" --batch 512 --steps 20 --seconds 15 --warmup-s 12 --out "$out/clip" ${CLIP_ARGS:-} 2>&1 \
+    | tee "$out/clip/clip.log" | grep -v "^{" | tail -24 || echo "clip rc $?"
   ;;
 train)
   mkdir -p "$out"

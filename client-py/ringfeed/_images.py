@@ -26,7 +26,7 @@ from typing import Any
 from ._errors import ProtocolError, RingfeedError, ServerError
 from ._options import LMDB, GPUDecode, Meta, Parquet, StreamConfig, Targets, Text, WebDataset, boolean
 from ._stream import BatchMaker, Stream
-from ._transforms import Views, as_views
+from ._transforms import AspectBuckets, Views, as_views
 from .wire.ring import Segment
 
 __all__ = ["FIELDS", "ImageBatches", "ImageOptions"]
@@ -39,7 +39,12 @@ FIELDS: dict[str, tuple[str, tuple[int, ...]]] = {
     "label": ("int64", ()),
     "index": ("int64", ()),
     "crop": ("int32", (5,)),
+    # 1.10: an aspect-bucketed stream's conditioning (control.md, "Aspect-ratio buckets (1.10)").
+    "crop_top_left": ("int32", (2,)),
+    "original_size": ("int32", (2,)),
 }
+#: The fields every aspect-bucketed stream carries.
+BUCKET_FIELDS = ("crop_top_left", "original_size")
 #: The batch ops run on the client anyway. (The per-image ops hybrid decode finishes on the GPU
 #: are ``gpu.ops.GEOMETRIC``.)
 _BATCH_OPS = frozenset({"normalize", "random_erasing"})
@@ -137,6 +142,13 @@ class ImageBatches(BatchMaker):
         }
         if o.lmdb is not None:
             msg["lmdb"] = o.lmdb
+        if self.buckets is not None and server_protocol < (1, 10):
+            # control.md, 1.10: an older server would refuse the op; say what to upgrade.
+            major, minor = server_protocol
+            raise RingfeedError(
+                f"the server speaks protocol {major}.{minor}; AspectBuckets needs a ringfeed server with protocol "
+                f"1.10 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
+            )
         if self.gpu_share is not False and server_protocol < (1, 3):
             # control.md, 1.3: a 1.2 server does not know `gpu_decode`; decode on the CPU.
             major, minor = server_protocol
@@ -194,7 +206,12 @@ class ImageBatches(BatchMaker):
         return {"transform": legacy}
 
     def ring_fields(self) -> tuple[str, ...]:
-        return self.opts.fields
+        return self.opts.fields + (BUCKET_FIELDS if self.buckets is not None else ())
+
+    @property
+    def buckets(self) -> AspectBuckets | None:
+        """1.10: the pipeline's ``AspectBuckets`` op, or ``None``."""
+        return _buckets_of(self.opts.views)
 
     def field_spec(self, name: str) -> tuple[str, tuple[int | None, ...]]:
         o = self.opts
@@ -242,6 +259,20 @@ class ImageBatches(BatchMaker):
 
     def make(self, st: Stream, slot: int, header: Any, pending: Any = None) -> Any:
         views = st.ring_views(slot, header.count)
+        if self.buckets is not None:
+            # 1.10: the batch's images are packed at its bucket's size (ring.md, "SlotHeader").
+            segment = st.res.segment
+            assert segment is not None
+            assert self.opts.views is not None
+            (name,) = self.opts.views.views
+            h, w = header.height, header.width
+            if not (h and w):
+                st.res.release(slot)
+                raise ProtocolError(
+                    f"batch {header.batch} of an aspect-bucketed stream has no image size in its header"
+                )
+            shape = (h, w, 3) if self.opts.layout == "NHWC" else (3, h, w)
+            views[name] = segment.packed_view(slot, name, header.count, shape)
         texts = self._sample_fields(views)
         post = self.opts.post
         if post is not None:
@@ -670,10 +701,23 @@ def _gpu_plan(
     return pinned, backend, None
 
 
+def _buckets_of(views: Views | None) -> AspectBuckets | None:
+    """The pipeline's ``AspectBuckets`` (1.10: the first op of its one view), or ``None``."""
+    if views is None:
+        return None
+    for v in views.views.values():
+        ops = v.transform.ops
+        if ops and isinstance(ops[0], AspectBuckets):
+            return ops[0]
+    return None
+
+
 def _gpu_pipeline_problem(views: Views | None) -> str | None:
     """Why hybrid decode cannot finish this pipeline on the GPU, or ``None``."""
     if views is None:
         return "the 1.1 transform dict form is decoded on the CPU"
+    if _buckets_of(views) is not None:
+        return "AspectBuckets batches change shape from batch to batch, and hybrid decode finishes one shape"
     return gpu_pipeline_doc_problem(views.to_json())
 
 

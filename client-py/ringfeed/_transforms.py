@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
+    "AspectBuckets",
     "AutoAugment",
     "CenterCrop",
     "ColorJitter",
@@ -50,11 +52,15 @@ __all__ = [
     "RandomGrayscale",
     "RandomHorizontalFlip",
     "RandomInvert",
+    "RandomIoUCrop",
     "RandomPosterize",
     "RandomResizedCrop",
     "RandomSolarize",
     "RandomVerticalFlip",
+    "RandomZoomOut",
     "Resize",
+    "SanitizeBoundingBoxes",
+    "ScaleJitter",
     "Transform",
     "TrivialAugmentWide",
     "View",
@@ -275,6 +281,89 @@ class Resize(Op):
         return (self.size[0], self.size[1]) if len(self.size) == 2 else None
 
 
+class AspectBuckets(Op):
+    """Aspect-ratio buckets (protocol 1.10), the first op of a pipeline: every batch is one bucket.
+
+    The buckets are every ``(h, w)`` whose sides are multiples of ``step`` (at most 4096) with
+    ``w = floor(area / (h * step)) * step`` (the widest with ``h * w <= area``), and its transpose,
+    whose ``w / h`` is in ``[min_ratio, max_ratio]``: SDXL's bucket lists are made this way. Each
+    image goes to the bucket nearest its aspect ratio (log-ratio distance, read from its header without decoding; EXIF
+    orientation respected), is resized to cover it (torchvision's ``Resize((nh, nw))``) and cropped
+    to it (``crop="random"``: ``RandomCrop``; ``"center"``: ``CenterCrop``). Batches then carry
+    ``crop_top_left`` and ``original_size`` (int32 ``[N, 2]``, SDXL's conditioning) and change shape
+    from batch to batch. Only ops that keep the size (colour ops, flips, policies) may follow.
+
+    Args:
+        area: the buckets' area bound, in ``1 ..= 4096 * 4096``.
+        min_ratio, max_ratio: bounds of a bucket's ``w / h``, ``0 < min_ratio <= max_ratio``.
+        step: the sides' multiple; it divides 4096.
+        crop: ``"random"`` or ``"center"``.
+        interpolation, antialias: the covering resize's, as ``Resize``'s.
+    """
+
+    op = "aspect_buckets"
+
+    def __init__(
+        self,
+        area: int = 1024 * 1024,
+        min_ratio: float = 0.5,
+        max_ratio: float = 2.0,
+        step: int = 64,
+        crop: str = "random",
+        interpolation: str = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        who = "AspectBuckets"
+        if not (_is_int(area) and 1 <= area <= MAX_SIZE * MAX_SIZE):
+            raise ValueError(
+                f"{who}: area must be an int in 1..={MAX_SIZE * MAX_SIZE} (sides are at most {MAX_SIZE}), got {area!r}"
+            )
+        if not (_real(min_ratio) and min_ratio > 0):
+            raise ValueError(f"{who}: min_ratio must be positive, got {min_ratio!r}")
+        if not (_real(max_ratio) and min_ratio <= max_ratio):
+            raise ValueError(f"{who}: min_ratio {min_ratio!r} is above max_ratio {max_ratio!r}")
+        if not (_is_int(step) and 1 <= step <= MAX_SIZE and MAX_SIZE % step == 0):
+            raise ValueError(f"{who}: step must be an int that divides {MAX_SIZE} (8, 32, 64, ...), got {step!r}")
+        if crop not in ("random", "center"):
+            raise ValueError(f"{who}: crop must be 'random' or 'center', got {crop!r}")
+        self.area, self.min_ratio, self.max_ratio, self.step = int(area), float(min_ratio), float(max_ratio), int(step)
+        self.crop = crop
+        self.interpolation = _interpolation(who, interpolation)
+        self.antialias = bool(antialias)
+        if not self.buckets:
+            raise ValueError(
+                f"{who}: no bucket of sides that are multiples of step {step} has an area up to {area} and a ratio "
+                f"in [{min_ratio}, {max_ratio}]; widen the ratios or change area or step"
+            )
+
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The buckets ``(h, w)``, by number (``w / h`` ascending, then ``h`` descending): control.md's rule."""
+        s, out = self.step, set()
+        for h in range(MAX_SIZE // s * s, s - 1, -s):
+            w = self.area // (h * s) * s
+            for bh, bw in ((h, w), (w, h)):
+                if s <= bh <= MAX_SIZE and s <= bw <= MAX_SIZE and self.min_ratio <= bw / bh <= self.max_ratio:
+                    out.add((bh, bw))
+        return sorted(out, key=lambda b: (Fraction(b[1], b[0]), -b[0]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "area": self.area,
+            "min_ratio": self.min_ratio,
+            "max_ratio": self.max_ratio,
+            "step": self.step,
+            "crop": self.crop,
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        # The largest bucket (the ring's slots are sized for it); a batch has its own bucket's.
+        return max(self.buckets, key=lambda b: b[0] * b[1])
+
+
 class CenterCrop(Op):
     """torchvision's ``CenterCrop(size)``: zero padding where the crop is larger than the image.
 
@@ -356,6 +445,161 @@ class RandomCrop(Op):
 
     def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
         return self.size
+
+
+# -- detection (control 1.10: they move boxes and masks; see docs/augmentation.md) --------------------
+
+
+class RandomIoUCrop(Op):
+    """torchvision v2's ``RandomIoUCrop(min_scale, max_scale, min_aspect_ratio, max_aspect_ratio, sampler_options,
+    trials)`` (SSD): a crop whose draws depend on the sample's boxes after the ops before it; boxes whose centre falls
+    outside the crop are removed. Needs the loader's targets to carry boxes. With no boxes the image is left as it is
+    (torchvision draws until it draws an option of 1 or more, with the same result); where no crop can ever be found
+    (no option of 1 or more), it gives up after 1000 rounds and leaves the image as it is (torchvision loops forever).
+
+    Args:
+        min_scale, max_scale: bounds of each side's fraction of the image, ``0 < min <= max <= 1``.
+        min_aspect_ratio, max_aspect_ratio: bounds of the crop's width / height.
+        sampler_options: the minimal IoUs drawn from (1 or more: leave the image as it is).
+        trials: tries per drawn option, ``1 ..= 1000``.
+    """
+
+    op = "random_iou_crop"
+
+    def __init__(
+        self,
+        min_scale: float = 0.3,
+        max_scale: float = 1.0,
+        min_aspect_ratio: float = 0.5,
+        max_aspect_ratio: float = 2.0,
+        sampler_options: Sequence[float] | None = None,
+        trials: int = 40,
+    ) -> None:
+        who = "RandomIoUCrop"
+        self.scale = _interval(who, "(min_scale, max_scale)", (min_scale, max_scale), 1.0)
+        self.aspect = _interval(who, "(min_aspect_ratio, max_aspect_ratio)", (min_aspect_ratio, max_aspect_ratio), None)
+        options = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0] if sampler_options is None else list(sampler_options)
+        if not (1 <= len(options) <= 64 and all(_real(v) and v >= 0 for v in options)):
+            raise ValueError(f"{who}: sampler_options must be 1..=64 numbers >= 0, got {sampler_options!r}")
+        self.sampler_options = [float(v) for v in options]
+        if not (_is_int(trials) and 1 <= trials <= 1000):
+            raise ValueError(f"{who}: trials must be an int in 1..=1000, got {trials!r}")
+        self.trials = int(trials)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "min_scale": self.scale[0],
+            "max_scale": self.scale[1],
+            "min_aspect_ratio": self.aspect[0],
+            "max_aspect_ratio": self.aspect[1],
+            "sampler_options": self.sampler_options,
+            "trials": self.trials,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None
+
+
+class RandomZoomOut(Op):
+    """torchvision v2's ``RandomZoomOut(fill, side_range, p)``: with probability ``p``, the image placed in a canvas
+    ``r`` times its size (``r`` uniform in ``side_range``), the rest ``fill``; a mask's rest is the targets'
+    ``mask_fill``.
+
+    Args:
+        fill: the canvas's colour: an int or 3 ints in ``0 ..= 255``.
+        side_range: bounds of ``r``, ``1 <= min <= max <= 64``.
+        p: probability.
+    """
+
+    op = "random_zoom_out"
+
+    def __init__(self, fill: Any = 0, side_range: Sequence[float] = (1.0, 4.0), p: float = 0.5) -> None:
+        self.fill = _fill("RandomZoomOut", fill, allow_none=False, integer=True)
+        self.side_range = _interval("RandomZoomOut", "side_range", side_range, 64.0)
+        if self.side_range[0] < 1:
+            raise ValueError(f"RandomZoomOut: side_range must be (min, max) with 1 <= min <= max, got {side_range!r}")
+        self.p = _prob("RandomZoomOut", p)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "fill": self.fill, "side_range": list(self.side_range), "p": self.p}
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None
+
+
+class ScaleJitter(Op):
+    """torchvision v2's ``ScaleJitter(target_size, scale_range, interpolation, antialias)`` (large-scale jitter): the
+    image resized by ``min(target_size[1] / height, target_size[0] / width)`` times a factor uniform in
+    ``scale_range``, as torchvision's code computes it. ``target_size`` is torchvision's pair as given; the protocol's
+    ``target_size`` is ``[height, width]``, so it is sent reversed.
+
+    Args:
+        target_size: torchvision's ``target_size`` (an int: square).
+        scale_range: bounds of the factor, ``0 < min <= max <= 64``.
+        interpolation: ``"bilinear"`` (default), ``"bicubic"``, ``"nearest"`` or an ``InterpolationMode``.
+        antialias: widen the filter when downscaling (default ``True``).
+    """
+
+    op = "scale_jitter"
+
+    def __init__(
+        self,
+        target_size: int | Sequence[int],
+        scale_range: Sequence[float] = (0.1, 2.0),
+        interpolation: Any = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.target_size = _size("ScaleJitter", "target_size", target_size)
+        self.scale_range = _interval("ScaleJitter", "scale_range", scale_range, 64.0)
+        self.interpolation = _interpolation("ScaleJitter", interpolation)
+        self.antialias = bool(antialias)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "target_size": [self.target_size[1], self.target_size[0]],
+            "scale_range": list(self.scale_range),
+            "interpolation": self.interpolation,
+            "antialias": self.antialias,
+        }
+
+    def out_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        return None
+
+
+class SanitizeBoundingBoxes:
+    """torchvision v2's ``SanitizeBoundingBoxes(min_size=1, min_area=1)``: not an op the server runs per step but the
+    targets' last step, which the server always takes (with the defaults when a pipeline has none): boxes narrower or
+    lower than ``min_size`` or smaller than ``min_area`` output pixels are removed, with their labels. In a
+    ``Compose`` it comes after every per-image op (before ``Normalize``); the loader sends its bounds as
+    ``open.targets.min_size`` / ``min_area`` (``Compose.sanitize``). ``labels_getter`` is accepted as torchvision's
+    default only: ringfeed's labels are the boxes' own.
+    """
+
+    def __init__(self, min_size: float = 1.0, min_area: float = 1.0, labels_getter: Any = "default") -> None:
+        for name, v in (("min_size", min_size), ("min_area", min_area)):
+            if not (_real(v) and v >= 0):
+                raise ValueError(f"SanitizeBoundingBoxes: {name} must be a number >= 0, got {v!r}")
+        if labels_getter != "default":
+            raise ValueError(
+                "SanitizeBoundingBoxes: labels_getter must be 'default' (ringfeed's box_labels follow their boxes), "
+                f"got {labels_getter!r}"
+            )
+        self.min_size = float(min_size)
+        self.min_area = float(min_area)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SanitizeBoundingBoxes) and (other.min_size, other.min_area) == (
+            self.min_size,
+            self.min_area,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.min_size, self.min_area))
+
+    def __repr__(self) -> str:
+        return f"SanitizeBoundingBoxes(min_size={self.min_size!r}, min_area={self.min_area!r})"
 
 
 class _P(Op):
@@ -789,8 +1033,20 @@ class Compose:
         if not isinstance(transforms, Sequence) or isinstance(transforms, str):
             raise ValueError(f"Compose: transforms must be a list of ringfeed ops, got {transforms!r}")
         flat: list[Op] = []
+        self.sanitize: SanitizeBoundingBoxes | None = None
         for t in transforms:
-            if isinstance(t, Compose):
+            if isinstance(t, SanitizeBoundingBoxes) or (isinstance(t, Compose) and t.sanitize is not None):
+                if self.sanitize is not None:
+                    raise ValueError("Compose: SanitizeBoundingBoxes comes once, after every per-image op")
+                self.sanitize = t if isinstance(t, SanitizeBoundingBoxes) else t.sanitize
+                if isinstance(t, Compose):
+                    flat.extend(t.transforms)
+            elif self.sanitize is not None and not isinstance(t, (Normalize, RandomErasing)):
+                raise ValueError(
+                    f"Compose: {type(t).__name__} comes after SanitizeBoundingBoxes, which is the targets' last step "
+                    f"(put it after every per-image op)"
+                )
+            elif isinstance(t, Compose):
                 flat.extend(t.transforms)
             elif isinstance(t, (MixUp, CutMix)) or (isinstance(t, RandomChoice) and t.batch):
                 raise ValueError(
@@ -802,6 +1058,14 @@ class Compose:
                 raise ValueError(
                     f"Compose: {t!r} is not a ringfeed op "
                     f"(use ringfeed's RandomResizedCrop, ... in place of torchvision's)"
+                )
+        for i, t in enumerate(flat):
+            if isinstance(t, AspectBuckets) and i > 0:
+                raise ValueError("Compose: AspectBuckets must be the first op")
+            if i > 0 and isinstance(flat[0], AspectBuckets) and t.out_size((1, 1)) != (1, 1):
+                raise ValueError(
+                    f"Compose: {type(t).__name__} changes the size after AspectBuckets, whose bucket is the batch's "
+                    f"size; only ops that keep the size (colour ops, flips) may follow it"
                 )
         tail = False
         for i, t in enumerate(flat):
@@ -846,13 +1110,14 @@ class Compose:
         return Compose([self, other])
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Compose) and other.to_json() == self.to_json()
+        return isinstance(other, Compose) and (other.to_json(), other.sanitize) == (self.to_json(), self.sanitize)
 
     def __hash__(self) -> int:
         return hash(repr(self))
 
     def __repr__(self) -> str:
-        return f"Compose({self.transforms!r})"
+        tail = [] if self.sanitize is None else [self.sanitize]
+        return f"Compose({self.transforms + tail!r})"
 
 
 # -- views ------------------------------------------------------------------------------------------

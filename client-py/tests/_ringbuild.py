@@ -98,7 +98,9 @@ def refresh_header_crc(b: bytearray) -> None:
     put(b, 60, "I", crc32c(bytes(b[0:60]) + bytes(b[64 : 64 + 64 * count])))
 
 
-def slot_header(seq: int, run: int, epoch: int, batch: int, count: int, skipped: int = 0) -> bytearray:
+def slot_header(
+    seq: int, run: int, epoch: int, batch: int, count: int, skipped: int = 0, height: int = 0, width: int = 0
+) -> bytearray:
     b = bytearray(64)
     put(b, 0, "Q", seq)
     put(b, 8, "I", run)
@@ -106,6 +108,8 @@ def slot_header(seq: int, run: int, epoch: int, batch: int, count: int, skipped:
     put(b, 16, "Q", batch)
     put(b, 24, "I", count)
     put(b, 28, "I", skipped)
+    put(b, 32, "I", height)
+    put(b, 36, "I", width)
     put(b, 60, "I", crc32c(bytes(b[0:60])))
     return b
 

@@ -294,14 +294,13 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_the_server_binary_speaks_1_9_to_a_1_10_client(folder: tuple[Path, dict[str, str]], sock: str) -> None:
-    """The server binary answers the client's hello with its protocol, 1.9 (1.8 brought the
-    per-image steps of hybrid decode, ``gpu_ops``; 1.9 sample fields and more object stores); the
-    client speaks 1.10 (detection targets), which the server does not serve yet."""
+def test_the_server_binary_and_the_client_speak_1_10(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The server binary answers the client's hello with its protocol, 1.10 (1.8 brought the
+    per-image steps of hybrid decode, ``gpu_ops``; 1.9 sample fields and more object stores; 1.10
+    aspect-ratio buckets and detection targets)."""
     root, _ = folder
     with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
-        assert tuple(ld.server_protocol) == (1, 9)
-        assert ringfeed.PROTOCOL == (1, 10)
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 10)
 
 
 TAILS = {

@@ -68,9 +68,10 @@ def png(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
 
 
 def run_ops(
-    image: Path, views: ringfeed.Views, *, count: int = 1, seed: int = 0, index: int = 0
+    image: Path, views: ringfeed.Views, *, count: int = 1, seed: int = 0, index: int = 0, extra: tuple[str, ...] = ()
 ) -> tuple[list[list[torch.Tensor]], list[dict[str, Any]]]:
-    """Runs the pipeline on `count` sample indices; returns each sample's images (CHW) and its draws."""
+    """Runs the pipeline on `count` sample indices; returns each sample's images (CHW) and its draws. `extra`: more
+    `ringfeed ops` arguments (targets)."""
     out = image.parent / f"out-{abs(hash(json.dumps(views.to_json()))) % 10**9}.bin"
     r = subprocess.run(
         [
@@ -87,6 +88,7 @@ def run_ops(
             str(count),
             "--out",
             str(out),
+            *extra,
         ],
         capture_output=True,
         text=True,

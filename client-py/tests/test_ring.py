@@ -432,7 +432,7 @@ def test_vector_segment_maps_with_expected_slot_offsets() -> None:
 
 @needs_vectors
 def test_vector_slot_header_decodes_as_expected() -> None:
-    """slot.bin and slot-all-skipped.bin (count 0) decode to expected.json's slot headers."""
+    """slot.bin, slot-all-skipped.bin (count 0) and slot-bucket.bin (1.10: height, width) decode to expected.json's."""
     want = expected()
     got = ring.decode_slot_header((VECTORS / "slot.bin").read_bytes(), batch_size=want["segment"]["batch_size"])
     assert got._asdict() == want["slot"]
@@ -440,6 +440,9 @@ def test_vector_slot_header_decodes_as_expected() -> None:
     skipped = ring.decode_slot_header((VECTORS / "slot-all-skipped.bin").read_bytes(), batch_size=batch_size)
     assert skipped._asdict() == want["slot_all_skipped"]
     assert bytes(slot_header(**want["slot_all_skipped"])) == (VECTORS / "slot-all-skipped.bin").read_bytes()
+    bucket = ring.decode_slot_header((VECTORS / "slot-bucket.bin").read_bytes(), batch_size=batch_size)
+    assert bucket._asdict() == want["slot_bucket"]
+    assert bytes(slot_header(**want["slot_bucket"])) == (VECTORS / "slot-bucket.bin").read_bytes()
 
 
 @needs_vectors
@@ -454,6 +457,6 @@ def test_vector_bytes_equal_an_independent_encoding() -> None:
     slot = want["slot"]
     assert bytes(slot_header(**slot)) == (VECTORS / "slot.bin").read_bytes()
     packed = ring.SLOT_HEADER.pack(
-        slot["seq"], slot["run"], slot["epoch"], slot["batch"], slot["count"], slot["skipped"], bytes(28), 0
+        slot["seq"], slot["run"], slot["epoch"], slot["batch"], slot["count"], slot["skipped"], 0, 0, bytes(20), 0
     )
     assert packed[:60] == (VECTORS / "slot.bin").read_bytes()[:60]

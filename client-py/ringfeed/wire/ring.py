@@ -59,8 +59,9 @@ SEGMENT_HEADER = struct.Struct("<8sHHIIIQQI16sI")
 #: FieldDesc: name[16], dtype, ndim, reserved[2], shape u32[4], reserved[4], offset, sample_bytes,
 #: reserved[8].
 FIELD_DESC = struct.Struct("<16sBB2s4I4sQQ8s")
-#: SlotHeader: seq, run, epoch, batch, count, skipped, reserved[28], header_crc.
-SLOT_HEADER = struct.Struct("<QIIQII28sI")
+#: SlotHeader: seq, run, epoch, batch, count, skipped, height, width (control 1.10: an
+#: aspect-bucketed batch's image size, else 0), reserved[20], header_crc.
+SLOT_HEADER = struct.Struct("<QIIQIIII20sI")
 
 # The spec's tables, restated.
 assert SEGMENT_HEADER.size == 64
@@ -131,6 +132,9 @@ class SlotHeader(NamedTuple):
     batch: int
     count: int  # type: ignore[assignment]  # the spec's name; shadows tuple.count
     skipped: int
+    #: Control 1.10: the batch's image height and width in an aspect-bucketed stream (0 otherwise).
+    height: int = 0
+    width: int = 0
 
 
 def _error(detail: str) -> ProtocolError:
@@ -251,7 +255,7 @@ def decode_slot_header(buf: Any, at: int = 0, *, batch_size: int | None = None, 
     Raises:
         ProtocolError: a checksum mismatch, non-zero reserved bytes, or a count out of range.
     """
-    seq, run, epoch, batch, count, skipped, reserved, stored = SLOT_HEADER.unpack_from(buf, at)
+    seq, run, epoch, batch, count, skipped, height, width, reserved, stored = SLOT_HEADER.unpack_from(buf, at)
     computed = crc32c(bytes(buf[at : at + CRC_OFFSET]))
     if stored != computed:
         raise _error(f"the slot header at byte {at} has checksum {stored:#010x}, computed {computed:#010x}")
@@ -263,7 +267,7 @@ def decode_slot_header(buf: Any, at: int = 0, *, batch_size: int | None = None, 
             f"the slot header at byte {at} has count {count} (skipped {skipped}), outside 0..={batch_size} "
             f"or with nothing skipped"
         )
-    return SlotHeader(seq, run, epoch, batch, count, skipped)
+    return SlotHeader(seq, run, epoch, batch, count, skipped, height, width)
 
 
 def _array_api(array: str | None) -> str:
@@ -372,6 +376,34 @@ class Segment:
             v = np.frombuffer(self._buffer(), dtype=field.dtype.numpy, count=count, offset=start).reshape(shape)
         self._views[key] = v
         return v
+
+    def packed_view(self, slot: int, name: str, count: int, shape: tuple[int, ...]) -> Any:
+        """Control 1.10: the first ``count`` samples of field ``name`` in slot ``slot``, packed at
+        the per-sample ``shape`` (an aspect-bucketed batch's ``(h, w, 3)`` or ``(3, h, w)``), zero-copy.
+
+        The shape's bytes may not exceed the field's ``sample_bytes`` (ring.md, "SlotHeader").
+        """
+        field = self.fields[name]
+        if field.dtype is None:
+            raise ProtocolError(f"field {name!r} has dtype code {field.code}, which this client does not know")
+        per = 1
+        for d in shape:
+            per *= d
+        if per * field.dtype.itemsize > field.sample_bytes or not 0 <= count <= self.header.batch_size:
+            raise _error(f"a batch of {count} samples of {list(shape)} does not fit field {name!r}")
+        start = self.slot_offset(slot) + field.offset
+        if self.array == "torch":
+            import torch
+
+            if count == 0:  # every sample skipped: frombuffer refuses an empty count
+                return torch.empty((0, *shape), dtype=field.dtype.torch())
+            t = torch.frombuffer(self._buffer(), dtype=field.dtype.torch(), count=count * per, offset=start)
+            return t.view((count, *shape))
+        import numpy as np
+
+        return np.frombuffer(self._buffer(), dtype=field.dtype.numpy, count=count * per, offset=start).reshape(
+            (count, *shape)
+        )
 
     def holds(self, t: Any) -> bool:
         """Whether tensor (or array) ``t``'s memory lies in this segment: a view of the ring."""

@@ -94,6 +94,29 @@ pub(super) fn warp(
     }
 }
 
+/// A label map (`width`×`height`, one byte per pixel) warped by the inverse matrix `m` with
+/// nearest sampling, pixels from outside becoming `fill`: `F.affine` on a `tv_tensors.Mask`
+/// (always nearest), with the image warp's grid arithmetic, so a label moves with its pixel.
+pub(super) fn warp_mask(src: &[u8], width: u32, height: u32, m: [f64; 6], fill: u8, dst: &mut [u8]) {
+    let w = width as usize;
+    let size = (width as f32, height as f32);
+    let (r, x0, y0) = grid(width, height, m);
+    for (y, out) in dst.chunks_exact_mut(w.max(1)).enumerate().take(height as usize) {
+        let yg = y0 + y as f32;
+        let yr = (f64::from(yg) * f64::from(r[1]), f64::from(yg) * f64::from(r[4]));
+        for (x, o) in out.iter_mut().enumerate() {
+            let (sx, sy) = source(&r, x0 + x as f32, yr, size);
+            let (ix, iy) = (round_index(sx), round_index(sy));
+            let inside = ix >= 0 && iy >= 0 && ix < width as i32 && iy < height as i32;
+            *o = if inside {
+                src[iy as usize * w + ix as usize]
+            } else {
+                fill
+            };
+        }
+    }
+}
+
 dispatch! {
     /// [`warp`] with nearest sampling (`fill`: the bytes of pixels from outside). Each row in
     /// chunks, in two loops: the source pixels' coordinates (arithmetic the compiler vectorises;

@@ -111,6 +111,116 @@ pub fn resize_target(width: u32, height: u32, size: ResizeTo, max_size: Option<u
     }
 }
 
+/// Rounds of RandomIoUCrop's outer loop before it gives up and leaves the image as it is:
+/// torchvision loops until an option `>= 1` is drawn or a crop fits, forever when neither can
+/// happen (a deliberate difference: a sample never hangs a worker).
+const IOU_ROUNDS: u32 = 1000;
+
+/// torchvision v2's `RandomIoUCrop.make_params` on a `w`×`h` image with `boxes` (xyxy, `f32`):
+/// `(top, left, height, width)` of the crop, or `None` to leave the image as it is (an option
+/// `>= 1` was drawn; no boxes, where torchvision draws until it draws such an option; or
+/// [`IOU_ROUNDS`] rounds without a crop). Per round: an option uniform over `options`; then up
+/// to `trials` tries of two factors in `scale` (`new_w = int(w · r0)`, `new_h = int(h · r1)`,
+/// in `f32` as torch's), kept when the aspect ratio is in `aspect`, then two more draws place
+/// the crop (`left = int((w - new_w) · r0)`), kept when it is not empty, some box's centre lies
+/// strictly inside it, and the best IoU of those boxes with it reaches the option.
+pub(super) fn random_iou_crop_params(
+    (w, h): (u32, u32),
+    boxes: &[[f32; 4]],
+    (scale, aspect, options, trials): ((f64, f64), (f64, f64), &[f64], u32),
+    rng: &mut SampleRng,
+) -> Option<(i64, i64, u32, u32)> {
+    if boxes.is_empty() || options.is_empty() {
+        return None;
+    }
+    let (s0, ds) = (scale.0 as f32, (scale.1 - scale.0) as f32);
+    let (wf, hf) = (w as f32, h as f32);
+    for _ in 0..IOU_ROUNDS {
+        let min_iou = options[rng.below(options.len() as u64) as usize];
+        if min_iou >= 1.0 {
+            return None;
+        }
+        for _ in 0..trials {
+            let r0 = s0 + ds * rng.uniform(0.0, 1.0) as f32;
+            let r1 = s0 + ds * rng.uniform(0.0, 1.0) as f32;
+            let (new_w, new_h) = ((wf * r0) as i64, (hf * r1) as i64);
+            if new_h == 0 {
+                // torchvision would divide by zero here; no crop of no rows can be kept.
+                continue;
+            }
+            let ar = new_w as f64 / new_h as f64;
+            if !(aspect.0 <= ar && ar <= aspect.1) {
+                continue;
+            }
+            let u0 = rng.uniform(0.0, 1.0) as f32;
+            let u1 = rng.uniform(0.0, 1.0) as f32;
+            let left = ((i64::from(w) - new_w) as f32 * u0) as i64;
+            let top = ((i64::from(h) - new_h) as f32 * u1) as i64;
+            let (right, bottom) = (left + new_w, top + new_h);
+            if left == right || top == bottom {
+                continue;
+            }
+            let c = [left as f32, top as f32, right as f32, bottom as f32];
+            let mut any = false;
+            let mut best = f32::NEG_INFINITY;
+            for b in boxes.iter().filter(|b| centred_in(b, &c)) {
+                any = true;
+                best = best.max(iou(b, &c));
+            }
+            if !any || f64::from(best) < min_iou {
+                continue;
+            }
+            return Some((top, left, new_h as u32, new_w as u32));
+        }
+    }
+    None
+}
+
+/// Whether the centre of box `b` lies strictly inside the crop `c` (both xyxy), torchvision's
+/// `is_within_crop_area`.
+pub(super) fn centred_in(b: &[f32; 4], c: &[f32; 4]) -> bool {
+    let (cx, cy) = (0.5 * (b[0] + b[2]), 0.5 * (b[1] + b[3]));
+    c[0] < cx && cx < c[2] && c[1] < cy && cy < c[3]
+}
+
+/// torchvision's `box_iou` of two xyxy boxes, in `f32`.
+fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let area = |x: &[f32; 4]| (x[2] - x[0]) * (x[3] - x[1]);
+    let iw = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let ih = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = iw * ih;
+    inter / (area(a) + area(b) - inter)
+}
+
+/// torchvision v2's `RandomZoomOut.make_params` on a `w`×`h` image (after its coin): a factor
+/// `r` in `side_range` (`f32`), the canvas `int(w · r)`×`int(h · r)`, and the image's place in
+/// it, `left = int((canvas_w - w) · u)`. Returns `[left, top, right, bottom]` padding.
+pub(super) fn random_zoom_out_padding((w, h): (u32, u32), side_range: (f64, f64), rng: &mut SampleRng) -> [u32; 4] {
+    let r = side_range.0 as f32 + rng.uniform(0.0, 1.0) as f32 * (side_range.1 - side_range.0) as f32;
+    let cw = ((w as f32 * r) as u32).max(w);
+    let ch = ((h as f32 * r) as u32).max(h);
+    let u0 = rng.uniform(0.0, 1.0) as f32;
+    let u1 = rng.uniform(0.0, 1.0) as f32;
+    let left = ((cw - w) as f32 * u0) as u32;
+    let top = ((ch - h) as f32 * u1) as u32;
+    [left, top, cw - w - left, ch - h - top]
+}
+
+/// torchvision v2's `ScaleJitter.make_params` on a `w`×`h` image: a factor in `scale` (`f32`),
+/// `r = min(target_h / h, target_w / w) · factor`, the size `int(w · r)`×`int(h · r)` (at least
+/// one pixel). Returns `(width, height)`.
+pub(super) fn scale_jitter_size(
+    (w, h): (u32, u32),
+    (th, tw): (u32, u32),
+    scale: (f64, f64),
+    rng: &mut SampleRng,
+) -> (u32, u32) {
+    let factor = scale.0 as f32 + rng.uniform(0.0, 1.0) as f32 * (scale.1 - scale.0) as f32;
+    let base = (f64::from(th) / f64::from(h)).min(f64::from(tw) / f64::from(w));
+    let r = base as f32 * factor;
+    (((w as f32 * r) as u32).max(1), ((h as f32 * r) as u32).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +293,46 @@ mod tests {
                 let (t, l, ch, cw) = random_resized_crop_params(50, 40, scale, ratio, &mut rng);
                 assert!(ch >= 1 && cw >= 1 && t + ch <= 40 && l + cw <= 50);
             }
+        }
+    }
+
+    #[test]
+    fn iou_crops_keep_a_centred_box_of_enough_overlap() {
+        let mut rng = SampleRng::new(4, 0, 0);
+        let boxes = [[10.0f32, 10.0, 30.0, 40.0], [60.0, 5.0, 90.0, 20.0]];
+        let params = ((0.3, 1.0), (0.5, 2.0), &[0.5][..], 40);
+        let mut found = 0;
+        for _ in 0..200 {
+            let Some((t, l, h, w)) = random_iou_crop_params((100, 50), &boxes, params, &mut rng) else {
+                continue;
+            };
+            found += 1;
+            assert!(t >= 0 && l >= 0 && t + i64::from(h) <= 50 && l + i64::from(w) <= 100);
+            let c = [l as f32, t as f32, (l + i64::from(w)) as f32, (t + i64::from(h)) as f32];
+            assert!(boxes.iter().any(|b| centred_in(b, &c) && iou(b, &c) >= 0.5), "{c:?}");
+        }
+        assert!(found > 150, "{found}");
+        // No boxes, or an option of 1 or more: the image as it is.
+        assert_eq!(random_iou_crop_params((100, 50), &[], params, &mut rng), None);
+        let keep = ((0.3, 1.0), (0.5, 2.0), &[1.0][..], 40);
+        assert_eq!(random_iou_crop_params((100, 50), &boxes, keep, &mut rng), None);
+        // An impossible overlap gives up instead of looping forever.
+        let never = ((0.9, 0.9), (0.5, 2.0), &[0.99][..], 2);
+        assert_eq!(random_iou_crop_params((100, 50), &boxes, never, &mut rng), None);
+    }
+
+    #[test]
+    fn zoom_out_and_scale_jitter_sizes() {
+        let mut rng = SampleRng::new(1, 0, 0);
+        for _ in 0..500 {
+            let [l, t, r, b] = random_zoom_out_padding((40, 30), (1.0, 4.0), &mut rng);
+            let (cw, ch) = (40 + l + r, 30 + t + b);
+            assert!((40..=160).contains(&cw) && (30..=120).contains(&ch));
+            // One factor for both sides: the canvas keeps the aspect ratio (up to truncation).
+            assert!((f64::from(cw) / 40.0 - f64::from(ch) / 30.0).abs() < 0.05);
+            let (w, h) = scale_jitter_size((400, 300), (60, 100), (0.5, 2.0), &mut rng);
+            // min(60 / 300, 100 / 400) = 0.2, times 0.5..2.
+            assert!((40..=160).contains(&w) && (30..=120).contains(&h), "{w}x{h}");
         }
     }
 }

@@ -13,7 +13,7 @@
 use super::plan::{self, Fused};
 use super::spec::{Interpolation, Op, Pipeline};
 use super::steps::{self, Step};
-use super::{OpError, Processor, Sink, Trace, crop_of, erasing_box};
+use super::{OpError, Processor, Sink, TargetOptions, Targets, Trace, crop_of, erasing_box};
 use ringfeed_decode::{Chroma, ColorKind, Format, Rect};
 use ringfeed_format::ring::gpu_ops::MAX_STEPS;
 use ringfeed_order::rng::SampleRng;
@@ -324,7 +324,9 @@ impl Processor {
         g: &mut SampleRng,
         trace: &mut Trace,
     ) -> Result<Option<Fused>, OpError> {
-        let f = plan::plan(&view.ops, width, height, g, trace);
+        // Always recorded (a few steps): `gpu_targets` moves a sample's targets through them.
+        self.follow.start(true, (width, height));
+        let f = plan::plan(&view.ops, width, height, g, trace, &mut self.follow);
         let size = f.out_size();
         let tail = &view.ops[f.consumed..];
         self.steps.clear();
@@ -335,6 +337,7 @@ impl Processor {
         for op in tail {
             steps::lower(op, size, g, trace, &mut self.steps);
         }
+        self.follow.push_steps(&self.steps, size);
         Ok(Some(f))
     }
 
@@ -350,6 +353,19 @@ impl Processor {
         let mut g = rng;
         let planned = self.plan_view(view, (info.width, info.height), &mut g, &mut Trace::off())?;
         Ok(planned.map(|_| self.steps.as_slice()))
+    }
+
+    /// Moves `targets` (in the stored image's pixels) through the geometry of the sample
+    /// [`Processor::plan_gpu`] last planned for the GPU, and sanitises them by `options`: the
+    /// targets [`Processor::run_targets`] would give with the same generator, computed before
+    /// any pixel is decoded (control.md, "Detection and segmentation targets (1.10)"). A mask
+    /// must be the image's size ([`OpError::MaskSize`]).
+    pub fn gpu_targets(&mut self, targets: &mut Targets, options: &TargetOptions) -> Result<(), OpError> {
+        self.follow.options = *options;
+        std::mem::swap(&mut self.follow.targets, targets);
+        let result = self.follow.finish();
+        std::mem::swap(&mut self.follow.targets, targets);
+        result
     }
 
     /// The tail steps [`Processor::plan_gpu`] drew for the last sample it planned.
@@ -502,5 +518,60 @@ mod tests {
             }
         }
         assert_eq!(planned, 40, "every sample of a plain JPEG goes to the GPU");
+    }
+
+    #[test]
+    fn targets_of_a_gpu_sample_are_the_cpu_path_s() {
+        let pipeline = Pipeline::parse(&serde_json::json!({"views": [{"ops": [
+            {"op": "random_resized_crop", "size": [24, 20]}, {"op": "horizontal_flip"},
+            {"op": "trivial_augment_wide"}, {"op": "vertical_flip"}, {"op": "rand_augment", "num_ops": 3}]}]}))
+        .unwrap();
+        let max = finishable(&pipeline, true).unwrap() as usize;
+        let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x * 6) as u8, (y * 8) as u8, 9]));
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        let source = Targets {
+            boxes: vec![
+                [1.5, 2.0, 30.0, 20.25],
+                [20.0, 10.0, 39.0, 29.5],
+                [0.0, 0.0, 40.0, 30.0],
+            ],
+            labels: vec![4, 5, 6],
+            mask: Some(ringfeed_format::targets::LabelMap {
+                width: 40,
+                height: 30,
+                data: (0..1200).map(|v| (v % 251) as u8).collect(),
+            }),
+        };
+        let options = TargetOptions {
+            mask_fill: 200,
+            ..TargetOptions::default()
+        };
+        let mut proc = Processor::new(ringfeed_decode::Limits::default()).unwrap();
+        let mut sink = super::super::BufferSink::for_pipeline(&pipeline);
+        for index in 0..60u64 {
+            let rng = SampleRng::new(3, 1, index);
+            let (mut gpu, mut cpu) = (source.clone(), source.clone());
+            let planned = proc
+                .plan_gpu(&jpeg, &pipeline, rng.clone(), max, &mut sink, &mut Trace::off())
+                .unwrap();
+            assert!(planned.is_some());
+            proc.gpu_targets(&mut gpu, &options).unwrap();
+            let mut trace = Trace::off();
+            proc.run_targets(
+                &jpeg,
+                &pipeline,
+                rng,
+                Layout::Nhwc,
+                &mut sink,
+                &mut trace,
+                &mut cpu,
+                &options,
+            )
+            .unwrap();
+            assert_eq!(gpu, cpu, "sample {index}");
+        }
     }
 }

@@ -47,6 +47,8 @@
 //!
 //! # Layout
 //! - `spec`: the pipeline's ops and views, parsed and validated, with their output shapes.
+//! - `buckets`: 1.10's aspect-ratio buckets: the list, the nearest bucket, the covering resize
+//!   (the op is `spec::AspectBuckets`; its per-image resize and crop, `head`, are here).
 //! - `rng`: [`SampleRng`], the per-sample generator.
 //! - `geometry`: torchvision's crop and resize arithmetic.
 //! - `plan`: the geometric prefix fused into the decode.
@@ -59,9 +61,12 @@
 //!   public for the benches' old-against-new comparison.
 //! - `policy`: TrivialAugmentWide, RandAugment, AutoAugment.
 //! - `trace`: a record of the drawn parameters, for `ringfeed ops` and the torchvision tests.
+//! - `targets`: boxes and label maps moved through the geometry the ops recorded
+//!   ([`Processor::run_targets`]).
 
 mod affine;
 mod blur;
+pub mod buckets;
 mod color;
 mod geometry;
 pub mod gpu;
@@ -75,13 +80,16 @@ mod policy;
 pub mod reference;
 pub mod spec;
 pub mod steps;
+mod targets;
 mod tone;
 mod trace;
 mod write;
 
 pub use geometry::{random_resized_crop_params, resize_shorter, resize_target};
 pub use image::Image;
+pub use ringfeed_format::targets::{LabelMap, Targets};
 pub use spec::{Erasing, Op, Pipeline, PipelineError, View};
+pub use targets::TargetOptions;
 pub use trace::Trace;
 
 use geometry::round_py;
@@ -91,6 +99,7 @@ use ringfeed_decode::{CodecError, Decoder, JpegTuning, Limits, Rect};
 use ringfeed_order::rng::SampleRng;
 use spec::{Interpolation, Resampling};
 use steps::{Remap, Step};
+use targets::{Follow, Geo};
 use write::{BoxF, Dst, Src};
 
 /// Largest output side, and largest `resize` (`proto/control.md`, "Transforms").
@@ -315,6 +324,28 @@ pub enum OpError {
     /// The resampler refused its arguments: a bug in our geometry, never the input's fault.
     #[error("internal resize error: {0}")]
     Resize(String),
+    /// Targets were asked of a pipeline that makes more than one image per sample.
+    #[error(
+        "targets: boxes and masks follow a one-view pipeline of one image, but this one makes {outputs} images per sample; drop targets or use one view with count 1"
+    )]
+    TargetsOutputs {
+        /// Images per sample.
+        outputs: u32,
+    },
+    /// The label map's size is not the stored image's.
+    #[error(
+        "targets: the mask is {mask_width}x{mask_height} but the image is {width}x{height} (as stored, before EXIF orientation); masks must be the image's size"
+    )]
+    MaskSize {
+        /// The mask's width.
+        mask_width: u32,
+        /// The mask's height.
+        mask_height: u32,
+        /// The stored image's width.
+        width: u32,
+        /// The stored image's height.
+        height: u32,
+    },
 }
 
 /// Knobs of a [`Processor`].
@@ -412,8 +443,46 @@ impl Transform {
                 size: (h, w),
                 normalize: None,
                 erasing: Vec::new(),
+                buckets: None,
             }],
         }
+    }
+}
+
+impl spec::AspectBuckets {
+    /// 1.10: the ops one image runs before the view's other ops, for bucket `(h, w)`: the
+    /// covering resize (`buckets::cover`) and the crop. Also the crop's offsets `(top, left)` in
+    /// the resized image, drawn from a copy of `rng` (the image's generator, before any draw)
+    /// exactly as the crop op will draw them.
+    pub fn head(&self, bucket: (u32, u32), width: u32, height: u32, rng: &SampleRng) -> ([Op; 2], (u32, u32)) {
+        let (nh, nw) = buckets::cover(bucket, width, height);
+        let resize = Op::Resize {
+            size: spec::ResizeTo::Exact(nh, nw),
+            max_size: None,
+            resampling: self.resampling,
+        };
+        let (crop, offsets) = match self.crop {
+            buckets::BucketCrop::Random => {
+                let mut g = rng.clone();
+                let (t, l) = plan::random_crop_offsets(nw, nh, bucket, [0; 4], false, &mut g)
+                    .map_or((0, 0), |d| (d.top, d.left));
+                let crop = Op::RandomCrop {
+                    size: bucket,
+                    padding: [0; 4],
+                    pad_if_needed: false,
+                    fill: [0; 3],
+                };
+                (crop, (t as u32, l as u32))
+            }
+            buckets::BucketCrop::Center => (
+                Op::CenterCrop { size: bucket },
+                (
+                    plan::center_offset(nh, bucket.0) as u32,
+                    plan::center_offset(nw, bucket.1) as u32,
+                ),
+            ),
+        };
+        ([resize, crop], offsets)
     }
 }
 
@@ -489,6 +558,8 @@ pub struct Processor {
     boxes: Vec<[i32; 4]>,
     /// The steps of the op being applied, or of a GPU sample's tail (`plan_gpu`).
     steps: Vec<Step>,
+    /// The geometry of output 0 and the targets it moves ([`Processor::run_targets`]).
+    follow: Follow,
     /// The 1.1 transforms given to [`Processor::process`], as pipelines (a few: callers
     /// alternate between a train and an eval transform, and each would allocate anew).
     legacy: Vec<(Transform, Pipeline)>,
@@ -597,6 +668,7 @@ impl Processor {
             plans: Vec::new(),
             boxes: Vec::new(),
             steps: Vec::new(),
+            follow: Follow::default(),
             legacy: Vec::new(),
             decode_ns: 0,
             options,
@@ -669,6 +741,52 @@ impl Processor {
         sink: &mut dyn Sink,
         trace: &mut Trace,
     ) -> Result<Crop, OpError> {
+        self.follow.targets.clear();
+        self.run_following(data, pipeline, rng, layout, sink, trace, false)
+    }
+
+    /// [`Processor::run`], and `targets` (the sample's boxes, labels and label map, in the
+    /// pixels of the stored image: before EXIF orientation) moved with the image: afterwards they
+    /// are in the output's pixels, sanitised by `options` (control.md, "Detection and
+    /// segmentation targets (1.10)"; the module `targets`). The pipeline must make one image per
+    /// sample ([`OpError::TargetsOutputs`]) and a mask must be the stored image's size
+    /// ([`OpError::MaskSize`]). On error `targets` holds unspecified values.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_targets(
+        &mut self,
+        data: &[u8],
+        pipeline: &Pipeline,
+        rng: SampleRng,
+        layout: Layout,
+        sink: &mut dyn Sink,
+        trace: &mut Trace,
+        targets: &mut Targets,
+        options: &TargetOptions,
+    ) -> Result<Crop, OpError> {
+        let outputs: u32 = pipeline.views.iter().map(|v| v.count).sum();
+        if outputs != 1 {
+            return Err(OpError::TargetsOutputs { outputs });
+        }
+        std::mem::swap(&mut self.follow.targets, targets);
+        self.follow.options = *options;
+        let result = self.run_following(data, pipeline, rng, layout, sink, trace, true);
+        std::mem::swap(&mut self.follow.targets, targets);
+        result
+    }
+
+    /// The body of [`Processor::run`]; with `follow`, output 0 records its geometry and the
+    /// targets in `self.follow` are moved through it and sanitised.
+    #[allow(clippy::too_many_arguments)]
+    fn run_following(
+        &mut self,
+        data: &[u8],
+        pipeline: &Pipeline,
+        rng: SampleRng,
+        layout: Layout,
+        sink: &mut dyn Sink,
+        trace: &mut Trace,
+        follow: bool,
+    ) -> Result<Crop, OpError> {
         let info = self.decoder.probe(data)?;
         let (width, height) = if (5..=8).contains(&info.orientation) {
             (info.height, info.width)
@@ -681,6 +799,15 @@ impl Processor {
                 reason: format!("empty image {width}x{height}"),
             }));
         }
+        // Targets are in the stored image's pixels: orient them first, as the decoder orients
+        // the pixels.
+        self.follow.start(follow, (info.width, info.height));
+        if follow {
+            self.follow.check()?;
+            if let Some(g) = Geo::orientation(info.orientation, (info.width, info.height)) {
+                self.follow.push(g);
+            }
+        }
 
         // 1. Plan every output's geometric prefix; the union of what they read is decoded.
         self.plans.clear();
@@ -689,7 +816,7 @@ impl Processor {
         for (v, view) in pipeline.views.iter().enumerate() {
             for r in 0..view.count {
                 let mut g = if j == 0 { rng.clone() } else { rng.fork(j) };
-                let f = plan::plan(&view.ops, width, height, &mut g, trace);
+                let f = plan::plan(&view.ops, width, height, &mut g, trace, &mut self.follow);
                 let reads = pad_rect(f.reads(), REGION_MARGIN, width, height);
                 want = Some(want.map_or(reads, |w| union(w, reads)));
                 self.plans.push((v, r, f, g));
@@ -746,6 +873,9 @@ impl Processor {
         })();
         self.plans = plans;
         result?;
+        if follow {
+            self.follow.finish()?;
+        }
         Ok(crop0.unwrap_or(Crop {
             top: 0,
             left: 0,
@@ -958,6 +1088,7 @@ impl Processor {
             let mut todo = std::mem::take(&mut self.steps);
             todo.clear();
             steps::lower(op, (img.width, img.height), rng, trace, &mut todo);
+            self.follow.push_steps(&todo, (img.width, img.height));
             for s in &todo {
                 self.exec(s, img);
             }
@@ -969,8 +1100,7 @@ impl Processor {
             Op::CenterCrop { size: (ch, cw) } => {
                 let (l, t) = (plan::center_offset(w, cw), plan::center_offset(h, ch));
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
-                image::crop_into(img, l, t, cw, ch, [0; 3], &mut self.img2);
-                std::mem::swap(img, &mut self.img2);
+                self.crop(img, (l, t), (cw, ch), [0; 3]);
             }
             Op::RandomCrop {
                 size,
@@ -978,14 +1108,16 @@ impl Processor {
                 pad_if_needed,
                 fill,
             } => {
-                let (t, l) = plan::random_crop_offsets(w, h, size, padding, pad_if_needed, rng).ok_or(
+                let c = plan::random_crop_offsets(w, h, size, padding, pad_if_needed, rng).ok_or(
                     OpError::CropDoesNotFit {
                         size,
                         height: h,
                         width: w,
                     },
                 )?;
+                let (t, l) = (c.top, c.left);
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
+                c.record((w, h), &mut self.follow);
                 image::crop_into(img, l, t, size.1, size.0, fill, &mut self.img2);
                 std::mem::swap(img, &mut self.img2);
             }
@@ -1010,6 +1142,13 @@ impl Processor {
                     width: cw,
                     height: ch,
                 };
+                self.follow.push(Geo::Crop {
+                    left: i64::from(l),
+                    top: i64::from(t),
+                    width: cw,
+                    height: ch,
+                });
+                self.follow.push(Geo::Resize { width: ow, height: oh });
                 self.resize_image(img, crop, (ow, oh), resampling)?;
             }
             Op::Resize {
@@ -1019,6 +1158,59 @@ impl Processor {
             } => {
                 let (rw, rh) = resize_target(w, h, size, max_size);
                 trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
+                self.follow.push(Geo::Resize { width: rw, height: rh });
+                self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
+            }
+            Op::RandomIouCrop {
+                scale,
+                aspect,
+                ref options,
+                trials,
+            } => {
+                // Its draws depend on the boxes on this image: the targets so far.
+                let boxes = self.follow.flush();
+                let drawn = geometry::random_iou_crop_params((w, h), boxes, (scale, aspect, options, trials), rng);
+                let Some((t, l, ch, cw)) = drawn else {
+                    trace.record(op, || [("apply", false.into())]);
+                    return Ok(());
+                };
+                trace.record(op, || {
+                    [
+                        ("apply", true.into()),
+                        ("top", t.into()),
+                        ("left", l.into()),
+                        ("height", ch.into()),
+                        ("width", cw.into()),
+                    ]
+                });
+                self.follow.push(Geo::KeepCentred {
+                    left: l,
+                    top: t,
+                    right: l + i64::from(cw),
+                    bottom: t + i64::from(ch),
+                });
+                self.crop(img, (l, t), (cw, ch), [0; 3]);
+            }
+            Op::RandomZoomOut { fill, side_range, p } => {
+                if rng.uniform(0.0, 1.0) >= p {
+                    trace.record(op, || [("apply", false.into())]);
+                    return Ok(());
+                }
+                let pad = geometry::random_zoom_out_padding((w, h), side_range, rng);
+                trace.record(op, || [("apply", true.into()), ("padding", pad.to_vec().into())]);
+                let (cw, ch) = (w + pad[0] + pad[2], h + pad[1] + pad[3]);
+                self.check_size(cw, ch, Some(op))?;
+                self.crop(img, (-i64::from(pad[0]), -i64::from(pad[1])), (cw, ch), fill);
+            }
+            Op::ScaleJitter {
+                target,
+                scale,
+                resampling,
+            } => {
+                let (rw, rh) = geometry::scale_jitter_size((w, h), target, scale, rng);
+                trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
+                self.check_size(rw, rh, Some(op))?;
+                self.follow.push(Geo::Resize { width: rw, height: rh });
                 self.resize_image(img, Rect::full(w, h), (rw, rh), resampling)?;
             }
             // Containers with a sized op inside: the same draws as `steps::lower`'s.
@@ -1039,6 +1231,18 @@ impl Processor {
             _ => unreachable!("{} lowers to steps", op.name()),
         }
         Ok(())
+    }
+
+    /// Crops the `w`×`h` window at `(left, top)` of `img` (outside it: `fill`), and records it.
+    fn crop(&mut self, img: &mut Image, (left, top): (i64, i64), (w, h): (u32, u32), fill: [u8; 3]) {
+        self.follow.push(Geo::Crop {
+            left,
+            top,
+            width: w,
+            height: h,
+        });
+        image::crop_into(img, left, top, w, h, fill, &mut self.img2);
+        std::mem::swap(img, &mut self.img2);
     }
 
     /// Runs one step on `img` (it keeps its size).

@@ -22,6 +22,8 @@
 
 use super::geometry::{random_resized_crop_params, resize_target};
 use super::spec::{Interpolation, Op, Resampling};
+use super::steps::Remap;
+use super::targets::{Follow, Geo};
 use super::trace::Trace;
 use ringfeed_decode::resample::Rect;
 use ringfeed_order::rng::SampleRng;
@@ -190,7 +192,7 @@ fn sub(win: Win, flip: (bool, bool), left: i64, top: i64, w: u32, h: u32) -> Win
 
 /// torchvision's CenterCrop offsets of a `crop` window in `n` pixels: `int(round((n - c) / 2))`,
 /// or, when the crop is larger, the negated padding before it (`(c - n) // 2`).
-pub(super) fn center_offset(n: u32, c: u32) -> i64 {
+pub(crate) fn center_offset(n: u32, c: u32) -> i64 {
     if c <= n {
         ((f64::from(n - c)) / 2.0).round_ties_even() as i64
     } else {
@@ -199,8 +201,17 @@ pub(super) fn center_offset(n: u32, c: u32) -> i64 {
 }
 
 /// Plans the geometric prefix of `ops` on a `width`×`height` (oriented) source, drawing from
-/// `rng`. Never fails: parameters were validated with the pipeline.
-pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, trace: &mut Trace) -> Fused {
+/// `rng`, and records each consumed op's geometry in `follow` as torchvision would apply it (in
+/// the frame of the image the op sees, not the window's). Never fails: parameters were
+/// validated with the pipeline.
+pub(super) fn plan(
+    ops: &[Op],
+    width: u32,
+    height: u32,
+    rng: &mut SampleRng,
+    trace: &mut Trace,
+    follow: &mut Follow,
+) -> Fused {
     let mut f = Fused {
         consumed: 0,
         pre: Rect::full(width, height),
@@ -219,11 +230,17 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
             Op::HorizontalFlip { p } => {
                 let on = rng.uniform(0.0, 1.0) < p;
                 trace.record(op, || [("flip", on.into())]);
+                if on {
+                    follow.push(Geo::remap(Remap::FlipX, (cw, ch)));
+                }
                 f.flip_x ^= on;
             }
             Op::VerticalFlip { p } => {
                 let on = rng.uniform(0.0, 1.0) < p;
                 trace.record(op, || [("flip", on.into())]);
+                if on {
+                    follow.push(Geo::remap(Remap::FlipY, (cw, ch)));
+                }
                 f.flip_y ^= on;
             }
             Op::CenterCrop { size: (h, w) } => {
@@ -233,6 +250,12 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                     break;
                 }
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
+                follow.push(Geo::Crop {
+                    left: l,
+                    top: t,
+                    width: w,
+                    height: h,
+                });
             }
             Op::RandomCrop {
                 size: (h, w),
@@ -240,14 +263,16 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                 pad_if_needed,
                 fill,
             } => {
-                let Some((t, l)) = random_crop_offsets(cw, ch, (h, w), padding, pad_if_needed, rng) else {
+                let Some(c) = random_crop_offsets(cw, ch, (h, w), padding, pad_if_needed, rng) else {
                     break;
                 };
+                let (t, l) = (c.top, c.left);
                 let next = sub(f.win, flip, l, t, w, h);
                 if !pad_ok(&mut f, &mut padded, next, fill) {
                     break;
                 }
                 trace.record(op, || [("top", t.into()), ("left", l.into())]);
+                c.record((cw, ch), follow);
             }
             Op::RandomResizedCrop {
                 size: (h, w),
@@ -268,6 +293,13 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                     ]
                 });
                 let crop = sub(f.win, flip, i64::from(l), i64::from(t), cw2, ch2);
+                follow.push(Geo::Crop {
+                    left: i64::from(l),
+                    top: i64::from(t),
+                    width: cw2,
+                    height: ch2,
+                });
+                follow.push(Geo::Resize { width: w, height: h });
                 f.pre = to_rect(crop);
                 f.resize = Some(((w, h), resampling));
                 f.win = Win::full(w, h);
@@ -283,6 +315,7 @@ pub(super) fn plan(ops: &[Op], width: u32, height: u32, rng: &mut SampleRng, tra
                 }
                 let (rw, rh) = resize_target(cw, ch, size, max_size);
                 trace.record(op, || [("height", rh.into()), ("width", rw.into())]);
+                follow.push(Geo::Resize { width: rw, height: rh });
                 f.pre = to_rect(f.win);
                 f.resize = Some(((rw, rh), resampling));
                 f.win = Win::full(rw, rh);
@@ -320,48 +353,94 @@ fn to_rect(w: Win) -> Rect {
     }
 }
 
-/// torchvision v2 `RandomCrop.make_params` on a `w`×`h` image: `(top, left)` of the crop
-/// relative to the unpadded image (negative inside the padding), drawing `top` then `left`.
+/// What torchvision v2's `RandomCrop.make_params` drew: the crop's offset relative to the
+/// unpadded image (negative inside the padding), and the padding it adds first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct CropDraw {
+    /// First row of the crop, in the unpadded image's rows.
+    pub(super) top: i64,
+    /// First column.
+    pub(super) left: i64,
+    /// `[left, top, right, bottom]` padding (with `pad_if_needed`'s).
+    pub(super) pad: [i64; 4],
+    /// The crop's `(height, width)`.
+    pub(super) size: (u32, u32),
+}
+
+impl CropDraw {
+    /// Records torchvision's `F.pad` (when any padding) then `F.crop` (when the crop is smaller
+    /// than the padded image) on a `(w, h)` image, as it runs them.
+    pub(super) fn record(&self, (w, h): (u32, u32), follow: &mut Follow) {
+        let [pl, pt, pr, pb] = self.pad;
+        let (pw, ph) = (i64::from(w) + pl + pr, i64::from(h) + pt + pb);
+        if self.pad != [0; 4] {
+            follow.push(Geo::Crop {
+                left: -pl,
+                top: -pt,
+                width: pw as u32,
+                height: ph as u32,
+            });
+        }
+        let (ch, cw) = self.size;
+        if ph > i64::from(ch) || pw > i64::from(cw) {
+            follow.push(Geo::Crop {
+                left: self.left + pl,
+                top: self.top + pt,
+                width: cw,
+                height: ch,
+            });
+        }
+    }
+}
+
+/// torchvision v2 `RandomCrop.make_params` on a `w`×`h` image, drawing `top` then `left`.
 /// `None` when the crop does not fit the padded image (torchvision raises; the pipeline then
 /// reports the sample).
-pub(super) fn random_crop_offsets(
+pub(crate) fn random_crop_offsets(
     w: u32,
     h: u32,
     (ch, cw): (u32, u32),
     padding: [u32; 4],
     pad_if_needed: bool,
     rng: &mut SampleRng,
-) -> Option<(i64, i64)> {
-    let [mut pl, mut pt, pr, pb] = padding.map(i64::from);
+) -> Option<CropDraw> {
+    let [mut pl, mut pt, mut pr, mut pb] = padding.map(i64::from);
     let mut ph = i64::from(h) + pt + pb;
     let mut pw = i64::from(w) + pl + pr;
-    let (ch, cw) = (i64::from(ch), i64::from(cw));
+    let (chi, cwi) = (i64::from(ch), i64::from(cw));
     if pad_if_needed {
-        if ph < ch {
-            let diff = ch - ph;
+        if ph < chi {
+            let diff = chi - ph;
             pt += diff;
+            pb += diff;
             ph += 2 * diff;
         }
-        if pw < cw {
-            let diff = cw - pw;
+        if pw < cwi {
+            let diff = cwi - pw;
             pl += diff;
+            pr += diff;
             pw += 2 * diff;
         }
     }
-    if ph < ch || pw < cw {
+    if ph < chi || pw < cwi {
         return None;
     }
-    let top = if ph > ch {
-        rng.below((ph - ch + 1) as u64) as i64
+    let top = if ph > chi {
+        rng.below((ph - chi + 1) as u64) as i64
     } else {
         0
     };
-    let left = if pw > cw {
-        rng.below((pw - cw + 1) as u64) as i64
+    let left = if pw > cwi {
+        rng.below((pw - cwi + 1) as u64) as i64
     } else {
         0
     };
-    Some((top - pt, left - pl))
+    Some(CropDraw {
+        top: top - pt,
+        left: left - pl,
+        pad: [pl, pt, pr, pb],
+        size: (ch, cw),
+    })
 }
 
 #[cfg(test)]
@@ -370,7 +449,14 @@ mod tests {
     use crate::spec::ResizeTo;
 
     fn run(ops: &[Op], w: u32, h: u32) -> Fused {
-        plan(ops, w, h, &mut SampleRng::new(1, 2, 3), &mut Trace::off())
+        plan(
+            ops,
+            w,
+            h,
+            &mut SampleRng::new(1, 2, 3),
+            &mut Trace::off(),
+            &mut Follow::default(),
+        )
     }
 
     #[test]
@@ -426,7 +512,9 @@ mod tests {
         // Same draws (the flip's uniform comes first, so compare the geometry of one draw).
         let mut rng = SampleRng::new(1, 2, 3);
         let _ = rng.uniform(0.0, 1.0);
-        let (_, l) = random_crop_offsets(10, 1, (1, 4), [0; 4], false, &mut rng).unwrap();
+        let l = random_crop_offsets(10, 1, (1, 4), [0; 4], false, &mut rng)
+            .unwrap()
+            .left;
         assert_eq!(flipped.win.left, 10 - l - 4);
         assert!(plain.win.left >= 0 && plain.win.left <= 6);
     }
@@ -436,11 +524,12 @@ mod tests {
         // CIFAR: 32x32, padding 4: offsets in -4..=4.
         let mut rng = SampleRng::new(0, 0, 0);
         for _ in 0..500 {
-            let (t, l) = random_crop_offsets(32, 32, (32, 32), [4; 4], false, &mut rng).unwrap();
+            let c = random_crop_offsets(32, 32, (32, 32), [4; 4], false, &mut rng).unwrap();
+            let (t, l) = (c.top, c.left);
             assert!((-4..=4).contains(&t) && (-4..=4).contains(&l));
         }
         // pad_if_needed pads a short side by the full difference on both ends.
-        let (t, _) = random_crop_offsets(10, 5, (9, 10), [0; 4], true, &mut rng).unwrap();
+        let t = random_crop_offsets(10, 5, (9, 10), [0; 4], true, &mut rng).unwrap().top;
         assert!((-4..=0).contains(&t));
         assert_eq!(random_crop_offsets(10, 5, (9, 10), [0; 4], false, &mut rng), None);
     }

@@ -248,6 +248,37 @@ pub enum Op {
         /// Cumulative probabilities, normalised: the last is 1.
         cumulative: Vec<f64>,
     },
+    /// `RandomIoUCrop(min_scale, max_scale, min_aspect_ratio, max_aspect_ratio,
+    /// sampler_options, trials)` (1.10): a crop whose draws depend on the sample's boxes.
+    RandomIouCrop {
+        /// `(min_scale, max_scale)`, `0 < min <= max <= 1`: each side's fraction.
+        scale: (f64, f64),
+        /// `(min_aspect_ratio, max_aspect_ratio)` of the crop (width / height).
+        aspect: (f64, f64),
+        /// The minimal IoUs drawn from; a value `>= 1` leaves the image as it is.
+        options: Vec<f64>,
+        /// Tries per drawn option.
+        trials: u32,
+    },
+    /// `RandomZoomOut(fill, side_range, p)` (1.10): the image placed in a larger canvas.
+    RandomZoomOut {
+        /// The canvas's colour.
+        fill: [u8; 3],
+        /// Bounds of the canvas's side as a multiple of the image's, `1 <= min <= max`.
+        side_range: (f64, f64),
+        /// Probability.
+        p: f64,
+    },
+    /// `ScaleJitter(target_size, scale_range, interpolation, antialias)` (1.10).
+    ScaleJitter {
+        /// `(height, width)`: the image is scaled by `min(height / h, width / w)` times a
+        /// factor drawn from `scale`.
+        target: (u32, u32),
+        /// Bounds of that factor.
+        scale: (f64, f64),
+        /// How the image is resized.
+        resampling: Resampling,
+    },
 }
 
 impl Op {
@@ -274,6 +305,9 @@ impl Op {
             Op::AutoAugment { .. } => "auto_augment",
             Op::RandomApply { .. } => "random_apply",
             Op::RandomChoice { .. } => "random_choice",
+            Op::RandomIouCrop { .. } => "random_iou_crop",
+            Op::RandomZoomOut { .. } => "random_zoom_out",
+            Op::ScaleJitter { .. } => "scale_jitter",
         }
     }
 
@@ -285,6 +319,7 @@ impl Op {
                 ResizeTo::Exact(h, w) => Some((*h, *w)),
                 ResizeTo::Shorter(_) => None,
             },
+            Op::RandomIouCrop { .. } | Op::RandomZoomOut { .. } | Op::ScaleJitter { .. } => None,
             _ => size,
         }
     }
@@ -319,6 +354,10 @@ pub struct View {
     pub normalize: Option<([f64; 3], [f64; 3])>,
     /// `random_erasing` ops after it, whose boxes the server draws per image.
     pub erasing: Vec<Erasing>,
+    /// 1.10: `aspect_buckets`, the view's first op: each batch is one bucket, each image resized
+    /// to cover it and cropped to it (`crate::buckets`) before `ops`; `size` is then the
+    /// largest bucket's.
+    pub buckets: Option<AspectBuckets>,
 }
 
 /// A stream's pipeline.
@@ -334,6 +373,19 @@ impl Pipeline {
         self.views.iter().map(|v| v.count).sum()
     }
 
+    /// Whether an op draws against the sample's boxes (`random_iou_crop`, also inside a
+    /// container): such a pipeline needs `open.targets.boxes` (control.md, 1.10).
+    pub fn needs_boxes(&self) -> bool {
+        fn any(ops: &[Op]) -> bool {
+            ops.iter().any(|op| match op {
+                Op::RandomIouCrop { .. } => true,
+                Op::RandomApply { ops, .. } | Op::RandomChoice { ops, .. } => any(ops),
+                _ => false,
+            })
+        }
+        self.views.iter().any(|v| any(&v.ops))
+    }
+
     /// The one-view pipeline named `image` that runs `ops`, ending in `size`.
     pub fn single(ops: Vec<Op>) -> Result<Pipeline, PipelineError> {
         let size = check_ops(&ops, "pipeline.views[0].ops")?;
@@ -346,6 +398,7 @@ impl Pipeline {
                 size,
                 normalize: None,
                 erasing: Vec::new(),
+                buckets: None,
             }],
         })
     }
@@ -483,10 +536,18 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
     let mut ops = Vec::new();
     let mut normalize = None;
     let mut erasing = Vec::new();
+    let mut buckets = None;
     for (j, o) in ops_v.iter().enumerate() {
         let oat = format!("{at}.ops[{j}]");
         let (name, m) = op_object(o, &oat)?;
         match name {
+            "aspect_buckets" if j == 0 => buckets = Some(parse_buckets(m, &oat)?),
+            "aspect_buckets" => {
+                return Err(PipelineError::invalid(
+                    format!("{oat} (aspect_buckets)"),
+                    "must be the view's first op",
+                ));
+            }
             "normalize" => {
                 if normalize.is_some() {
                     return Err(PipelineError::invalid(
@@ -521,7 +582,28 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
             }
         }
     }
-    let size = check_ops(&ops, &format!("{at}.ops"))?.ok_or_else(|| ends_unsized(at))?;
+    let size = match &buckets {
+        None => check_ops(&ops, &format!("{at}.ops"))?.ok_or_else(|| ends_unsized(at))?,
+        Some(b) => {
+            // The batch's size is its bucket's: what follows must keep it.
+            for (j, op) in ops.iter().enumerate() {
+                if !same_size_op(op) {
+                    return Err(PipelineError::invalid(
+                        format!("{at}.ops[{}] ({})", j + 1, op.name()),
+                        "changes the image's size after aspect_buckets, whose bucket is the batch's size; only ops that keep the size (colour ops, flips, policies) may follow it",
+                    ));
+                }
+            }
+            check_ops_from(&ops, Some(b.largest()), &format!("{at}.ops"))?;
+            if count != 1 {
+                return Err(PipelineError::invalid(
+                    format!("{at}.count"),
+                    format!("must be 1 with aspect_buckets, got {count}"),
+                ));
+            }
+            b.largest()
+        }
+    };
     Ok(View {
         name,
         count,
@@ -529,6 +611,7 @@ fn parse_view(v: &Value, at: &str) -> Result<View, PipelineError> {
         size,
         normalize,
         erasing,
+        buckets,
     })
 }
 
@@ -969,6 +1052,32 @@ fn parse_op(name: &str, m: &Map<String, Value>, at: &str, depth: usize) -> Resul
             op
         }
         "random_choice" => parse_random_choice(&f, depth)?,
+        "random_iou_crop" => parse_random_iou_crop(&f)?,
+        "random_zoom_out" => {
+            let side_range = f.positive_pair("side_range", (1.0, 4.0), 64.0)?;
+            if side_range.0 < 1.0 {
+                return Err(f.err(
+                    "side_range",
+                    &format!("must be [min, max] with 1 <= min <= max <= 64, got {side_range:?}"),
+                ));
+            }
+            let op = Op::RandomZoomOut {
+                fill: f.fill_u8("fill")?,
+                side_range,
+                p: f.prob("p", 0.5)?,
+            };
+            f.done(&["fill", "side_range", "p"])?;
+            op
+        }
+        "scale_jitter" => {
+            let op = Op::ScaleJitter {
+                target: f.size("target_size")?,
+                scale: f.positive_pair("scale_range", (0.1, 2.0), 64.0)?,
+                resampling: f.resampling(Interpolation::Bilinear)?,
+            };
+            f.done(&["target_size", "scale_range", "interpolation", "antialias"])?;
+            op
+        }
         other => {
             return Err(PipelineError::UnknownOp {
                 at: at.to_owned(),
@@ -1139,6 +1248,145 @@ fn parse_random_choice(f: &Fields<'_>, depth: usize) -> Result<Op, PipelineError
     Ok(Op::RandomChoice { ops, cumulative })
 }
 
+/// `random_iou_crop`: torchvision's members, as separate bounds.
+fn parse_random_iou_crop(f: &Fields<'_>) -> Result<Op, PipelineError> {
+    let num = |k: &str, default: f64| f.num(k, Some(default));
+    let scale = (num("min_scale", 0.3)?, num("max_scale", 1.0)?);
+    if !(0.0 < scale.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+        return Err(f.err(
+            "min_scale",
+            &format!("min_scale and max_scale must satisfy 0 < min_scale <= max_scale <= 1, got {scale:?}"),
+        ));
+    }
+    let aspect = (num("min_aspect_ratio", 0.5)?, num("max_aspect_ratio", 2.0)?);
+    if !(0.0 < aspect.0 && aspect.0 <= aspect.1 && aspect.1.is_finite()) {
+        return Err(f.err(
+            "min_aspect_ratio",
+            &format!("min_aspect_ratio and max_aspect_ratio must satisfy 0 < min <= max (finite), got {aspect:?}"),
+        ));
+    }
+    let options = f
+        .nums("sampler_options")?
+        .unwrap_or_else(|| vec![0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]);
+    if options.is_empty() || options.len() > 64 || options.iter().any(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(f.err(
+            "sampler_options",
+            &format!("must hold 1..=64 minimal IoUs >= 0 (1 or more: leave the image as it is), got {options:?}"),
+        ));
+    }
+    let op = Op::RandomIouCrop {
+        scale,
+        aspect,
+        options,
+        trials: f.uint("trials", Some(40), 1..=1000)?,
+    };
+    f.done(&[
+        "min_scale",
+        "max_scale",
+        "min_aspect_ratio",
+        "max_aspect_ratio",
+        "sampler_options",
+        "trials",
+    ])?;
+    Ok(op)
+}
+
+/// 1.10: the `aspect_buckets` op: the first op of a view, which then ends in the bucket's size
+/// (`crate::buckets` has the rules).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AspectBuckets {
+    /// The target area, `h·w ≤ area`.
+    pub area: u64,
+    /// Bounds of a bucket's `w/h`.
+    pub min_ratio: f64,
+    pub max_ratio: f64,
+    /// Buckets' sides are multiples of this (it divides 4096).
+    pub step: u32,
+    pub crop: crate::buckets::BucketCrop,
+    /// The covering resize's filter.
+    pub resampling: Resampling,
+    /// The buckets, `(h, w)`, by number.
+    pub sizes: Vec<(u32, u32)>,
+}
+
+impl AspectBuckets {
+    /// The bucket of the largest area (the ring's slots are sized for it); the first such.
+    pub fn largest(&self) -> (u32, u32) {
+        let mut best = self.sizes[0];
+        for &s in &self.sizes {
+            if u64::from(s.0) * u64::from(s.1) > u64::from(best.0) * u64::from(best.1) {
+                best = s;
+            }
+        }
+        best
+    }
+}
+
+/// 1.10: the `aspect_buckets` op's members, checked (control.md, "Aspect-ratio buckets (1.10)").
+fn parse_buckets(m: &Map<String, Value>, at: &str) -> Result<AspectBuckets, PipelineError> {
+    use crate::buckets::BucketCrop;
+    let f = Fields::new(m, at, "aspect_buckets");
+    let max_area = u64::from(MAX_SIZE) * u64::from(MAX_SIZE);
+    let area = match f.get("area") {
+        None => 1024 * 1024,
+        Some(v) => v.as_u64().filter(|a| (1..=max_area).contains(a)).ok_or_else(|| {
+            f.err(
+                "area",
+                &format!("must be an integer in 1..={max_area} (sides are at most {MAX_SIZE}), got {v}"),
+            )
+        })?,
+    };
+    let min_ratio = f.num("min_ratio", Some(0.5))?;
+    let max_ratio = f.num("max_ratio", Some(2.0))?;
+    if min_ratio <= 0.0 {
+        return Err(f.err("min_ratio", &format!("must be positive, got {min_ratio}")));
+    }
+    if min_ratio > max_ratio {
+        return Err(f.err("min_ratio", &format!("{min_ratio} is above max_ratio {max_ratio}")));
+    }
+    let step = f.uint("step", Some(64), 1..=MAX_SIZE)?;
+    if !MAX_SIZE.is_multiple_of(step) {
+        return Err(f.err(
+            "step",
+            &format!("{step} does not divide {MAX_SIZE}; use a power of two such as 8, 32 or 64"),
+        ));
+    }
+    let crop = match f.get("crop") {
+        None => BucketCrop::Random,
+        Some(Value::String(s)) if s == "random" => BucketCrop::Random,
+        Some(Value::String(s)) if s == "center" => BucketCrop::Center,
+        Some(v) => return Err(f.err("crop", &format!("must be \"random\" or \"center\", got {v}"))),
+    };
+    let resampling = f.resampling(Interpolation::Bilinear)?;
+    f.done(&[
+        "area",
+        "min_ratio",
+        "max_ratio",
+        "step",
+        "crop",
+        "interpolation",
+        "antialias",
+    ])?;
+    let sizes = crate::buckets::sizes_of(area, min_ratio, max_ratio, step);
+    if sizes.is_empty() {
+        return Err(f.err(
+            "area",
+            &format!(
+                "no bucket of sides that are multiples of step {step} (at most {MAX_SIZE}) has an area up to {area} and a ratio in [{min_ratio}, {max_ratio}]; widen the ratios or change area or step"
+            ),
+        ));
+    }
+    Ok(AspectBuckets {
+        area,
+        min_ratio,
+        max_ratio,
+        step,
+        crop,
+        resampling,
+        sizes,
+    })
+}
+
 /// Every op name the protocol knows, in control.md's order.
 pub const KNOWN_OPS: &[&str] = &[
     "random_resized_crop",
@@ -1161,8 +1409,12 @@ pub const KNOWN_OPS: &[&str] = &[
     "auto_augment",
     "random_apply",
     "random_choice",
+    "random_iou_crop",
+    "random_zoom_out",
+    "scale_jitter",
     "normalize",
     "random_erasing",
+    "aspect_buckets",
 ];
 
 fn parse_erasing(m: &Map<String, Value>, at: &str) -> Result<Erasing, PipelineError> {
@@ -1214,6 +1466,31 @@ mod tests {
     }
 
     #[test]
+    fn only_random_iou_crop_needs_boxes() {
+        let p = |ops: Value| Pipeline::parse(&json!({"views": [{"ops": ops}]})).unwrap();
+        assert!(p(json!([{"op": "random_iou_crop"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(!p(json!([{"op": "random_zoom_out"}, {"op": "resize", "size": [8, 8]}])).needs_boxes());
+        assert!(
+            !p(json!([{"op": "center_crop", "size": [8]}, {"op": "random_apply", "ops": [{"op": "invert"}]}]))
+                .needs_boxes()
+        );
+    }
+
+    #[test]
+    fn detection_ops_need_a_fixed_size_op_after_them() {
+        for op in [
+            json!({"op": "random_iou_crop"}),
+            json!({"op": "random_zoom_out"}),
+            json!({"op": "scale_jitter", "target_size": [64, 48]}),
+        ] {
+            let e = err(json!({"views": [{"ops": [{"op": "center_crop", "size": [8]}, op.clone()]}]}));
+            assert!(e.contains("depends on the image"), "{e}");
+            let p = Pipeline::parse(&json!({"views": [{"ops": [op, {"op": "resize", "size": [8, 9]}]}]})).unwrap();
+            assert_eq!(p.views[0].size, (8, 9));
+        }
+    }
+
+    #[test]
     fn resize_then_center_crop_is_fixed_and_resize_alone_is_not() {
         let ok = Pipeline::parse(&json!({"views": [{"ops": [
             {"op": "resize", "size": [256]}, {"op": "center_crop", "size": [224]}]}]}))
@@ -1221,6 +1498,62 @@ mod tests {
         assert_eq!(ok.views[0].size, (224, 224));
         let e = err(json!({"views": [{"ops": [{"op": "resize", "size": [256]}]}]}));
         assert!(e.contains("depends on the image"), "{e}");
+    }
+
+    #[test]
+    fn aspect_buckets_parse_and_refuse_naming_the_member() {
+        let view = |ops: serde_json::Value| json!({"views": [{"ops": ops}]});
+        let ok = Pipeline::parse(&view(json!([
+            {"op": "aspect_buckets", "area": 4096, "step": 16, "crop": "center"},
+            {"op": "horizontal_flip"}, {"op": "color_jitter", "brightness": [0.5, 1.5]}
+        ])))
+        .unwrap();
+        let v = &ok.views[0];
+        let b = v.buckets.as_ref().unwrap();
+        assert_eq!(v.size, b.largest());
+        assert_eq!(v.ops.len(), 2);
+        assert!(b.sizes.contains(&(64, 64)));
+        let cases = [
+            (
+                json!([{"op": "aspect_buckets", "min_ratio": 2, "max_ratio": 1}]),
+                "ops[0].min_ratio (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "step": 48}]),
+                "ops[0].step (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 4097u64 * 4097}]),
+                "ops[0].area (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "crop": "left"}]),
+                "ops[0].crop (aspect_buckets)",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "sizes": 1}]),
+                "ops[0].sizes (aspect_buckets): unknown member",
+            ),
+            (
+                json!([{"op": "aspect_buckets", "area": 64, "step": 64}]),
+                "ops[0].area (aspect_buckets): no bucket",
+            ),
+            (
+                json!([{"op": "aspect_buckets"}, {"op": "horizontal_flip"}, {"op": "center_crop", "size": [8]}]),
+                "ops[2] (center_crop): changes the image's size after aspect_buckets",
+            ),
+            (
+                json!([{"op": "horizontal_flip"}, {"op": "aspect_buckets"}]),
+                "ops[1] (aspect_buckets): must be the view's first op",
+            ),
+        ];
+        for (ops, want) in cases {
+            let e = Pipeline::parse(&view(ops.clone())).unwrap_err().to_string();
+            assert!(e.contains(want), "{ops}: {e}");
+        }
+        let two = json!({"views": [{"count": 2, "ops": [{"op": "aspect_buckets"}]}]});
+        let e = Pipeline::parse(&two).unwrap_err().to_string();
+        assert!(e.contains("count: must be 1 with aspect_buckets"), "{e}");
     }
 
     #[test]
@@ -1252,6 +1585,22 @@ mod tests {
             (
                 json!({"op": "random_crop", "size": [32], "padding_mode": "reflect"}),
                 "padding_mode (random_crop)",
+            ),
+            (
+                json!({"op": "random_iou_crop", "min_scale": 0.5, "max_scale": 1.5}),
+                "ops[0].min_scale (random_iou_crop)",
+            ),
+            (
+                json!({"op": "random_iou_crop", "sampler_options": []}),
+                "ops[0].sampler_options (random_iou_crop)",
+            ),
+            (
+                json!({"op": "random_zoom_out", "side_range": [0.5, 2]}),
+                "ops[0].side_range (random_zoom_out)",
+            ),
+            (
+                json!({"op": "scale_jitter"}),
+                "ops[0].target_size (scale_jitter): is required",
             ),
         ];
         for (op, want) in cases {

@@ -121,7 +121,13 @@ impl Step {
 pub fn lowers(op: &Op) -> bool {
     match op {
         Op::RandomApply { ops, .. } | Op::RandomChoice { ops, .. } => ops.iter().all(lowers),
-        Op::CenterCrop { .. } | Op::RandomCrop { .. } | Op::RandomResizedCrop { .. } | Op::Resize { .. } => false,
+        Op::CenterCrop { .. }
+        | Op::RandomCrop { .. }
+        | Op::RandomResizedCrop { .. }
+        | Op::Resize { .. }
+        | Op::RandomIouCrop { .. }
+        | Op::RandomZoomOut { .. }
+        | Op::ScaleJitter { .. } => false,
         Op::HorizontalFlip { .. }
         | Op::VerticalFlip { .. }
         | Op::ColorJitter { .. }
@@ -313,7 +319,8 @@ pub(super) fn lower(op: &Op, (w, h): (u32, u32), rng: &mut SampleRng, trace: &mu
             let k = choice(op, cumulative, rng, trace);
             lower(&ops[k], (w, h), rng, trace, out);
         }
-        Op::CenterCrop { .. } | Op::RandomCrop { .. } | Op::RandomResizedCrop { .. } | Op::Resize { .. } => {
+        // The sized ops, which `lowers` refuses.
+        _ => {
             unreachable!("{} changes the image's size: it does not lower to steps", op.name())
         }
     }

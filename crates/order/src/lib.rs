@@ -8,11 +8,13 @@
 //! # Layout
 //! - [`rng`]: the counter-based generator every random draw comes from (`SampleRng`).
 //! - [`sampler`]: the order of samples: per-epoch permutation, rank partition, batches.
+//! - [`buckets`]: the aspect-bucket order, every batch one bucket (control 1.10).
 //! - [`blocks`]: the shard-blocks order, shuffled blocks of shards for slow storage.
 //! - [`windows`]: token windows (`concat` and `pack` modes) over a token dataset.
 //! - [`mix`]: exact weighted mixing of token datasets.
 
 pub mod blocks;
+pub mod buckets;
 pub mod mix;
 pub mod rng;
 pub mod sampler;

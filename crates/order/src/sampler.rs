@@ -84,21 +84,7 @@ pub struct EpochPlan {
 impl SamplerConfig {
     /// Checks the configuration; returns samples per rank and batches per epoch.
     pub fn validate(&self) -> Result<(u64, u64), SamplerError> {
-        if self.world_size == 0 {
-            return Err(SamplerError::World);
-        }
-        if self.rank >= self.world_size {
-            return Err(SamplerError::Rank {
-                rank: self.rank,
-                world_size: self.world_size,
-            });
-        }
-        if self.batch_size == 0 {
-            return Err(SamplerError::BatchSize);
-        }
-        if self.dataset_len == 0 {
-            return Err(SamplerError::Empty);
-        }
+        check_shape(self.world_size, self.rank, self.batch_size, self.dataset_len)?;
         let per_rank = self.samples_per_rank();
         let batches = self.batches_per_epoch();
         if batches == 0 {
@@ -227,12 +213,29 @@ impl EpochPlan {
     }
 }
 
+/// The checks every order makes of its ranks, batch size and dataset, in this order.
+pub(crate) fn check_shape(world_size: u64, rank: u64, batch_size: u64, len: u64) -> Result<(), SamplerError> {
+    if world_size == 0 {
+        return Err(SamplerError::World);
+    }
+    if rank >= world_size {
+        return Err(SamplerError::Rank { rank, world_size });
+    }
+    if batch_size == 0 {
+        return Err(SamplerError::BatchSize);
+    }
+    if len == 0 {
+        return Err(SamplerError::Empty);
+    }
+    Ok(())
+}
+
 /// Separates the order's random stream from every sample's augmentation stream (which uses
 /// real dataset indices, all below this).
 const ORDER_STREAM: u64 = u64::MAX;
 
 /// Fisher–Yates with the generator of `(seed, epoch)`, unbiased (`SampleRng::below`).
-fn shuffle(v: &mut [u64], seed: u64, epoch: u64) {
+pub(crate) fn shuffle(v: &mut [u64], seed: u64, epoch: u64) {
     let mut rng = crate::rng::SampleRng::new(seed, epoch, ORDER_STREAM);
     for i in (1..v.len()).rev() {
         let j = rng.below(i as u64 + 1);

@@ -31,6 +31,74 @@ pub(crate) struct OpsArgs {
     /// Decode every image whole (the reference path) instead of by region.
     #[arg(long)]
     pub(crate) no_region_decode: bool,
+    /// Detection targets (control 1.10): the image's boxes as JSON `[[x0, y0, x1, y1], ...]`
+    /// (xyxy, pixels of the stored image), moved with the image; each line then carries the
+    /// output's `boxes` and `labels`.
+    #[arg(long)]
+    pub(crate) boxes: Option<String>,
+    /// The boxes' labels as JSON `[l, ...]` (default: 0, 1, 2, ...).
+    #[arg(long, requires = "boxes")]
+    pub(crate) labels: Option<String>,
+    /// A label map for the image: a raw file of `width * height` label bytes, row by row, the
+    /// stored image's size (before EXIF orientation), moved with the image; each sample's
+    /// output map is appended to `--mask-out`.
+    #[arg(long, requires = "mask_out")]
+    pub(crate) mask: Option<PathBuf>,
+    /// Where the output label maps go (raw bytes, `h * w` per sample).
+    #[arg(long)]
+    pub(crate) mask_out: Option<PathBuf>,
+    /// Boxes narrower, lower (pixels) or smaller (square pixels) than these are removed at the
+    /// end (`SanitizeBoundingBoxes(min_size, min_area)`).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) min_size: f64,
+    /// See `--min-size`.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) min_area: f64,
+    /// The label of mask pixels no source pixel covers.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) mask_fill: u8,
+}
+
+/// The `--boxes`, `--labels` and `--mask` of `a`, or `None` when there are none.
+fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>> {
+    if a.boxes.is_none() && a.mask.is_none() {
+        return Ok(None);
+    }
+    let boxes: Vec<[f32; 4]> = match &a.boxes {
+        Some(b) => serde_json::from_str(b).context("--boxes: expected JSON [[x0, y0, x1, y1], ...]")?,
+        None => Vec::new(),
+    };
+    let labels: Vec<i64> = match &a.labels {
+        Some(l) => serde_json::from_str(l).context("--labels: expected JSON [label, ...]")?,
+        None => (0..boxes.len() as i64).collect(),
+    };
+    anyhow::ensure!(
+        labels.len() == boxes.len(),
+        "--labels: {} labels for {} boxes",
+        labels.len(),
+        boxes.len()
+    );
+    let mask = match &a.mask {
+        Some(p) => {
+            let info = ringfeed_decode::Decoder::new(Limits::default())?.probe(data)?;
+            let labels = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            anyhow::ensure!(
+                labels.len() == info.width as usize * info.height as usize,
+                "--mask {}: {} bytes; the {}x{} image needs one label per pixel",
+                p.display(),
+                labels.len(),
+                info.width,
+                info.height
+            );
+            Some(ringfeed_ops::LabelMap {
+                width: info.width,
+                height: info.height,
+                data: labels,
+            })
+        }
+        None => None,
+    };
+    Ok(Some(ringfeed_ops::Targets { boxes, labels, mask }))
 }
 
 pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
@@ -43,6 +111,12 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
     };
     let value: serde_json::Value = serde_json::from_str(&text).context("--pipeline is not JSON")?;
     let pipeline = Pipeline::parse(&value).map_err(|e| anyhow::anyhow!("--pipeline: {e}"))?;
+    if pipeline.views.iter().any(|v| v.buckets.is_some()) {
+        // Its output size is the image's bucket, chosen per dataset: a stream's op, not a preview's.
+        anyhow::bail!(
+            "--pipeline: aspect_buckets sizes each batch by its bucket, which `ringfeed ops` does not choose; run it through a Loader, or preview the ops after it alone"
+        );
+    }
     let data = std::fs::read(&a.image).with_context(|| format!("reading {}", a.image.display()))?;
     let options = Options {
         region_decode: !a.no_region_decode,
@@ -56,11 +130,27 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
     let mut lines = stdout.lock();
     let mut sink = BufferSink::for_pipeline(&pipeline);
     let mut trace = Trace::on();
+    let targets = targets_of(&a, &data)?;
+    let options = ringfeed_ops::TargetOptions {
+        min_size: a.min_size,
+        min_area: a.min_area,
+        mask_fill: a.mask_fill,
+    };
+    let mut masks = match &a.mask_out {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
     for index in a.index..a.index + a.count {
         let rng = SampleRng::new(a.seed, a.epoch, index);
-        let crop = p
-            .run(&data, &pipeline, rng, ringfeed_ops::Layout::Nhwc, &mut sink, &mut trace)
-            .with_context(|| format!("{}: sample {index}", a.image.display()))?;
+        let layout = ringfeed_ops::Layout::Nhwc;
+        let mut moved = targets.clone();
+        let crop = match &mut moved {
+            Some(t) => p.run_targets(&data, &pipeline, rng, layout, &mut sink, &mut trace, t, &options),
+            None => p.run(&data, &pipeline, rng, layout, &mut sink, &mut trace),
+        }
+        .with_context(|| format!("{}: sample {index}", a.image.display()))?;
         for o in &sink.outs {
             out.write_all(o)?;
         }
@@ -70,6 +160,13 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
             "erase": sink.erase,
             "crop": crop.to_i32s(),
         });
+        if let Some(t) = &moved {
+            line["boxes"] = serde_json::json!(t.boxes);
+            line["labels"] = serde_json::json!(t.labels);
+            if let (Some(m), Some(w)) = (&t.mask, &mut masks) {
+                w.write_all(&m.data)?;
+            }
+        }
         // 1.8: a view with per-image ops after its geometry: the `gpu_ops` records (ring.md) a
         // GPU sample would carry, from the same draws.
         if let [view] = pipeline.views.as_slice()
@@ -88,5 +185,8 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         writeln!(lines, "{line}")?;
     }
     out.flush()?;
+    if let Some(w) = &mut masks {
+        w.flush()?;
+    }
     Ok(ExitCode::SUCCESS)
 }

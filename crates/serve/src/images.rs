@@ -33,6 +33,7 @@ pub(crate) async fn prepare_images(
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Prepared, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
+    let mut progress = progress;
     let layout = match open.layout() {
         "NHWC" => Layout::Nhwc,
         "NCHW" => Layout::Nchw,
@@ -53,9 +54,9 @@ pub(crate) async fn prepare_images(
         }
     }
     let source = if ringfeed_format::control::names_object_storage(&open.dataset) {
-        open_remote(shared, open, progress).await?
+        open_remote(shared, open, progress.as_deref_mut()).await?
     } else {
-        open_source(shared, path, open, progress).await?
+        open_source(shared, path, open, progress.as_deref_mut()).await?
     };
     if let Some(p) = source.listing_problems().first().filter(|_| !skip_errors) {
         return Err((
@@ -69,10 +70,42 @@ pub(crate) async fn prepare_images(
         ));
     }
     // 1.3: the shard-aware order, when asked for (or chosen automatically for this source).
-    let order = shard_order(open, source.as_ref())?;
+    let mut order = shard_order(open, source.as_ref())?;
+    // 1.10: every sample's bucket, from its image header.
+    let buckets = match pipeline.views.iter().find_map(|v| v.buckets.clone()) {
+        None => None,
+        Some(_) if minor < 10 => {
+            return Err(bad(
+                "open.pipeline: aspect_buckets needs protocol 1.10 (its batches change shape); upgrade the ringfeed Python package".to_owned(),
+            ));
+        }
+        Some(_) if pipeline.views.len() > 1 => {
+            return Err(bad(
+                "open.pipeline.views: aspect_buckets serves one view; drop the other views".to_owned(),
+            ));
+        }
+        Some(_) if order.is_some() && open.order.as_deref() == Some("shard_blocks") => {
+            return Err(bad(
+                "open.order: aspect_buckets has its own order (every batch one bucket); pass order=\"global\" or \"auto\""
+                    .to_owned(),
+            ));
+        }
+        Some(b) => {
+            // `auto` becomes the bucket order, whatever the source prefers.
+            order = None;
+            Some(Arc::new(
+                assign_buckets(shared, &source, b, &open.dataset, skip_errors, progress).await?,
+            ))
+        }
+    };
     let mut specs = image_fields(&pipeline, layout, &fields);
     let gpu = match &open.gpu_decode {
         None => None,
+        Some(_) if buckets.is_some() => {
+            return Err(bad(
+                "open.gpu_decode: aspect_buckets is decoded on the CPU only (hybrid decode needs one batch shape); leave gpu_decode off for this pipeline".to_owned(),
+            ));
+        }
         Some(g) => {
             specs.extend(gpu_fields(open, g, &pipeline, minor)?);
             Some(g.clone())
@@ -117,6 +150,7 @@ pub(crate) async fn prepare_images(
         start_threads: None,
         per_sample,
         finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields)),
+        buckets,
     })
 }
 
@@ -168,6 +202,16 @@ fn image_fields(pipeline: &Pipeline, layout: Layout, fields: &[String]) -> Vec<F
             dtype: DType::I32,
             shape: vec![5],
         });
+    }
+    if pipeline.views.iter().any(|v| v.buckets.is_some()) {
+        // 1.10: SDXL's conditioning, per sample.
+        for name in ["crop_top_left", "original_size"] {
+            specs.push(FieldSpec {
+                name: name.into(),
+                dtype: DType::I32,
+                shape: vec![2],
+            });
+        }
     }
     specs
 }
@@ -252,6 +296,12 @@ fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout, fields: Op
                 ops: field("gpu_ops"),
             }),
         fields,
+        bucket_fields: field("crop_top_left")
+            .zip(field("original_size"))
+            .map(|(crop_top_left, original_size)| crate::pool::BucketFields {
+                crop_top_left,
+                original_size,
+            }),
         pipeline,
         layout,
         kind: crate::pool::SampleKind::Image,
@@ -711,4 +761,93 @@ fn shard_order(
         )));
     }
     Ok(Some(std::sync::Arc::new(order)))
+}
+
+/// The buckets of `source`'s samples for `spec`: sizes from the cache, or probed now (with
+/// `opening` progress to a waiting 1.2 client). Under `on_error = raise` a header that cannot be
+/// read refuses the stream, naming the sample.
+pub(crate) async fn assign_buckets(
+    shared: &Arc<Shared>,
+    source: &Arc<dyn Source>,
+    spec: ringfeed_ops::spec::AspectBuckets,
+    dataset: &str,
+    skip_errors: bool,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<crate::buckets::Buckets, OpenError> {
+    let cached = {
+        let mut cache = shared.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(w, _)| w.strong_count() > 0);
+        cache
+            .iter()
+            .find(|(w, _)| w.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source)))
+            .map(|(_, sizes)| Arc::clone(sizes))
+    };
+    let sizes = match cached {
+        Some(s) => s,
+        None => {
+            let s = Arc::new(probe_all(shared, source, dataset, progress).await?);
+            let mut cache = shared.sizes.lock().unwrap_or_else(|p| p.into_inner());
+            cache.push((Arc::downgrade(source), Arc::clone(&s)));
+            s
+        }
+    };
+    if !skip_errors && let Some(i) = sizes.iter().position(|&(w, h)| w == 0 || h == 0) {
+        return Err((
+            ErrorCode::Dataset,
+            format!(
+                "{}: sample {i}: its image header cannot be read, so aspect_buckets cannot place it; pass on_error=\"skip\" to leave such samples out",
+                source.describe()
+            ),
+        ));
+    }
+    let of = sizes
+        .iter()
+        .map(|&(w, h)| ringfeed_ops::buckets::nearest(&spec.sizes, w.max(1), h.max(1)))
+        .collect();
+    Ok(crate::buckets::Buckets {
+        spec,
+        sizes,
+        of: Arc::new(of),
+    })
+}
+
+/// Reads every sample's header on a few blocking threads, sending `opening` every
+/// `shared.open_progress` meanwhile; stops early when the client goes.
+async fn probe_all(
+    shared: &Arc<Shared>,
+    source: &Arc<dyn Source>,
+    dataset: &str,
+    mut progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Vec<(u32, u32)>, OpenError> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let done = Arc::new(AtomicU64::new(0));
+    let cancel = Arc::new(AtomicBool::new(false));
+    let threads = shared.cores.clamp(1, 16) as usize;
+    let (src, limits, counter, stop) = (
+        Arc::clone(source),
+        shared.limits,
+        Arc::clone(&done),
+        Arc::clone(&cancel),
+    );
+    let work = tokio::task::spawn_blocking(move || crate::buckets::probe_on(&src, limits, threads, &counter, &stop));
+    tokio::pin!(work);
+    let started = std::time::Instant::now();
+    let every = shared.open_progress;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            r = &mut work => return r.map_err(|e| (ErrorCode::Internal, e.to_string())),
+            _ = tick.tick() => if let Some(w) = progress.as_deref_mut() {
+                let msg = ServerMessage::Opening {
+                    dataset: dataset.to_owned(),
+                    listed: done.load(Ordering::Relaxed),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                };
+                if let Err(e) = send(w, &msg).await {
+                    cancel.store(true, Ordering::Relaxed);
+                    return Err((ErrorCode::Internal, e.to_string()));
+                }
+            },
+        }
+    }
 }

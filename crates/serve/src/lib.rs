@@ -16,6 +16,7 @@
 //! - [`shared`]: what every connection shares: the pool, the open sources, the remote hub.
 //! - [`tune`]: the autotuner setting each stream's threads, prefetch depth and GPU share.
 //! - [`pool`]: the decode threads every stream shares, writing samples into FILLING slots.
+//! - [`buckets`]: 1.10 aspect-ratio buckets: each sample's size from its header, its bucket.
 //! - [`fields`]: 1.9 sample fields (text, tokens, metadata): checked at open, encoded per sample.
 //! - [`targets`]: 1.10 detection and segmentation targets: `open.targets` checked at open, each
 //!   sample's read, checked and encoded into `boxes`, `box_labels`, `box_count`, `mask`.
@@ -23,6 +24,7 @@
 //! - [`segment`]: the ring's memfd segment: created, sealed, mapped, pre-faulted.
 //! - [`socket`]: the listening socket.
 
+pub mod buckets;
 pub mod fields;
 mod images;
 pub mod observe;

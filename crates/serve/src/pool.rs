@@ -51,6 +51,10 @@ pub struct StreamCtx {
     pub gpu: Option<GpuFields>,
     /// 1.9: the sample fields (text, tokens, metadata), read with each sample's image.
     pub fields: Option<Arc<crate::fields::SampleFields>>,
+    /// 1.10: the samples' aspect buckets and their conditioning fields; each batch is then one
+    /// bucket (`BatchTask::bucket`).
+    pub buckets: Option<Arc<crate::buckets::Buckets>>,
+    pub bucket_fields: Option<BucketFields>,
     /// The run whose jobs should do their work; jobs of any other run are skipped.
     pub current_run: AtomicU32,
     /// Where finished batches go.
@@ -106,10 +110,41 @@ pub struct GpuFields {
     pub ops: Option<FieldDesc>,
 }
 
+/// 1.10: an aspect-bucketed stream's conditioning fields (ring.md).
+#[derive(Debug, Clone)]
+pub struct BucketFields {
+    /// `(top, left)` of the bucket's crop in the resized image.
+    pub crop_top_left: FieldDesc,
+    /// `(height, width)` of the decoded, oriented image.
+    pub original_size: FieldDesc,
+}
+
 /// The outputs of sample `pos` of a FILLING slot, for [`Processor::run`].
 struct SlotSink<'a> {
     task: &'a BatchTask,
     pos: u32,
+}
+
+impl BatchTask {
+    /// The `(h, w)` of view `view`'s images in this batch: its bucket's in a bucketed stream
+    /// (whose samples are then packed `h·w·3` bytes apart: ring.md, 1.10), else the view's.
+    pub fn image_size(&self, view: usize) -> (u32, u32) {
+        match (&self.stream.buckets, self.bucket) {
+            (Some(b), Some(k)) if view == 0 => b.size(k),
+            _ => self.stream.pipeline.views[view].size,
+        }
+    }
+
+    /// Bytes of one sample of view `view`'s field in this batch.
+    pub fn image_bytes(&self, view: usize) -> u64 {
+        match (&self.stream.buckets, self.bucket) {
+            (Some(_), Some(_)) if view == 0 => {
+                let (h, w) = self.image_size(view);
+                u64::from(h) * u64::from(w) * 3
+            }
+            _ => self.stream.views[view].image.sample_bytes,
+        }
+    }
 }
 
 impl SlotSink<'_> {
@@ -131,9 +166,9 @@ impl SlotSink<'_> {
 impl Sink for SlotSink<'_> {
     fn image(&mut self, view: usize, rep: u32) -> &mut [u8] {
         let ctx = &self.task.stream;
-        let (h, w) = ctx.pipeline.views[view].size;
+        let (h, w) = self.task.image_size(view);
         let f = &ctx.views[view].image;
-        let field = (f.offset, f.sample_bytes);
+        let field = (f.offset, self.task.image_bytes(view));
         self.part(field, rep, u64::from(h) * u64::from(w) * 3)
     }
 
@@ -178,6 +213,8 @@ pub struct BatchTask {
     pub gpu_share: f64,
     /// Bytes of the `gpu_bytes` arena taken by this batch's GPU samples so far.
     pub arena_used: AtomicU64,
+    /// 1.10: the bucket of every sample of the batch, in a bucketed stream.
+    pub bucket: Option<u32>,
 }
 
 impl BatchTask {
@@ -534,6 +571,21 @@ fn write_sample(
     let rng = SampleRng::new(ctx.seed, task.epoch, index);
     let t0 = Instant::now();
     let mut sink = SlotSink { task, pos: job.pos };
+    // 1.10: the bucket's covering resize and crop go before the view's ops, for this image's size.
+    let mut bucketed = None;
+    let pipeline = match (&ctx.buckets, task.bucket) {
+        (Some(b), Some(k)) => {
+            let (width, height) = b.sizes[index as usize];
+            let bucket = b.size(k);
+            let (head, offsets) = b.spec.head(bucket, width, height, &rng);
+            let mut p = ctx.pipeline.clone();
+            p.views[0].ops.splice(0..0, head);
+            p.views[0].size = bucket;
+            bucketed = Some((offsets, (height, width)));
+            std::borrow::Cow::Owned(p)
+        }
+        _ => std::borrow::Cow::Borrowed(&ctx.pipeline),
+    };
     let on_gpu = match &ctx.gpu {
         Some(g) if ringfeed_ops::gpu::offered(job.pos, task.gpu_share) => {
             to_gpu(processor, task, job.pos, g, sample.data, rng.clone(), &mut sink)
@@ -545,14 +597,7 @@ fn write_sample(
         Some(crop) => crop,
         None => {
             let crop = processor
-                .run(
-                    sample.data,
-                    &ctx.pipeline,
-                    rng,
-                    ctx.layout,
-                    &mut sink,
-                    &mut Trace::off(),
-                )
+                .run(sample.data, &pipeline, rng, ctx.layout, &mut sink, &mut Trace::off())
                 .map_err(|e| (key(), e.to_string()))?;
             if let Some(g) = &ctx.gpu {
                 // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
@@ -590,6 +635,16 @@ fn write_sample(
                 b[4 * k..4 * k + 4].copy_from_slice(&x.to_le_bytes());
             }
             put(task, f, job.pos, &b);
+        }
+        if let (Some(f), Some(((top, left), (height, width)))) = (&ctx.bucket_fields, bucketed) {
+            let pair = |a: u32, b: u32| {
+                let mut out = [0u8; 8];
+                out[..4].copy_from_slice(&(a as i32).to_le_bytes());
+                out[4..].copy_from_slice(&(b as i32).to_le_bytes());
+                out
+            };
+            put(task, &f.crop_top_left, job.pos, &pair(top, left));
+            put(task, &f.original_size, job.pos, &pair(height, width));
         }
     }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;

@@ -163,6 +163,7 @@ mod tests {
             batch: 0,
             count: 2,
             skipped: 0,
+            ..Default::default()
         };
         // SAFETY: no other user of slot 2 in this test.
         unsafe { seg.write_slot_header(2, &h) };

@@ -43,6 +43,8 @@ pub struct Shared {
     pub idle: tokio::sync::Notify,
     /// Image folders and manifests being listed (`crate::opening`).
     pub openings: Arc<crate::opening::Openings>,
+    /// 1.10: image sizes probed for aspect buckets, per open source.
+    pub sizes: crate::buckets::SizeCache,
     /// How often a client waiting for a listing gets an `opening` message.
     pub open_progress: std::time::Duration,
     /// Remote datasets: the settings, the shard cache and the stores (`ringfeed_remote`).
@@ -74,6 +76,7 @@ impl Shared {
             busy: Mutex::new((0.0, 0)),
             idle: tokio::sync::Notify::new(),
             openings: Default::default(),
+            sizes: Default::default(),
             open_progress: crate::opening::PROGRESS_EVERY,
             #[cfg(feature = "remote")]
             remote: Arc::new(ringfeed_remote::Hub::new(ringfeed_remote::RemoteConfig::defaults())),
@@ -181,6 +184,8 @@ pub(crate) struct Prepared {
     pub per_sample: String,
     /// Builds the kind's members of the stream's context from the ring.
     pub finish: Box<dyn FnOnce(&Segment) -> KindParts + Send>,
+    /// 1.10: the samples' aspect buckets; the stream then uses the bucket order.
+    pub buckets: Option<Arc<crate::buckets::Buckets>>,
 }
 
 /// The sample kind's members of a `StreamCtx`.
@@ -193,6 +198,8 @@ pub(crate) struct KindParts {
     pub gpu: Option<crate::pool::GpuFields>,
     /// 1.9: the sample fields (images only).
     pub fields: Option<Arc<crate::fields::SampleFields>>,
+    /// 1.10: the aspect buckets' conditioning fields (images only).
+    pub bucket_fields: Option<crate::pool::BucketFields>,
     pub pipeline: Pipeline,
     pub layout: Layout,
     pub kind: crate::pool::SampleKind,

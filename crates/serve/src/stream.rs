@@ -28,7 +28,43 @@ use crate::shared::{OpenError, Shared};
 use crate::wire::{ConnectionEnd, Reply, fail, read_messages, send, send_with_fd};
 use ringfeed_format::control::{ClientMessage, ErrorCode, OpenRequest, PROTOCOL, SampleKindRequest, ServerMessage};
 use ringfeed_format::ring::{FieldDesc, RingLayout, SlotHeader};
+use ringfeed_order::buckets::{BucketPlan, BucketSampler};
 use ringfeed_order::sampler::{EpochPlan, Order, SamplerConfig};
+
+/// A run's batches: the sampler's plan, or (1.10) the aspect-bucket order's.
+#[derive(Debug)]
+enum RunPlan {
+    Samples(EpochPlan),
+    Buckets(BucketPlan),
+}
+
+impl RunPlan {
+    fn batches(&self) -> u64 {
+        match self {
+            RunPlan::Samples(p) => p.batches(),
+            RunPlan::Buckets(p) => p.batches(),
+        }
+    }
+
+    /// Batch `b`'s dataset indices and (bucketed) its bucket.
+    fn batch(&self, b: u64) -> (Vec<u64>, Option<u32>) {
+        match self {
+            RunPlan::Samples(p) => (p.batch(b).collect(), None),
+            RunPlan::Buckets(p) => {
+                let x = p.batch(b);
+                (x.indices.clone(), Some(x.bucket))
+            }
+        }
+    }
+
+    /// The indices of batches `from..to`, in order.
+    fn indices(&self, from: u64, to: u64) -> Box<dyn Iterator<Item = u64> + '_> {
+        match self {
+            RunPlan::Samples(p) => Box::new((from..to).flat_map(|b| p.batch(b))),
+            RunPlan::Buckets(p) => Box::new((from..to).flat_map(|b| p.batch(b).indices.iter().copied())),
+        }
+    }
+}
 
 /// Serves one connection until the client closes it, breaks the protocol, or `shutdown` fires.
 pub async fn serve_connection(
@@ -151,7 +187,7 @@ struct Run {
     /// it. Its batches are decoded but nothing is sent until a `start` confirms it.
     confirmed: bool,
     epoch: u64,
-    plan: EpochPlan,
+    plan: RunPlan,
     next_submit: u64,
     next_send: u64,
     total: u64,
@@ -176,6 +212,8 @@ struct StreamState {
     leases: BTreeMap<(u32, u64), Box<dyn std::any::Any + Send + Sync>>,
     /// 1.3: the `shard_blocks` order; `None`: the global order (`sampler.plan`).
     order: Option<Arc<ringfeed_order::blocks::ShardBlocks>>,
+    /// 1.10: the aspect-bucket order, which then replaces both.
+    buckets: Option<BucketSampler>,
 }
 
 /// Validates an `open` of any sample kind, opens its data and creates the ring.
@@ -203,9 +241,15 @@ async fn open_stream(
         rank: u64::from(open.rank),
         world_size: u64::from(open.world_size),
     };
-    let (per_rank, batches) = sampler
-        .validate()
-        .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+    let bucket_sampler = prepared.buckets.as_ref().map(|b| BucketSampler {
+        buckets: Arc::clone(&b.of),
+        config: sampler,
+    });
+    let (per_rank, batches) = match &bucket_sampler {
+        None => sampler.validate(),
+        Some(b) => b.validate(),
+    }
+    .map_err(|e| bad(format!("{}: {e}", path.display())))?;
     let ring = RingLayout::new(&prepared.specs, open.batch_size, open.slots).map_err(|e| bad(e.to_string()))?;
     if ring.header.segment_len > shared.max_ring_bytes {
         return Err(bad(format!(
@@ -267,6 +311,8 @@ async fn open_stream(
         crop: parts.crop,
         gpu: parts.gpu,
         fields: parts.fields,
+        buckets: prepared.buckets.clone(),
+        bucket_fields: parts.bucket_fields,
         source: Arc::clone(&source),
         segment: Arc::new(segment),
         pipeline: parts.pipeline,
@@ -304,6 +350,7 @@ async fn open_stream(
     };
     let mut state = StreamState::new(ctx, sampler, open.slots, prepared.skip_errors);
     state.order = prepared.order;
+    state.buckets = bucket_sampler;
     Ok((state, ring_msg))
 }
 
@@ -360,19 +407,27 @@ impl StreamState {
             skip_errors,
             leases: BTreeMap::new(),
             order: None,
+            buckets: None,
         }
     }
 
     /// This rank's plan of the rest of `epoch` from global `position`, in the stream's order
     /// (`ringfeed_order::blocks`; the global shuffle without one).
-    fn plan(&self, epoch: u64, position: u64) -> EpochPlan {
-        match &self.order {
+    /// 1.10: or the aspect-bucket order's, which refuses a position off a batch boundary.
+    fn plan(&self, epoch: u64, position: u64) -> Result<RunPlan, String> {
+        if let Some(b) = &self.buckets {
+            return b
+                .plan_from(epoch, position)
+                .map(RunPlan::Buckets)
+                .map_err(|e| e.to_string());
+        }
+        Ok(RunPlan::Samples(match &self.order {
             Some(o) if self.sampler.shuffle => self.sampler.plan_order(
                 Order::Table(Arc::new(o.permutation(self.sampler.seed, epoch))),
                 position,
             ),
             _ => self.sampler.plan_from(epoch, position),
-        }
+        }))
     }
 }
 
@@ -439,7 +494,10 @@ impl StreamState {
                     )
                     .await;
                 }
-                let plan = self.plan(epoch, position);
+                let plan = match self.plan(epoch, position) {
+                    Ok(p) => p,
+                    Err(m) => return fail(write, ErrorCode::BadRequest, m).await,
+                };
                 let total = plan.batches();
                 if first_batch > total {
                     return fail(
@@ -553,7 +611,7 @@ impl StreamState {
         let Some(run) = self.run.as_ref().filter(|_| ahead > 0) else {
             return;
         };
-        let mut upcoming = (run.next_submit..run.total).flat_map(|b| run.plan.batch(b)).take(ahead);
+        let mut upcoming = run.plan.indices(run.next_submit, run.total).take(ahead);
         self.ctx.source.will_read(&mut upcoming);
     }
 
@@ -569,7 +627,7 @@ impl StreamState {
                 return;
             };
             self.slots[slot] = Slot::Filling;
-            let indices: Vec<u64> = run.plan.batch(run.next_submit).collect();
+            let (indices, bucket) = run.plan.batch(run.next_submit);
             if let Some(lease) = self.ctx.source.lease(&indices) {
                 self.leases.insert((run.generation, run.next_submit), lease);
             }
@@ -584,6 +642,7 @@ impl StreamState {
                 arena_used: AtomicU64::new(0),
                 indices,
                 failures: Mutex::new(Vec::new()),
+                bucket,
             });
             run.next_submit += 1;
             shared.pool.submit(task);
@@ -605,7 +664,7 @@ impl StreamState {
     }
 
     /// Starts run `id` (generation: a new one) of `epoch` at `first_batch`.
-    fn begin_run(&mut self, id: u32, epoch: u64, plan: EpochPlan, first_batch: u64, confirmed: bool) {
+    fn begin_run(&mut self, id: u32, epoch: u64, plan: RunPlan, first_batch: u64, confirmed: bool) {
         self.gens += 1;
         let generation = self.gens;
         // SYNC POINT: Release pairs with the workers' Acquire load; jobs of older runs that start
@@ -688,6 +747,9 @@ impl StreamState {
                 batch: task.batch,
                 count,
                 skipped: failures.len() as u32,
+                // 1.10: a bucketed batch's image size (ring.md).
+                height: task.bucket.map_or(0, |_| task.image_size(0).0),
+                width: task.bucket.map_or(0, |_| task.image_size(0).1),
             };
             // SAFETY: the slot is FILLING and every job of its batch has finished (the task came
             // back through the pool's completion path), so this thread owns it.
@@ -734,8 +796,10 @@ impl StreamState {
         let next = run.epoch + 1;
         self.run = None;
         send(write, &msg).await?;
-        if next <= u64::from(u32::MAX) {
-            let plan = self.plan(next, 0);
+        // The next epoch's plan from its start: a position of 0 is always a batch boundary.
+        if next <= u64::from(u32::MAX)
+            && let Ok(plan) = self.plan(next, 0)
+        {
             self.begin_run(self.runs + 1, next, plan, 0, false);
             self.fill(shared);
         }
@@ -753,10 +817,24 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
         return n;
     }
     let failed: std::collections::BTreeSet<u32> = failures.iter().map(|f| f.pos).collect();
-    let fields: Vec<&FieldDesc> = ctx
+    // 1.10: a bucketed batch's images are packed at its bucket's size, not the field's.
+    let images: Vec<FieldDesc> = ctx
         .views
         .iter()
-        .flat_map(|v| std::iter::once(&v.image).chain(v.erase.as_ref()))
+        .enumerate()
+        .map(|(k, v)| FieldDesc {
+            sample_bytes: task.image_bytes(k),
+            ..v.image.clone()
+        })
+        .collect();
+    let fields: Vec<&FieldDesc> = images
+        .iter()
+        .chain(ctx.views.iter().flat_map(|v| v.erase.as_ref()))
+        .chain(
+            ctx.bucket_fields
+                .iter()
+                .flat_map(|b| [&b.crop_top_left, &b.original_size]),
+        )
         .chain(
             [
                 Some(&ctx.label),

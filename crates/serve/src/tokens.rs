@@ -531,6 +531,7 @@ fn prepared(windows: Arc<TokenWindows>, specs: Vec<FieldSpec>, seq_len: u32) -> 
         // Reading windows costs little: one thread unless the client or the tuner asks for more.
         start_threads: Some(1),
         per_sample: format!("windows of {seq_len} tokens"),
+        buckets: None,
         finish: Box::new(move |segment: &Segment| {
             let field = |n: &str| segment.layout().field(n).cloned();
             let kind = Arc::new(TokenKind {
@@ -553,6 +554,7 @@ fn prepared(windows: Arc<TokenWindows>, specs: Vec<FieldSpec>, seq_len: u32) -> 
                 crop: None,
                 gpu: None,
                 fields: None,
+                bucket_fields: None,
                 pipeline: ringfeed_ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
                 layout: ringfeed_ops::Layout::Nhwc,
                 kind: SampleKind::Filled(kind),

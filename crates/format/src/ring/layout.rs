@@ -281,6 +281,10 @@ pub struct SlotHeader {
     pub batch: u64,
     pub count: u32,
     pub skipped: u32,
+    /// 1.10: the batch's image height and width in an aspect-bucketed stream (bytes 32..40;
+    /// its samples are packed at that size: ring.md); 0 in every other stream.
+    pub height: u32,
+    pub width: u32,
 }
 
 impl SlotHeader {
@@ -292,6 +296,8 @@ impl SlotHeader {
         le::put_u64(&mut b, 16, self.batch);
         le::put_u32(&mut b, 24, self.count);
         le::put_u32(&mut b, 28, self.skipped);
+        le::put_u32(&mut b, 32, self.height);
+        le::put_u32(&mut b, 36, self.width);
         let c = crc32c::crc32c(&b[..60]);
         le::put_u32(&mut b, 60, c);
         b
@@ -312,6 +318,8 @@ impl SlotHeader {
             batch: le::u64(b, 16),
             count: le::u32(b, 24),
             skipped: le::u32(b, 28),
+            height: le::u32(b, 32),
+            width: le::u32(b, 36),
         })
     }
 }
@@ -365,6 +373,8 @@ mod tests {
             batch: 4,
             count: 5,
             skipped: 1,
+            height: 768,
+            width: 1344,
         };
         assert_eq!(SlotHeader::decode(&h.encode()).unwrap(), h);
     }

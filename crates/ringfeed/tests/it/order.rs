@@ -129,3 +129,82 @@ fn order_vectors_are_current() {
     let text = serde_json::to_string_pretty(&vectors()).unwrap() + "\n";
     crate::support::pinned(&path, text.as_bytes());
 }
+
+/// The aspect-bucket order's vectors (`proto/vectors/order/buckets.json`, control.md
+/// "Aspect-ratio buckets (1.10)"): each rank's batches, `[bucket, indices...]`, for small
+/// datasets whose samples' buckets are listed, with and without `drop_last`, and from a resume
+/// position. The client computes none of it (the server sends each batch), so only this side
+/// checks them; they pin the order against accidental change.
+fn bucket_vectors() -> Value {
+    use ringfeed_order::buckets::BucketSampler;
+    // (name, buckets by sample, batch_size, seed, epoch, world_size, drop_last, position)
+    type BucketCase = (&'static str, Vec<u32>, u64, u64, u64, u64, bool, u64);
+    let mixed: Vec<u32> = (0..40u32).map(|i| (i * 7 + i / 3) % 4).collect();
+    let cases: Vec<BucketCase> = vec![
+        ("one bucket, one rank", vec![0; 10], 3, 0, 0, 1, true, 0),
+        ("four buckets, two ranks, drop_last", mixed.clone(), 4, 7, 1, 2, true, 0),
+        (
+            "four buckets, two ranks, leftovers delivered",
+            mixed.clone(),
+            4,
+            7,
+            1,
+            2,
+            false,
+            0,
+        ),
+        (
+            "four buckets, three ranks, resumed at global batch 3",
+            mixed,
+            4,
+            9,
+            2,
+            3,
+            false,
+            12,
+        ),
+    ];
+    let cases: Vec<Value> = cases
+        .into_iter()
+        .map(|(name, buckets, batch_size, seed, epoch, world, drop_last, position)| {
+            let ranks: Vec<Value> = (0..world)
+                .map(|rank| {
+                    let config = SamplerConfig {
+                        dataset_len: buckets.len() as u64,
+                        batch_size,
+                        shuffle: true,
+                        seed,
+                        drop_last,
+                        rank,
+                        world_size: world,
+                    };
+                    let s = BucketSampler {
+                        buckets: Arc::new(buckets.clone()),
+                        config,
+                    };
+                    let plan = s.plan_from(epoch, position).unwrap();
+                    json!(
+                        plan.all()
+                            .iter()
+                            .map(|b| {
+                                let mut v = vec![u64::from(b.bucket)];
+                                v.extend(&b.indices);
+                                v
+                            })
+                            .collect::<Vec<_>>()
+                    )
+                })
+                .collect();
+            json!({"name": name, "buckets": buckets, "batch_size": batch_size, "seed": seed, "epoch": epoch,
+                "world_size": world, "drop_last": drop_last, "position": position, "ranks": ranks})
+        })
+        .collect();
+    json!({"description": "each rank's batches ([bucket, dataset indices...]) of the aspect-bucket order (control.md, \"Aspect-ratio buckets (1.10)\"); regenerate with RINGFEED_BLESS=1 cargo test -p ringfeed --test it order_vectors", "cases": cases})
+}
+
+#[test]
+fn order_vectors_for_buckets_are_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto/vectors/order/buckets.json");
+    let text = serde_json::to_string_pretty(&bucket_vectors()).unwrap() + "\n";
+    crate::support::pinned(&path, text.as_bytes());
+}

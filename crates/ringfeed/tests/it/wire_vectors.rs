@@ -357,6 +357,18 @@ fn ring_layout() {
         batch: 3,
         count: 2,
         skipped: 0,
+        ..Default::default()
+    };
+    // 1.10: a batch of an aspect-bucketed stream carries its image size in bytes 32..40.
+    let bucket = SlotHeader {
+        seq: 7,
+        run: 2,
+        epoch: 1,
+        batch: 5,
+        count: 2,
+        skipped: 0,
+        height: 768,
+        width: 1344,
     };
     // A batch whose every sample was skipped is announced with count 0 (ring.md, "Slot header").
     let all_skipped = SlotHeader {
@@ -366,6 +378,7 @@ fn ring_layout() {
         batch: 4,
         count: 0,
         skipped: 2,
+        ..Default::default()
     };
     let h = &layout.header;
     let expected = json!({
@@ -377,13 +390,15 @@ fn ring_layout() {
                 "name": f.name, "dtype": f.dtype.code(), "shape": f.shape, "offset": f.offset, "sample_bytes": f.sample_bytes,
             })).collect::<Vec<_>>(),
         },
-        "slot": {"seq": slot.seq, "run": slot.run, "epoch": slot.epoch, "batch": slot.batch, "count": slot.count, "skipped": slot.skipped},
-        "slot_all_skipped": {"seq": all_skipped.seq, "run": all_skipped.run, "epoch": all_skipped.epoch, "batch": all_skipped.batch, "count": 0, "skipped": all_skipped.skipped},
+        "slot": {"seq": slot.seq, "run": slot.run, "epoch": slot.epoch, "batch": slot.batch, "count": slot.count, "skipped": slot.skipped, "height": 0, "width": 0},
+        "slot_all_skipped": {"seq": all_skipped.seq, "run": all_skipped.run, "epoch": all_skipped.epoch, "batch": all_skipped.batch, "count": 0, "skipped": all_skipped.skipped, "height": 0, "width": 0},
+        "slot_bucket": {"seq": bucket.seq, "run": bucket.run, "epoch": bucket.epoch, "batch": bucket.batch, "count": bucket.count, "skipped": 0, "height": bucket.height, "width": bucket.width},
         "slot_offsets": (0..h.slot_count).map(|s| layout.slot_offset(s)).collect::<Vec<_>>(),
     });
     pinned(&vectors().join("ring/segment.bin"), &header);
     pinned(&vectors().join("ring/slot.bin"), &slot.encode());
     pinned(&vectors().join("ring/slot-all-skipped.bin"), &all_skipped.encode());
+    pinned(&vectors().join("ring/slot-bucket.bin"), &bucket.encode());
     pinned(
         &vectors().join("ring/expected.json"),
         (serde_json::to_string_pretty(&expected).unwrap() + "\n").as_bytes(),
@@ -395,6 +410,10 @@ fn ring_layout() {
     assert_eq!(
         SlotHeader::decode(&fs::read(vectors().join("ring/slot-all-skipped.bin")).unwrap()).unwrap(),
         all_skipped
+    );
+    assert_eq!(
+        SlotHeader::decode(&fs::read(vectors().join("ring/slot-bucket.bin")).unwrap()).unwrap(),
+        bucket
     );
 }
 

@@ -186,7 +186,8 @@ class ImageBatches(BatchMaker):
         if o.targets is not None:
             # control.md, 1.10: a 1.9 server ignores `targets`; the batch would have none.
             _need(server_protocol, (1, 10), "detection and segmentation targets need a")
-            msg["targets"] = o.targets.request()
+            (view,) = o.views.views.values()  # type: ignore[union-attr]
+            msg["targets"] = o.targets.request(view.transform.sanitize)
         return msg
 
     def _pipeline_member(self, server_protocol: tuple[int, int]) -> dict[str, Any]:
@@ -602,6 +603,7 @@ def _target_fields(fields: tuple[str, ...], views: Views | None, targets: Any) -
             "multi-view and count > 1 pipelines carry no targets"
         )
     (view,) = views.views.values()
+    targets.request(view.transform.sanitize)  # a min_size/min_area that contradicts the pipeline's
     out = list(fields)
     for name in targets.ring_fields(view.size):
         if name in out or name in views.views:

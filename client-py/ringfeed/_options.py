@@ -480,8 +480,10 @@ class Targets:
             WebDataset PNG member's extension (``"png"``); ``None``: no mask.
         max_boxes: room per sample for boxes, ``1 ..= 4096``; a sample with more is a sample
             error (``on_error``). Optional with ``"stored"`` boxes (the packed file's largest count).
-        min_size: boxes narrower or lower than this many output pixels are removed (default 1).
-        min_area: boxes smaller than this many square output pixels are removed (default 1).
+        min_size: boxes narrower or lower than this many output pixels are removed; default: the
+            pipeline's ``ringfeed.SanitizeBoundingBoxes`` (torchvision's spelling), else 1.
+        min_area: boxes smaller than this many square output pixels are removed; default as
+            ``min_size``.
         mask_fill: the label of mask pixels no source pixel covers (padding, zoom-out), ``0 ..= 255``.
     """
 
@@ -489,8 +491,8 @@ class Targets:
     mask: str | None = None
     _: KW_ONLY
     max_boxes: int | None = None
-    min_size: float = 1.0
-    min_area: float = 1.0
+    min_size: float | None = None
+    min_area: float | None = None
     mask_fill: int = 0
 
     def __post_init__(self) -> None:
@@ -511,13 +513,27 @@ class Targets:
             )
         for name in ("min_size", "min_area"):
             v = getattr(self, name)
+            if v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Targets: {name} must be a finite number >= 0, got {v!r}")
         int_in("Targets: mask_fill", self.mask_fill, 0, 255)
 
-    def request(self) -> dict[str, Any]:
-        """Its ``open.targets`` (control.md, "Detection and segmentation targets (1.10)")."""
-        out: dict[str, Any] = {"min_size": float(self.min_size), "min_area": float(self.min_area)}
+    def request(self, sanitize: Any = None) -> dict[str, Any]:
+        """Its ``open.targets`` (control.md, "Detection and segmentation targets (1.10)"), with
+        ``sanitize`` (the pipeline's ``SanitizeBoundingBoxes``, if any) for unset bounds."""
+        size, area = self.min_size, self.min_area
+        if sanitize is not None:
+            for name, mine, theirs in (("min_size", size, sanitize.min_size), ("min_area", area, sanitize.min_area)):
+                if mine is not None and float(mine) != theirs:
+                    raise ValueError(
+                        f"Targets: {name}={mine!r}, but the pipeline's SanitizeBoundingBoxes says {theirs!r}; give one"
+                    )
+            size, area = sanitize.min_size, sanitize.min_area
+        out: dict[str, Any] = {
+            "min_size": 1.0 if size is None else float(size),
+            "min_area": 1.0 if area is None else float(area),
+        }
         if self.boxes is not None:
             out["boxes"] = self.boxes
         if self.mask is not None:

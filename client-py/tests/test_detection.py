@@ -1,9 +1,11 @@
-"""Detection and segmentation targets, packed: ``ringfeed pack --coco FILE --masks DIR`` over
+"""Detection and segmentation targets, packed and served: ``ringfeed pack --coco FILE --masks DIR`` over
 real images and VOC-style palette masks written by Pillow, read back by the Python reader of
 ``targets.rft`` and compared with what torchvision makes of the same COCO annotations.
 
-Serving them (``open.targets``, the ring fields ``boxes``/``box_labels``/``box_count``/``mask``)
-is not in this branch yet; see docs/detection.md.
+Served (protocol 1.10): a real server over a real socket delivers ``boxes``, ``box_labels``,
+``box_count`` and ``mask`` moved by its crops and flips; each sample's equal torchvision v2's on
+``tv_tensors`` replayed from the sample's ``crop`` field, over an epoch on 2 ranks and after a
+resume, from the packed set and from WebDataset tars written by the ``webdataset`` library.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import pytest
 import torch
 from _support import ringfeed_bin
 from PIL import Image
+from torchvision import tv_tensors
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as tvf
 from torchvision.tv_tensors import BoundingBoxFormat
 
@@ -236,6 +240,9 @@ def test_targets_options_are_checked(kw: dict[str, Any], message: str) -> None:
 def test_targets_request_and_ring_fields() -> None:
     """Targets' open.targets member and ring fields follow control.md and ring.md."""
     t = ringfeed.Targets(boxes="json:annotations", mask="png", max_boxes=7, min_size=2, mask_fill=255)
+    assert ringfeed.Targets(boxes="stored").request(ringfeed.SanitizeBoundingBoxes(3, 4))["min_area"] == 4.0
+    with pytest.raises(ValueError, match=r"the pipeline's SanitizeBoundingBoxes says 3\.0"):
+        t.request(ringfeed.SanitizeBoundingBoxes(3))
     assert t.request() == {
         "boxes": "json:annotations", "mask": "png", "max_boxes": 7, "min_size": 2.0, "min_area": 1.0, "mask_fill": 255,
     }  # fmt: skip
@@ -253,12 +260,254 @@ def test_targets_need_one_view_of_one_image(tmp_path: Path) -> None:
         ringfeed.Loader(tmp_path, 2, views, targets=ringfeed.Targets(boxes="stored"))
 
 
-def test_a_1_9_server_is_refused_naming_its_version(tmp_path: Path, sock: str) -> None:
-    """Against the server binary (protocol 1.9), a loader with targets raises before it opens,
-    naming the server's version and what targets need: a 1.9 server would ignore them."""
-    write_set(tmp_path)
-    out = tmp_path / "out"
-    pack_set(tmp_path, out)
-    server = ringfeed.Server(socket=sock, spawn=True, timeout=60)
+def test_a_1_9_server_is_refused_naming_its_version(tmp_path: Path, serve: Any) -> None:
+    """Against a 1.9 server (which would ignore open.targets), a loader with targets raises before it
+    opens, naming the server's version and what targets need."""
+    server = serve(protocol=(1, 9), dataset_len=4)
     with pytest.raises(ringfeed.RingfeedError, match=r"speaks protocol 1\.9; detection and segmentation targets need"):
-        ringfeed.Loader(out, 2, ONE_VIEW, targets=ringfeed.Targets(boxes="stored", mask="stored"), server=server)
+        ringfeed.Loader(
+            tmp_path, 2, ONE_VIEW, targets=ringfeed.Targets(boxes="stored"), server=ringfeed.Server(socket=server.path)
+        )
+
+
+# -- served: targets follow the ops, against torchvision v2 ---------------------------------------
+
+#: The serving set: sizes of its images (stored, no EXIF orientation) and boxes per image.
+SERVED = 14
+PIPE = ringfeed.Compose([ringfeed.RandomResizedCrop((24, 32), scale=(0.2, 1.0)), ringfeed.RandomHorizontalFlip()])
+OUT_HW = (24, 32)
+FILL = 255
+
+
+def served_images(n: int) -> list[tuple[str, int, int]]:
+    rng = np.random.default_rng(11)
+    return [(f"im_{k:03d}.jpg", int(rng.integers(40, 90)), int(rng.integers(36, 80))) for k in range(n)]
+
+
+def grey_mask(w: int, h: int, seed: int) -> np.ndarray:
+    """A label map where every pixel's label depends on both coordinates, so an index off by one shows."""
+    y, x = np.mgrid[0:h, 0:w]
+    return ((x * 7 + y * 13 + seed * 5) % 251).astype(np.uint8)
+
+
+def annotations_for(k: int, w: int, h: int) -> list[dict[str, Any]]:
+    """0..6 boxes inside the image (some thin, one at the edge), and a crowd one, as COCO writes them."""
+    rng = np.random.default_rng(100 + k)
+    out = []
+    for j in range(k % 7):
+        x, y = float(rng.uniform(0, w - 4)), float(rng.uniform(0, h - 4))
+        bw, bh = float(rng.uniform(0.6, w - x)), float(rng.uniform(0.6, h - y))
+        out.append({"id": 1000 * k + j, "image_id": k, "bbox": [x, y, bw, bh], "category_id": int(rng.integers(1, 9))})
+    if k % 3 == 0:
+        out.append({"id": 1000 * k + 99, "image_id": k, "bbox": [0, 0, w, h], "category_id": 5, "iscrowd": 1})
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same synthetic detection set, packed with ``--coco --masks`` and written as WebDataset
+    tars (``jpg``, ``json`` holding the annotations, ``png`` the mask) by the webdataset library."""
+    import webdataset
+
+    root = tmp_path_factory.mktemp("served")
+    (root / "images").mkdir()
+    (root / "masks").mkdir()
+    (root / "wds").mkdir()
+    images, annotations, samples = [], [], []
+    for k, (name, w, h) in enumerate(served_images(SERVED)):
+        buf = io.BytesIO()
+        picture(w, h, k).save(buf, "JPEG", quality=92)
+        (root / "images" / name).write_bytes(buf.getvalue())
+        mbuf = io.BytesIO()
+        Image.fromarray(grey_mask(w, h, k), mode="L").save(mbuf, "PNG")
+        (root / "masks" / (Path(name).stem + ".png")).write_bytes(mbuf.getvalue())
+        anns = annotations_for(k, w, h)
+        annotations += anns
+        images.append({"id": k, "file_name": name, "width": w, "height": h})
+        samples.append(
+            {"__key__": f"{k:06d}", "jpg": buf.getvalue(), "json": {"annotations": anns}, "png": mbuf.getvalue()}
+        )
+    doc = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": c, "name": f"c{c}"} for c in range(1, 9)],
+    }
+    (root / "instances.json").write_text(json.dumps(doc))
+    run("pack", str(root / "images"), str(root / "packed"), "--coco", str(root / "instances.json"),
+        "--masks", str(root / "masks"))  # fmt: skip
+    for s in range(2):
+        with webdataset.TarWriter(str(root / "wds" / f"det-{s:05d}.tar")) as sink:
+            for sample in samples[s * SERVED // 2 : (s + 1) * SERVED // 2]:
+                sink.write(sample)
+    return {"root": root, "doc": doc, "images": served_images(SERVED)}
+
+
+def reference(served: dict[str, Any], k: int, crop: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torchvision v2's targets for sample ``k`` with the crop the server drew (its ``crop`` field):
+    ``F.resized_crop`` on ``BoundingBoxes`` (XYXY, hard clamping) and on the ``Mask`` (nearest),
+    ``F.horizontal_flip`` when flipped, then ``sanitize_bounding_boxes`` (min_size 1, min_area 1)."""
+    _, w, h = served["images"][k]
+    top, left, ch, cw, flipped = crop
+    xyxy, labels = reference_boxes(served["doc"], k, w, h)
+    boxes = tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=(h, w), clamping_mode="hard")
+    mask = tv_tensors.Mask(torch.from_numpy(grey_mask(w, h, k)))
+    boxes = tvf.resized_crop(boxes, top, left, ch, cw, list(OUT_HW))
+    mask = tvf.resized_crop(mask, top, left, ch, cw, list(OUT_HW), interpolation=InterpolationMode.NEAREST)
+    if flipped:
+        boxes, mask = tvf.horizontal_flip(boxes), tvf.horizontal_flip(mask)
+    boxes, valid = tvf.sanitize_bounding_boxes(boxes, min_size=1.0, min_area=1.0)
+    return boxes.as_subclass(torch.Tensor), labels[valid], mask.as_subclass(torch.Tensor)
+
+
+def check_batches(served: dict[str, Any], batches: list[dict[str, Any]]) -> list[int]:
+    """Every delivered sample's boxes, labels, count and mask equal torchvision's replay of its crop."""
+    seen = []
+    for b in batches:
+        assert b["boxes"].dtype == torch.float32
+        assert b["box_labels"].dtype == torch.int64
+        assert b["box_count"].dtype == torch.int32
+        assert b["mask"].dtype == torch.uint8
+        assert tuple(b["mask"].shape[1:]) == OUT_HW
+        for p, k in enumerate(b["index"].tolist()):
+            want_boxes, want_labels, want_mask = reference(served, k, b["crop"][p].tolist())
+            n = int(b["box_count"][p])
+            assert n == len(want_boxes), (k, b["crop"][p], b["boxes"][p][:n], want_boxes)
+            assert torch.allclose(b["boxes"][p][:n], want_boxes, rtol=0, atol=1e-4), (k, b["boxes"][p][:n], want_boxes)
+            assert torch.equal(b["box_labels"][p][:n], want_labels)
+            assert (b["box_labels"][p][n:] == -1).all()
+            assert torch.equal(b["mask"][p], want_mask), k
+            seen.append(k)
+    return seen
+
+
+def targets_loader(path: Any, sock: str, targets: ringfeed.Targets, **kw: Any) -> ringfeed.Loader:
+    opts: dict[str, Any] = {
+        "seed": 4,
+        "fields": ["index", "crop"],
+        "drop_last": False,
+        "targets": targets,
+        "server": ringfeed.Server(socket=sock, spawn=True),
+    }
+    opts.update(kw)
+    return ringfeed.Loader(path, 3, PIPE, **opts)
+
+
+STORED = ringfeed.Targets(boxes="stored", mask="stored", mask_fill=FILL)
+MEMBERS = ringfeed.Targets(boxes="json:annotations", max_boxes=8, mask="png", mask_fill=FILL)
+
+
+def sources(served: dict[str, Any]) -> dict[str, tuple[Any, ringfeed.Targets]]:
+    root = served["root"]
+    return {
+        "packed": (root / "packed", STORED),
+        "webdataset": (ringfeed.WebDataset(str(root / "wds"), label=""), MEMBERS),
+    }
+
+
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_targets_follow_the_crops_over_an_epoch_on_two_ranks(served: dict[str, Any], sock: str, kind: str) -> None:
+    """On 2 ranks, every sample of an epoch comes once, with torchvision v2's boxes (within 1e-4 px),
+    labels and mask (exactly) for the crop and flip the server drew."""
+    path, targets = sources(served)[kind]
+    seen: list[int] = []
+    delivered = flips = 0
+    for rank in (0, 1):
+        with targets_loader(path, sock, targets, rank=rank, world_size=2) as ld:
+            ld.set_epoch(1)
+            batches = list(ld)
+        assert set(batches[0]) == {"image", "label", "index", "crop", "boxes", "box_labels", "box_count", "mask"}
+        part = check_batches(served, batches)
+        assert not set(part) & set(seen), "the ranks overlap"
+        seen += part
+        delivered += sum(int(b["box_count"].sum()) for b in batches)
+        flips += sum(int(b["crop"][:, 4].sum()) for b in batches)
+    assert sorted(seen) == list(range(SERVED))
+    stored = sum(len(reference_boxes(served["doc"], k, w, h)[0]) for k, (_, w, h) in enumerate(served["images"]))
+    assert 0 < delivered < stored, "some boxes survive the crops and some are cut away"
+    assert 0 < flips < SERVED
+
+
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_targets_hold_across_a_resume(served: dict[str, Any], sock: str, kind: str) -> None:
+    """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own targets."""
+    path, targets = sources(served)[kind]
+    with targets_loader(path, sock, targets) as ld:
+        ld.set_epoch(2)
+        it = iter(ld)
+        first = [{k: v.clone() for k, v in next(it).items()} for _ in range(2)]
+        state = ld.state_dict()
+    with targets_loader(path, sock, targets) as ld:
+        ld.load_state_dict(state)
+        rest = list(ld)
+    seen = check_batches(served, first) + check_batches(served, rest)
+    assert sorted(seen) == list(range(SERVED))
+
+
+def test_more_boxes_than_max_boxes_names_the_sample_and_max_boxes(served: dict[str, Any], sock: str) -> None:
+    """A sample with more boxes than max_boxes is a sample error naming it, its count and max_boxes."""
+    root = served["root"]
+    targets = ringfeed.Targets(boxes="json:annotations", max_boxes=3)
+    with (
+        targets_loader(ringfeed.WebDataset(str(root / "wds"), label=""), sock, targets) as ld,
+        pytest.raises(ringfeed.ServerError, match=r"boxes, more than targets\.max_boxes = 3; raise max_boxes") as e,
+    ):
+        list(ld)
+    assert e.value.code == "sample"
+
+
+def test_a_mask_of_the_wrong_size_is_the_samples_error(tmp_path: Path, sock: str) -> None:
+    """A WebDataset mask whose size is not its image's fails that sample, naming it."""
+    import webdataset
+
+    good, bad = io.BytesIO(), io.BytesIO()
+    picture(40, 30, 1).save(good, "JPEG")
+    Image.fromarray(grey_mask(30, 40, 1), mode="L").save(bad, "PNG")
+    with webdataset.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": good.getvalue(), "png": bad.getvalue()})
+    targets = ringfeed.Targets(mask="png")
+    with (
+        targets_loader(ringfeed.WebDataset(str(tmp_path), label=""), sock, targets) as ld,
+        pytest.raises(ringfeed.ServerError, match=r"k0.*mask") as e,
+    ):
+        list(ld)
+    assert e.value.code == "sample"
+
+
+def test_a_malformed_annotation_member_is_the_samples_error(tmp_path: Path, sock: str) -> None:
+    """A WebDataset annotation without a four-number bbox fails that sample, naming the member and the annotation."""
+    import webdataset
+
+    good = io.BytesIO()
+    picture(40, 30, 1).save(good, "JPEG")
+    with webdataset.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write(
+            {"__key__": "k0", "jpg": good.getvalue(), "json": {"annotations": [{"bbox": [1, 2], "category_id": 1}]}}
+        )
+    targets = ringfeed.Targets(boxes="json:annotations", max_boxes=4)
+    with (
+        targets_loader(ringfeed.WebDataset(str(tmp_path), label=""), sock, targets) as ld,
+        pytest.raises(ringfeed.ServerError, match=r"k0.*annotation 0: `bbox` is not four numbers") as e,
+    ):
+        list(ld)
+    assert e.value.code == "sample"
+
+
+def test_samples_handed_to_the_gpu_decoder_carry_their_targets(served: dict[str, Any], sock: str) -> None:
+    """Hybrid decode (the host backend): samples the server leaves encoded for the client's GPU get
+    the targets the server moved through the geometry it planned, torchvision's as for the rest."""
+    with targets_loader(served["root"] / "packed", sock, STORED, gpu_decode=1.0, _gpu_backend="host") as ld:
+        ld.set_epoch(1)
+        batches = list(ld)
+        stats = ld.stats()
+    assert sorted(check_batches(served, batches)) == list(range(SERVED))
+    assert stats["gpu_samples"] > 0, stats
+
+
+def test_targets_and_aspect_buckets_are_refused_together(served: dict[str, Any], sock: str) -> None:
+    """A bucketed pipeline changes the batch shape, and the mask field has one: the pair is refused, naming both."""
+    pipe = ringfeed.Compose([ringfeed.AspectBuckets(area=32 * 32, step=8)])
+    with pytest.raises(ringfeed.ServerError, match="targets do not go with aspect_buckets") as e:
+        ringfeed.Loader(
+            served["root"] / "packed", 2, pipe, targets=STORED, server=ringfeed.Server(socket=sock, spawn=True)
+        )
+    assert e.value.code == "bad_request"

@@ -18,6 +18,7 @@ use crate::fields::SampleFields;
 use crate::pool::ViewFields;
 use crate::segment::Segment;
 use crate::shared::{KindParts, OpenError, Prepared, Shared, admit};
+use crate::targets::StreamTargets;
 use crate::wire::send;
 use ringfeed_format::ring::{DType, FieldSpec};
 use ringfeed_source::files::ServedKind;
@@ -138,6 +139,42 @@ pub(crate) async fn prepare_images(
             )));
         }
     }
+    // 1.10: detection and segmentation targets, from the packed dataset's targets.rft or the
+    // samples' members.
+    let mut taken: Vec<String> = specs.iter().map(|s| s.name.to_string()).collect();
+    taken.extend(["label", "index", "crop"].map(String::from));
+    taken.extend(pipeline.views.iter().map(|v| v.name.clone()));
+    let targets = StreamTargets::parse(
+        open.targets.as_ref(),
+        source.as_ref(),
+        &pipeline,
+        &taken,
+        open.check_crc(),
+        shared.limits.max_pixels,
+    )
+    .map_err(bad)?;
+    if targets.is_some() && buckets.is_some() {
+        // A bucketed batch's size is its bucket's, and the mask field has one shape.
+        return Err(bad(
+            "open.targets: targets do not go with aspect_buckets yet (its batches change shape); drop one of them"
+                .to_owned(),
+        ));
+    }
+    if pipeline.needs_boxes() && !targets.as_ref().is_some_and(StreamTargets::has_boxes) {
+        return Err(bad(
+            "pipeline: random_iou_crop draws against the sample's boxes; give open.targets.boxes".to_owned(),
+        ));
+    }
+    if let Some(t) = &targets {
+        specs.extend(t.specs());
+        if specs.len() > ringfeed_format::ring::layout::MAX_FIELDS {
+            return Err(bad(format!(
+                "open.targets: the stream would carry {} ring fields, more than the ring's {} (ring.md); ask for fewer fields",
+                specs.len(),
+                ringfeed_format::ring::layout::MAX_FIELDS
+            )));
+        }
+    }
     let per_sample = format!("samples of {} images", pipeline.outputs());
     Ok(Prepared {
         source,
@@ -149,7 +186,7 @@ pub(crate) async fn prepare_images(
         reports_order: true,
         start_threads: None,
         per_sample,
-        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields)),
+        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields, targets)),
         buckets,
     })
 }
@@ -269,11 +306,21 @@ fn gpu_fields(
 }
 
 /// The image kind's parts once the ring is made: each field's place in a slot.
-fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout, fields: Option<SampleFields>) -> KindParts {
+fn finish_kind(
+    segment: &Segment,
+    pipeline: Pipeline,
+    layout: Layout,
+    fields: Option<SampleFields>,
+    targets: Option<StreamTargets>,
+) -> KindParts {
     let field = |n: &str| segment.layout().field(n).cloned();
     let fields = fields.map(|mut f| {
         f.bind(&field);
         Arc::new(f)
+    });
+    let targets = targets.map(|mut t| {
+        t.bind(&field);
+        Arc::new(t)
     });
     let views = pipeline
         .views
@@ -302,6 +349,7 @@ fn finish_kind(segment: &Segment, pipeline: Pipeline, layout: Layout, fields: Op
                 crop_top_left,
                 original_size,
             }),
+        targets,
         pipeline,
         layout,
         kind: crate::pool::SampleKind::Image,

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use ringfeed_decode::Limits;
 use ringfeed_format::ring::{FieldDesc, gpu_ops};
-use ringfeed_ops::{Layout, Pipeline, Processor, Sink, Trace};
+use ringfeed_ops::{Layout, Pipeline, Processor, Sink, Targets, Trace};
 use ringfeed_order::rng::SampleRng;
 
 use crate::segment::Segment;
@@ -55,6 +55,9 @@ pub struct StreamCtx {
     /// bucket (`BatchTask::bucket`).
     pub buckets: Option<Arc<crate::buckets::Buckets>>,
     pub bucket_fields: Option<BucketFields>,
+    /// 1.10: the detection and segmentation targets, read with each sample's image and moved
+    /// with it by the ops.
+    pub targets: Option<Arc<crate::targets::StreamTargets>>,
     /// The run whose jobs should do their work; jobs of any other run are skipped.
     pub current_run: AtomicU32,
     /// Where finished batches go.
@@ -530,39 +533,57 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
     let mut outcome: Result<(), (String, String)> = Ok(());
     let mut times = [0u64; STAGES];
     let t0 = Instant::now();
-    match &ctx.fields {
-        None => ctx.source.with_sample(index, &mut |sample| {
+    if ctx.fields.is_none() && ctx.targets.is_none() {
+        ctx.source.with_sample(index, &mut |sample| {
             times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
-            outcome = write_sample(processor, job, index, sample, &mut times)
-        }),
-        // 1.9: the fields come from the same read as the image, so they follow it everywhere;
-        // they are encoded first, so a sample whose field fails is not decoded for nothing.
-        Some(fields) => ctx.source.with_sample_extra(index, &mut |sample, extra| {
-            let encoded = fields
-                .encode(&extra)
-                .map_err(|e| (String::from_utf8_lossy(sample.key).into_owned(), e));
+            outcome = write_sample(processor, job, index, sample, None, &mut times)
+        })
+    } else {
+        // 1.9: the fields (1.10: the targets) come from the same read as the image, so they
+        // follow it everywhere; they are read first, so a sample whose field fails is not
+        // decoded for nothing.
+        ctx.source.with_sample_extra(index, &mut |sample, extra| {
+            let key = || String::from_utf8_lossy(sample.key).into_owned();
+            let encoded = match &ctx.fields {
+                Some(fields) => fields.encode(&extra).map_err(|e| (key(), e)),
+                None => Ok(Vec::new()),
+            };
+            let targets = match &ctx.targets {
+                Some(t) => {
+                    let (mut read, mut png) = (Targets::default(), Vec::new());
+                    t.read(ctx.source.as_ref(), index, &extra, &mut read, &mut png)
+                        .map(|()| Some(read))
+                        .map_err(|e| (key(), e))
+                }
+                None => Ok(None),
+            };
             times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
             outcome = encoded.and_then(|encoded| {
-                write_sample(processor, job, index, sample, &mut times)?;
-                for (desc, bytes) in fields.descs().iter().zip(&encoded) {
+                let mut targets = targets?;
+                write_sample(processor, job, index, sample, targets.as_mut(), &mut times)?;
+                let descs = ctx.fields.as_ref().map_or(&[][..], |f| f.descs());
+                for (desc, bytes) in descs.iter().zip(&encoded) {
                     // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
                     // `encode` gives each field exactly its sample bytes.
                     unsafe { put(task, desc, job.pos, bytes) };
                 }
                 Ok(())
             });
-        }),
+        })
     }
     .map_err(|e| (format!("#{index}"), e.to_string()))?;
     ctx.stats.add_sample_times(times);
     outcome
 }
 
+/// Decodes and transforms one sample into the slot, with its label and extras; with `targets`
+/// (1.10, in the stored image's pixels), moves them with the image and writes their fields.
 fn write_sample(
     processor: &mut Processor,
     job: &Job,
     index: u64,
     sample: ringfeed_source::Sample<'_>,
+    mut targets: Option<&mut Targets>,
     times: &mut [u64; STAGES],
 ) -> Result<(), (String, String)> {
     let task = &job.batch;
@@ -587,18 +608,30 @@ fn write_sample(
         _ => std::borrow::Cow::Borrowed(&ctx.pipeline),
     };
     let on_gpu = match &ctx.gpu {
-        Some(g) if ringfeed_ops::gpu::offered(job.pos, task.gpu_share) => {
-            to_gpu(processor, task, job.pos, g, sample.data, rng.clone(), &mut sink)
-                .map_err(|e| (key(), e.to_string()))?
-        }
+        Some(g) if ringfeed_ops::gpu::offered(job.pos, task.gpu_share) => to_gpu(
+            processor,
+            task,
+            job.pos,
+            g,
+            sample.data,
+            rng.clone(),
+            &mut sink,
+            targets.as_deref_mut(),
+        )
+        .map_err(|e| (key(), e.to_string()))?,
         _ => None,
     };
     let crop = match on_gpu {
         Some(crop) => crop,
         None => {
-            let crop = processor
-                .run(sample.data, &pipeline, rng, ctx.layout, &mut sink, &mut Trace::off())
-                .map_err(|e| (key(), e.to_string()))?;
+            let (data, pipeline, layout, trace) = (sample.data, pipeline.as_ref(), ctx.layout, &mut Trace::off());
+            let crop = match (targets.as_deref_mut(), &ctx.targets) {
+                (Some(t), Some(s)) => {
+                    processor.run_targets(data, pipeline, rng, layout, &mut sink, trace, t, &s.options)
+                }
+                _ => processor.run(data, pipeline, rng, layout, &mut sink, trace),
+            }
+            .map_err(|e| (key(), e.to_string()))?;
             if let Some(g) = &ctx.gpu {
                 // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
                 // an all-zero record says the server decoded it (ring.md).
@@ -647,13 +680,23 @@ fn write_sample(
             put(task, &f.original_size, job.pos, &pair(height, width));
         }
     }
+    if let (Some(t), Some(stream)) = (targets, &ctx.targets) {
+        let encoded = stream.encode(t).map_err(|e| (key(), e))?;
+        for (desc, bytes) in stream.descs().iter().zip(&encoded) {
+            // SAFETY: this job owns sample `pos` of the FILLING slot; `encode` gives each field
+            // exactly its sample bytes.
+            unsafe { put(task, desc, job.pos, bytes) };
+        }
+    }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())
 }
 
 /// Hands sample `pos` to the client's GPU when it can go there: plans it, copies its bytes into
-/// the batch's arena and writes its `gpu_job` record. Returns its `crop`, or `None` when the CPU
-/// must decode it (not a plain JPEG, geometry the GPU does not finish, no room in the arena).
+/// the batch's arena and writes its `gpu_job` record; 1.10: moves its `targets` through the
+/// planned geometry (known before any pixel is decoded). Returns its `crop`, or `None` when the
+/// CPU must decode it (not a plain JPEG, geometry the GPU does not finish, no room in the arena).
+#[allow(clippy::too_many_arguments)]
 fn to_gpu(
     processor: &mut Processor,
     task: &BatchTask,
@@ -662,6 +705,7 @@ fn to_gpu(
     data: &[u8],
     rng: SampleRng,
     sink: &mut SlotSink<'_>,
+    targets: Option<&mut Targets>,
 ) -> Result<Option<ringfeed_ops::Crop>, ringfeed_ops::OpError> {
     let ctx = &task.stream;
     let max_steps = gpu
@@ -675,6 +719,12 @@ fn to_gpu(
     let Some(offset) = task.reserve(gpu, len) else {
         return Ok(None);
     };
+    if let (Some(t), Some(stream)) = (targets, &ctx.targets) {
+        // Only once the sample surely goes to the GPU: the CPU path moves the stored targets
+        // itself. (A sample whose targets fail leaves its arena bytes unused, as a failed
+        // sample's room always is.)
+        processor.gpu_targets(t, &stream.options)?;
+    }
     let dst = ctx.segment.slot_ptr(task.slot, gpu.bytes.offset + offset, len);
     // SAFETY: `dst` is valid for `len` bytes inside the slot's arena (slot_ptr checks the range;
     // `reserve` keeps `offset + len` within the field's payload), and this job is the only

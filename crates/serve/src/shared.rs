@@ -200,6 +200,8 @@ pub(crate) struct KindParts {
     pub fields: Option<Arc<crate::fields::SampleFields>>,
     /// 1.10: the aspect buckets' conditioning fields (images only).
     pub bucket_fields: Option<crate::pool::BucketFields>,
+    /// 1.10: the detection and segmentation targets (images only).
+    pub targets: Option<Arc<crate::targets::StreamTargets>>,
     pub pipeline: Pipeline,
     pub layout: Layout,
     pub kind: crate::pool::SampleKind,

@@ -313,6 +313,7 @@ async fn open_stream(
         fields: parts.fields,
         buckets: prepared.buckets.clone(),
         bucket_fields: parts.bucket_fields,
+        targets: parts.targets,
         source: Arc::clone(&source),
         segment: Arc::new(segment),
         pipeline: parts.pipeline,
@@ -846,8 +847,9 @@ fn compact(ctx: &StreamCtx, task: &BatchTask, failures: &[crate::pool::SampleFai
             .into_iter()
             .flatten(),
         )
-        // 1.9: a sample's text and metadata move with it.
+        // 1.9: a sample's text and metadata move with it; 1.10: its targets too.
         .chain(ctx.fields.iter().flat_map(|f| f.descs()))
+        .chain(ctx.targets.iter().flat_map(|t| t.descs()))
         .collect();
     let mut to = 0u32;
     for from in 0..n {

@@ -14,7 +14,7 @@ use ringfeed_decode::labels::decode_labels;
 use ringfeed_format::control::TargetsRequest;
 use ringfeed_format::ring::{DType, FieldDesc, FieldSpec};
 use ringfeed_format::targets::{LabelMap, Targets};
-use ringfeed_ops::Pipeline;
+use ringfeed_ops::{Pipeline, TargetOptions};
 use ringfeed_source::targets::TargetsFrom;
 use ringfeed_source::{Extra, Source};
 
@@ -26,15 +26,6 @@ pub const BOX_LABELS: &str = "box_labels";
 pub const BOX_COUNT: &str = "box_count";
 pub const MASK: &str = "mask";
 
-/// How the last step treats the moved targets (torchvision's `SanitizeBoundingBoxes`) and what
-/// uncovered mask pixels become.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sanitize {
-    pub min_size: f64,
-    pub min_area: f64,
-    pub mask_fill: u8,
-}
-
 /// A stream's targets, checked, with their places in the ring once it exists.
 #[derive(Debug)]
 pub struct StreamTargets {
@@ -43,7 +34,8 @@ pub struct StreamTargets {
     max_boxes: u32,
     /// The view's output `(height, width)`: the mask's shape.
     size: (u32, u32),
-    pub sanitize: Sanitize,
+    /// How the ops' last step sanitises the moved boxes, and what uncovered mask pixels become.
+    pub options: TargetOptions,
     check_crc: bool,
     max_pixels: u64,
     /// The ring fields, in [`StreamTargets::specs`] order (set by [`StreamTargets::bind`]).
@@ -95,7 +87,7 @@ impl StreamTargets {
                 Some(x) => Err(format!("targets.{name} {x} must be a finite number >= 0")),
             }
         };
-        let sanitize = Sanitize {
+        let options = TargetOptions {
             min_size: number("min_size", req.min_size)?,
             min_area: number("min_area", req.min_area)?,
             mask_fill: match req.mask_fill {
@@ -107,7 +99,7 @@ impl StreamTargets {
             from,
             max_boxes,
             size: pipeline.views[0].size,
-            sanitize,
+            options,
             check_crc,
             max_pixels,
             descs: Vec::new(),

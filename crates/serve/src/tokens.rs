@@ -555,6 +555,7 @@ fn prepared(windows: Arc<TokenWindows>, specs: Vec<FieldSpec>, seq_len: u32) -> 
                 gpu: None,
                 fields: None,
                 bucket_fields: None,
+                targets: None,
                 pipeline: ringfeed_ops::Transform::Resize { size: (1, 1) }.to_pipeline(),
                 layout: ringfeed_ops::Layout::Nhwc,
                 kind: SampleKind::Filled(kind),

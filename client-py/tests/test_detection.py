@@ -136,6 +136,7 @@ def test_pack_coco_masks_stores_torchvisions_boxes_and_the_palette_indices(tmp_p
             mask = np.asarray(Image.open(io.BytesIO(stored.mask_png)))
             np.testing.assert_array_equal(mask, label_map(w, h, k))
     assert verify_targets(out, sample_count=4)["boxes"] == 9
+    assert ringfeed.verify(out)["targets"]["masks"] == 4
     v = run("verify", str(out))
     assert "ok: targets of 4 samples: 9 boxes (at most 5 per sample), 4 masks" in v.stdout
     info = json.loads(run("inspect", str(out), "--json", "--sample", "0").stdout)

@@ -31,6 +31,7 @@ from .shard import (
     align_up,
     parse_json_object,
 )
+from .targets import TARGETS_FILE, verify_targets
 
 __all__ = ["verify"]
 
@@ -49,7 +50,9 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Returns:
         What was covered: ``{"samples": int, "shards": int, "classes": int, "bytes": int}``, where
-        ``bytes`` is the size of all files, every one of them checksummed.
+        ``bytes`` is the size of all files, every one of them checksummed; with a ``targets.rft``
+        (``proto/targets.md``), also ``"targets"``: ``verify_targets``' report, checked last
+        against the index's sample count.
 
     Raises:
         FormatError: at the first problem, with the spec's error kind, the file and the offset.
@@ -104,7 +107,13 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
         for shard in ds._shards:
             _check_shard(shard)
 
-        return {"samples": len(ds), "shards": len(ds._shards), "classes": class_count, "bytes": total}
+        out: dict[str, Any] = {"samples": len(ds), "shards": len(ds._shards), "classes": class_count, "bytes": total}
+    # 6. The targets file, when the dataset was packed with targets.
+    targets = Path(path) / TARGETS_FILE
+    if targets.exists():
+        out["targets"] = verify_targets(targets, sample_count=out["samples"])
+        out["bytes"] += out["targets"]["bytes"]
+    return out
 
 
 def _crc(m: mmap.mmap, start: int, end: int) -> int:

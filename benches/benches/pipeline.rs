@@ -291,6 +291,8 @@ fn benches(c: &mut Criterion) {
                 batch: 0,
                 count: 256,
                 skipped: 0,
+                height: 0,
+                width: 0,
             };
             // SAFETY: as above, nothing else uses slot 1.
             unsafe { segment.write_slot_header(1, &h) };

@@ -375,10 +375,3 @@ def test_a_save_to_disk_directory_is_refused_saying_what_to_do(tmp_path: Path, s
     assert r.returncode != 0
     assert "save_to_disk" in r.stderr
     assert "to_parquet" in r.stderr
-
-
-def test_parquet_on_object_storage_is_refused_as_not_served_yet(sock: str) -> None:
-    """Remote Parquet is in the spec but not built: the server says so instead of looking for a
-    packed dataset or tars at the URL."""
-    with pytest.raises(ServerError, match=r"Parquet on object storage is not served yet"):
-        loader(ringfeed.Parquet("s3://bucket/train/part-0.parquet"), sock)

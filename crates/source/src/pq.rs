@@ -17,6 +17,10 @@
 //!   naming the file and the row.
 //! - The cache holds at most [`CACHE_GROUPS`] row groups and about [`CACHE_BYTES`] of them; a
 //!   group in use by a reader stays alive (it is shared) until the reader moves on.
+//! - Where a group's bytes come from is a file's [`RowGroups`]: the local file, or (1.10,
+//!   `ringfeed_remote::pq`) its column chunks fetched by range into the shard cache. A group
+//!   whose bytes cannot be had (a failed fetch) is not kept, so the next reader tries again; a
+//!   group whose bytes do not decode is kept, as its rows' error.
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -25,7 +29,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use parquet::basic::Type as Physical;
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::{ChunkReader, RowGroupReader};
+use parquet::file::serialized_reader::SerializedRowGroupReader;
 use parquet::record::{Field, reader::RowIter};
 use parquet::schema::types::Type;
 
@@ -128,10 +135,50 @@ pub fn is_parquet_name(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
+/// Where one file's row groups are read from: the local file, or (1.10) its column chunks
+/// fetched into the shard cache (`ringfeed_remote::pq`).
+pub trait RowGroups: Send + Sync {
+    /// A reader of row group `g` of the file whose footer is `meta`. `Err` says why its bytes
+    /// cannot be had now (a fetch that failed): the group is not kept, so a later read tries again.
+    fn row_group<'a>(&'a self, meta: &'a ParquetMetaData, g: usize) -> Result<Box<dyn RowGroupReader + 'a>, String>;
+}
+
+/// A row group of `meta` read through `chunks` (which must hold the byte ranges of the column
+/// chunks the projection reads).
+pub fn row_group_reader<'a, R: ChunkReader + 'static>(
+    chunks: Arc<R>,
+    meta: &'a ParquetMetaData,
+    g: usize,
+) -> parquet::errors::Result<Box<dyn RowGroupReader + 'a>> {
+    let props = Arc::new(ReaderProperties::builder().build());
+    Ok(Box::new(SerializedRowGroupReader::new(
+        chunks,
+        meta.row_group(g),
+        meta.page_index_for_row_group(g),
+        props,
+    )?))
+}
+
+/// A local file's row groups: read from the file.
+struct LocalGroups(Arc<File>);
+
+impl RowGroups for LocalGroups {
+    fn row_group<'a>(&'a self, meta: &'a ParquetMetaData, g: usize) -> Result<Box<dyn RowGroupReader + 'a>, String> {
+        row_group_reader(Arc::clone(&self.0), meta, g).map_err(|e| format!("cannot read row group {g}: {e}"))
+    }
+}
+
+/// A file to serve, as [`ParquetSource::from_files`] takes it: its name for messages and its
+/// footer and row groups, or why it cannot be served (a listing problem).
+pub type FileParts = (PathBuf, Result<(Arc<ParquetMetaData>, Box<dyn RowGroups>), String>);
+
 /// One file, its footer read.
 struct PqFile {
     path: PathBuf,
-    reader: SerializedFileReader<File>,
+    /// Its place in the list the source was made from.
+    input: usize,
+    meta: Arc<ParquetMetaData>,
+    groups: Box<dyn RowGroups>,
     /// The projection on the columns read (the file's column order).
     projection: Type,
 }
@@ -157,6 +204,8 @@ struct Row {
 struct Group {
     rows: Result<Vec<Row>, String>,
     bytes: usize,
+    /// Whether its bytes could not be had ([`RowGroups::row_group`] failed): not kept.
+    unfetched: bool,
 }
 
 /// A row group's place: its file, its index in the file, its first row in the file.
@@ -194,6 +243,20 @@ impl ParquetSource {
         cancel: &AtomicBool,
         listed: &AtomicU64,
     ) -> Result<Self, ParquetError> {
+        let mut parts: Vec<FileParts> = Vec::with_capacity(files.len());
+        for path in files {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ParquetError::Cancelled);
+            }
+            parts.push((path.clone(), open_file(path)));
+        }
+        Ok(Self::from_files(name, parts, opts, listed))
+    }
+
+    /// The source of files whose footers are read (`ringfeed_remote::pq` reads them by range):
+    /// each file's schema is checked against `opts`, and a file that fails, or came as `Err`, is
+    /// a listing problem. `listed` counts the rows found.
+    pub fn from_files(name: &str, files: Vec<FileParts>, opts: &ParquetOptions, listed: &AtomicU64) -> Self {
         let mut s = ParquetSource {
             name: name.to_owned(),
             opts: opts.clone(),
@@ -203,38 +266,57 @@ impl ParquetSource {
             problems: Vec::new(),
             cache: Mutex::new(Vec::new()),
         };
-        for path in files {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ParquetError::Cancelled);
-            }
-            match open_file(path, opts) {
-                Err(reason) => s.problems.push(Problem {
-                    key: path.as_os_str().as_encoded_bytes().to_vec(),
-                    reason,
-                }),
-                Ok(f) => {
-                    let fi = s.files.len() as u32;
-                    let mut first_row = 0u64;
-                    for (g, rg) in f.reader.metadata().row_groups().iter().enumerate() {
-                        let rows = rg.num_rows().max(0) as u64;
-                        if rows == 0 {
-                            continue;
-                        }
-                        s.groups.push(GroupAt {
-                            file: fi,
-                            group: g as u32,
-                            first_row,
-                        });
-                        first_row += rows;
-                        let end = s.starts.last().copied().unwrap_or(0) + rows;
-                        s.starts.push(end);
-                        listed.fetch_add(rows, Ordering::Relaxed);
-                    }
-                    s.files.push(f);
+        for (input, (path, got)) in files.into_iter().enumerate() {
+            let checked = got.and_then(|(meta, groups)| Ok((projection(&meta, opts)?, meta, groups)));
+            let (projection, meta, groups) = match checked {
+                Err(reason) => {
+                    s.problems.push(Problem {
+                        key: path.as_os_str().as_encoded_bytes().to_vec(),
+                        reason,
+                    });
+                    continue;
                 }
+                Ok(f) => f,
+            };
+            let fi = s.files.len() as u32;
+            let mut first_row = 0u64;
+            for (g, rg) in meta.row_groups().iter().enumerate() {
+                let rows = rg.num_rows().max(0) as u64;
+                if rows == 0 {
+                    continue;
+                }
+                s.groups.push(GroupAt {
+                    file: fi,
+                    group: g as u32,
+                    first_row,
+                });
+                first_row += rows;
+                let end = s.starts.last().copied().unwrap_or(0) + rows;
+                s.starts.push(end);
+                listed.fetch_add(rows, Ordering::Relaxed);
             }
+            s.files.push(PqFile {
+                path,
+                input,
+                meta,
+                groups,
+                projection,
+            });
         }
-        Ok(s)
+        s
+    }
+
+    /// Which row group sample `index` is in (an index of the groups served, which are the
+    /// shards of [`Source::shard_sizes`]).
+    pub fn group_of(&self, index: u64) -> Option<usize> {
+        self.locate(index).ok().map(|(g, _)| g)
+    }
+
+    /// Group `g`'s place: its file's position in the list the source was made from, and its
+    /// index among that file's row groups.
+    pub fn group_place(&self, g: usize) -> (usize, usize) {
+        let at = self.groups[g];
+        (self.files[at.file as usize].input, at.group as usize)
     }
 
     /// Files served (those left out are listing problems).
@@ -294,18 +376,31 @@ impl ParquetSource {
                 }
             }
         };
-        Arc::clone(slot.get_or_init(|| Arc::new(self.decode(g))))
+        let group = Arc::clone(slot.get_or_init(|| Arc::new(self.decode(g))));
+        if group.unfetched {
+            // Not kept: the next reader fetches again (the shard cache keeps a failure a few
+            // seconds, so a gone object is not asked for once per row).
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|(_, s)| !Arc::ptr_eq(s, &slot));
+        }
+        group
     }
 
     /// Decodes group `g`'s projected columns, row by row.
     fn decode(&self, g: usize) -> Group {
         let at = self.groups[g];
         let f = &self.files[at.file as usize];
+        let rg = match f.groups.row_group(&f.meta, at.group as usize) {
+            Ok(rg) => rg,
+            Err(why) => {
+                return Group {
+                    rows: Err(why),
+                    bytes: 0,
+                    unfetched: true,
+                };
+            }
+        };
         let rows = (|| -> Result<Vec<Row>, String> {
-            let rg = f
-                .reader
-                .get_row_group(at.group as usize)
-                .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
             let iter = RowIter::from_row_group(Some(f.projection.clone()), rg.as_ref())
                 .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
             let mut rows = Vec::with_capacity((self.starts[g + 1] - self.starts[g]) as usize);
@@ -333,7 +428,11 @@ impl ParquetSource {
                 .sum(),
             Err(_) => 0,
         };
-        Group { rows, bytes }
+        Group {
+            rows,
+            bytes,
+            unfetched: false,
+        }
     }
 
     /// One decoded row's image, label and cells.
@@ -413,11 +512,19 @@ impl ParquetSource {
     }
 }
 
-/// Opens `path`'s footer and checks its columns; the error names the file's problem.
-fn open_file(path: &Path, opts: &ParquetOptions) -> Result<PqFile, String> {
+/// Opens `path` and reads its footer; the error names the file's problem.
+fn open_file(path: &Path) -> Result<(Arc<ParquetMetaData>, Box<dyn RowGroups>), String> {
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| format!("not a readable Parquet file: {e}"))?;
-    let root = reader.metadata().file_metadata().schema_descr().root_schema().clone();
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    Ok((Arc::new(meta), Box::new(LocalGroups(Arc::new(file)))))
+}
+
+/// Checks a file's columns against `opts` (the error names the column and the option) and
+/// returns the projection on the columns read.
+pub fn projection(meta: &ParquetMetaData, opts: &ParquetOptions) -> Result<Type, String> {
+    let root = meta.file_metadata().schema_descr().root_schema().clone();
     let have = || {
         root.get_fields()
             .iter()
@@ -458,15 +565,27 @@ fn open_file(path: &Path, opts: &ParquetOptions) -> Result<PqFile, String> {
     projected.retain(|f| {
         f.name() == opts.image || opts.label.as_deref() == Some(f.name()) || opts.columns.iter().any(|c| c == f.name())
     });
-    let projection = Type::group_type_builder(root.name())
+    Type::group_type_builder(root.name())
         .with_fields(projected)
         .build()
-        .map_err(|e| format!("projecting the columns: {e}"))?;
-    Ok(PqFile {
-        path: path.to_owned(),
-        reader,
-        projection,
-    })
+        .map_err(|e| format!("projecting the columns: {e}"))
+}
+
+/// The leaf columns (their indices in a row group) that `projection` reads: those under its
+/// top-level fields.
+pub fn projected_leaves(meta: &ParquetMetaData, projection: &Type) -> Vec<usize> {
+    let names: Vec<&str> = projection.get_fields().iter().map(|f| f.name()).collect();
+    let schema = meta.file_metadata().schema_descr();
+    (0..schema.num_columns())
+        .filter(|&i| {
+            schema
+                .column(i)
+                .path()
+                .parts()
+                .first()
+                .is_some_and(|p| names.contains(&p.as_str()))
+        })
+        .collect()
 }
 
 /// A column's type, for messages.

@@ -36,7 +36,7 @@ use super::wds::list_objects;
 use super::{Cache, Counters, Hub, RemoteError, RemoteUrl, Store};
 use ringfeed_source::listing::Problem;
 use ringfeed_source::pq::{
-    FileParts, ParquetOptions, ParquetSource, RowGroups, projected_leaves, projection, row_group_reader,
+    FileParts, Opened, ParquetOptions, ParquetSource, RowGroups, projected_leaves, projection, row_group_reader,
 };
 use ringfeed_source::wds::pattern;
 use ringfeed_source::{Extra, FieldKind, Sample, SampleReader, Source, SourceError};
@@ -438,10 +438,7 @@ impl RemoteParquetSource {
                 len: o.size,
                 groups,
             };
-            parts.push((
-                PathBuf::from(&file_url),
-                Ok((meta, Box::new(rows) as Box<dyn RowGroups>)),
-            ));
+            parts.push((PathBuf::from(&file_url), Ok(Opened::Parquet(meta, Box::new(rows)))));
             group_objects.push(objs);
         }
         let files = parts.len();

@@ -39,6 +39,7 @@ use parquet::schema::types::Type;
 use super::{Extra, FieldKind, NO_LABEL, Sample, SampleReader, Source, SourceError};
 use crate::fields::Value;
 use crate::listing::{InputError, InputKind, Item, Origin, ParquetColumns, Plan, Problem};
+use crate::saved::ArrowFile;
 
 /// Row groups the decoded-row cache holds at most.
 pub const CACHE_GROUPS: usize = 64;
@@ -107,11 +108,17 @@ impl ParquetOptions {
     }
 }
 
-/// The `*.parquet` files of `path` (itself when it is a file), bytewise by name.
+/// The `*.parquet` files of `path` (itself when it is a file), bytewise by name; (1.10) of a
+/// `save_to_disk` directory, its `*.arrow` files.
 pub fn files(path: &Path) -> Result<Vec<PathBuf>, ParquetError> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
+    let wanted: fn(&Path) -> bool = if crate::listing::saved_by_datasets(path) {
+        crate::saved::is_arrow_name
+    } else {
+        is_parquet_name
+    };
     let io = |source| ParquetError::Io {
         path: path.to_owned(),
         source,
@@ -119,7 +126,7 @@ pub fn files(path: &Path) -> Result<Vec<PathBuf>, ParquetError> {
     let mut files = Vec::new();
     for e in std::fs::read_dir(path).map_err(io)? {
         let p = e.map_err(io)?.path();
-        if is_parquet_name(&p) && p.is_file() {
+        if wanted(&p) && p.is_file() {
             files.push(p);
         }
     }
@@ -168,19 +175,45 @@ impl RowGroups for LocalGroups {
     }
 }
 
-/// A file to serve, as [`ParquetSource::from_files`] takes it: its name for messages and its
-/// footer and row groups, or why it cannot be served (a listing problem).
-pub type FileParts = (PathBuf, Result<(Arc<ParquetMetaData>, Box<dyn RowGroups>), String>);
+/// A file opened for [`ParquetSource::from_files`].
+pub enum Opened {
+    /// A Parquet file: its footer, and where its row groups' bytes come from.
+    Parquet(Arc<ParquetMetaData>, Box<dyn RowGroups>),
+    /// 1.10: an Arrow IPC stream of a `save_to_disk` directory, its columns checked.
+    Arrow(ArrowFile),
+}
 
-/// One file, its footer read.
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Opened::Parquet(meta, _) => write!(f, "Parquet({} row groups)", meta.num_row_groups()),
+            Opened::Arrow(a) => write!(f, "Arrow({} batches)", a.batch_rows().count()),
+        }
+    }
+}
+
+/// A file to serve, as [`ParquetSource::from_files`] takes it: its name for messages and the
+/// file opened, or why it cannot be served (a listing problem).
+pub type FileParts = (PathBuf, Result<Opened, String>);
+
+/// How one file's groups become rows.
+enum Body {
+    Parquet {
+        meta: Arc<ParquetMetaData>,
+        groups: Box<dyn RowGroups>,
+        /// The projection on the columns read (the file's column order).
+        projection: Type,
+    },
+    /// Its record batches are the groups.
+    Arrow(ArrowFile),
+}
+
+/// One file, its footer (or its messages' headers) read.
 struct PqFile {
     path: PathBuf,
     /// Its place in the list the source was made from.
     input: usize,
-    meta: Arc<ParquetMetaData>,
-    groups: Box<dyn RowGroups>,
-    /// The projection on the columns read (the file's column order).
-    projection: Type,
+    body: Body,
 }
 
 impl std::fmt::Debug for PqFile {
@@ -248,7 +281,7 @@ impl ParquetSource {
             if cancel.load(Ordering::Relaxed) {
                 return Err(ParquetError::Cancelled);
             }
-            parts.push((path.clone(), open_file(path)));
+            parts.push((path.clone(), open_file(path, opts)));
         }
         Ok(Self::from_files(name, parts, opts, listed))
     }
@@ -267,8 +300,15 @@ impl ParquetSource {
             cache: Mutex::new(Vec::new()),
         };
         for (input, (path, got)) in files.into_iter().enumerate() {
-            let checked = got.and_then(|(meta, groups)| Ok((projection(&meta, opts)?, meta, groups)));
-            let (projection, meta, groups) = match checked {
+            let checked = got.and_then(|opened| match opened {
+                Opened::Parquet(meta, groups) => Ok(Body::Parquet {
+                    projection: projection(&meta, opts)?,
+                    meta,
+                    groups,
+                }),
+                Opened::Arrow(f) => Ok(Body::Arrow(f)),
+            });
+            let body = match checked {
                 Err(reason) => {
                     s.problems.push(Problem {
                         key: path.as_os_str().as_encoded_bytes().to_vec(),
@@ -278,10 +318,13 @@ impl ParquetSource {
                 }
                 Ok(f) => f,
             };
+            let group_rows: Vec<u64> = match &body {
+                Body::Parquet { meta, .. } => meta.row_groups().iter().map(|rg| rg.num_rows().max(0) as u64).collect(),
+                Body::Arrow(f) => f.batch_rows().collect(),
+            };
             let fi = s.files.len() as u32;
             let mut first_row = 0u64;
-            for (g, rg) in meta.row_groups().iter().enumerate() {
-                let rows = rg.num_rows().max(0) as u64;
+            for (g, rows) in group_rows.into_iter().enumerate() {
                 if rows == 0 {
                     continue;
                 }
@@ -295,13 +338,7 @@ impl ParquetSource {
                 s.starts.push(end);
                 listed.fetch_add(rows, Ordering::Relaxed);
             }
-            s.files.push(PqFile {
-                path,
-                input,
-                meta,
-                groups,
-                projection,
-            });
+            s.files.push(PqFile { path, input, body });
         }
         s
     }
@@ -390,27 +427,41 @@ impl ParquetSource {
     fn decode(&self, g: usize) -> Group {
         let at = self.groups[g];
         let f = &self.files[at.file as usize];
-        let rg = match f.groups.row_group(&f.meta, at.group as usize) {
-            Ok(rg) => rg,
-            Err(why) => {
-                return Group {
-                    rows: Err(why),
-                    bytes: 0,
-                    unfetched: true,
+        let records = match &f.body {
+            Body::Parquet {
+                meta,
+                groups,
+                projection,
+            } => {
+                let rg = match groups.row_group(meta, at.group as usize) {
+                    Ok(rg) => rg,
+                    Err(why) => {
+                        return Group {
+                            rows: Err(why),
+                            bytes: 0,
+                            unfetched: true,
+                        };
+                    }
                 };
+                RowIter::from_row_group(Some(projection.clone()), rg.as_ref())
+                    .map_err(|e| format!("cannot read row group {}: {e}", at.group))
+                    .and_then(|iter| {
+                        iter.map(|row| row.map_err(|e| format!("cannot decode row group {}: {e}", at.group)))
+                            .collect::<Result<Vec<_>, String>>()
+                    })
             }
+            Body::Arrow(file) => file.rows(at.group as usize),
         };
-        let rows = (|| -> Result<Vec<Row>, String> {
-            let iter = RowIter::from_row_group(Some(f.projection.clone()), rg.as_ref())
-                .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
-            let mut rows = Vec::with_capacity((self.starts[g + 1] - self.starts[g]) as usize);
-            for (i, row) in iter.enumerate() {
-                let row = row.map_err(|e| format!("cannot decode row group {}: {e}", at.group))?;
-                let key = self.key(self.starts[g] + i as u64).unwrap_or_default();
-                rows.push(self.row(key, row));
-            }
-            Ok(rows)
-        })();
+        let rows = records.map(|records| {
+            records
+                .into_iter()
+                .enumerate()
+                .map(|(i, row)| {
+                    let key = self.key(self.starts[g] + i as u64).unwrap_or_default();
+                    self.row(key, row)
+                })
+                .collect::<Vec<Row>>()
+        });
         let bytes = match &rows {
             Ok(rows) => rows
                 .iter()
@@ -512,13 +563,17 @@ impl ParquetSource {
     }
 }
 
-/// Opens `path` and reads its footer; the error names the file's problem.
-fn open_file(path: &Path) -> Result<(Arc<ParquetMetaData>, Box<dyn RowGroups>), String> {
+/// Opens `path` and reads its footer (an `.arrow` file: its messages' headers, its columns
+/// checked against `opts`); the error names the file's problem.
+fn open_file(path: &Path, opts: &ParquetOptions) -> Result<Opened, String> {
+    if crate::saved::is_arrow_name(path) {
+        return ArrowFile::open(path, &opts.image, opts.label.as_deref(), &opts.columns).map(Opened::Arrow);
+    }
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
     let meta = ParquetMetaDataReader::new()
         .parse_and_finish(&file)
         .map_err(|e| format!("not a readable Parquet file: {e}"))?;
-    Ok((Arc::new(meta), Box::new(LocalGroups(Arc::new(file)))))
+    Ok(Opened::Parquet(Arc::new(meta), Box::new(LocalGroups(Arc::new(file)))))
 }
 
 /// Checks a file's columns against `opts` (the error names the column and the option) and
@@ -846,6 +901,18 @@ mod tests {
         w.close().unwrap();
     }
 
+    /// Sample `i`'s `caption` column, as text.
+    fn caption_of(s: &ParquetSource, i: u64) -> Vec<u8> {
+        let mut caption = Vec::new();
+        s.with_sample_extra(i, &mut |_, extra| {
+            let v = values(&extra, &[FieldFrom::Column("caption".into())]);
+            let Ok(Value::Text(t)) = &v[0] else { panic!("{v:?}") };
+            caption = t.to_vec();
+        })
+        .unwrap();
+        caption
+    }
+
     fn open(files: &[PathBuf], opts: &ParquetOptions) -> ParquetSource {
         ParquetSource::open("test", files, opts, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap()
     }
@@ -892,14 +959,7 @@ mod tests {
         assert_eq!(r.get(3).unwrap().data, b"img3");
         assert!(matches!(r.get(5), Err(SourceError::OutOfRange { .. })));
         // The caption comes with its row, as text.
-        let mut caption = Vec::new();
-        s.with_sample_extra(3, &mut |_, extra| {
-            let v = values(&extra, &[FieldFrom::Column("caption".into())]);
-            let Ok(Value::Text(t)) = &v[0] else { panic!("{v:?}") };
-            caption = t.to_vec();
-        })
-        .unwrap();
-        assert_eq!(caption, b"c3");
+        assert_eq!(caption_of(&s, 3), b"c3");
     }
 
     #[test]
@@ -998,5 +1058,81 @@ mod tests {
                 .unwrap_err()
                 .contains("not an integer")
         );
+    }
+
+    // 1.10: `save_to_disk` streams (`crate::saved`), served by this source.
+    use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray, StructArray};
+    use arrow_schema::{DataType, Field as ArrowField, Schema};
+
+    /// A stream of two batches (3 rows, then 2) with an HF image struct, an int32 label and a
+    /// caption; row 3's image is null.
+    fn write_arrow(path: &Path) {
+        let image_fields = vec![
+            ArrowField::new("bytes", DataType::Binary, true),
+            ArrowField::new("path", DataType::Utf8, true),
+        ];
+        let schema = Arc::new(Schema::new(vec![
+            ArrowField::new("image", DataType::Struct(image_fields.clone().into()), true),
+            ArrowField::new("label", DataType::Int32, true),
+            ArrowField::new("caption", DataType::Utf8, false),
+        ]));
+        let batch = |rows: std::ops::Range<usize>| {
+            let bytes: BinaryArray = rows
+                .clone()
+                .map(|i| (i != 3).then(|| format!("img{i}").into_bytes()))
+                .collect();
+            let paths: StringArray = rows.clone().map(|_| None::<&str>).collect();
+            let image = StructArray::new(
+                image_fields.clone().into(),
+                vec![Arc::new(bytes) as ArrayRef, Arc::new(paths)],
+                None,
+            );
+            let labels: Int32Array = rows.clone().map(|i| i as i32).collect();
+            let caps: StringArray = rows.map(|i| Some(format!("c{i}"))).collect();
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(image), Arc::new(labels), Arc::new(caps)],
+            )
+            .unwrap()
+        };
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(File::create(path).unwrap(), &schema).unwrap();
+        w.write(&batch(0..3)).unwrap();
+        w.write(&batch(3..5)).unwrap();
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn save_to_disk_record_batches_are_groups_and_rows_are_samples() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("state.json"), "{}").unwrap();
+        write_arrow(&d.path().join("data-00000-of-00001.arrow"));
+        assert!(crate::listing::saved_by_datasets(d.path()));
+        let files = files(d.path()).unwrap();
+        assert_eq!(files.len(), 1);
+        let opts = ParquetOptions::new(None, None, &["caption"]).unwrap();
+        let s = ParquetSource::open("t", &files, &opts, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap();
+        assert_eq!((s.len(), s.shard_sizes()), (5, Some(vec![3, 2])));
+        let mut r = s.reader().unwrap();
+        let got = r.get(4).unwrap();
+        assert_eq!(
+            (got.data, got.label, got.key),
+            (&b"img4"[..], 4, &b"data-00000-of-00001.arrow:4"[..])
+        );
+        let e = r.get(3).unwrap_err().to_string();
+        assert!(e.contains("data-00000-of-00001.arrow: row 3: the image"), "{e}");
+        assert_eq!(caption_of(&s, 1), b"c1");
+        // A column that is not there is the file's problem, named as for Parquet.
+        let wrong = ParquetOptions::new(Some("jpg"), None, &[]).unwrap();
+        let s = ParquetSource::open("t", &files, &wrong, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap();
+        let why = &s.listing_problems()[0].reason;
+        assert!(
+            why.contains("no column \"jpg\" (open.parquet.image); its columns: image, label, caption"),
+            "{why}"
+        );
+        // Not a stream at all.
+        let junk = d.path().join("junk.arrow");
+        std::fs::write(&junk, b"not arrow").unwrap();
+        let e = ArrowFile::open(&junk, "image", None, &[]).unwrap_err();
+        assert!(e.contains("not a readable Arrow IPC stream"), "{e}");
     }
 }

@@ -418,8 +418,11 @@ class Meta:
     sample error (``on_error``) naming the sample, the field and the value.
 
     Args:
-        source: the JSON member the keys are read from (``"json"``: key ``k`` is ``json:k``); or
-            ``None`` for a manifest, whose columns the keys name.
+        source: the JSON member the keys are read from (``"json"``: key ``k`` is ``json:k``); a Parquet
+            struct column whose members the keys name; or ``None`` for a manifest's or Parquet file's columns
+            and WebDataset members, which the keys name (a member is read whole: ``.aesthetic`` holding
+            ``4.25``). A WebDataset member that is not JSON is also read whole as
+            ``Meta("aesthetic", {"aesthetic": "float32"})`` (its own extension as the key; protocol 1.10).
         fields: each key (a dotted path in a JSON member) and its dtype, one of ``"float32"``,
             ``"int32"``, ``"int64"``, ``"bool"``.
     """

@@ -263,16 +263,52 @@ def test_missing_or_ill_typed_metadata_follows_on_error(tmp_path: Path, sock: st
     assert all(got[i] == {"width": 100 + 3 * i, "text": caption(i)} for i in got)
 
 
+def sample_error(d: Path, sock: str, meta: Any) -> str:
+    """The message of the `sample` error that an epoch of the tars in `d` with `meta` ends in."""
+    with pytest.raises(ServerError) as e, loader(wds(d), sock, shuffle=False, meta=meta) as ld:
+        list(ld)
+    assert e.value.code == "sample"
+    return str(e.value)
+
+
 def test_an_ill_typed_value_is_named(tmp_path: Path, sock: str) -> None:
     """A string where an int32 belongs fails naming the sample, the field and the value."""
     d = bad_meta(tmp_path, missing=None, ill=2)
-    meta = ringfeed.Meta("json", {"width": "int32"})
-    with pytest.raises(ServerError) as e, loader(wds(d), sock, shuffle=False, meta=meta) as ld:
-        list(ld)
-    msg = str(e.value)
+    msg = sample_error(d, sock, ringfeed.Meta("json", {"width": "int32"}))
     assert "000002" in msg
     assert '"width"' in msg
     assert '"wide" is not an int32' in msg
+
+
+def test_a_whole_member_is_a_metadata_field(tmp_path: Path, sock: str) -> None:
+    """A WebDataset member that is not JSON (`.aesthetic` holding a number as text, `.nsfw` holding 0/1) is read
+    whole: `Meta("aesthetic", {"aesthetic": ...})` and `Meta(None, {...})` give its values; a member whose text is
+    no number fails naming the sample, the field and the text, or is skipped."""
+    root = tmp_path / "scores"
+    root.mkdir()
+    n = 8
+    with webdataset.TarWriter(str(root / "s-00000.tar")) as sink:
+        for i in range(n):
+            score = "high" if i == 5 else f"{4.0 + i / 8}\n"
+            sink.write({"__key__": f"{i:06d}", "jpg": jpeg(i), "aesthetic": score, "nsfw": str(i % 2)})
+    for meta in (
+        [ringfeed.Meta("aesthetic", {"aesthetic": "float32"}), ringfeed.Meta("nsfw", {"nsfw": "bool"})],
+        ringfeed.Meta(None, {"aesthetic": "float32", "nsfw": "bool"}),
+    ):
+        with loader(wds(root), sock, shuffle=False, meta=meta, on_error="skip") as ld:
+            got = rows(list(ld), ["aesthetic", "nsfw"])
+            assert ld.stats(server=False)["skipped"] == 1
+        assert sorted(got) == [i for i in range(n) if i != 5]
+        for i, r in got.items():
+            assert r["aesthetic"] == pytest.approx(4.0 + i / 8)
+            assert r["nsfw"] is (i % 2 == 1)
+    msg = sample_error(root, sock, ringfeed.Meta("aesthetic", {"aesthetic": "float32"}))
+    assert "000005" in msg
+    assert 'open.meta "aesthetic" (.aesthetic)' in msg
+    assert '"high" is not a float32' in msg
+    # Another key of a member that is not JSON is refused, naming the way to read it whole.
+    with pytest.raises(ServerError, match=r'the whole member \.aesthetic is source "aesthetic"'):
+        loader(wds(root), sock, meta=ringfeed.Meta("aesthetic", {"score": "float32"}))
 
 
 def test_a_text_over_max_bytes_fails_naming_max_bytes(laion: Path, sock: str) -> None:

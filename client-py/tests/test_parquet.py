@@ -114,6 +114,21 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (base / "hf").mkdir()
     ds.to_parquet(str(base / "hf" / "train.parquet"), batch_size=ROW_GROUP)
     out["hf"] = base / "hf"
+    # 1.10: the same rows saved with save_to_disk (Arrow IPC streams, one record batch per file here),
+    # in two files: the image column's bytes cast to Image(), as users build one.
+    saved = datasets.Dataset.from_dict(
+        {
+            "image": [jpeg(i) for i in range(N)],
+            "label": [label(i) for i in range(N)],
+            "caption": [caption(i) for i in range(N)],
+        }
+    ).cast_column("image", datasets.Image())
+    saved.save_to_disk(str(base / "saved"), num_shards=2)
+    assert sorted(p.name for p in (base / "saved").glob("*.arrow")) == [
+        "data-00000-of-00002.arrow",
+        "data-00001-of-00002.arrow",
+    ]
+    out["saved"] = base / "saved"
     return out
 
 
@@ -149,7 +164,7 @@ def folder_pixels(data: dict[str, Path], sock: str) -> dict[int, torch.Tensor]:
     return {i: got[j]["image"] for j, (_, _, i) in enumerate(names)}
 
 
-@pytest.mark.parametrize("kind", ["binary", "struct", "hf"])
+@pytest.mark.parametrize("kind", ["binary", "struct", "hf", "saved"])
 def test_rows_equal_an_image_folder_of_the_same_pictures(data: dict[str, Path], sock: str, kind: str) -> None:
     """Every row: its label, caption and decoded pixels equal the ImageFolder's sample of the same picture."""
     if kind not in data:
@@ -332,7 +347,7 @@ def run_pack(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("kind", ["struct", "hf"])
+@pytest.mark.parametrize("kind", ["struct", "hf", "saved"])
 def test_pack_from_parquet_keeps_every_row(data: dict[str, Path], sock: str, tmp_path: Path, kind: str) -> None:
     """`ringfeed pack` of a Parquet directory: the packed dataset's samples are the rows, in order,
     with their labels and the ImageFolder's pixels."""
@@ -363,22 +378,22 @@ def test_pack_of_a_null_image_fails_naming_the_row_or_skips_it(tmp_path: Path) -
     assert "row 2" in report[1]
 
 
-def test_a_save_to_disk_directory_is_refused_saying_what_to_do(tmp_path: Path, sock: str) -> None:
-    """`datasets.Dataset.save_to_disk` writes Arrow IPC files, which are not read: serving or packing
-    one says how to write Parquet instead."""
-    datasets = pytest.importorskip("datasets")
+def test_a_save_to_disk_directory_is_read_as_parquet_is(data: dict[str, Path], tmp_path: Path, sock: str) -> None:
+    """A `save_to_disk` directory (1.10) is a bare dataset path too; its record batches are the shards of
+    `shard_blocks`; one without an image column is refused naming its file and the column, as a Parquet file."""
+    if "saved" not in data:
+        pytest.skip("the datasets library is not installed (scripts/bootstrap installs it)")
+    with loader(str(data["saved"]), sock, shuffle=True, seed=1) as ld:
+        assert ld.order == "shard_blocks"
+        got = samples(list(ld))
+    assert sorted(got) == list(range(N))
+    assert all(got[i]["label"].item() == label(i) for i in range(N))
+    import datasets
+
     d = tmp_path / "saved"
     datasets.Dataset.from_dict({"label": [0, 1]}).save_to_disk(str(d))
-    with pytest.raises(ServerError, match=r"save_to_disk .*to_parquet"):
+    with pytest.raises(ServerError, match=r'data-00000-of-00001\.arrow.*no column "image"'):
         loader(str(d), sock)
     r = run_pack(str(d), str(tmp_path / "out"))
     assert r.returncode != 0
-    assert "save_to_disk" in r.stderr
-    assert "to_parquet" in r.stderr
-
-
-def test_parquet_on_object_storage_is_refused_as_not_served_yet(sock: str) -> None:
-    """Remote Parquet is in the spec but not built: the server says so instead of looking for a
-    packed dataset or tars at the URL."""
-    with pytest.raises(ServerError, match=r"Parquet on object storage is not served yet"):
-        loader(ringfeed.Parquet("s3://bucket/train/part-0.parquet"), sock)
+    assert 'no column "image"' in r.stderr

@@ -229,13 +229,6 @@ pub fn pack(src: &Path, out: &Path, opts: &PackOptions, cancel: &Arc<AtomicBool>
     }
     let progress = crate::progress::Progress::new(opts.progress);
     progress.message(&format!("listing {}", src.display()));
-    if src.is_dir() && ringfeed_source::files::saved_by_datasets(src) {
-        let e = ringfeed_source::files::UnknownKind::SavedToDisk { path: src.to_owned() };
-        return Err(PackError::Input(listing::InputError::Invalid {
-            path: src.to_owned(),
-            detail: e.to_string(),
-        }));
-    }
     let coco = match &opts.targets.coco {
         Some(path) => {
             if !src.is_dir() {

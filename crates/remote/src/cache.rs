@@ -74,6 +74,9 @@ pub enum CheckError {
         members: usize,
         indexed: usize,
     },
+    /// 1.10: a Parquet row group's copy does not parse as the column chunks its footer describes.
+    #[error("{url}: row group {group}: {why}")]
+    RowGroup { url: String, group: usize, why: String },
 }
 
 /// Why the cache could not make a checked copy of an object. A failure is kept for

@@ -19,6 +19,8 @@
 //!   files, read by the same mmap shard reader as a local dataset; it fetches ahead of the
 //!   stream's order.
 //! - [`wds`]: WebDataset tars in a store, indexed by ranged reads where an index file allows.
+//! - `pq` (1.10, feature `parquet`): Parquet files in a store, their footers read by range and
+//!   each row group's column chunks a cached file, decoded by the local Parquet source's logic.
 //! - [`tokens`]: token datasets (`tokens.rft`, a packing file) fetched whole into the cache,
 //!   checked, and pinned there while a stream reads them as a local copy.
 //!
@@ -38,12 +40,16 @@ use std::time::Duration;
 use ringfeed_format::control::RemoteSnapshot;
 
 pub mod cache;
+#[cfg(feature = "parquet")]
+pub mod pq;
 pub mod source;
 pub mod store;
 pub mod tokens;
 pub mod wds;
 
 pub use cache::Cache;
+#[cfg(feature = "parquet")]
+pub use pq::RemoteParquetSource;
 pub use source::RemoteSource;
 pub use store::Store;
 pub use tokens::RemoteTokens;

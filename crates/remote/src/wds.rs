@@ -54,6 +54,25 @@ pub struct Listing {
 /// last component, each glob's matches in key order), one `.tar` key, or every `*.tar` object
 /// directly under the prefix. One LIST per distinct parent "directory".
 pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError> {
+    list_objects(
+        store,
+        url,
+        ".tar",
+        pattern::is_pattern(&url.prefix) || url.prefix.ends_with(".tar"),
+    )
+    .map_err(|e| match e {
+        RemoteError::Other { url, why } if why.starts_with("no .tar object") => RemoteError::Other {
+            url,
+            why: format!("{why} (and no packed dataset is there: no index.rfi)"),
+        },
+        e => e,
+    })
+}
+
+/// [`list_tars`] for objects named `*SUFFIX` (`.tar`, `.parquet`): `named` says whether the URL
+/// names them itself (a pattern or one key) rather than a prefix holding them. Index files
+/// (`*.tar.rfidx`) seen on the way are listed too.
+pub fn list_objects(store: &Store, url: &RemoteUrl, suffix: &str, named: bool) -> Result<Listing, RemoteError> {
     let bad = |why: String| RemoteError::Url {
         url: url.to_string(),
         why,
@@ -79,9 +98,9 @@ pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError>
             None => (String::new(), key.to_owned()),
         }
     };
-    if !names_tars(url) {
+    if !named {
         let l = list(&url.prefix, &mut listing)?;
-        listing.tars = l.into_iter().filter(|o| o.key.ends_with(".tar")).collect();
+        listing.tars = l.into_iter().filter(|o| o.key.ends_with(suffix)).collect();
     } else {
         for key in pattern::expand_braces(&url.prefix).map_err(|e| bad(e.to_string()))? {
             let (dir, name) = split(&key);
@@ -113,7 +132,7 @@ pub fn list_tars(store: &Store, url: &RemoteUrl) -> Result<Listing, RemoteError>
     if listing.tars.is_empty() {
         return Err(RemoteError::Other {
             url: url.to_string(),
-            why: "no .tar object matches it (and no packed dataset is there: no index.rfi)".into(),
+            why: format!("no {suffix} object matches it"),
         });
     }
     Ok(listing)

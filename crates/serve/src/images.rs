@@ -515,12 +515,8 @@ async fn open_remote(
             "dataset {url}: this server confines datasets to its --data-root directories, so it serves no remote dataset; ask its operator"
         )));
     }
-    if open.parquet.is_some() || url.prefix.to_ascii_lowercase().ends_with(".parquet") {
-        // Spec'd (row groups fetched and cached as shards), not built yet: say so rather than
-        // look for a packed dataset or tars there.
-        return Err(dataset_err(format!(
-            "dataset {url}: Parquet on object storage is not served yet; copy the files to a local directory (docs/parquet.md)"
-        )));
+    if open.parquet.is_some() || remote_names_parquet(&url) {
+        return open_remote_parquet(shared, url, open, progress).await;
     }
     if ringfeed_remote::wds::names_tars(&url) || open.webdataset.is_some() {
         return open_remote_webdataset(shared, url, open, progress).await;
@@ -534,16 +530,20 @@ async fn open_remote(
     let for_open = url.clone();
     let opened = tokio::task::spawn_blocking(move || {
         match ringfeed_remote::RemoteSource::open(&hub, &for_open, check_crc) {
-            Ok(s) => Ok(Some(Arc::new(s) as Arc<dyn Source>)),
-            // No packed dataset: the prefix may hold tars.
-            Err(ringfeed_remote::source::OpenError::NoIndex(_)) => Ok(None),
+            Ok(s) => Ok(Ok(Arc::new(s) as Arc<dyn Source>)),
+            // No packed dataset: the prefix may hold Parquet files (1.10), else tars.
+            Err(ringfeed_remote::source::OpenError::NoIndex(_)) => Ok(Err(
+                remote_holds_parquet(&hub, &for_open).map_err(|e| dataset_err(e.to_string()))?
+            )),
             Err(e) => Err(dataset_err(e.to_string())),
         }
     })
     .await
     .map_err(|e| (ErrorCode::Internal, e.to_string()))??;
-    let Some(opened) = opened else {
-        return open_remote_webdataset(shared, url, open, progress).await;
+    let opened = match opened {
+        Ok(opened) => opened,
+        Err(true) => return open_remote_parquet(shared, url, open, progress).await,
+        Err(false) => return open_remote_webdataset(shared, url, open, progress).await,
     };
     shared.cache_source(key, &opened);
     Ok(opened)
@@ -575,6 +575,40 @@ async fn open_remote_webdataset(
     let opts = WdsOptions::from_request(&open.webdataset.clone().unwrap_or_default())
         .map_err(|m| (ErrorCode::BadRequest, m.to_string()))?;
     let key = format!("webdataset|{opts:?}|{url}|remote");
+    join_remote_listing(shared, key, open, progress, move |hub, threads, cancel, listed, started| {
+        let s = ringfeed_remote::RemoteWdsSource::open(hub, &url, &opts, threads, cancel, listed)?;
+        tracing::info!(
+            "indexed {url} in {:.1} s: {} tars ({} from cached index files, {} from the store's, {} downloaded and scanned), {} samples",
+            started.elapsed().as_secs_f64(),
+            s.tar_count(),
+            s.from_cache,
+            s.from_store,
+            s.scanned,
+            s.len()
+        );
+        Ok(s)
+    })
+    .await
+}
+
+/// Joins (or starts, on a blocking thread, with `open_it` given the hub and the threads to list
+/// with) the listing of a remote dataset under `key`: [`join_listing`] for the remote kinds.
+#[cfg(feature = "remote")]
+async fn join_remote_listing<S: Source + 'static>(
+    shared: &Arc<Shared>,
+    key: String,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+    open_it: impl FnOnce(
+        &ringfeed_remote::Hub,
+        usize,
+        &std::sync::atomic::AtomicBool,
+        &std::sync::atomic::AtomicU64,
+        std::time::Instant,
+    ) -> Result<S, ringfeed_remote::source::OpenError>
+    + Send
+    + 'static,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
     if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
     }
@@ -583,22 +617,85 @@ async fn open_remote_webdataset(
     let index = move |cancel: &std::sync::atomic::AtomicBool,
                       listed: &std::sync::atomic::AtomicU64,
                       started: std::time::Instant| {
-        ringfeed_remote::RemoteWdsSource::open(&hub, &url, &opts, threads, cancel, listed)
-            .map(|s| {
-                tracing::info!(
-                    "indexed {url} in {:.1} s: {} tars ({} from cached index files, {} from the store's, {} downloaded and scanned), {} samples",
-                    started.elapsed().as_secs_f64(),
-                    s.tar_count(),
-                    s.from_cache,
-                    s.from_store,
-                    s.scanned,
-                    s.len()
-                );
-                Arc::new(s) as Arc<dyn Source>
-            })
+        open_it(&hub, threads, cancel, listed, started)
+            .map(|s| Arc::new(s) as Arc<dyn Source>)
             .map_err(crate::opening::ListingError::failed)
     };
     join_listing(shared, key, index, open, progress).await
+}
+
+/// 1.10: whether `url` names Parquet files itself (a `.parquet` key, or a pattern of them).
+#[cfg(all(feature = "remote", feature = "parquet"))]
+fn remote_names_parquet(url: &ringfeed_remote::RemoteUrl) -> bool {
+    ringfeed_remote::pq::names_parquet(url)
+}
+
+/// Without Parquet, a `.parquet` URL still goes to [`open_remote_parquet`], which names the feature.
+#[cfg(all(feature = "remote", not(feature = "parquet")))]
+fn remote_names_parquet(url: &ringfeed_remote::RemoteUrl) -> bool {
+    let last = url.prefix.rsplit('/').next().unwrap_or("");
+    last.to_ascii_lowercase().ends_with(".parquet")
+}
+
+/// 1.10: whether a prefix without a packed dataset holds Parquet files (and no tars).
+#[cfg(all(feature = "remote", feature = "parquet"))]
+fn remote_holds_parquet(
+    hub: &ringfeed_remote::Hub,
+    url: &ringfeed_remote::RemoteUrl,
+) -> Result<bool, ringfeed_remote::RemoteError> {
+    ringfeed_remote::pq::holds_parquet(hub, url)
+}
+
+/// A server built without Parquet takes such a prefix for tars, as before 1.10.
+#[cfg(all(feature = "remote", not(feature = "parquet")))]
+fn remote_holds_parquet(
+    _hub: &ringfeed_remote::Hub,
+    _url: &ringfeed_remote::RemoteUrl,
+) -> Result<bool, ringfeed_remote::RemoteError> {
+    Ok(false)
+}
+
+/// 1.10: opens (or reuses) Parquet files on object storage (`ringfeed_remote::pq`), their
+/// footers read by range like a listing, with `opening` progress (rows found); their row groups
+/// come through the server's cache.
+#[cfg(all(feature = "remote", feature = "parquet"))]
+async fn open_remote_parquet(
+    shared: &Arc<Shared>,
+    url: ringfeed_remote::RemoteUrl,
+    open: &OpenRequest,
+    progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    let opts = parquet_options(open)?;
+    let key = format!("parquet|{opts:?}|{url}|remote");
+    join_remote_listing(
+        shared,
+        key,
+        open,
+        progress,
+        move |hub, threads, cancel, listed, started| {
+            let s = ringfeed_remote::RemoteParquetSource::open(hub, &url, &opts, threads, cancel, listed)?;
+            tracing::info!(
+                "read the footers of {url} in {:.1} s: {} files, {} row groups, {} rows",
+                started.elapsed().as_secs_f64(),
+                s.files,
+                s.group_count(),
+                s.len()
+            );
+            Ok(s)
+        },
+    )
+    .await
+}
+
+/// A server built without Parquet refuses Parquet on object storage, naming the feature.
+#[cfg(all(feature = "remote", not(feature = "parquet")))]
+async fn open_remote_parquet(
+    _shared: &Arc<Shared>,
+    url: ringfeed_remote::RemoteUrl,
+    _open: &OpenRequest,
+    _progress: Option<&mut OwnedWriteHalf>,
+) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
+    Err((ErrorCode::Dataset, crate::parquet_not_built(&format!("dataset {url}"))))
 }
 
 /// Joins the indexing of the tars under `key` (or starts it with `index`), publishes the source
@@ -713,13 +810,8 @@ async fn open_parquet(
     open: &OpenRequest,
     progress: Option<&mut OwnedWriteHalf>,
 ) -> Result<Arc<dyn Source>, (ErrorCode, String)> {
-    use ringfeed_source::pq::{ParquetOptions, ParquetSource, files};
-    let req = open.parquet.clone().unwrap_or_default();
-    let sources: Vec<&str> = (open.text.iter().flatten().map(|t| t.source.as_str()))
-        .chain(open.meta.iter().flatten().map(|m| m.source.as_str()))
-        .collect();
-    let opts = ParquetOptions::new(req.image.as_deref(), req.label.as_deref(), &sources)
-        .map_err(|m| (ErrorCode::BadRequest, m))?;
+    use ringfeed_source::pq::{ParquetSource, files};
+    let opts = parquet_options(open)?;
     let key = format!("parquet|{opts:?}|{}", canonical.display());
     if let Some(s) = shared.cached_source(&key) {
         return Ok(s);
@@ -743,6 +835,17 @@ async fn open_parquet(
             .map_err(crate::opening::ListingError::failed)
     };
     join_listing(shared, key, index, open, progress).await
+}
+
+/// The Parquet options of an `open`: its `parquet` member and the columns its fields read.
+#[cfg(feature = "parquet")]
+fn parquet_options(open: &OpenRequest) -> Result<ringfeed_source::pq::ParquetOptions, (ErrorCode, String)> {
+    let req = open.parquet.clone().unwrap_or_default();
+    let sources: Vec<&str> = (open.text.iter().flatten().map(|t| t.source.as_str()))
+        .chain(open.meta.iter().flatten().map(|m| m.source.as_str()))
+        .collect();
+    ringfeed_source::pq::ParquetOptions::new(req.image.as_deref(), req.label.as_deref(), &sources)
+        .map_err(|m| (ErrorCode::BadRequest, m))
 }
 
 /// A server built without Parquet refuses a Parquet dataset, naming the feature.

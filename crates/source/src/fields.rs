@@ -62,9 +62,17 @@ impl FieldFrom {
                 match key {
                     None => Ok(FieldFrom::Member(ext)),
                     Some(key) => {
-                        if !(ext == b"json" || ext.ends_with(b".json")) {
+                        let json = ext == b"json" || ext.ends_with(b".json");
+                        // 1.10: `EXT:EXT` of a member that is not JSON is the whole member (what
+                        // `Meta("aesthetic", {"aesthetic": "float32"})` sends): such a member has
+                        // no keys, so this names nothing else.
+                        if !json && key.as_bytes().eq_ignore_ascii_case(&ext) {
+                            return Ok(FieldFrom::Member(ext));
+                        }
+                        if !json {
+                            let e = String::from_utf8_lossy(&ext);
                             return Err(format!(
-                                "source {source:?}: a key can be read only from a JSON member (extension json or *.json)"
+                                "source {source:?}: a key can be read only from a JSON member (extension json or *.json); the whole member .{e} is source {e:?} (Meta(None, {{\"{e}\": ...}}) or Meta({e:?}, {{\"{e}\": ...}}))"
                             ));
                         }
                         let path: Vec<String> = key.split('.').map(str::to_owned).collect();
@@ -248,6 +256,28 @@ mod tests {
             })
         );
         assert!(FieldFrom::parse("info.json:a", m).is_ok());
+        // 1.10: a non-JSON member's own extension as its key is the whole member.
+        assert_eq!(
+            FieldFrom::parse("aesthetic:aesthetic", m),
+            Ok(FieldFrom::Member(b"aesthetic".to_vec()))
+        );
+        assert_eq!(
+            FieldFrom::parse("Score:score", m),
+            Ok(FieldFrom::Member(b"score".to_vec()))
+        );
+        assert!(
+            FieldFrom::parse("aesthetic:x", m)
+                .unwrap_err()
+                .contains("the whole member .aesthetic is source \"aesthetic\"")
+        );
+        // A JSON member keeps its keys, even one named as the member.
+        assert_eq!(
+            FieldFrom::parse("json:json", m),
+            Ok(FieldFrom::JsonKey {
+                ext: b"json".to_vec(),
+                path: vec!["json".into()]
+            })
+        );
         assert!(
             FieldFrom::parse("txt:a", m)
                 .unwrap_err()

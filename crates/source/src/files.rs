@@ -300,7 +300,8 @@ pub enum ServedKind {
     Manifest,
     /// 1.3: a directory holding `*.tar` files, or one `.tar` file: WebDataset shards.
     WebDataset,
-    /// 1.9: a directory holding `*.parquet` files, or one `.parquet` file.
+    /// 1.9: a directory holding `*.parquet` files, or one `.parquet` file; 1.10: a directory
+    /// written by `datasets.Dataset.save_to_disk` (Arrow IPC files), served alike.
     Parquet,
 }
 
@@ -316,7 +317,6 @@ impl ServedKind {
                 InputKind::Lmdb => Ok(ServedKind::Lmdb),
                 _ if crate::wds::pattern::tars_in(path).is_ok_and(|t| !t.is_empty()) => Ok(ServedKind::WebDataset),
                 _ if listing::parquet_in(path) => Ok(ServedKind::Parquet),
-                _ if saved_by_datasets(path) => Err(UnknownKind::SavedToDisk { path: path.to_owned() }),
                 _ if has_subdirectory(path) => Ok(ServedKind::Folder),
                 _ => Err(UnknownKind::Directory { path: path.to_owned() }),
             };
@@ -359,28 +359,12 @@ pub enum UnknownKind {
         ringfeed_format::shard::INDEX_FILE
     )]
     Directory { path: PathBuf },
-    /// 1.9: a directory written by `datasets.Dataset.save_to_disk` (Arrow files), which is not read.
-    #[error(
-        "{} was written by datasets' save_to_disk (Arrow IPC files), which ringfeed does not read; write it as Parquet: datasets.load_from_disk(DIR).to_parquet(\"DIR.parquet\") (docs/parquet.md)",
-        path.display()
-    )]
-    SavedToDisk { path: PathBuf },
     /// A file that is none of the kinds.
     #[error(
         "{} is a file but neither a manifest (.csv, .jsonl, .ndjson), a WebDataset shard (.tar), a Parquet file (.parquet) nor a single-file LMDB (.mdb, .lmdb); pass a packed dataset's directory, an LMDB, an image folder or a manifest",
         path.display()
     )]
     File { path: PathBuf },
-}
-
-/// Whether a directory is a `datasets.Dataset.save_to_disk` output: `state.json` beside
-/// `*.arrow` files.
-pub fn saved_by_datasets(dir: &Path) -> bool {
-    dir.join("state.json").is_file()
-        && std::fs::read_dir(dir).is_ok_and(|es| {
-            es.flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x.eq_ignore_ascii_case("arrow")))
-        })
 }
 
 /// Whether `dir` has at least one sub-directory (following symlinks, as the listing does). A

@@ -1,6 +1,7 @@
 //! Sources: random access to encoded samples, wherever they live: packed shards
 //! ([`PackedSource`]), LMDBs ([`lmdb`]), image folders and manifests ([`files`]), and WebDataset
-//! tars ([`wds`]), and (1.9, feature `parquet`) Parquet files (`pq`), the last four read in place. [`listing`] lists folders, manifests and LMDBs
+//! tars ([`wds`]), and (1.9, feature `parquet`) Parquet files (`pq`; 1.10: also `save_to_disk` directories'
+//! Arrow IPC streams, `saved`), the last four read in place. [`listing`] lists folders, manifests and LMDBs
 //! for both the files source and `ringfeed pack`, so both see the same samples in the same order.
 //!
 //! A [`Source`] is opened once and shared by every worker thread. Each thread asks it for its own
@@ -34,6 +35,8 @@ pub mod lmdb;
 pub mod packed;
 #[cfg(feature = "parquet")]
 pub mod pq;
+#[cfg(feature = "parquet")]
+pub mod saved;
 pub mod targets;
 pub mod wds;
 

@@ -76,14 +76,26 @@ impl InputKind {
     }
 }
 
-/// Whether a directory holds a `*.parquet` file (any case).
+/// Whether a directory holds a `*.parquet` file (any case), or (1.10) is a `save_to_disk`
+/// directory, which is read as Parquet is.
 pub fn parquet_in(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|es| {
-        es.flatten().any(|e| {
-            let p = e.path();
-            p.extension().is_some_and(|x| x.eq_ignore_ascii_case("parquet")) && p.is_file()
+    saved_by_datasets(dir)
+        || std::fs::read_dir(dir).is_ok_and(|es| {
+            es.flatten().any(|e| {
+                let p = e.path();
+                p.extension().is_some_and(|x| x.eq_ignore_ascii_case("parquet")) && p.is_file()
+            })
         })
-    })
+}
+
+/// Whether a directory is a `datasets.Dataset.save_to_disk` output: `state.json` beside
+/// `*.arrow` files (1.10: read as Parquet is, `crate::saved`).
+pub fn saved_by_datasets(dir: &Path) -> bool {
+    dir.join("state.json").is_file()
+        && std::fs::read_dir(dir).is_ok_and(|es| {
+            es.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x.eq_ignore_ascii_case("arrow")))
+        })
 }
 
 /// Where one planned sample's bytes come from.

@@ -17,6 +17,10 @@
 //!   naming the file and the row.
 //! - The cache holds at most [`CACHE_GROUPS`] row groups and about [`CACHE_BYTES`] of them; a
 //!   group in use by a reader stays alive (it is shared) until the reader moves on.
+//! - Where a group's bytes come from is a file's [`RowGroups`]: the local file, or (1.10,
+//!   `ringfeed_remote::pq`) its column chunks fetched by range into the shard cache. A group
+//!   whose bytes cannot be had (a failed fetch) is not kept, so the next reader tries again; a
+//!   group whose bytes do not decode is kept, as its rows' error.
 
 use std::borrow::Cow;
 use std::fs::File;
@@ -25,13 +29,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use parquet::basic::Type as Physical;
-use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::{ChunkReader, RowGroupReader};
+use parquet::file::serialized_reader::SerializedRowGroupReader;
 use parquet::record::{Field, reader::RowIter};
 use parquet::schema::types::Type;
 
 use super::{Extra, FieldKind, NO_LABEL, Sample, SampleReader, Source, SourceError};
 use crate::fields::Value;
 use crate::listing::{InputError, InputKind, Item, Origin, ParquetColumns, Plan, Problem};
+use crate::saved::ArrowFile;
 
 /// Row groups the decoded-row cache holds at most.
 pub const CACHE_GROUPS: usize = 64;
@@ -100,11 +108,17 @@ impl ParquetOptions {
     }
 }
 
-/// The `*.parquet` files of `path` (itself when it is a file), bytewise by name.
+/// The `*.parquet` files of `path` (itself when it is a file), bytewise by name; (1.10) of a
+/// `save_to_disk` directory, its `*.arrow` files.
 pub fn files(path: &Path) -> Result<Vec<PathBuf>, ParquetError> {
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
+    let wanted: fn(&Path) -> bool = if crate::listing::saved_by_datasets(path) {
+        crate::saved::is_arrow_name
+    } else {
+        is_parquet_name
+    };
     let io = |source| ParquetError::Io {
         path: path.to_owned(),
         source,
@@ -112,7 +126,7 @@ pub fn files(path: &Path) -> Result<Vec<PathBuf>, ParquetError> {
     let mut files = Vec::new();
     for e in std::fs::read_dir(path).map_err(io)? {
         let p = e.map_err(io)?.path();
-        if is_parquet_name(&p) && p.is_file() {
+        if wanted(&p) && p.is_file() {
             files.push(p);
         }
     }
@@ -128,12 +142,78 @@ pub fn is_parquet_name(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
 }
 
-/// One file, its footer read.
+/// Where one file's row groups are read from: the local file, or (1.10) its column chunks
+/// fetched into the shard cache (`ringfeed_remote::pq`).
+pub trait RowGroups: Send + Sync {
+    /// A reader of row group `g` of the file whose footer is `meta`. `Err` says why its bytes
+    /// cannot be had now (a fetch that failed): the group is not kept, so a later read tries again.
+    fn row_group<'a>(&'a self, meta: &'a ParquetMetaData, g: usize) -> Result<Box<dyn RowGroupReader + 'a>, String>;
+}
+
+/// A row group of `meta` read through `chunks` (which must hold the byte ranges of the column
+/// chunks the projection reads).
+pub fn row_group_reader<'a, R: ChunkReader + 'static>(
+    chunks: Arc<R>,
+    meta: &'a ParquetMetaData,
+    g: usize,
+) -> parquet::errors::Result<Box<dyn RowGroupReader + 'a>> {
+    let props = Arc::new(ReaderProperties::builder().build());
+    Ok(Box::new(SerializedRowGroupReader::new(
+        chunks,
+        meta.row_group(g),
+        meta.page_index_for_row_group(g),
+        props,
+    )?))
+}
+
+/// A local file's row groups: read from the file.
+struct LocalGroups(Arc<File>);
+
+impl RowGroups for LocalGroups {
+    fn row_group<'a>(&'a self, meta: &'a ParquetMetaData, g: usize) -> Result<Box<dyn RowGroupReader + 'a>, String> {
+        row_group_reader(Arc::clone(&self.0), meta, g).map_err(|e| format!("cannot read row group {g}: {e}"))
+    }
+}
+
+/// A file opened for [`ParquetSource::from_files`].
+pub enum Opened {
+    /// A Parquet file: its footer, and where its row groups' bytes come from.
+    Parquet(Arc<ParquetMetaData>, Box<dyn RowGroups>),
+    /// 1.10: an Arrow IPC stream of a `save_to_disk` directory, its columns checked.
+    Arrow(ArrowFile),
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Opened::Parquet(meta, _) => write!(f, "Parquet({} row groups)", meta.num_row_groups()),
+            Opened::Arrow(a) => write!(f, "Arrow({} batches)", a.batch_rows().count()),
+        }
+    }
+}
+
+/// A file to serve, as [`ParquetSource::from_files`] takes it: its name for messages and the
+/// file opened, or why it cannot be served (a listing problem).
+pub type FileParts = (PathBuf, Result<Opened, String>);
+
+/// How one file's groups become rows.
+enum Body {
+    Parquet {
+        meta: Arc<ParquetMetaData>,
+        groups: Box<dyn RowGroups>,
+        /// The projection on the columns read (the file's column order).
+        projection: Type,
+    },
+    /// Its record batches are the groups.
+    Arrow(ArrowFile),
+}
+
+/// One file, its footer (or its messages' headers) read.
 struct PqFile {
     path: PathBuf,
-    reader: SerializedFileReader<File>,
-    /// The projection on the columns read (the file's column order).
-    projection: Type,
+    /// Its place in the list the source was made from.
+    input: usize,
+    body: Body,
 }
 
 impl std::fmt::Debug for PqFile {
@@ -157,6 +237,8 @@ struct Row {
 struct Group {
     rows: Result<Vec<Row>, String>,
     bytes: usize,
+    /// Whether its bytes could not be had ([`RowGroups::row_group`] failed): not kept.
+    unfetched: bool,
 }
 
 /// A row group's place: its file, its index in the file, its first row in the file.
@@ -194,6 +276,20 @@ impl ParquetSource {
         cancel: &AtomicBool,
         listed: &AtomicU64,
     ) -> Result<Self, ParquetError> {
+        let mut parts: Vec<FileParts> = Vec::with_capacity(files.len());
+        for path in files {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(ParquetError::Cancelled);
+            }
+            parts.push((path.clone(), open_file(path, opts)));
+        }
+        Ok(Self::from_files(name, parts, opts, listed))
+    }
+
+    /// The source of files whose footers are read (`ringfeed_remote::pq` reads them by range):
+    /// each file's schema is checked against `opts`, and a file that fails, or came as `Err`, is
+    /// a listing problem. `listed` counts the rows found.
+    pub fn from_files(name: &str, files: Vec<FileParts>, opts: &ParquetOptions, listed: &AtomicU64) -> Self {
         let mut s = ParquetSource {
             name: name.to_owned(),
             opts: opts.clone(),
@@ -203,38 +299,61 @@ impl ParquetSource {
             problems: Vec::new(),
             cache: Mutex::new(Vec::new()),
         };
-        for path in files {
-            if cancel.load(Ordering::Relaxed) {
-                return Err(ParquetError::Cancelled);
-            }
-            match open_file(path, opts) {
-                Err(reason) => s.problems.push(Problem {
-                    key: path.as_os_str().as_encoded_bytes().to_vec(),
-                    reason,
+        for (input, (path, got)) in files.into_iter().enumerate() {
+            let checked = got.and_then(|opened| match opened {
+                Opened::Parquet(meta, groups) => Ok(Body::Parquet {
+                    projection: projection(&meta, opts)?,
+                    meta,
+                    groups,
                 }),
-                Ok(f) => {
-                    let fi = s.files.len() as u32;
-                    let mut first_row = 0u64;
-                    for (g, rg) in f.reader.metadata().row_groups().iter().enumerate() {
-                        let rows = rg.num_rows().max(0) as u64;
-                        if rows == 0 {
-                            continue;
-                        }
-                        s.groups.push(GroupAt {
-                            file: fi,
-                            group: g as u32,
-                            first_row,
-                        });
-                        first_row += rows;
-                        let end = s.starts.last().copied().unwrap_or(0) + rows;
-                        s.starts.push(end);
-                        listed.fetch_add(rows, Ordering::Relaxed);
-                    }
-                    s.files.push(f);
+                Opened::Arrow(f) => Ok(Body::Arrow(f)),
+            });
+            let body = match checked {
+                Err(reason) => {
+                    s.problems.push(Problem {
+                        key: path.as_os_str().as_encoded_bytes().to_vec(),
+                        reason,
+                    });
+                    continue;
                 }
+                Ok(f) => f,
+            };
+            let group_rows: Vec<u64> = match &body {
+                Body::Parquet { meta, .. } => meta.row_groups().iter().map(|rg| rg.num_rows().max(0) as u64).collect(),
+                Body::Arrow(f) => f.batch_rows().collect(),
+            };
+            let fi = s.files.len() as u32;
+            let mut first_row = 0u64;
+            for (g, rows) in group_rows.into_iter().enumerate() {
+                if rows == 0 {
+                    continue;
+                }
+                s.groups.push(GroupAt {
+                    file: fi,
+                    group: g as u32,
+                    first_row,
+                });
+                first_row += rows;
+                let end = s.starts.last().copied().unwrap_or(0) + rows;
+                s.starts.push(end);
+                listed.fetch_add(rows, Ordering::Relaxed);
             }
+            s.files.push(PqFile { path, input, body });
         }
-        Ok(s)
+        s
+    }
+
+    /// Which row group sample `index` is in (an index of the groups served, which are the
+    /// shards of [`Source::shard_sizes`]).
+    pub fn group_of(&self, index: u64) -> Option<usize> {
+        self.locate(index).ok().map(|(g, _)| g)
+    }
+
+    /// Group `g`'s place: its file's position in the list the source was made from, and its
+    /// index among that file's row groups.
+    pub fn group_place(&self, g: usize) -> (usize, usize) {
+        let at = self.groups[g];
+        (self.files[at.file as usize].input, at.group as usize)
     }
 
     /// Files served (those left out are listing problems).
@@ -294,28 +413,55 @@ impl ParquetSource {
                 }
             }
         };
-        Arc::clone(slot.get_or_init(|| Arc::new(self.decode(g))))
+        let group = Arc::clone(slot.get_or_init(|| Arc::new(self.decode(g))));
+        if group.unfetched {
+            // Not kept: the next reader fetches again (the shard cache keeps a failure a few
+            // seconds, so a gone object is not asked for once per row).
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.retain(|(_, s)| !Arc::ptr_eq(s, &slot));
+        }
+        group
     }
 
     /// Decodes group `g`'s projected columns, row by row.
     fn decode(&self, g: usize) -> Group {
         let at = self.groups[g];
         let f = &self.files[at.file as usize];
-        let rows = (|| -> Result<Vec<Row>, String> {
-            let rg = f
-                .reader
-                .get_row_group(at.group as usize)
-                .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
-            let iter = RowIter::from_row_group(Some(f.projection.clone()), rg.as_ref())
-                .map_err(|e| format!("cannot read row group {}: {e}", at.group))?;
-            let mut rows = Vec::with_capacity((self.starts[g + 1] - self.starts[g]) as usize);
-            for (i, row) in iter.enumerate() {
-                let row = row.map_err(|e| format!("cannot decode row group {}: {e}", at.group))?;
-                let key = self.key(self.starts[g] + i as u64).unwrap_or_default();
-                rows.push(self.row(key, row));
+        let records = match &f.body {
+            Body::Parquet {
+                meta,
+                groups,
+                projection,
+            } => {
+                let rg = match groups.row_group(meta, at.group as usize) {
+                    Ok(rg) => rg,
+                    Err(why) => {
+                        return Group {
+                            rows: Err(why),
+                            bytes: 0,
+                            unfetched: true,
+                        };
+                    }
+                };
+                RowIter::from_row_group(Some(projection.clone()), rg.as_ref())
+                    .map_err(|e| format!("cannot read row group {}: {e}", at.group))
+                    .and_then(|iter| {
+                        iter.map(|row| row.map_err(|e| format!("cannot decode row group {}: {e}", at.group)))
+                            .collect::<Result<Vec<_>, String>>()
+                    })
             }
-            Ok(rows)
-        })();
+            Body::Arrow(file) => file.rows(at.group as usize),
+        };
+        let rows = records.map(|records| {
+            records
+                .into_iter()
+                .enumerate()
+                .map(|(i, row)| {
+                    let key = self.key(self.starts[g] + i as u64).unwrap_or_default();
+                    self.row(key, row)
+                })
+                .collect::<Vec<Row>>()
+        });
         let bytes = match &rows {
             Ok(rows) => rows
                 .iter()
@@ -333,7 +479,11 @@ impl ParquetSource {
                 .sum(),
             Err(_) => 0,
         };
-        Group { rows, bytes }
+        Group {
+            rows,
+            bytes,
+            unfetched: false,
+        }
     }
 
     /// One decoded row's image, label and cells.
@@ -413,11 +563,23 @@ impl ParquetSource {
     }
 }
 
-/// Opens `path`'s footer and checks its columns; the error names the file's problem.
-fn open_file(path: &Path, opts: &ParquetOptions) -> Result<PqFile, String> {
+/// Opens `path` and reads its footer (an `.arrow` file: its messages' headers, its columns
+/// checked against `opts`); the error names the file's problem.
+fn open_file(path: &Path, opts: &ParquetOptions) -> Result<Opened, String> {
+    if crate::saved::is_arrow_name(path) {
+        return ArrowFile::open(path, &opts.image, opts.label.as_deref(), &opts.columns).map(Opened::Arrow);
+    }
     let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let reader = SerializedFileReader::new(file).map_err(|e| format!("not a readable Parquet file: {e}"))?;
-    let root = reader.metadata().file_metadata().schema_descr().root_schema().clone();
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    Ok(Opened::Parquet(Arc::new(meta), Box::new(LocalGroups(Arc::new(file)))))
+}
+
+/// Checks a file's columns against `opts` (the error names the column and the option) and
+/// returns the projection on the columns read.
+pub fn projection(meta: &ParquetMetaData, opts: &ParquetOptions) -> Result<Type, String> {
+    let root = meta.file_metadata().schema_descr().root_schema().clone();
     let have = || {
         root.get_fields()
             .iter()
@@ -458,15 +620,27 @@ fn open_file(path: &Path, opts: &ParquetOptions) -> Result<PqFile, String> {
     projected.retain(|f| {
         f.name() == opts.image || opts.label.as_deref() == Some(f.name()) || opts.columns.iter().any(|c| c == f.name())
     });
-    let projection = Type::group_type_builder(root.name())
+    Type::group_type_builder(root.name())
         .with_fields(projected)
         .build()
-        .map_err(|e| format!("projecting the columns: {e}"))?;
-    Ok(PqFile {
-        path: path.to_owned(),
-        reader,
-        projection,
-    })
+        .map_err(|e| format!("projecting the columns: {e}"))
+}
+
+/// The leaf columns (their indices in a row group) that `projection` reads: those under its
+/// top-level fields.
+pub fn projected_leaves(meta: &ParquetMetaData, projection: &Type) -> Vec<usize> {
+    let names: Vec<&str> = projection.get_fields().iter().map(|f| f.name()).collect();
+    let schema = meta.file_metadata().schema_descr();
+    (0..schema.num_columns())
+        .filter(|&i| {
+            schema
+                .column(i)
+                .path()
+                .parts()
+                .first()
+                .is_some_and(|p| names.contains(&p.as_str()))
+        })
+        .collect()
 }
 
 /// A column's type, for messages.
@@ -727,6 +901,18 @@ mod tests {
         w.close().unwrap();
     }
 
+    /// Sample `i`'s `caption` column, as text.
+    fn caption_of(s: &ParquetSource, i: u64) -> Vec<u8> {
+        let mut caption = Vec::new();
+        s.with_sample_extra(i, &mut |_, extra| {
+            let v = values(&extra, &[FieldFrom::Column("caption".into())]);
+            let Ok(Value::Text(t)) = &v[0] else { panic!("{v:?}") };
+            caption = t.to_vec();
+        })
+        .unwrap();
+        caption
+    }
+
     fn open(files: &[PathBuf], opts: &ParquetOptions) -> ParquetSource {
         ParquetSource::open("test", files, opts, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap()
     }
@@ -773,14 +959,7 @@ mod tests {
         assert_eq!(r.get(3).unwrap().data, b"img3");
         assert!(matches!(r.get(5), Err(SourceError::OutOfRange { .. })));
         // The caption comes with its row, as text.
-        let mut caption = Vec::new();
-        s.with_sample_extra(3, &mut |_, extra| {
-            let v = values(&extra, &[FieldFrom::Column("caption".into())]);
-            let Ok(Value::Text(t)) = &v[0] else { panic!("{v:?}") };
-            caption = t.to_vec();
-        })
-        .unwrap();
-        assert_eq!(caption, b"c3");
+        assert_eq!(caption_of(&s, 3), b"c3");
     }
 
     #[test]
@@ -879,5 +1058,81 @@ mod tests {
                 .unwrap_err()
                 .contains("not an integer")
         );
+    }
+
+    // 1.10: `save_to_disk` streams (`crate::saved`), served by this source.
+    use arrow_array::{ArrayRef, BinaryArray, Int32Array, RecordBatch, StringArray, StructArray};
+    use arrow_schema::{DataType, Field as ArrowField, Schema};
+
+    /// A stream of two batches (3 rows, then 2) with an HF image struct, an int32 label and a
+    /// caption; row 3's image is null.
+    fn write_arrow(path: &Path) {
+        let image_fields = vec![
+            ArrowField::new("bytes", DataType::Binary, true),
+            ArrowField::new("path", DataType::Utf8, true),
+        ];
+        let schema = Arc::new(Schema::new(vec![
+            ArrowField::new("image", DataType::Struct(image_fields.clone().into()), true),
+            ArrowField::new("label", DataType::Int32, true),
+            ArrowField::new("caption", DataType::Utf8, false),
+        ]));
+        let batch = |rows: std::ops::Range<usize>| {
+            let bytes: BinaryArray = rows
+                .clone()
+                .map(|i| (i != 3).then(|| format!("img{i}").into_bytes()))
+                .collect();
+            let paths: StringArray = rows.clone().map(|_| None::<&str>).collect();
+            let image = StructArray::new(
+                image_fields.clone().into(),
+                vec![Arc::new(bytes) as ArrayRef, Arc::new(paths)],
+                None,
+            );
+            let labels: Int32Array = rows.clone().map(|i| i as i32).collect();
+            let caps: StringArray = rows.map(|i| Some(format!("c{i}"))).collect();
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(image), Arc::new(labels), Arc::new(caps)],
+            )
+            .unwrap()
+        };
+        let mut w = arrow_ipc::writer::StreamWriter::try_new(File::create(path).unwrap(), &schema).unwrap();
+        w.write(&batch(0..3)).unwrap();
+        w.write(&batch(3..5)).unwrap();
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn save_to_disk_record_batches_are_groups_and_rows_are_samples() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("state.json"), "{}").unwrap();
+        write_arrow(&d.path().join("data-00000-of-00001.arrow"));
+        assert!(crate::listing::saved_by_datasets(d.path()));
+        let files = files(d.path()).unwrap();
+        assert_eq!(files.len(), 1);
+        let opts = ParquetOptions::new(None, None, &["caption"]).unwrap();
+        let s = ParquetSource::open("t", &files, &opts, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap();
+        assert_eq!((s.len(), s.shard_sizes()), (5, Some(vec![3, 2])));
+        let mut r = s.reader().unwrap();
+        let got = r.get(4).unwrap();
+        assert_eq!(
+            (got.data, got.label, got.key),
+            (&b"img4"[..], 4, &b"data-00000-of-00001.arrow:4"[..])
+        );
+        let e = r.get(3).unwrap_err().to_string();
+        assert!(e.contains("data-00000-of-00001.arrow: row 3: the image"), "{e}");
+        assert_eq!(caption_of(&s, 1), b"c1");
+        // A column that is not there is the file's problem, named as for Parquet.
+        let wrong = ParquetOptions::new(Some("jpg"), None, &[]).unwrap();
+        let s = ParquetSource::open("t", &files, &wrong, &AtomicBool::new(false), &AtomicU64::new(0)).unwrap();
+        let why = &s.listing_problems()[0].reason;
+        assert!(
+            why.contains("no column \"jpg\" (open.parquet.image); its columns: image, label, caption"),
+            "{why}"
+        );
+        // Not a stream at all.
+        let junk = d.path().join("junk.arrow");
+        std::fs::write(&junk, b"not arrow").unwrap();
+        let e = ArrowFile::open(&junk, "image", None, &[]).unwrap_err();
+        assert!(e.contains("not a readable Arrow IPC stream"), "{e}");
     }
 }

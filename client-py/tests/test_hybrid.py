@@ -327,7 +327,7 @@ DINO = ringfeed.Views(
         "global": ringfeed.View(
             ringfeed.Compose(
                 [
-                    ringfeed.RandomResizedCrop(32, scale=(0.32, 1.0)),
+                    ringfeed.RandomResizedCrop(224, scale=(0.32, 1.0)),
                     ringfeed.RandomHorizontalFlip(),
                     ringfeed.ColorJitter(0.4, 0.4, 0.2, 0.1),
                     ringfeed.RandomGrayscale(0.2),
@@ -339,7 +339,7 @@ DINO = ringfeed.Views(
         "local": ringfeed.View(
             ringfeed.Compose(
                 [
-                    ringfeed.RandomResizedCrop(16, scale=(0.05, 0.32)),
+                    ringfeed.RandomResizedCrop(96, scale=(0.05, 0.32)),
                     ringfeed.RandomHorizontalFlip(),
                     ringfeed.RandomSolarize(128, 0.3),
                 ]
@@ -366,7 +366,7 @@ def test_every_view_of_a_gpu_sample_is_finished_from_its_one_decode(
     order = sorted(kinds)
     plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
     assert stats["gpu_samples"] == plain > 0, stats
-    shapes = {"global": (2, 32, 32, 3), "local": (3, 16, 16, 3)}
+    shapes = {"global": (2, 224, 224, 3), "local": (3, 96, 96, 3)}
     worst = 0.0
     for a, b in zip(cpu, gpu, strict=True):
         assert set(a) == set(b) == {"global", "local", "label", "index", "crop"}

@@ -741,7 +741,7 @@ fn to_gpu(
         gpu.ops.as_ref().map(|f| (f.offset, f.sample_bytes)),
     );
     let mut j = 0u32;
-    for (v, view) in pipeline.views.iter().enumerate() {
+    for view in &pipeline.views {
         for _ in 0..view.count {
             let record = processor.gpu_jobs()[j as usize].record(offset as u32, len as u32);
             let out = sink.part(job_field, j, RECORD_BYTES as u64);
@@ -750,12 +750,9 @@ fn to_gpu(
             }
             if let Some(field) = ops_field {
                 // Every record: the steps, then zeros (ring.md: kind 0 ends them, and the rest
-                // are 0). Steps map images of the output's size (a bucketed batch's: its bucket).
-                let (h, w) = if task.bucket.is_some() && v == 0 {
-                    task.image_size(0)
-                } else {
-                    view.size
-                };
+                // are 0). Steps map images of the output's size (`pipeline`'s: a bucketed
+                // sample's is its bucket).
+                let (h, w) = view.size;
                 let out = sink.part(field, j, (max_steps * gpu_ops::RECORD_BYTES) as u64);
                 out.fill(0);
                 for (o, s) in out

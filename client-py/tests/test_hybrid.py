@@ -346,6 +346,8 @@ DINO = ringfeed.Views(
             ),
             count=3,
         ),
+        # A view without per-image ops beside them: its step tables are empty.
+        "plain": ringfeed.CenterCrop(24),
     }
 )
 
@@ -355,8 +357,8 @@ def test_every_view_of_a_gpu_sample_is_finished_from_its_one_decode(
     folder: tuple[Path, dict[str, str]], sock: str, layout: str
 ) -> None:
     """A multi-view pipeline (1.10: two global crops with colour ops and erasing, three local
-    ones) goes to the GPU whole: each plain JPEG is decoded once by the client and every one of
-    its five images finished from it with the draws the server made for that image (``gpu_job``
+    ones, a plain centre crop) goes to the GPU whole: each plain JPEG is decoded once by the
+    client and every one of its six images finished from it with the draws the server made for that image (``gpu_job``
     and ``gpu_ops`` per output), so every image is within a few levels of the CPU path's (an image
     finished with another output's draws, or a step not run, moves it by tens of levels), erased
     where the CPU path erased it, and the labels, indices and crops are the CPU path's."""
@@ -366,16 +368,17 @@ def test_every_view_of_a_gpu_sample_is_finished_from_its_one_decode(
     order = sorted(kinds)
     plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
     assert stats["gpu_samples"] == plain > 0, stats
-    shapes = {"global": (2, 224, 224, 3), "local": (3, 96, 96, 3)}
+    shapes = {"global": (2, 224, 224, 3), "local": (3, 96, 96, 3), "plain": (1, 24, 24, 3)}
     worst = 0.0
     for a, b in zip(cpu, gpu, strict=True):
-        assert set(a) == set(b) == {"global", "local", "label", "index", "crop"}
+        assert set(a) == set(b) == {"global", "local", "plain", "label", "index", "crop"}
         for k in ("label", "index", "crop"):
             assert torch.equal(a[k], b[k]), k
         for name, (count, h, w, c) in shapes.items():
             want = (6, count, h, w, c) if layout == "NHWC" else (6, count, c, h, w)
+            want = want if count > 1 else (6, *want[2:])
             assert a[name].shape == b[name].shape == want
-            d = (a[name].float() - b[name].float()).abs().flatten(2).mean(2)
+            d = (a[name].float() - b[name].float()).reshape(6 * count, -1).abs().mean(1)
             worst = max(worst, float(d.max()))
     assert worst < 4.0, f"an image differs from the CPU path's by {worst:.2f} levels on average"
     # The server's answer for an older session: one view of one image only.
@@ -384,7 +387,7 @@ def test_every_view_of_a_gpu_sample_is_finished_from_its_one_decode(
         old = _raw_open(sock, base, protocol=[1, 9])
         assert old["type"] == "error", old
         assert old["code"] == "bad_request", old
-        assert "2 views" in str(old["message"]), old
+        assert "3 views" in str(old["message"]), old
         assert "1.10" in str(old["message"]), old
         ok = _raw_open(sock, base)
         assert ok["type"] == "ring", ok
@@ -407,9 +410,9 @@ def test_every_view_on_a_cuda_device(folder: tuple[Path, dict[str, str]], sock: 
     for a, b in zip(cpu, gpu, strict=True):
         for k in ("label", "index", "crop"):
             assert torch.equal(a[k], b[k]), k
-        for name in ("global", "local"):
+        for name, count in (("global", 2), ("local", 3), ("plain", 1)):
             assert a[name].shape == b[name].shape
-            diffs.append((a[name].float() - b[name].float()).abs().flatten(2).mean(2).flatten())
+            diffs.append((a[name].float() - b[name].float()).reshape(6 * count, -1).abs().mean(1))
     d = torch.cat(diffs)
     assert float(d.median()) < 3.0, d
     assert float(d.max()) < 16.0, d

@@ -778,8 +778,10 @@ class Finisher:
                 for c in range(0, len(rows), step):
                     part = slice(c, c + step)
                     self._finish(recs[part], [images[i] for i in src[part]], flat, rows[part])
-            if ok and ops is not None:
-                self._run_steps(flat, ops[pos[ok], j0 : j0 + count].reshape(len(rows), *ops.shape[2:]), rows)
+            steps = None if ops is None or not ok else ops[pos[ok], j0 : j0 + count].reshape(len(rows), *ops.shape[2:])
+            # A view without per-image ops has empty tables (kind 0) beside one that has them.
+            if steps is not None and steps[:, :, 0].any():
+                self._run_steps(flat, steps, rows)
             j0 += count
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):

@@ -149,23 +149,8 @@ class ImageBatches(BatchMaker):
                 f"the server speaks protocol {major}.{minor}; AspectBuckets needs a ringfeed server with protocol "
                 f"1.10 (upgrade the server, or set RINGFEED_BIN to a newer binary)"
             )
-        if self.gpu_share is not False and server_protocol < (1, 3):
-            # control.md, 1.3: a 1.2 server does not know `gpu_decode`; decode on the CPU.
-            major, minor = server_protocol
-            self.gpu_share = False
-            self.gpu_decode_reason = f"the server speaks protocol {major}.{minor}; hybrid decode needs 1.3"
-            log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
-        if self.gpu_share is not False and server_protocol < (1, 8) and o.views is not None:
-            from .gpu.ops import needs_steps
-
-            if needs_steps(o.views.to_json()):
-                # control.md, 1.8: an older server finishes only the geometry on the GPU.
-                major, minor = server_protocol
-                self.gpu_share = False
-                self.gpu_decode_reason = (
-                    f"the server speaks protocol {major}.{minor}; GPU decode of per-image ops needs 1.8"
-                )
-                log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
+        if self.gpu_share is not False:
+            self._gpu_for_server(server_protocol)
         if self.gpu_share is not False:
             gpu: dict[str, Any] = {"share": self.gpu_share}
             if o.gpu_bytes is not None:
@@ -239,6 +224,33 @@ class ImageBatches(BatchMaker):
         h, w = v.size
         return "uint8", (*lead, *((h, w, 3) if o.layout == "NHWC" else (3, h, w)))
 
+    def _gpu_for_server(self, server_protocol: tuple[int, int]) -> None:
+        """Leaves hybrid decode off (saying why, naming the server's version) where the server is
+        older than what the pipeline's GPU path needs."""
+        from .gpu.ops import multi_output, needs_steps
+
+        o = self.opts
+        doc = o.views.to_json() if o.views is not None else None
+        needs = [
+            # control.md, 1.3: a 1.2 server does not know `gpu_decode`; decode on the CPU.
+            ((1, 3), True, "hybrid decode needs 1.3"),
+            # 1.8: an older server finishes only the geometry on the GPU.
+            ((1, 8), doc is not None and needs_steps(doc), "GPU decode of per-image ops needs 1.8"),
+            # 1.10: an older server finishes one view of one image on the GPU.
+            (
+                (1, 10),
+                doc is not None and multi_output(doc),
+                "GPU decode of several views or images per sample needs 1.10",
+            ),
+        ]
+        for version, needed, why in needs:
+            if needed and server_protocol < version:
+                major, minor = server_protocol
+                self.gpu_share = False
+                self.gpu_decode_reason = f"the server speaks protocol {major}.{minor}; {why}"
+                log.warning("ringfeed: GPU decode is off: %s", self.gpu_decode_reason)
+                return
+
     def attach(self, segment: Segment, cfg: StreamConfig) -> Any:
         """Starts hybrid decode's finisher for this ring, when the stream asked for hybrid decode."""
         o = self.opts
@@ -251,9 +263,13 @@ class ImageBatches(BatchMaker):
                 raise ProtocolError(f"the ring has no field {name!r}, which hybrid decode needs")
         assert o.views is not None
         assert o.gpu_backend is not None
-        (view,) = o.views.views.values()
+        views = list(o.views.views.values())
         device = cfg.device if cfg.cuda else _cpu()
-        self.finisher = Finisher(device, o.gpu_backend, o.layout, view.size, segment.slot_count)
+        # 1.10: every view's images are finished from each GPU sample's one decode (a bucketed
+        # batch's at its bucket's size, read from the batch tensor).
+        self.finisher = Finisher(
+            device, o.gpu_backend, o.layout, views[0].size, segment.slot_count, counts=[v.count for v in views]
+        )
         return self.finisher
 
     # -- batches --------------------------------------------------------------------------------
@@ -459,9 +475,9 @@ class _Finish:
 
         kind = self.kind
         assert kind.opts.views is not None
-        (name,) = kind.opts.views.views
+        images = [out[name] for name in kind.opts.views.views]
         try:
-            kind.finisher(self.jobs, self.arena, out[name], stream, self.pending, self.ops)
+            kind.finisher(self.jobs, self.arena, images, stream, self.pending, self.ops)
             return out
         except DecodeError as e:
             failed = e.failed
@@ -718,15 +734,14 @@ def _gpu_pipeline_problem(views: Views | None) -> str | None:
     """Why hybrid decode cannot finish this pipeline on the GPU, or ``None``."""
     if views is None:
         return "the 1.1 transform dict form is decoded on the CPU"
-    if _buckets_of(views) is not None:
-        return "AspectBuckets batches change shape from batch to batch, and hybrid decode finishes one shape"
     return gpu_pipeline_doc_problem(views.to_json())
 
 
-def gpu_pipeline_doc_problem(doc: dict[str, Any], per_image: bool = True) -> str | None:
+def gpu_pipeline_doc_problem(doc: dict[str, Any], per_image: bool = True, views: bool = True) -> str | None:
     """The same for a pipeline as the wire carries it (control.md, ``open.pipeline``): the
     server's rule (``ops::gpu::finishable``), whose verdicts ``proto/vectors/control/hybrid.json``
-    pins for both sides; ``per_image``: a 1.8 server's (per-image ops after the geometry)."""
+    pins for both sides; ``per_image``: a 1.8 server's (per-image ops after the geometry);
+    ``views``: a 1.10 server's (several views, and images per view)."""
     from .gpu.ops import pipeline_problem  # numpy only: no torch here
 
-    return pipeline_problem(doc, per_image)
+    return pipeline_problem(doc, per_image, views)

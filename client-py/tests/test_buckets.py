@@ -222,10 +222,76 @@ def test_a_sized_op_after_buckets_is_refused_by_the_server(folder: Path, sock: s
     assert e.value.code == "bad_request"
 
 
-def test_gpu_decode_is_off_and_says_why(folder: Path, sock: str) -> None:
-    """Hybrid decode does not take a bucketed pipeline; gpu_decode_reason names AspectBuckets."""
-    with loader(folder, sock, gpu_decode="auto") as ld:
-        assert "AspectBuckets" in (ld.gpu_decode_reason or "")
+#: A bucketed pipeline with per-image ops after the bucket's resize and crop.
+TAIL = ringfeed.Compose(
+    [
+        ringfeed.AspectBuckets(area=24 * 24, min_ratio=0.5, max_ratio=2.0, step=8),
+        ringfeed.RandomHorizontalFlip(),
+        ringfeed.ColorJitter(0.4, 0.4, 0.4, 0.1),
+        # Its warps' steps depend on the image's size: the bucket's, not the largest one's.
+        ringfeed.TrivialAugmentWide(),
+    ]
+)
+
+
+def _same_batches(
+    cpu: list[dict[str, torch.Tensor]], gpu: list[dict[str, torch.Tensor]], layout: str, most: float
+) -> None:
+    """The same samples in the same buckets, with the CPU path's offsets and sizes; each image
+    within ``most`` levels of the CPU path's on average."""
+    assert len(cpu) == len(gpu) > 0
+    worst = 0.0
+    shapes = set()
+    for a, b in zip(cpu, gpu, strict=True):
+        assert a.keys() == b.keys()
+        for k in ("label", "index", "crop_top_left", "original_size"):
+            assert torch.equal(a[k].cpu(), b[k].cpu()), k
+        assert a["image"].shape == b["image"].shape
+        shapes.add(tuple(a["image"].shape[1:3] if layout == "NHWC" else a["image"].shape[2:4]))
+        d = (a["image"].float().cpu() - b["image"].float().cpu()).abs().flatten(1).mean(1)
+        worst = max(worst, float(d.max()))
+    assert len(shapes) > 1, "batches of several buckets"
+    assert worst < most, f"an image differs from the CPU path's by {worst:.2f} levels on average"
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("transform", [BUCKETS, TAIL], ids=["buckets", "buckets-flip-jitter-ta"])
+def test_hybrid_decode_finishes_each_batch_at_its_bucket(folder: Path, sock: str, layout: str, transform: Any) -> None:
+    """With every sample offered (1.10), the plain JPEGs of a bucketed stream go to the client,
+    whose GPU jobs carry their bucket's covering resize and crop (drawn before decoding, so
+    ``crop_top_left`` is the CPU path's) and whose finished images are written at the batch's
+    shape: every batch equals the CPU path's, pixels within a few levels (another decoder, a float
+    resample; a wrong offset or size moves an image by tens of levels)."""
+    kw: dict[str, Any] = {"drop_last": False, "layout": layout}
+    with loader(folder, sock, transform=transform, gpu_decode=False, **kw) as ld:
+        cpu = run(ld, epoch=1)
+    with loader(folder, sock, transform=transform, gpu_decode=1.0, _gpu_backend="host", **kw) as ld:
+        assert ld.gpu_decode_reason is None
+        gpu = run(ld, epoch=1)
+        stats = ld.stats()
+    # Every JPEG but the EXIF-rotated one: PNGs are every ninth (0, 9, ..., 36), the rotated one is #4.
+    assert stats["gpu_samples"] == N - 5 - 1, stats
+    _same_batches(cpu, gpu, layout, 4.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("gpu_decode", [False, 1.0], ids=["copied", "hybrid"])
+def test_cuda_batches_have_their_bucket_s_shape(folder: Path, sock: str, gpu_decode: Any) -> None:
+    """On a CUDA device each batch arrives at its bucket's shape: copied as the server made it
+    (hybrid decode off: the same bytes as the CPU loader's) or with the GPU decoder finishing the
+    plain JPEGs (within a few levels: the hardware decoder's chroma differs)."""
+    kw: dict[str, Any] = {"drop_last": False, "layout": "NCHW"}
+    with loader(folder, sock, transform=TAIL, gpu_decode=False, **kw) as ld:
+        cpu = run(ld, epoch=2)
+    with loader(folder, sock, transform=TAIL, gpu_decode=gpu_decode, device="cuda", **kw) as ld:
+        cuda = run(ld, epoch=2)
+        stats = ld.stats()
+    assert all(b["image"].device.type == "cuda" for b in cuda)
+    if gpu_decode is False:
+        _same_batches(cpu, cuda, "NCHW", 1e-9)
+    else:
+        assert stats["gpu_samples"] > 0, stats
+        _same_batches(cpu, cuda, "NCHW", 16.0)
 
 
 def test_an_unreadable_header_refuses_under_raise_and_is_skipped_under_skip(

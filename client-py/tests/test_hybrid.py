@@ -13,6 +13,7 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -94,20 +95,20 @@ def test_finishable_pipelines_match_the_server() -> None:
     cases = vectors["finishable"]
     assert any(c["finishable"] for c in cases)
     assert not all(c["finishable"] for c in cases)
-    assert any(c["finishable"] and not c["finishable_1_7"] for c in cases), "1.8 finishes more"
+    assert any(c["finishable_1_9"] and not c["finishable_1_7"] for c in cases), "1.8 finishes more"
+    assert any(c["finishable"] and not c["finishable_1_9"] for c in cases), "1.10 finishes views"
     for case in cases:
         why = _images.gpu_pipeline_doc_problem(case["pipeline"])
         assert (why is None) == case["finishable"], (case, why)
-        before = _images.gpu_pipeline_doc_problem(case["pipeline"], per_image=False)
+        one_view = _images.gpu_pipeline_doc_problem(case["pipeline"], views=False)
+        assert (one_view is None) == case["finishable_1_9"], (case, one_view)
+        before = _images.gpu_pipeline_doc_problem(case["pipeline"], per_image=False, views=False)
         assert (before is None) == case["finishable_1_7"], (case, before)
         if case["finishable"]:
             from ringfeed.gpu import ops as gops
 
-            # The gpu_ops field's steps per sample (0: no field) is the client's count too.
-            view = case["pipeline"]["views"][0]
-            ops = [o for o in view["ops"] if o["op"] not in gops.BATCH_OPS]
-            steps = max(1, sum(gops.max_steps(o) for o in ops)) if gops.needs_steps(case["pipeline"]) else 0
-            assert steps == case["steps"], case
+            # The gpu_ops field's steps per output (0: no field) is the client's count too.
+            assert gops.steps_per_output(case["pipeline"]) == case["steps"], case
 
 
 def test_offered_positions_match_the_vectors() -> None:
@@ -318,6 +319,181 @@ TAILS = {
         ]
     ),
 }
+
+
+#: DINO-like multi-crop (1.10): two global crops with colour ops and erasing, several local ones.
+DINO = ringfeed.Views(
+    {
+        "global": ringfeed.View(
+            ringfeed.Compose(
+                [
+                    ringfeed.RandomResizedCrop(224, scale=(0.32, 1.0)),
+                    ringfeed.RandomHorizontalFlip(),
+                    ringfeed.ColorJitter(0.4, 0.4, 0.2, 0.1),
+                    ringfeed.RandomGrayscale(0.2),
+                    ringfeed.RandomErasing(0.5),
+                ]
+            ),
+            count=2,
+        ),
+        "local": ringfeed.View(
+            ringfeed.Compose(
+                [
+                    ringfeed.RandomResizedCrop(96, scale=(0.05, 0.32)),
+                    ringfeed.RandomHorizontalFlip(),
+                    ringfeed.RandomSolarize(128, 0.3),
+                ]
+            ),
+            count=3,
+        ),
+        # A view without per-image ops beside them: its step tables are empty.
+        "plain": ringfeed.CenterCrop(24),
+    }
+)
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_every_view_of_a_gpu_sample_is_finished_from_its_one_decode(
+    folder: tuple[Path, dict[str, str]], sock: str, layout: str
+) -> None:
+    """A multi-view pipeline (1.10: two global crops with colour ops and erasing, three local
+    ones, a plain centre crop) goes to the GPU whole: each plain JPEG is decoded once by the
+    client and every one of its six images finished from it with the draws the server made for that image (``gpu_job``
+    and ``gpu_ops`` per output), so every image is within a few levels of the CPU path's (an image
+    finished with another output's draws, or a step not run, moves it by tens of levels), erased
+    where the CPU path erased it, and the labels, indices and crops are the CPU path's."""
+    root, kinds = folder
+    cpu, _ = _epoch(root, sock, False, DINO, layout=layout)
+    gpu, stats = _epoch(root, sock, 1.0, DINO, layout=layout)
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
+    assert stats["gpu_samples"] == plain > 0, stats
+    shapes = {"global": (2, 224, 224, 3), "local": (3, 96, 96, 3), "plain": (1, 24, 24, 3)}
+    worst = 0.0
+    for a, b in zip(cpu, gpu, strict=True):
+        assert set(a) == set(b) == {"global", "local", "plain", "label", "index", "crop"}
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        for name, (count, h, w, c) in shapes.items():
+            want = (6, count, h, w, c) if layout == "NHWC" else (6, count, c, h, w)
+            want = want if count > 1 else (6, *want[2:])
+            assert a[name].shape == b[name].shape == want
+            d = (a[name].float() - b[name].float()).reshape(6 * count, -1).abs().mean(1)
+            worst = max(worst, float(d.max()))
+    assert worst < 4.0, f"an image differs from the CPU path's by {worst:.2f} levels on average"
+    # The server's answer for an older session: one view of one image only.
+    with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)):
+        base = {"dataset": str(root), "batch_size": 4, "pipeline": DINO.to_json(), "gpu_decode": {"share": 0.5}}
+        old = _raw_open(sock, base, protocol=[1, 9])
+        assert old["type"] == "error", old
+        assert old["code"] == "bad_request", old
+        assert "3 views" in str(old["message"]), old
+        assert "1.10" in str(old["message"]), old
+        ok = _raw_open(sock, base)
+        assert ok["type"] == "ring", ok
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_every_view_on_a_cuda_device(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """On a CUDA device with the GPU decoder, a multi-view batch's plain JPEGs are decoded once
+    on the GPU and each of their images finished from it (the finishing kernel and the step
+    kernels once per view): the labels, indices and crops are the CPU path's, the pixels near its
+    (the hardware decoder's replicated chroma differs; an image finished with another's draws
+    moves by tens of levels)."""
+    root, kinds = folder
+    cpu, _ = _epoch(root, sock, False, DINO)
+    gpu, stats = _epoch(root, sock, 1.0, DINO, device="cuda")
+    order = sorted(kinds)
+    plain = sum(kinds[order[int(i)]] == "gpu" for b in gpu for i in b["index"])
+    assert stats["gpu_samples"] == plain > 0, stats
+    diffs = []
+    for a, b in zip(cpu, gpu, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        for name, count in (("global", 2), ("local", 3), ("plain", 1)):
+            assert a[name].shape == b[name].shape
+            diffs.append((a[name].float() - b[name].float()).reshape(6 * count, -1).abs().mean(1))
+    d = torch.cat(diffs)
+    assert float(d.median()) < 3.0, d
+    assert float(d.max()) < 16.0, d
+
+
+def test_a_view_without_kernels_is_named(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """``gpu_decode_reason`` names the view and the first op of it that the GPU cannot finish."""
+    root, _ = folder
+    views = ringfeed.Views(
+        {
+            "global": ringfeed.RandomResizedCrop(32),
+            "local": ringfeed.Compose(
+                [ringfeed.RandomResizedCrop(24), ringfeed.RandomInvert(), ringfeed.CenterCrop(16)]
+            ),
+        }
+    )
+    with ringfeed.Loader(
+        root, 6, views, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), _gpu_backend="host"
+    ) as ld:
+        why = ld.gpu_decode_reason or ""
+        assert "'local'" in why, why
+        assert "center_crop changes the image's size" in why, why
+
+
+def test_launches_per_batch_do_not_grow_with_the_batch() -> None:
+    """The finisher's work for a multi-view batch launches as many kernels whatever the batch
+    size: each view's outputs of every sample go through one finishing kernel (counted by a proxy
+    of it here: CI has no GPU, and the kernel's pixels are ``test_finish_kernel.py``'s) and the
+    steps of all of them through one table (their tensor ops counted with a ``TorchDispatchMode``)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    class Kernel:
+        """Stands for ``finish_kernel``: one launch per call, over the table's rows."""
+
+        rows: ClassVar[list[int]] = []
+
+        @staticmethod
+        def finish(table: Any, image: Any, layout: str) -> None:
+            Count.n += 1
+            Kernel.rows.append(int(table.shape[0]))
+
+    img = photo(48, 40, 3)
+    data = np.frombuffer(_jpeg(img, quality=90), dtype=np.uint8)
+    f = hybrid.Finisher(torch.device("cpu"), "host", "NHWC", (12, 12), geometry="bmm", counts=(2, 3))
+    f._kernel = Kernel
+    # One record per output: a crop and a resize, a flip on odd outputs; every output the same
+    # steps (an invert and a brightness), so the groups do not depend on the batch.
+    rec = [0, len(data), 48, 40, 4, 2, 30, 28, 12, 12, 0, 0, 0, 0, 12, 12, 1 << 2 | 16, 0]
+    step = np.zeros((2, 16), dtype=np.int32)
+    step[0, 0] = 7  # invert
+    step[1, :3] = [2, 0, np.float32(1.25).view(np.int32)]  # brightness 1.25
+
+    def launches(n: int) -> int:
+        arena = np.tile(data, n)
+        jobs = np.zeros((n, 5, hybrid.RECORD_LEN), dtype=np.int32)
+        jobs[:] = rec
+        jobs[:, :, 0] = (np.arange(n) * len(data))[:, None]
+        jobs[:, 1::2, 16] |= hybrid.FLIP_X
+        ops = np.broadcast_to(step, (n, 5, 2, 16)).copy()
+        images = [torch.zeros((n, 2, 12, 12, 3), dtype=torch.uint8), torch.zeros((n, 3, 12, 12, 3), dtype=torch.uint8)]
+        pending = f.submit(jobs, arena)
+        pending.result()
+        Count.n, Kernel.rows = 0, []
+        with Count():
+            done = f(jobs, arena, images, pending=pending, ops=ops)
+        assert done == list(range(n))
+        assert Kernel.rows == [2 * n, 3 * n], "one launch per view, over all its outputs"
+        # The steps ran on every output: an inverted, brightened zero image is 255 everywhere.
+        assert all(bool((x == 255).all()) for x in images)
+        return Count.n
+
+    small, large = launches(4), launches(16)
+    f.close()
+    assert small == large, (small, large)
 
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])

@@ -219,6 +219,18 @@ def _slices(rec: np.ndarray, arena: np.ndarray) -> list[np.ndarray]:
     return [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
 
 
+def _first(jobs: np.ndarray) -> np.ndarray:
+    """Each sample's first ``gpu_job`` record (``[n, 18]``): where its bytes are and the source's
+    size, the same in every record of the sample (1.10: ``jobs`` ``[n, outputs, 18]``)."""
+    return jobs if jobs.ndim == 2 else jobs[:, 0]
+
+
+def _size_of(image: Any, layout: str) -> tuple[int, int]:
+    """``(height, width)`` of a batch of images in ``layout``."""
+    h, w = (1, 2) if layout == "NHWC" else (2, 3)
+    return int(image.shape[h]), int(image.shape[w])
+
+
 def _decode_threads() -> int:
     """Decode threads for the batched hardware decoder: ``RINGFEED_GPU_DECODE_THREADS``, default 2."""
     raw = os.environ.get("RINGFEED_GPU_DECODE_THREADS", "2")
@@ -247,7 +259,11 @@ class Finisher:
             the tests' path through everything but the GPU decoder).
         backend: ``"nvimgcodec"``, ``"torchvision"`` or ``"host"`` (Pillow on the CPU).
         layout: ``"NHWC"`` or ``"NCHW"``, the batch's.
-        size: the view's ``(height, width)``.
+        size: the (first) view's ``(height, width)``, for compiling the kernel ahead; each batch
+            is finished at its image tensors' own size (1.10: an aspect-bucketed batch's bucket).
+        counts: images per sample of each view, views in order (1.10: a GPU sample is decoded
+            once and each output finished from it; ``gpu_job`` is then ``[n, outputs, 18]``);
+            default one view of one image.
     """
 
     def __init__(
@@ -258,6 +274,7 @@ class Finisher:
         size: tuple[int, int],
         slots: int = 64,
         geometry: str | None = None,
+        counts: Any = None,
     ) -> None:
         import collections
         import contextlib
@@ -320,6 +337,9 @@ class Finisher:
         self.backend = backend
         self.layout = layout
         self.size = size
+        self.counts = tuple(int(c) for c in (counts or (1,)))
+        if not self.counts or min(self.counts) < 1:
+            raise ValueError(f"counts must be images per view, each at least 1, got {counts!r}")
         # fp16 products with fp32 accumulation on the GPU (0..255 are exact in fp16, the weights
         # carry 11 bits); fp32 on the CPU.
         self.dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -430,8 +450,9 @@ class Finisher:
         until the future is done."""
         pool = self._start_pool()
         t0 = time.perf_counter_ns()
-        pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
-        rec = jobs[pos].astype(np.int64)
+        first = _first(jobs)
+        pos = np.nonzero(first[:, _C["length"]] > 0)[0]
+        rec = first[pos].astype(np.int64)
 
         def run() -> tuple[Any, ...]:
             places = None
@@ -665,18 +686,29 @@ class Finisher:
         pending: Any = None,
         ops: np.ndarray | None = None,
     ) -> list[int]:
-        """Finishes the GPU samples of a batch into ``image`` (the batch tensor, on the device).
+        """Finishes the GPU samples of a batch into ``image`` (the batch tensor, on the device; 1.10:
+        a list of each view's, ``[n, ...]`` or ``[n, count, ...]`` as :attr:`counts` says).
 
-        ``jobs`` is the slot's ``gpu_job`` field ``[n, 18]`` (host, int32), ``arena`` its
-        ``gpu_bytes`` payload as one flat uint8 array; ``pending``, a :meth:`submit` of the same
-        batch whose decode ran ahead; ``ops``, the slot's ``gpu_ops`` field ``[n, S, 16]`` (1.8),
-        the steps each GPU sample runs after its geometry (:mod:`ringfeed.gpu.ops`). Returns the
-        batch positions it finished.
+        ``jobs`` is the slot's ``gpu_job`` field ``[n, 18]`` (1.10: ``[n, outputs, 18]``; host,
+        int32), ``arena`` its ``gpu_bytes`` payload as one flat uint8 array; ``pending``, a
+        :meth:`submit` of the same batch whose decode ran ahead; ``ops``, the slot's ``gpu_ops``
+        field ``[n, S, 16]`` (1.8; 1.10: ``[n, outputs, S, 16]``), the steps each output runs after
+        its geometry (:mod:`ringfeed.gpu.ops`). Each GPU sample is decoded once and every output
+        finished from its pixels. Returns the batch positions it finished.
 
         Raises:
             DecodeError: some samples could not be decoded at all (the others are finished).
         """
         t0 = time.perf_counter_ns()
+        images_out = list(image) if isinstance(image, (list, tuple)) else [image]
+        if len(images_out) != len(self.counts):
+            raise ValueError(f"{len(images_out)} view tensors for a finisher of {len(self.counts)} views")
+        outputs = sum(self.counts)
+        per_out = jobs if jobs.ndim == 3 else jobs[:, None, :]
+        if per_out.shape[1] != outputs:
+            raise ValueError(f"gpu_job holds {per_out.shape[1]} records per sample, the views make {outputs}")
+        if ops is not None and ops.ndim == 3:
+            ops = ops[:, None]
         ahead_ns = 0
         ahead_places = None
         if pending is not None:
@@ -685,8 +717,9 @@ class Finisher:
             for c in (self._counts, self.totals):
                 c[3] += waited
         else:
-            pos = np.nonzero(jobs[:, _C["length"]] > 0)[0]
-            rec = jobs[pos].astype(np.int64)
+            first = _first(jobs)
+            pos = np.nonzero(first[:, _C["length"]] > 0)[0]
+            rec = first[pos].astype(np.int64)
             datas = None
             decoded = None
             hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" and len(pos) else None
@@ -727,18 +760,29 @@ class Finisher:
             ok.remove(i)
         if ok and batched and self._chroma is not None:
             self.rebuild_chroma(rec[ok], at[ok])
-        if ok and self._kernel is not None:
-            table = np.concatenate([at[ok][:, [0, 3, 4, 5]], rec[ok, 4:], pos[ok].astype(np.int64)[:, None]], axis=1)
-            self._kernel.finish(self._upload(table), image, self.layout)
-        # In chunks of about 2^28 padded crop values (0.5 GiB in fp16) at most: large photos.
-        elif ok:
-            area = int(rec[ok, _C["pre_height"]].max()) * int(rec[ok, _C["pre_width"]].max()) * 3
-            step = max(1, (1 << 28) // max(area, 1))
-            for c in range(0, len(ok), step):
-                part = ok[c : c + step]
-                self._finish(rec[part], [images[i] for i in part], image, pos[part])
-        if ok and ops is not None:
-            self._run_steps(image, ops[pos[ok]], pos[ok])
+        # Each view's outputs of every sample in one go (their rows of the view's tensor, as one
+        # [n * count, ...] batch): launches per batch depend on the views, not on the samples.
+        j0 = 0
+        for out, count in zip(images_out, self.counts, strict=True):
+            flat = out if count == 1 else out.view(-1, *out.shape[2:])
+            recs = per_out[pos[ok], j0 : j0 + count].reshape(-1, RECORD_LEN).astype(np.int64)
+            rows = (pos[ok].astype(np.int64)[:, None] * count + np.arange(count)[None, :]).reshape(-1)
+            src = np.repeat(np.asarray(ok, dtype=np.int64), count)
+            if ok and self._kernel is not None:
+                table = np.concatenate([at[src][:, [0, 3, 4, 5]], recs[:, 4:], rows[:, None]], axis=1)
+                self._kernel.finish(self._upload(table), flat, self.layout)
+            # In chunks of about 2^28 padded crop values (0.5 GiB in fp16) at most: large photos.
+            elif ok:
+                area = int(recs[:, _C["pre_height"]].max()) * int(recs[:, _C["pre_width"]].max()) * 3
+                step = max(1, (1 << 28) // max(area, 1))
+                for c in range(0, len(rows), step):
+                    part = slice(c, c + step)
+                    self._finish(recs[part], [images[i] for i in src[part]], flat, rows[part])
+            steps = None if ops is None or not ok else ops[pos[ok], j0 : j0 + count].reshape(len(rows), *ops.shape[2:])
+            # A view without per-image ops has empty tables (kind 0) beside one that has them.
+            if steps is not None and steps[:, :, 0].any():
+                self._run_steps(flat, steps, rows)
+            j0 += count
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
             c[0] += len(ok)
@@ -768,7 +812,7 @@ class Finisher:
                 self._ops_kernel = None
         from . import ops as gops
 
-        table = gops.OpTable.from_records(records, self.size, rows=rows, device=self.device)
+        table = gops.OpTable.from_records(records, _size_of(image, self.layout), rows=rows, device=self.device)
         gops.apply(image, table, self.layout)
 
     def rebuild_chroma(self, rec: np.ndarray, at: np.ndarray) -> int:
@@ -803,7 +847,7 @@ class Finisher:
         import torch
 
         k = len(images)
-        oh, ow = self.size
+        oh, ow = _size_of(image, self.layout)
         ph, pw = int(rec[:, _C["pre_height"]].max()), int(rec[:, _C["pre_width"]].max())
         x = torch.zeros((k, ph, pw, 3), dtype=self.dtype, device=self.device)
         for i, img in enumerate(images):

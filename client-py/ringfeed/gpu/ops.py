@@ -134,18 +134,32 @@ def max_steps(op: dict[str, Any]) -> int:
     return 1 if lowers(op) else 0
 
 
-def pipeline_problem(doc: dict[str, Any], per_image: bool = True) -> str | None:
+def pipeline_problem(doc: dict[str, Any], per_image: bool = True, views: bool = True) -> str | None:
     """Why hybrid decode cannot finish the pipeline ``doc`` (as the wire carries it, control.md
     ``open.pipeline``), or ``None``: the server's rule, with the per-image tail of a 1.8 session
-    when ``per_image``."""
-    views = doc["views"]
-    if len(views) != 1:
-        return f"the pipeline has {len(views)} views; GPU decode finishes one"
-    (view,) = views
-    count = view.get("count", 1)
-    if count != 1:
-        return f"the view makes {count} images per sample; GPU decode finishes one"
-    ops = [op for op in view["ops"] if op["op"] not in BATCH_OPS]
+    when ``per_image``, and several views and images per view (a 1.10 session) when ``views``.
+    The reason names the first op of any view that has no GPU kernel."""
+    docs = doc["views"]
+    if not views:
+        if len(docs) != 1:
+            return f"the pipeline has {len(docs)} views; GPU decode finishes one before protocol 1.10"
+        count = docs[0].get("count", 1)
+        if count != 1:
+            return f"the view makes {count} images per sample; GPU decode finishes one before protocol 1.10"
+    for view in docs:
+        why = _view_problem(_own_ops(view), per_image)
+        if why is not None:
+            return why if len(docs) == 1 else f"view {view.get('name', 'image')!r}: {why}"
+    return None
+
+
+def _own_ops(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """A view's per-image ops as the server plans them: without the batch ops, and without
+    ``aspect_buckets`` (1.10: its covering resize and crop are planned per bucket, ahead of them)."""
+    return [op for op in view["ops"] if op["op"] not in BATCH_OPS and op["op"] != "aspect_buckets"]
+
+
+def _view_problem(ops: list[dict[str, Any]], per_image: bool) -> str | None:
     p = prefix_len(ops)
     if p == len(ops):
         return None
@@ -175,9 +189,25 @@ def _first_sized(op: dict[str, Any]) -> str:
 
 
 def needs_steps(doc: dict[str, Any]) -> bool:
-    """Whether the pipeline has per-image ops after its geometry (a ``gpu_ops`` field; 1.8)."""
-    ops = [op for op in doc["views"][0]["ops"] if op["op"] not in BATCH_OPS]
-    return prefix_len(ops) < len(ops)
+    """Whether some view has per-image ops after its geometry (a ``gpu_ops`` field; 1.8)."""
+    return steps_per_output(doc) > 0
+
+
+def steps_per_output(doc: dict[str, Any]) -> int:
+    """The ``gpu_ops`` field's steps per output (``gpu::finishable``'s answer): the most any view
+    can draw, 0 when no view has a tail (no field)."""
+    most = 0
+    for view in doc["views"]:
+        ops = _own_ops(view)
+        if prefix_len(ops) < len(ops):
+            most = max(most, max(1, sum(max_steps(o) for o in ops)))
+    return most
+
+
+def multi_output(doc: dict[str, Any]) -> bool:
+    """Whether a sample of the pipeline has several outputs (views, or images per view): 1.10's
+    ``gpu_job`` ``[outputs, 18]``."""
+    return sum(v.get("count", 1) for v in doc["views"]) > 1
 
 
 # -- the table --------------------------------------------------------------------------------

@@ -7,8 +7,12 @@
 //! describes the fused geometry as a [`GpuJob`], which the pool writes into the slot beside the
 //! encoded bytes. A view qualifies when its ops are a geometric prefix and (control 1.8) a tail of
 //! per-image ops that keep its size ([`finishable`]): the tail's draws become steps
-//! ([`crate::steps`]), which the pool writes as `gpu_ops` records. A sample the GPU path cannot
-//! take ([`Processor::plan_gpu`] answers `None`) is decoded on the CPU as before.
+//! ([`crate::steps`]), which the pool writes as `gpu_ops` records. Since control 1.10 a sample
+//! may have several outputs (views, and images per view): the client decodes it once and
+//! finishes each output from the same pixels, so each output has its own job and steps, drawn
+//! from the output's generator (`j = 0` the sample's, `j > 0` its `fork(j)`), as the CPU path
+//! draws them. A sample the GPU path cannot take ([`Processor::plan_gpu`] answers `None`) is
+//! decoded on the CPU as before.
 
 use super::plan::{self, Fused};
 use super::spec::{Interpolation, Op, Pipeline};
@@ -175,20 +179,33 @@ pub fn prefix_len(ops: &[Op]) -> usize {
     ops.len()
 }
 
-/// Whether (and how) `pipeline` can be finished on the GPU: one view of one image whose ops are
-/// a geometric prefix ([`prefix_len`]) and, when `per_image` (a 1.8 session), a tail of ops that
-/// keep the image's size and lower to steps ([`steps::lowers`]). `Ok(s)`: the `gpu_ops` field's
-/// steps per sample, 0 for a view without a tail (no field).
-pub fn finishable(pipeline: &Pipeline, per_image: bool) -> Result<u32, NotFinishable> {
-    let [view] = pipeline.views.as_slice() else {
-        return Err(NotFinishable::Views(pipeline.views.len()));
-    };
-    if view.count != 1 {
-        return Err(NotFinishable::Count {
-            view: view.name.clone(),
-            count: view.count,
-        });
+/// Whether (and how) `pipeline` can be finished on the GPU in a session of protocol `1.minor`:
+/// each view's ops a geometric prefix ([`prefix_len`]) and, from 1.8, a tail of ops that keep the
+/// image's size and lower to steps ([`steps::lowers`]). Before 1.10 only one view of one image
+/// qualifies; from 1.10 any number of views and images per view (each output finished from the
+/// sample's one decode). `Ok(s)`: the `gpu_ops` field's steps per output, the most any view can
+/// draw, 0 when no view has a tail (no field).
+pub fn finishable(pipeline: &Pipeline, minor: u16) -> Result<u32, NotFinishable> {
+    if minor < 10 {
+        let [view] = pipeline.views.as_slice() else {
+            return Err(NotFinishable::Views(pipeline.views.len()));
+        };
+        if view.count != 1 {
+            return Err(NotFinishable::Count {
+                view: view.name.clone(),
+                count: view.count,
+            });
+        }
     }
+    let mut most = 0;
+    for view in &pipeline.views {
+        most = most.max(view_steps(view, minor >= 8)?);
+    }
+    Ok(most)
+}
+
+/// [`finishable`] for one view: its steps per image (0: no tail).
+fn view_steps(view: &super::View, per_image: bool) -> Result<u32, NotFinishable> {
     let prefix = prefix_len(&view.ops);
     let Some(first) = view.ops.get(prefix) else {
         return Ok(0);
@@ -227,11 +244,11 @@ pub fn finishable(pipeline: &Pipeline, per_image: bool) -> Result<u32, NotFinish
 /// Why a pipeline cannot be finished on the GPU ([`finishable`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotFinishable {
-    /// More (or fewer) views than one.
-    #[error("the pipeline has {0} views; GPU decode finishes one view")]
+    /// More (or fewer) views than one (before 1.10).
+    #[error("the pipeline has {0} views; GPU decode finishes one view before protocol 1.10")]
     Views(usize),
-    /// The view makes several images per sample.
-    #[error("view {view:?} makes {count} images per sample; GPU decode finishes one")]
+    /// The view makes several images per sample (before 1.10).
+    #[error("view {view:?} makes {count} images per sample; GPU decode finishes one before protocol 1.10")]
     Count { view: String, count: u32 },
     /// Op `op` of the view (named `name`) is not a crop, flip or resize (a 1.7 session).
     #[error(
@@ -261,12 +278,15 @@ pub enum NotFinishable {
 
 impl Processor {
     /// Plans sample `data` for the client's GPU: draws its parameters as [`Processor::run`]
-    /// does, hands its erasing boxes to `sink`, and returns its [`GpuJob`] and the ring's
-    /// `crop`; `None` when the GPU path cannot take it (not a sequential Huffman-coded 8-bit
-    /// grey or YCbCr JPEG ending in its EOI, an EXIF-rotated one, or geometry the fused prefix
-    /// does not cover for the drawn parameters, more tail steps than `max_steps`), and the caller
-    /// decodes it on the CPU with the same `rng`. The tail's steps are then [`Processor::gpu_steps`].
-    /// `pipeline` must be [`finishable`]; `max_steps` is what it answered (0: no `gpu_ops` field).
+    /// does, for every output (views in order, their images in order; output `j` from `rng`'s
+    /// `fork(j)`, `j = 0` from `rng` itself), hands their erasing boxes to `sink`, and returns the
+    /// ring's `crop` (output 0's); the outputs' jobs are then [`Processor::gpu_jobs`] and their
+    /// steps [`Processor::gpu_steps`]. `None` when the GPU path cannot take it (not a sequential
+    /// Huffman-coded 8-bit grey or YCbCr JPEG ending in its EOI, an EXIF-rotated one, geometry the
+    /// fused prefix does not cover for the drawn parameters of some output, more tail steps than
+    /// `max_steps` for some output), and the caller decodes it on the CPU with the same `rng`
+    /// (which draws every output again, erasing boxes included). `pipeline` must be
+    /// [`finishable`]; `max_steps` is what it answered (0: no `gpu_ops` field).
     pub fn plan_gpu(
         &mut self,
         data: &[u8],
@@ -275,13 +295,13 @@ impl Processor {
         max_steps: usize,
         sink: &mut dyn Sink,
         trace: &mut Trace,
-    ) -> Result<Option<(GpuJob, super::Crop)>, OpError> {
-        let [view] = pipeline.views.as_slice() else {
-            return Ok(None);
-        };
+    ) -> Result<Option<super::Crop>, OpError> {
         // A file without its EOI is truncated: the CPU path reports it (a GPU decoder might fill
         // the missing rows with grey instead).
-        if view.count != 1 || ringfeed_decode::sniff(data) != Some(Format::Jpeg) || !data.ends_with(&[0xFF, 0xD9]) {
+        if pipeline.views.is_empty()
+            || ringfeed_decode::sniff(data) != Some(Format::Jpeg)
+            || !data.ends_with(&[0xFF, 0xD9])
+        {
             return Ok(None);
         }
         let info = self.decoder.probe(data)?;
@@ -297,35 +317,67 @@ impl Processor {
         let Some(chroma) = chroma.filter(|_| info.width > 0 && info.height > 0) else {
             return Ok(None);
         };
-        let mut g = rng;
-        let Some(f) = self.plan_view(view, (info.width, info.height), &mut g, trace)? else {
-            return Ok(None);
-        };
-        if self.steps.len() > max_steps {
-            return Ok(None);
-        }
-        if !view.erasing.is_empty() {
-            self.boxes.clear();
-            for e in &view.erasing {
-                self.boxes.push(erasing_box(e, view.size, &mut g));
+        let src = (info.width, info.height);
+        self.gpu_jobs.clear();
+        let mut crop0 = None;
+        let mut j = 0u64;
+        for (v, view) in pipeline.views.iter().enumerate() {
+            for r in 0..view.count {
+                let mut g = if j == 0 { rng.clone() } else { rng.fork(j) };
+                // Only output 0 carries targets (a pipeline with targets has one output).
+                let Some(f) = self.plan_view(view, src, &mut g, trace, j == 0)? else {
+                    return Ok(None);
+                };
+                if self.steps.len() > max_steps {
+                    return Ok(None);
+                }
+                let k = j as usize;
+                if self.gpu_steps.len() <= k {
+                    self.gpu_steps.resize_with(k + 1, Vec::new);
+                }
+                self.gpu_steps[k].clear();
+                self.gpu_steps[k].extend_from_slice(&self.steps);
+                if !view.erasing.is_empty() {
+                    self.boxes.clear();
+                    for e in &view.erasing {
+                        self.boxes.push(erasing_box(e, view.size, &mut g));
+                    }
+                    sink.erase(v, r, &self.boxes);
+                }
+                self.gpu_jobs.push(GpuJob::of(&f, src, chroma));
+                if j == 0 {
+                    crop0 = Some(crop_of(&f));
+                }
+                j += 1;
             }
-            sink.erase(0, 0, &self.boxes);
         }
-        Ok(Some((GpuJob::of(&f, (info.width, info.height), chroma), crop_of(&f))))
+        Ok(crop0)
+    }
+
+    /// The jobs [`Processor::plan_gpu`] planned for the last sample it took, one per output.
+    pub fn gpu_jobs(&self) -> &[GpuJob] {
+        &self.gpu_jobs
     }
 
     /// The fused prefix of `view` on a `size` source and its tail's steps (into `self.steps`),
     /// drawn from `g`; `None` when the prefix does not reach the view's size or the tail has an
     /// op that does not lower.
+    /// With `follow` (output 0) the geometry is recorded for [`Processor::gpu_targets`].
     fn plan_view(
         &mut self,
         view: &super::View,
         (width, height): (u32, u32),
         g: &mut SampleRng,
         trace: &mut Trace,
+        follow: bool,
     ) -> Result<Option<Fused>, OpError> {
-        // Always recorded (a few steps): `gpu_targets` moves a sample's targets through them.
-        self.follow.start(true, (width, height));
+        if follow {
+            // Always recorded (a few steps): `gpu_targets` moves a sample's targets through them.
+            self.follow.start(true, (width, height));
+        } else {
+            // Output 0's geometry stays recorded; later outputs add none to it.
+            self.follow.on = false;
+        }
         let f = plan::plan(&view.ops, width, height, g, trace, &mut self.follow);
         let size = f.out_size();
         let tail = &view.ops[f.consumed..];
@@ -351,7 +403,7 @@ impl Processor {
         };
         let info = self.decoder.probe(data)?;
         let mut g = rng;
-        let planned = self.plan_view(view, (info.width, info.height), &mut g, &mut Trace::off())?;
+        let planned = self.plan_view(view, (info.width, info.height), &mut g, &mut Trace::off(), true)?;
         Ok(planned.map(|_| self.steps.as_slice()))
     }
 
@@ -368,9 +420,10 @@ impl Processor {
         result
     }
 
-    /// The tail steps [`Processor::plan_gpu`] drew for the last sample it planned.
-    pub fn gpu_steps(&self) -> &[Step] {
-        &self.steps
+    /// The tail steps [`Processor::plan_gpu`] drew for output `output` of the last sample it
+    /// took.
+    pub fn gpu_steps(&self, output: usize) -> &[Step] {
+        self.gpu_steps.get(output).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -426,17 +479,18 @@ mod tests {
     fn only_geometric_single_views_are_finishable_before_1_8() {
         let p = |json: &str| Pipeline::parse(&serde_json::from_str(json).unwrap()).unwrap();
         let ok = p(r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"horizontal_flip"}]}]}"#);
-        assert_eq!(finishable(&ok, false), Ok(0));
-        assert_eq!(finishable(&ok, true), Ok(0), "no tail: no gpu_ops field");
+        assert_eq!(finishable(&ok, 7), Ok(0));
+        assert_eq!(finishable(&ok, 9), Ok(0), "no tail: no gpu_ops field");
         let eval = p(r#"{"views":[{"ops":[{"op":"resize","size":[256]},{"op":"center_crop","size":[224]}]}]}"#);
-        assert_eq!(finishable(&eval, false), Ok(0));
+        assert_eq!(finishable(&eval, 7), Ok(0));
         let jitter = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"color_jitter","brightness":[0.6,1.4]}]}]}"#,
         );
-        let e = finishable(&jitter, false).unwrap_err().to_string();
+        let e = finishable(&jitter, 7).unwrap_err().to_string();
         assert!(e.contains("color_jitter") && e.contains("not geometric"), "{e}");
         let two = p(r#"{"views":[{"count":2,"ops":[{"op":"random_resized_crop","size":[96]}]}]}"#);
-        assert!(finishable(&two, true).unwrap_err().to_string().contains("2 images"));
+        assert!(finishable(&two, 9).unwrap_err().to_string().contains("2 images"));
+        assert_eq!(finishable(&two, 10), Ok(0), "1.10 finishes every image of a view");
     }
 
     #[test]
@@ -447,22 +501,22 @@ mod tests {
         let ta = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[224]},{"op":"horizontal_flip"},{"op":"trivial_augment_wide"}]}]}"#,
         );
-        assert_eq!(finishable(&ta, true), Ok(2));
+        assert_eq!(finishable(&ta, 9), Ok(2));
         let cj = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[64]},{"op":"color_jitter","brightness":[0.6,1.4],"hue":[-0.1,0.1]},{"op":"rand_augment","num_ops":3},{"op":"random_apply","p":0.5,"ops":[{"op":"invert"},{"op":"gaussian_blur","kernel_size":[5],"sigma":[0.1,2.0]}]}]}]}"#,
         );
-        assert_eq!(finishable(&cj, true), Ok(2 + 3 + 2));
+        assert_eq!(finishable(&cj, 9), Ok(2 + 3 + 2));
         let sized = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[64]},{"op":"invert"},{"op":"center_crop","size":[32]}]}]}"#,
         );
-        let e = finishable(&sized, true).unwrap_err().to_string();
+        let e = finishable(&sized, 9).unwrap_err().to_string();
         assert!(
             e.contains("op 2") && e.contains("center_crop") && e.contains("changes the image's size"),
             "{e}"
         );
         let second = p(r#"{"views":[{"ops":[{"op":"resize","size":[64]},{"op":"resize","size":[32,32]}]}]}"#);
         assert!(
-            finishable(&second, true)
+            finishable(&second, 9)
                 .unwrap_err()
                 .to_string()
                 .contains("second resize")
@@ -471,7 +525,7 @@ mod tests {
         let many = p(&format!(
             r#"{{"views":[{{"ops":[{{"op":"random_resized_crop","size":[64]}},{ra},{ra},{ra},{ra},{ra}]}}]}}"#
         ));
-        assert!(finishable(&many, true).unwrap_err().to_string().contains("at most 64"));
+        assert!(finishable(&many, 9).unwrap_err().to_string().contains("at most 64"));
     }
 
     #[test]
@@ -483,7 +537,7 @@ mod tests {
         let pipeline = p(
             r#"{"views":[{"ops":[{"op":"random_resized_crop","size":[24]},{"op":"horizontal_flip"},{"op":"color_jitter","brightness":[0.6,1.4],"contrast":[0.6,1.4],"saturation":[0.6,1.4],"hue":[-0.1,0.1]},{"op":"trivial_augment_wide"},{"op":"auto_augment"},{"op":"gaussian_blur","kernel_size":[3],"sigma":[0.1,2.0]}]}],"erasing":[]}"#,
         );
-        let max = finishable(&pipeline, true).unwrap() as usize;
+        let max = finishable(&pipeline, 9).unwrap() as usize;
         let mut img = image::RgbImage::new(40, 30);
         for (x, y, px) in img.enumerate_pixels_mut() {
             *px = image::Rgb([(x * 6) as u8, (y * 8) as u8, ((x + y) * 3) as u8]);
@@ -501,7 +555,7 @@ mod tests {
             let got = proc
                 .plan_gpu(&jpeg, &pipeline, rng.clone(), max, &mut sink, &mut a)
                 .unwrap();
-            let steps = proc.gpu_steps().to_vec();
+            let steps = proc.gpu_steps(0).to_vec();
             proc.run(&jpeg, &pipeline, rng, Layout::Nhwc, &mut sink, &mut b)
                 .unwrap();
             assert_eq!(a.take(), b.take(), "sample {index}");
@@ -526,7 +580,7 @@ mod tests {
             {"op": "random_resized_crop", "size": [24, 20]}, {"op": "horizontal_flip"},
             {"op": "trivial_augment_wide"}, {"op": "vertical_flip"}, {"op": "rand_augment", "num_ops": 3}]}]}))
         .unwrap();
-        let max = finishable(&pipeline, true).unwrap() as usize;
+        let max = finishable(&pipeline, 9).unwrap() as usize;
         let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x * 6) as u8, (y * 8) as u8, 9]));
         let mut jpeg = Vec::new();
         image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
@@ -573,5 +627,80 @@ mod tests {
             .unwrap();
             assert_eq!(gpu, cpu, "sample {index}");
         }
+    }
+
+    #[test]
+    fn views_are_finishable_in_1_10_and_the_first_op_without_a_kernel_is_named() {
+        let p = |json: &str| Pipeline::parse(&serde_json::from_str(json).unwrap()).unwrap();
+        let dino = p(
+            r#"{"views":[{"name":"global","count":2,"ops":[{"op":"random_resized_crop","size":[32]},{"op":"horizontal_flip"},{"op":"color_jitter","brightness":[0.6,1.4],"hue":[-0.1,0.1]},{"op":"grayscale","p":0.2}]},{"name":"local","count":3,"ops":[{"op":"random_resized_crop","size":[16]},{"op":"solarize","threshold":128}]}]}"#,
+        );
+        let e = finishable(&dino, 9).unwrap_err().to_string();
+        assert!(e.contains("2 views") && e.contains("1.10"), "{e}");
+        // The most steps of any view: global's flip + 2 jitter members + grayscale.
+        assert_eq!(finishable(&dino, 10), Ok(4));
+        let bad = p(
+            r#"{"views":[{"name":"a","ops":[{"op":"random_resized_crop","size":[32]}]},{"name":"b","ops":[{"op":"random_resized_crop","size":[16]},{"op":"invert"},{"op":"center_crop","size":[8]}]}]}"#,
+        );
+        let e = finishable(&bad, 10).unwrap_err().to_string();
+        assert!(
+            e.contains("op 2") && e.contains("\"b\"") && e.contains("center_crop"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_output_of_a_gpu_sample_draws_what_the_cpu_path_draws() {
+        // Several views and images per view: each output's job, steps and erasing boxes come from
+        // its own generator, as in `run`. The erasing boxes are drawn after every other op of
+        // the output, so equal boxes mean the same draws before them; the steps replayed on the
+        // CPU path's prefix give its pixels (the tail is what `run` executes).
+        let pipeline = Pipeline::parse(&serde_json::json!({"views": [
+            {"name": "global", "count": 2, "ops": [{"op": "random_resized_crop", "size": [24]},
+                {"op": "horizontal_flip"},
+                {"op": "color_jitter", "brightness": [0.6, 1.4], "contrast": [0.6, 1.4], "saturation": [0.6, 1.4], "hue": [-0.1, 0.1]},
+                {"op": "random_erasing", "p": 0.5}]},
+            {"name": "local", "count": 3, "ops": [{"op": "random_resized_crop", "size": [12, 10]},
+                {"op": "trivial_augment_wide"}, {"op": "random_erasing", "p": 0.7}]}]}))
+        .unwrap();
+        let max = finishable(&pipeline, 10).unwrap() as usize;
+        let img = image::RgbImage::from_fn(40, 30, |x, y| {
+            image::Rgb([(x * 6) as u8, (y * 8) as u8, ((x + y) * 3) as u8])
+        });
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        let mut proc = Processor::new(ringfeed_decode::Limits::default()).unwrap();
+        let (mut gpu, mut cpu) = (
+            super::super::BufferSink::for_pipeline(&pipeline),
+            super::super::BufferSink::for_pipeline(&pipeline),
+        );
+        let mut erased = 0;
+        for index in 0..40u64 {
+            let rng = SampleRng::new(11, 2, index);
+            let crop = proc
+                .plan_gpu(&jpeg, &pipeline, rng.clone(), max, &mut gpu, &mut Trace::off())
+                .unwrap()
+                .expect("a plain JPEG goes to the GPU");
+            assert_eq!(proc.gpu_jobs().len(), 5);
+            let cpu_crop = proc
+                .run(&jpeg, &pipeline, rng.clone(), Layout::Nhwc, &mut cpu, &mut Trace::off())
+                .unwrap();
+            assert_eq!(crop, cpu_crop, "sample {index}");
+            assert_eq!(gpu.erase, cpu.erase, "sample {index}");
+            erased += cpu.erase.iter().filter(|b| b.iter().any(|b| b[2] > 0)).count();
+            // Output j's steps are those its own generator draws for its view alone.
+            for (j, view) in [(0, 0), (1, 0), (2, 1), (3, 1), (4, 1)] {
+                let one = Pipeline {
+                    views: vec![pipeline.views[view].clone()],
+                };
+                let g = if j == 0 { rng.clone() } else { rng.fork(j as u64) };
+                let mine = proc.gpu_steps(j).to_vec();
+                let alone = proc.tail_steps(&jpeg, &one, g).unwrap().unwrap().to_vec();
+                assert_eq!(mine, alone, "sample {index} output {j}");
+            }
+        }
+        assert!(erased > 20, "the boxes were drawn ({erased})");
     }
 }

@@ -558,6 +558,9 @@ pub struct Processor {
     boxes: Vec<[i32; 4]>,
     /// The steps of the op being applied, or of a GPU sample's tail (`plan_gpu`).
     steps: Vec<Step>,
+    /// A GPU sample's jobs and tail steps, one per output (`plan_gpu`; kept for their capacity).
+    gpu_jobs: Vec<gpu::GpuJob>,
+    gpu_steps: Vec<Vec<Step>>,
     /// The geometry of output 0 and the targets it moves ([`Processor::run_targets`]).
     follow: Follow,
     /// The 1.1 transforms given to [`Processor::process`], as pipelines (a few: callers
@@ -668,6 +671,8 @@ impl Processor {
             plans: Vec::new(),
             boxes: Vec::new(),
             steps: Vec::new(),
+            gpu_jobs: Vec::new(),
+            gpu_steps: Vec::new(),
             follow: Follow::default(),
             legacy: Vec::new(),
             decode_ns: 0,

@@ -170,7 +170,7 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         // 1.8: a view with per-image ops after its geometry: the `gpu_ops` records (ring.md) a
         // GPU sample would carry, from the same draws.
         if let [view] = pipeline.views.as_slice()
-            && ringfeed_ops::gpu::finishable(&pipeline, true).is_ok_and(|s| s > 0)
+            && ringfeed_ops::gpu::finishable(&pipeline, 9).is_ok_and(|s| s > 0)
         {
             let rng = SampleRng::new(a.seed, a.epoch, index);
             let size = (view.size.1, view.size.0);

@@ -102,11 +102,8 @@ pub(crate) async fn prepare_images(
     let mut specs = image_fields(&pipeline, layout, &fields);
     let gpu = match &open.gpu_decode {
         None => None,
-        Some(_) if buckets.is_some() => {
-            return Err(bad(
-                "open.gpu_decode: aspect_buckets is decoded on the CPU only (hybrid decode needs one batch shape); leave gpu_decode off for this pipeline".to_owned(),
-            ));
-        }
+        // 1.10: an aspect-bucketed stream's GPU samples are finished at their batch's bucket
+        // (each job carries the bucket's covering resize and crop).
         Some(g) => {
             specs.extend(gpu_fields(open, g, &pipeline, minor)?);
             Some(g.clone())
@@ -263,15 +260,20 @@ fn gpu_fields(
     minor: u16,
 ) -> Result<Vec<FieldSpec>, OpenError> {
     let bad = |m: String| (ErrorCode::BadRequest, m);
-    let steps = ringfeed_ops::gpu::finishable(pipeline, minor >= 8)
+    let steps = ringfeed_ops::gpu::finishable(pipeline, minor)
         .map_err(|e| bad(format!("open.gpu_decode: {e}; leave gpu_decode off for this pipeline")))?;
     if let Some(s) = g.share.filter(|s| !(0.0..=1.0).contains(s)) {
         return Err(bad(format!("open.gpu_decode.share {s} is outside 0..=1")));
     }
-    let (h, w) = pipeline.views[0].size;
-    let per = g
-        .bytes_per_sample
-        .unwrap_or((3 * u64::from(h) * u64::from(w)).max(65536));
+    // The encoded bytes are the source's, whatever the outputs; the default follows the largest
+    // view (1.10: several views share one sample's bytes).
+    let area = pipeline
+        .views
+        .iter()
+        .map(|v| u64::from(v.size.0) * u64::from(v.size.1))
+        .max()
+        .unwrap_or(0);
+    let per = g.bytes_per_sample.unwrap_or((3 * area).max(65536));
     if !(4096..=64 << 20).contains(&per) {
         return Err(bad(format!(
             "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
@@ -283,11 +285,20 @@ fn gpu_fields(
             per * u64::from(open.batch_size)
         )));
     }
+    // 1.10: a record (and a step table) per output where a sample has several (ring.md); one
+    // output keeps the 1.3 (1.8) shapes.
+    let outputs = pipeline.outputs();
+    let lead = |mut shape: Vec<u32>| {
+        if outputs > 1 {
+            shape.insert(0, outputs);
+        }
+        shape
+    };
     let mut fields = vec![
         FieldSpec {
             name: "gpu_job".into(),
             dtype: DType::I32,
-            shape: vec![ringfeed_ops::gpu::RECORD_LEN as u32],
+            shape: lead(vec![ringfeed_ops::gpu::RECORD_LEN as u32]),
         },
         FieldSpec {
             name: "gpu_bytes".into(),
@@ -299,7 +310,7 @@ fn gpu_fields(
         fields.push(FieldSpec {
             name: "gpu_ops".into(),
             dtype: DType::I32,
-            shape: vec![steps, ringfeed_format::ring::gpu_ops::RECORD_INTS as u32],
+            shape: lead(vec![steps, ringfeed_format::ring::gpu_ops::RECORD_INTS as u32]),
         });
     }
     Ok(fields)

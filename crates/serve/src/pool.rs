@@ -611,8 +611,8 @@ fn write_sample(
         Some(g) if ringfeed_ops::gpu::offered(job.pos, task.gpu_share) => to_gpu(
             processor,
             task,
-            job.pos,
             g,
+            pipeline.as_ref(),
             sample.data,
             rng.clone(),
             &mut sink,
@@ -633,9 +633,9 @@ fn write_sample(
             }
             .map_err(|e| (key(), e.to_string()))?;
             if let Some(g) = &ctx.gpu {
-                // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
-                // an all-zero record says the server decoded it (ring.md).
-                unsafe { put(task, &g.job, job.pos, &[0u8; ringfeed_ops::gpu::RECORD_LEN * 4]) };
+                // All-zero records (one per output, 1.10) say the server decoded it (ring.md).
+                sink.part((g.job.offset, g.job.sample_bytes), 0, g.job.sample_bytes)
+                    .fill(0);
             }
             crop
         }
@@ -692,27 +692,31 @@ fn write_sample(
     Ok(())
 }
 
-/// Hands sample `pos` to the client's GPU when it can go there: plans it, copies its bytes into
-/// the batch's arena and writes its `gpu_job` record; 1.10: moves its `targets` through the
-/// planned geometry (known before any pixel is decoded). Returns its `crop`, or `None` when the
-/// CPU must decode it (not a plain JPEG, geometry the GPU does not finish, no room in the arena).
+/// Hands the sample of `sink` to the client's GPU when it can go there: plans it under `pipeline` (the
+/// stream's, or 1.10's bucketed one with the bucket's covering resize and crop in front), copies
+/// its bytes into the batch's arena and writes a `gpu_job` record per output (1.10: views and
+/// images in order, each with its own geometry, all reading the one encoded image); 1.10: moves
+/// its `targets` through the planned geometry (known before any pixel is decoded). Returns its
+/// `crop`, or `None` when the CPU must decode it (not a plain JPEG, geometry the GPU does not
+/// finish for some output, no room in the arena).
 #[allow(clippy::too_many_arguments)]
 fn to_gpu(
     processor: &mut Processor,
     task: &BatchTask,
-    pos: u32,
     gpu: &GpuFields,
+    pipeline: &Pipeline,
     data: &[u8],
     rng: SampleRng,
     sink: &mut SlotSink<'_>,
     targets: Option<&mut Targets>,
 ) -> Result<Option<ringfeed_ops::Crop>, ringfeed_ops::OpError> {
     let ctx = &task.stream;
+    let outputs = u64::from(pipeline.outputs().max(1));
     let max_steps = gpu
         .ops
         .as_ref()
-        .map_or(0, |f| f.sample_bytes as usize / gpu_ops::RECORD_BYTES);
-    let Some((plan, crop)) = processor.plan_gpu(data, &ctx.pipeline, rng, max_steps, sink, &mut Trace::off())? else {
+        .map_or(0, |f| (f.sample_bytes / outputs) as usize / gpu_ops::RECORD_BYTES);
+    let Some(crop) = processor.plan_gpu(data, pipeline, rng, max_steps, sink, &mut Trace::off())? else {
         return Ok(None);
     };
     let len = data.len() as u64;
@@ -730,24 +734,36 @@ fn to_gpu(
     // `reserve` keeps `offset + len` within the field's payload), and this job is the only
     // writer of `[offset, offset + len)`: `reserve` hands every range out once per batch.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-    let record = plan.record(offset as u32, len as u32);
-    let mut b = [0u8; ringfeed_ops::gpu::RECORD_LEN * 4];
-    for (k, v) in record.iter().enumerate() {
-        b[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
-    }
-    // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants).
-    unsafe { put(task, &gpu.job, pos, &b) };
-    if let Some(field) = &gpu.ops {
-        // Every record: the steps, then zeros (ring.md: kind 0 ends them, and the rest are 0).
-        let (h, w) = ctx.pipeline.views[0].size;
-        let (size, steps) = ((w, h), processor.gpu_steps());
-        let mut records = [0u8; gpu_ops::RECORD_BYTES * gpu_ops::MAX_STEPS as usize];
-        for (k, s) in steps.iter().enumerate() {
-            records[k * gpu_ops::RECORD_BYTES..(k + 1) * gpu_ops::RECORD_BYTES]
-                .copy_from_slice(&s.record(size).to_le_bytes());
+    // Output `j`'s record and steps are part `j` of the sample's `gpu_job` and `gpu_ops`.
+    const RECORD_BYTES: usize = ringfeed_ops::gpu::RECORD_LEN * 4;
+    let (job_field, ops_field) = (
+        (gpu.job.offset, gpu.job.sample_bytes),
+        gpu.ops.as_ref().map(|f| (f.offset, f.sample_bytes)),
+    );
+    let mut j = 0u32;
+    for view in &pipeline.views {
+        for _ in 0..view.count {
+            let record = processor.gpu_jobs()[j as usize].record(offset as u32, len as u32);
+            let out = sink.part(job_field, j, RECORD_BYTES as u64);
+            for (o, x) in out.chunks_exact_mut(4).zip(record) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+            if let Some(field) = ops_field {
+                // Every record: the steps, then zeros (ring.md: kind 0 ends them, and the rest
+                // are 0). Steps map images of the output's size (`pipeline`'s: a bucketed
+                // sample's is its bucket).
+                let (h, w) = view.size;
+                let out = sink.part(field, j, (max_steps * gpu_ops::RECORD_BYTES) as u64);
+                out.fill(0);
+                for (o, s) in out
+                    .chunks_exact_mut(gpu_ops::RECORD_BYTES)
+                    .zip(processor.gpu_steps(j as usize))
+                {
+                    o.copy_from_slice(&s.record((w, h)).to_le_bytes());
+                }
+            }
+            j += 1;
         }
-        // SAFETY: as above; `max_steps` records are the field's sample bytes.
-        unsafe { put(task, field, pos, &records[..max_steps * gpu_ops::RECORD_BYTES]) };
     }
     ctx.stats.gpu_handed.fetch_add(1, Ordering::Relaxed);
     Ok(Some(crop))

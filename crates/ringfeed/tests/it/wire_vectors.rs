@@ -562,17 +562,34 @@ fn hybrid_vectors() {
         json!({"views": [{"count": 2, "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
         json!({"views": [{"name": "global", "ops": [{"op": "random_resized_crop", "size": [224]}]},
             {"name": "local", "ops": [{"op": "random_resized_crop", "size": [96]}]}]}),
+        // DINO-like (1.10): two global crops with colour ops, several local ones.
+        json!({"views": [{"name": "global", "count": 2, "ops": [{"op": "random_resized_crop", "size": [224], "scale": [0.32, 1.0]},
+            {"op": "horizontal_flip"}, {"op": "random_apply", "p": 0.8, "ops": [{"op": "color_jitter",
+            "brightness": [0.6, 1.4], "contrast": [0.6, 1.4], "saturation": [0.8, 1.2], "hue": [-0.1, 0.1]}]},
+            {"op": "grayscale", "p": 0.2}, {"op": "gaussian_blur", "kernel_size": [23], "sigma": [0.1, 2.0]},
+            {"op": "normalize", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}]},
+            {"name": "local", "count": 6, "ops": [{"op": "random_resized_crop", "size": [96], "scale": [0.05, 0.32]},
+            {"op": "horizontal_flip"}, {"op": "solarize", "threshold": 128, "p": 0.2}]}]}),
+        // A second view whose tail changes the size: named by its view and op.
+        json!({"views": [{"name": "global", "ops": [{"op": "random_resized_crop", "size": [224]}]},
+            {"name": "local", "ops": [{"op": "random_resized_crop", "size": [96]}, {"op": "invert"},
+            {"op": "center_crop", "size": [64]}]}]}),
+        // Aspect buckets (1.10): the bucket's covering resize and crop are the prefix.
+        json!({"views": [{"ops": [{"op": "aspect_buckets", "area": 65536, "step": 64}, {"op": "horizontal_flip"},
+            {"op": "color_jitter", "brightness": [0.6, 1.4]}]}]}),
     ];
     let finishable: Vec<Value> = pipelines
         .into_iter()
         .map(|p| {
-            // `finishable`: a 1.8 session's verdict (per-image ops after the geometry, with the
-            // `gpu_ops` field's steps per sample, 0: no field); `finishable_1_7`: before 1.8.
+            // `finishable`: a 1.10 session's verdict (every view and image; per-image ops after
+            // the geometry, with the `gpu_ops` field's steps per output, 0: no field);
+            // `finishable_1_9`: 1.8 and 1.9 (one view of one image); `finishable_1_7`: before 1.8.
             let pipeline = ringfeed_ops::Pipeline::parse(&p).unwrap();
-            let now = ringfeed_ops::gpu::finishable(&pipeline, true);
-            let before = ringfeed_ops::gpu::finishable(&pipeline, false);
+            let now = ringfeed_ops::gpu::finishable(&pipeline, 10);
+            let one_view = ringfeed_ops::gpu::finishable(&pipeline, 9);
+            let before = ringfeed_ops::gpu::finishable(&pipeline, 7);
             json!({"pipeline": p, "finishable": now.is_ok(), "steps": now.unwrap_or(0),
-                "finishable_1_7": before.is_ok()})
+                "finishable_1_9": one_view.is_ok(), "finishable_1_7": before.is_ok()})
         })
         .collect();
     let doc = json!({

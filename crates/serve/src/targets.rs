@@ -4,7 +4,8 @@
 //!
 //! [`StreamTargets::parse`] checks `open.targets` against the source (where boxes and masks come
 //! from: `ringfeed_source::targets`) and the pipeline (one view of one image), and fixes the ring
-//! fields `boxes`, `box_labels`, `box_count` and `mask`. The pool calls [`StreamTargets::read`]
+//! fields `boxes`, `box_labels`, `box_count`, `mask`, `instance_masks` (each box's mask, eight to
+//! a byte: bit `b` of plane `p` is box `8p + b`'s) and `keypoints`. The pool calls [`StreamTargets::read`]
 //! with the sample's [`Extra`] (from the same read as its image, so targets follow their sample
 //! through the order, ranks, skips and resume), has the ops move the targets with the image, and
 //! writes [`StreamTargets::encode`]'s bytes. What is missing or malformed is an error for that
@@ -25,6 +26,8 @@ pub const BOXES: &str = "boxes";
 pub const BOX_LABELS: &str = "box_labels";
 pub const BOX_COUNT: &str = "box_count";
 pub const MASK: &str = "mask";
+pub const INSTANCE_MASKS: &str = "instance_masks";
+pub const KEYPOINTS: &str = "keypoints";
 
 /// A stream's targets, checked, with their places in the ring once it exists.
 #[derive(Debug)]
@@ -34,6 +37,11 @@ pub struct StreamTargets {
     max_boxes: u32,
     /// The view's output `(height, width)`: the mask's shape.
     size: (u32, u32),
+    /// Whether the stream delivers each box's instance mask (stored ones only).
+    instances: bool,
+    /// Keypoints per box the stream delivers (0: none; stored ones only).
+    keypoints: u32,
+
     /// How the ops' last step sanitises the moved boxes, and what uncovered mask pixels become.
     pub options: TargetOptions,
     check_crc: bool,
@@ -95,10 +103,42 @@ impl StreamTargets {
                 Some(f) => u8::try_from(f).map_err(|_| format!("targets.mask_fill {f} is outside 0..=255"))?,
             },
         };
+        let stored = source.stored_targets().map(|t| t.header);
+        let stored_boxes = matches!(from.boxes, Some(ringfeed_source::targets::BoxesFrom::Stored));
+        let instances = req.instance_masks.unwrap_or(false);
+        if instances && !(stored_boxes && stored.is_some_and(|h| h.has_instances())) {
+            return Err(format!(
+                "targets.instance_masks: {} has no stored instance masks; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have a `segmentation`",
+                source.describe()
+            ));
+        }
+        let keypoints = req.keypoints.unwrap_or(0);
+        if keypoints > 0 {
+            let have = if stored_boxes {
+                stored.map_or(0, |h| h.keypoints)
+            } else {
+                0
+            };
+            if have != keypoints {
+                return Err(format!(
+                    "targets.keypoints {keypoints}: {} has {}; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have `keypoints`",
+                    source.describe(),
+                    if have == 0 {
+                        "no stored keypoints".to_owned()
+                    } else {
+                        format!("{have} keypoints per box")
+                    }
+                ));
+            }
+        }
+        let mut from = from;
+        (from.instances, from.keypoints) = (instances, keypoints > 0);
         let out = StreamTargets {
             from,
             max_boxes,
             size: pipeline.views[0].size,
+            instances,
+            keypoints,
             options,
             check_crc,
             max_pixels,
@@ -144,6 +184,16 @@ impl StreamTargets {
         if self.has_mask() {
             out.push(spec(MASK, DType::U8, vec![self.size.0, self.size.1]));
         }
+        if self.instances {
+            out.push(spec(
+                INSTANCE_MASKS,
+                DType::U8,
+                vec![self.max_boxes.div_ceil(8), self.size.0, self.size.1],
+            ));
+        }
+        if self.keypoints > 0 {
+            out.push(spec(KEYPOINTS, DType::F32, vec![self.max_boxes, self.keypoints, 3]));
+        }
         out
     }
 
@@ -162,8 +212,9 @@ impl StreamTargets {
     }
 
     /// Reads sample `index`'s targets into `out`, in the stored image's pixels: boxes (at most
-    /// `max_boxes`), labels, and the mask decoded (the ops check its size against the image's,
-    /// which they probe anyway). `png` is scratch. The error names the value and the setting.
+    /// `max_boxes`), labels, the mask decoded, the instance masks painted into bit planes, the
+    /// keypoints (the ops check the maps' sizes against the image's, which they probe anyway).
+    /// `png` is scratch. The error names the value and the setting.
     pub fn read(
         &self,
         source: &dyn Source,
@@ -196,7 +247,7 @@ impl StreamTargets {
     /// view's output: boxes padded with zeros, labels with `-1`, the count, the mask (which must
     /// have the view's size).
     pub fn encode(&self, moved: &Targets) -> Result<Vec<Vec<u8>>, String> {
-        let mut out = Vec::with_capacity(4);
+        let mut out = Vec::with_capacity(6);
         if self.has_boxes() {
             let m = self.max_boxes as usize;
             if moved.boxes.len() > m || moved.labels.len() != moved.boxes.len() {
@@ -231,6 +282,45 @@ impl StreamTargets {
                 }
                 None => return Err("the sample has no mask after the ops".to_owned()),
             }
+        }
+        if self.instances {
+            let (h, w) = self.size;
+            let plane = h as usize * w as usize;
+            let mut bytes = vec![0u8; self.max_boxes.div_ceil(8) as usize * plane];
+            if moved.instances.len() != moved.boxes.len().div_ceil(8) {
+                return Err(format!(
+                    "{} instance-mask planes for {} boxes after the ops",
+                    moved.instances.len(),
+                    moved.boxes.len()
+                ));
+            }
+            for (p, m) in moved.instances.iter().enumerate() {
+                if (m.height, m.width) != (h, w) {
+                    return Err(format!(
+                        "the instance masks are {}x{} after the ops, the view is {w}x{h}",
+                        m.width, m.height
+                    ));
+                }
+                bytes[p * plane..(p + 1) * plane].copy_from_slice(&m.data);
+            }
+            out.push(bytes);
+        }
+        if self.keypoints > 0 {
+            let per = self.keypoints as usize;
+            if moved.keypoints.len() != moved.boxes.len() * per {
+                return Err(format!(
+                    "{} keypoints for {} boxes after the ops, {per} per box",
+                    moved.keypoints.len(),
+                    moved.boxes.len()
+                ));
+            }
+            let mut bytes = vec![0u8; self.max_boxes as usize * per * 12];
+            for (o, p) in bytes.chunks_exact_mut(12).zip(&moved.keypoints) {
+                for (k, v) in p.iter().enumerate() {
+                    o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            out.push(bytes);
         }
         Ok(out)
     }
@@ -306,6 +396,7 @@ mod tests {
             boxes: vec![[1.0, 2.0, 3.0, 4.0]],
             labels: vec![7],
             mask: Some(LabelMap::filled(8, 6, 5)),
+            ..Targets::default()
         };
         let bytes = t.encode(&moved).unwrap();
         assert_eq!(bytes[0].len(), 32);

@@ -767,3 +767,15 @@ def test_an_rle_of_another_size_fails_its_image(instances_set: dict[str, Any], t
         r.stderr
     )
     assert "im_002.jpg" in r.stderr
+
+
+def test_samples_handed_to_the_gpu_decoder_carry_their_instances(instances_set: dict[str, Any], sock: str) -> None:
+    """Hybrid decode (the host backend): samples left encoded for the client's GPU get the instance
+    masks and keypoints the server moved through the geometry it planned, torchvision's as for the rest."""
+    path = instances_set["root"] / "packed"
+    with targets_loader(path, sock, INSTANCES, gpu_decode=1.0, _gpu_backend="host") as ld:
+        ld.set_epoch(1)
+        batches = list(ld)
+        stats = ld.stats()
+    assert sorted(check_instances(instances_set, batches)) == list(range(SERVED))
+    assert stats["gpu_samples"] > 0, stats

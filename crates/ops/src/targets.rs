@@ -549,6 +549,15 @@ mod tests {
         f.flush();
         // Rot180: (4 - 2, 3 - 0.5) = (2, 2.5); crop: (1, 3.5); resize ×(2, 0.5): (2, 1.75).
         assert_eq!(f.targets.keypoints, [[2.0, 1.75, 2.0]]);
+        // Quarter turns of a square: torchvision's F.rotate(KeyPoints([[1, 0.5]], canvas 4x4), 90)
+        // is (0.5, 3), by 270 (3.5, 1).
+        for (r, want) in [(Remap::Rot90, [0.5, 3.0]), (Remap::Rot270, [3.5, 1.0])] {
+            let mut f = follow(&[[0.0, 0.0, 1.0, 1.0]], None, (4, 4));
+            f.targets.keypoints = vec![[1.0, 0.5, 1.0]];
+            f.push(Geo::remap(r, (4, 4)));
+            f.flush();
+            assert_eq!(f.targets.keypoints, [[want[0], want[1], 1.0]], "{r:?}");
+        }
     }
 
     #[test]

@@ -460,6 +460,89 @@ mod tests {
         assert!(e.contains("\"box_count\" is taken"), "{e}");
     }
 
+    /// A packed dataset of two 4x3 samples with instance masks and two keypoints per box.
+    fn packed_with_instances(dir: &std::path::Path) -> ringfeed_source::PackedSource {
+        use ringfeed_format::targets::{InstancesIn, rle};
+        let mut w = ringfeed_format::shard::DatasetWriter::create(dir, Default::default()).unwrap();
+        let mut t =
+            ringfeed_format::targets::TargetsWriter::create_with(&dir.join("targets.rft"), true, false, true, 2)
+                .unwrap();
+        for i in 0..2u8 {
+            w.push(&[b'k', i], -1, b"", &ringfeed_testkit::jpeg(4, 3, u64::from(i)))
+                .unwrap();
+            // Sample i has i + 1 boxes; box k's mask is pixel k (column-major).
+            let n = usize::from(i) + 1;
+            let runs: Vec<Vec<u8>> = (0..n as u32)
+                .map(|k| {
+                    let mut b = Vec::new();
+                    rle::encode_runs(&[k, 1, 11 - k], &mut b);
+                    b
+                })
+                .collect();
+            let boxes: Vec<[f32; 4]> = (0..n).map(|_| [0.0, 0.0, 2.0, 2.0]).collect();
+            let kps: Vec<[f32; 3]> = (0..2 * n).map(|k| [k as f32, 1.0, 2.0]).collect();
+            let inst = InstancesIn {
+                width: 4,
+                height: 3,
+                runs: &runs,
+            };
+            t.push_all(&boxes, &vec![1; n], None, Some(inst), &kps).unwrap();
+        }
+        w.finish(&[], "{}").unwrap();
+        t.finish("").unwrap();
+        ringfeed_source::PackedSource::open(dir, true).unwrap()
+    }
+
+    #[test]
+    fn stored_instances_and_keypoints_are_read_as_bit_planes_and_encoded_padded() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = packed_with_instances(dir.path());
+        let p = pipeline(serde_json::json!({"views": [{"ops": [{"op": "resize", "size": [3, 4]}]}]}));
+        let j = serde_json::json!({"boxes": "stored", "instance_masks": true, "keypoints": 2, "max_boxes": 9});
+        let t = parse(&src, &p, j, &[]).unwrap().unwrap();
+        let specs: Vec<(String, Vec<u32>)> = t
+            .specs()
+            .iter()
+            .map(|s| (s.name.to_string(), s.shape.clone()))
+            .collect();
+        assert_eq!(
+            specs[3],
+            ("instance_masks".to_owned(), vec![2, 3, 4]),
+            "ceil(9 / 8) planes"
+        );
+        assert_eq!(specs[4], ("keypoints".to_owned(), vec![9, 2, 3]));
+        let (mut out, mut png) = (Targets::default(), Vec::new());
+        t.read(&src, 1, &Extra::None, &mut out, &mut png).unwrap();
+        assert_eq!(out.instances.len(), 1);
+        // Box 0 is pixel (0, 0), box 1 pixel (0, 1) (column-major 1): bits 0 and 1.
+        assert_eq!(out.instances[0].get(0, 0), 1);
+        assert_eq!(out.instances[0].get(0, 1), 2);
+        assert_eq!(out.instances[0].data.iter().filter(|&&v| v != 0).count(), 2);
+        assert_eq!(out.keypoints.len(), 4);
+        let bytes = t.encode(&out).unwrap();
+        assert_eq!(bytes[3].len(), 2 * 12);
+        assert_eq!(&bytes[3][..12], &out.instances[0].data[..]);
+        assert!(bytes[3][12..].iter().all(|&v| v == 0), "the second plane is padding");
+        assert_eq!(bytes[4].len(), 9 * 2 * 12);
+        assert_eq!(&bytes[4][12..24], [1f32, 1.0, 2.0].map(f32::to_le_bytes).concat());
+        assert!(bytes[4][48..].iter().all(|&v| v == 0));
+        // Another K, or instance masks from a file without them, are refused naming the member.
+        let e = parse(&src, &p, serde_json::json!({"boxes": "stored", "keypoints": 17}), &[]).unwrap_err();
+        assert!(
+            e.contains("targets.keypoints 17") && e.contains("2 keypoints per box"),
+            "{e}"
+        );
+        let (_dir2, plain, _) = setup(true, false);
+        let e = parse(
+            &plain,
+            &p,
+            serde_json::json!({"boxes": "stored", "instance_masks": true}),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("targets.instance_masks") && e.contains("--coco"), "{e}");
+    }
+
     #[test]
     fn more_boxes_than_max_boxes_is_the_samples_failure() {
         let (_dir, src, p) = setup(true, false);

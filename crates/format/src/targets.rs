@@ -52,12 +52,13 @@ impl Targets {
     /// Keeps the boxes for which `keep(box)` holds, in order, with their labels, keypoints and
     /// instance masks (whose bits are renumbered: the `k`-th kept box's mask becomes bit `k`).
     pub fn retain(&mut self, mut keep: impl FnMut(&[f32; 4]) -> bool) {
+        // The common case keeps every box and allocates nothing (`keep` is a pure test).
+        if self.boxes.iter().all(&mut keep) {
+            return;
+        }
         let kpb = self.keypoints_per_box();
         let n = self.boxes.len();
         let kept: Vec<usize> = (0..n).filter(|&i| keep(&self.boxes[i])).collect();
-        if kept.len() == n {
-            return;
-        }
         for (k, &i) in kept.iter().enumerate() {
             self.boxes[k] = self.boxes[i];
             self.labels[k] = self.labels[i];

@@ -28,7 +28,8 @@
 //! carried unchanged. Sanitising removes a box's instance mask and keypoints with it.
 //!
 //! Invariants: boxes and labels stay paired and in their order; the mask (when there is one) is
-//! always the canvas's size; no allocation once warm (the lists and scratch keep capacity).
+//! always the canvas's size; no allocation once warm (the lists and scratch keep capacity),
+//! except when the last step removes boxes of a sample (their survivors are renumbered).
 
 use ringfeed_format::targets::{LabelMap, Targets};
 

@@ -40,6 +40,7 @@ Layout (layers import downward only: ``formats`` and ``wire`` never import ``gpu
 ``benches/`` and ``scripts/`` that import them.
 """
 
+from ._detection import detection_targets, unpack_instance_masks
 from ._errors import ProtocolError, RingfeedError, ServerDiedError, ServerError, TimeoutError
 from ._options import LMDB, GPUDecode, Meta, Parquet, Server, ShardBlocks, Targets, Text, Tuning, WebDataset
 from ._preview import Preview, preview
@@ -148,7 +149,9 @@ __all__ = [
     "Views",
     "WebDataset",
     "__version__",
+    "detection_targets",
     "preview",
     "snapshot",
+    "unpack_instance_masks",
     "verify",
 ]

@@ -459,7 +459,7 @@ class Meta:
 #: ``Targets``' bounds (control.md, "Detection and segmentation targets (1.10)").
 MAX_BOXES = 4096
 #: The ring fields of targets (ring.md): boxes, their labels and count, and the label map.
-TARGET_FIELDS = ("boxes", "box_labels", "box_count", "mask")
+TARGET_FIELDS = ("boxes", "box_labels", "box_count", "mask", "instance_masks", "keypoints")
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,12 @@ class Targets:
     is then a dict with ``image``, ``label`` and, with boxes, ``boxes`` (``float32 [N, max_boxes,
     4]``, xyxy in output pixels, the first ``box_count`` meaningful), ``box_labels`` (``int64 [N,
     max_boxes]``, ``-1`` padding) and ``box_count`` (``int32 [N]``); with a mask, ``mask``
-    (``uint8 [N, H, W]``). In CUDA mode they arrive on the device with the image.
+    (``uint8 [N, H, W]``); with ``instance_masks=True``, ``instance_masks`` (``uint8 [N,
+    ceil(max_boxes / 8), H, W]``: box ``k``'s mask is bit ``k % 8`` of plane ``k // 8``, eight
+    masks to a byte; ``ringfeed.detection_targets(batch)`` unpacks them into torchvision's
+    ``masks`` ``uint8 [M, H, W]`` per image); with ``keypoints=K``, ``keypoints`` (``float32 [N,
+    max_boxes, K, 3]``, ``[x, y, v]`` in output pixels, moved as ``tv_tensors.KeyPoints``). In
+    CUDA mode they arrive on the device with the image.
 
     Args:
         boxes: where the boxes come from: ``"stored"`` (a dataset packed with ``ringfeed pack
@@ -488,6 +493,13 @@ class Targets:
         min_area: boxes smaller than this many square output pixels are removed; default as
             ``min_size``.
         mask_fill: the label of mask pixels no source pixel covers (padding, zoom-out), ``0 ..= 255``.
+        instance_masks: deliver each box's instance mask (protocol 1.10, targets file 1.1): needs
+            ``boxes="stored"`` of a dataset packed with ``--coco`` whose annotations have a
+            ``segmentation``. Pixels no source covers belong to no instance (fill 0).
+        keypoints: deliver ``K`` keypoints per box (the stored count; 0: none): needs
+            ``boxes="stored"`` of a dataset packed with ``--coco`` whose annotations have
+            ``keypoints``. Flips do not swap left and right joints (torchvision v2 does not); a point
+            outside the output keeps its coordinates and its ``v``.
     """
 
     boxes: str | None = None
@@ -497,6 +509,8 @@ class Targets:
     min_size: float | None = None
     min_area: float | None = None
     mask_fill: int = 0
+    instance_masks: bool = False
+    keypoints: int = 0
 
     def __post_init__(self) -> None:
         if self.boxes is None and self.mask is None:
@@ -521,6 +535,13 @@ class Targets:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"Targets: {name} must be a finite number >= 0, got {v!r}")
         int_in("Targets: mask_fill", self.mask_fill, 0, 255)
+        if not isinstance(self.instance_masks, bool):
+            raise ValueError(f"Targets: instance_masks must be True or False, got {self.instance_masks!r}")
+        int_in("Targets: keypoints", self.keypoints, 0, 1 << 16)
+        if (self.instance_masks or self.keypoints) and self.boxes != "stored":
+            raise ValueError(
+                "Targets: instance_masks and keypoints come with boxes='stored' (a dataset packed with --coco)"
+            )
 
     def request(self, sanitize: Any = None) -> dict[str, Any]:
         """Its ``open.targets`` (control.md, "Detection and segmentation targets (1.10)"), with
@@ -544,6 +565,10 @@ class Targets:
             out["mask_fill"] = self.mask_fill
         if self.max_boxes is not None:
             out["max_boxes"] = self.max_boxes
+        if self.instance_masks:
+            out["instance_masks"] = True
+        if self.keypoints:
+            out["keypoints"] = self.keypoints
         return out
 
     def ring_fields(self, size: tuple[int, int]) -> dict[str, tuple[str, tuple[int | None, ...]]]:
@@ -555,6 +580,11 @@ class Targets:
             out.update({"boxes": ("float32", (m, 4)), "box_labels": ("int64", (m,)), "box_count": ("int32", ())})
         if self.mask is not None:
             out["mask"] = ("uint8", size)
+        if self.instance_masks:
+            planes = None if self.max_boxes is None else -(-self.max_boxes // 8)
+            out["instance_masks"] = ("uint8", (planes, *size))
+        if self.keypoints:
+            out["keypoints"] = ("float32", (self.max_boxes, self.keypoints, 3))
         return out
 
 

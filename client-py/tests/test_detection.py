@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -428,10 +429,8 @@ def test_targets_follow_the_crops_over_an_epoch_on_two_ranks(served: dict[str, A
     assert 0 < flips < SERVED
 
 
-@pytest.mark.parametrize("kind", ["packed", "webdataset"])
-def test_targets_hold_across_a_resume(served: dict[str, Any], sock: str, kind: str) -> None:
-    """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own targets."""
-    path, targets = sources(served)[kind]
+def resumed(path: Any, sock: str, targets: ringfeed.Targets) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Two batches of epoch 2, then the rest of it from a loader resumed with the state taken after them."""
     with targets_loader(path, sock, targets) as ld:
         ld.set_epoch(2)
         it = iter(ld)
@@ -439,7 +438,14 @@ def test_targets_hold_across_a_resume(served: dict[str, Any], sock: str, kind: s
         state = ld.state_dict()
     with targets_loader(path, sock, targets) as ld:
         ld.load_state_dict(state)
-        rest = list(ld)
+        return first, list(ld)
+
+
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_targets_hold_across_a_resume(served: dict[str, Any], sock: str, kind: str) -> None:
+    """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own targets."""
+    path, targets = sources(served)[kind]
+    first, rest = resumed(path, sock, targets)
     seen = check_batches(served, first) + check_batches(served, rest)
     assert sorted(seen) == list(range(SERVED))
 
@@ -512,3 +518,264 @@ def test_targets_and_aspect_buckets_are_refused_together(served: dict[str, Any],
             served["root"] / "packed", 2, pipe, targets=STORED, server=ringfeed.Server(socket=sock, spawn=True)
         )
     assert e.value.code == "bad_request"
+
+
+# -- instance masks and keypoints (targets file 1.1) ------------------------------------------------
+
+KP = 4
+
+
+def coco_mask(seg: Any, h: int, w: int) -> np.ndarray:
+    """torchvision's ``wrap_dataset_for_transforms_v2`` mask of one COCO ``segmentation`` (pycocotools)."""
+    from pycocotools import mask as coco
+
+    if isinstance(seg, dict):
+        rle = seg if isinstance(seg["counts"], str) else coco.frPyObjects(seg, h, w)
+    else:
+        rle = coco.merge(coco.frPyObjects(seg, h, w))
+    with warnings.catch_warnings():
+        # pycocotools 2.0 builds its arrays the numpy 1 way (a DeprecationWarning under numpy 2).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return coco.decode(rle)
+
+
+def instance_annotations(k: int, w: int, h: int) -> list[dict[str, Any]]:
+    """1..5 annotations of image ``k``: random polygons (fractional, some past the border, one of two
+    parts), an uncompressed and a compressed RLE, each with ``KP`` keypoints (some outside the image,
+    v in 0..2), and a crowd one."""
+    from pycocotools import mask as coco
+
+    rng = np.random.default_rng(500 + k)
+    out = []
+    for j in range(1 + k % 5):
+        x, y = float(rng.uniform(-3, w - 6)), float(rng.uniform(-3, h - 6))
+        bw, bh = float(rng.uniform(3, w - max(x, 0))), float(rng.uniform(3, h - max(y, 0)))
+        kind = (k + j) % 4
+        if kind == 0:
+            seg: Any = [[x, y, x + bw, y + bh * 0.3, x + bw * 0.6, y + bh, x + bw * 0.1, y + bh * 0.8]]
+        elif kind == 1:
+            seg = [
+                [x, y, x + bw / 2, y, x + bw / 2, y + bh / 2],
+                [x + bw / 2, y + bh / 2, x + bw, y + bh / 2, x + bw, y + bh],
+            ]
+        else:
+            m = np.zeros((h, w), dtype=np.uint8, order="F")
+            x0, y0 = max(int(x), 0), max(int(y), 0)
+            m[y0 : int(y0 + bh), x0 : int(x0 + bw)] = 1
+            m[y0 + 1 :: 3, x0::2] = 0
+            rle = coco.encode(m)
+            if kind == 2:
+                seg = {"counts": rle["counts"].decode(), "size": [h, w]}
+            else:
+                flat = m.flatten(order="F")
+                change = np.flatnonzero(np.diff(flat)) + 1
+                bounds = [0, *change.tolist(), flat.size]
+                runs = np.diff(bounds).tolist()
+                seg = {"counts": ([0] if flat[0] else []) + runs, "size": [h, w]}
+        kps = []
+        for _ in range(KP):
+            kps += [float(rng.uniform(-4, w + 4)), float(rng.uniform(-4, h + 4)), int(rng.integers(0, 3))]
+        bbox = [max(x, 0), max(y, 0), bw, bh]
+        out.append({
+            "id": 1000 * k + j, "image_id": k, "bbox": bbox, "category_id": int(rng.integers(1, 9)),
+            "segmentation": seg, "keypoints": kps, "num_keypoints": KP,
+        })  # fmt: skip
+    if k % 4 == 1:
+        out.append({"id": 1000 * k + 99, "image_id": k, "bbox": [0, 0, 4, 4], "category_id": 2, "iscrowd": 1,
+                    "segmentation": {"counts": [0, w * h], "size": [h, w]}})  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def instances_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The serving images, packed with ``--coco`` annotations that have polygons, RLE and keypoints."""
+    root = tmp_path_factory.mktemp("instances")
+    (root / "images").mkdir()
+    images, annotations = [], []
+    for k, (name, w, h) in enumerate(served_images(SERVED)):
+        picture(w, h, k).save(root / "images" / name, "JPEG", quality=92)
+        annotations += instance_annotations(k, w, h)
+        images.append({"id": k, "file_name": name, "width": w, "height": h})
+    doc = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": c, "name": f"c{c}"} for c in range(1, 9)],
+    }
+    (root / "instances.json").write_text(json.dumps(doc))
+    r = run("pack", str(root / "images"), str(root / "packed"), "--coco", str(root / "instances.json"))
+    return {"root": root, "doc": doc, "images": served_images(SERVED), "stdout": r.stdout}
+
+
+def reference_instances(doc: dict[str, Any], k: int, w: int, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Image ``k``'s instance masks ``uint8 [M, h, w]`` (pycocotools) and keypoints ``[M, KP, 3]``, crowds dropped."""
+    anns = [a for a in doc["annotations"] if a["image_id"] == k and not a.get("iscrowd")]
+    masks = np.stack([coco_mask(a["segmentation"], h, w) for a in anns]).astype(np.uint8)
+    kps = torch.tensor([a["keypoints"] for a in anns], dtype=torch.float32).reshape(len(anns), KP, 3)
+    return torch.from_numpy(masks), kps
+
+
+def test_pack_coco_stores_instance_masks_as_pycocotools_decodes_them(instances_set: dict[str, Any]) -> None:
+    """Every stored instance mask (polygons, unions of polygons, uncompressed and compressed RLE)
+    equals pycocotools' decoding; keypoints are stored as given; verify counts them."""
+    out = instances_set["root"] / "packed"
+    total = 0
+    with TargetsFile(out) as t:
+        assert t.header.minor == 1
+        assert t.header.has_instances
+        assert t.header.keypoints == KP
+        for k, (_, w, h) in enumerate(instances_set["images"]):
+            s = t.get(k, check_crc=True)
+            want_masks, want_kps = reference_instances(instances_set["doc"], k, w, h)
+            assert s.instance_masks is not None
+            assert s.keypoints is not None
+            np.testing.assert_array_equal(s.instance_masks, want_masks.numpy(), err_msg=f"image {k}")
+            np.testing.assert_array_equal(s.keypoints, want_kps.numpy())
+            total += len(want_masks)
+    assert f"{total} instance masks, {KP} keypoints per box" in instances_set["stdout"]
+    report = verify_targets(out, sample_count=SERVED)
+    assert (report["instances"], report["keypoints"]) == (total, KP)
+    assert f"{total} instance masks, {KP} keypoints per box" in run("verify", str(out)).stdout
+
+
+def reference_with_instances(s: dict[str, Any], k: int, crop: list[int]) -> dict[str, torch.Tensor]:
+    """torchvision v2's replay of sample ``k``'s crop and flip on ``BoundingBoxes``, the instance
+    ``Mask`` ``[M, H, W]`` (nearest) and ``KeyPoints`` ``[M, KP, 2]``, then ``sanitize_bounding_boxes``
+    indexing all three (keypoints as a ``labels_getter`` would); ``v`` rides along unchanged."""
+    _, w, h = s["images"][k]
+    top, left, ch, cw, flipped = crop
+    xyxy, labels = reference_boxes(s["doc"], k, w, h)
+    masks, kps = reference_instances(s["doc"], k, w, h)
+    boxes = tv_tensors.BoundingBoxes(xyxy, format="XYXY", canvas_size=(h, w), clamping_mode="hard")
+    mask = tv_tensors.Mask(masks)
+    points = tv_tensors.KeyPoints(kps[..., :2], canvas_size=(h, w))
+    boxes = tvf.resized_crop(boxes, top, left, ch, cw, list(OUT_HW))
+    mask = tvf.resized_crop(mask, top, left, ch, cw, list(OUT_HW), interpolation=InterpolationMode.NEAREST)
+    points = tvf.resized_crop(points, top, left, ch, cw, list(OUT_HW))
+    if flipped:
+        boxes, mask, points = tvf.horizontal_flip(boxes), tvf.horizontal_flip(mask), tvf.horizontal_flip(points)
+    boxes, valid = tvf.sanitize_bounding_boxes(boxes, min_size=1.0, min_area=1.0)
+    xyv = torch.cat([points.as_subclass(torch.Tensor), kps[..., 2:]], dim=-1)
+    return {"boxes": boxes.as_subclass(torch.Tensor), "labels": labels[valid],
+            "masks": mask.as_subclass(torch.Tensor)[valid], "keypoints": xyv[valid]}  # fmt: skip
+
+
+def check_instances(s: dict[str, Any], batches: list[dict[str, Any]]) -> list[int]:
+    """Every delivered sample's boxes, masks and keypoints equal torchvision's replay (masks exactly,
+    boxes and keypoints within 1e-4 px), through ``ringfeed.detection_targets``."""
+    seen = []
+    for b in batches:
+        assert b["instance_masks"].dtype == torch.uint8
+        assert tuple(b["instance_masks"].shape[1:]) == (1, *OUT_HW)  # max_boxes 5: one plane
+        assert tuple(b["keypoints"].shape[1:]) == (5, KP, 3)
+        for p, (t, k) in enumerate(zip(ringfeed.detection_targets(b), b["index"].tolist(), strict=True)):
+            want = reference_with_instances(s, k, b["crop"][p].tolist())
+            assert len(t["boxes"]) == len(want["boxes"]), k
+            assert torch.allclose(t["boxes"], want["boxes"], rtol=0, atol=1e-4), k
+            assert torch.equal(t["labels"], want["labels"])
+            assert t["masks"].dtype == torch.uint8
+            assert torch.equal(t["masks"], want["masks"]), k
+            assert torch.allclose(t["keypoints"], want["keypoints"], rtol=0, atol=1e-4), (k, t["keypoints"], want)
+            n = len(want["boxes"])
+            assert not b["keypoints"][p][n:].any()
+            assert not (b["instance_masks"][p] >> n).any()
+            seen.append(k)
+    return seen
+
+
+INSTANCES = ringfeed.Targets(boxes="stored", instance_masks=True, keypoints=KP)
+
+
+def test_instance_masks_and_keypoints_follow_the_crops_on_two_ranks(instances_set: dict[str, Any], sock: str) -> None:
+    """On 2 ranks, every sample of an epoch comes once with torchvision v2's instance masks and
+    keypoints for the crop and flip the server drew, removed with their boxes."""
+    seen: list[int] = []
+    kept = flips = 0
+    for rank in (0, 1):
+        with targets_loader(instances_set["root"] / "packed", sock, INSTANCES, rank=rank, world_size=2) as ld:
+            ld.set_epoch(1)
+            batches = list(ld)
+        assert {"instance_masks", "keypoints"} <= set(batches[0])
+        part = check_instances(instances_set, batches)
+        assert not set(part) & set(seen)
+        seen += part
+        kept += sum(int(b["box_count"].sum()) for b in batches)
+        flips += sum(int(b["crop"][:, 4].sum()) for b in batches)
+    assert sorted(seen) == list(range(SERVED))
+    assert kept > 0
+    assert 0 < flips < SERVED
+
+
+def test_instance_masks_and_keypoints_hold_across_a_resume(instances_set: dict[str, Any], sock: str) -> None:
+    """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own masks and keypoints."""
+    first, rest = resumed(instances_set["root"] / "packed", sock, INSTANCES)
+    assert sorted(check_instances(instances_set, first) + check_instances(instances_set, rest)) == list(range(SERVED))
+
+
+def test_instance_masks_and_keypoints_need_them_stored(served: dict[str, Any], sock: str) -> None:
+    """A set packed without segmentations or keypoints refuses them at open, naming the member and the pack flag."""
+    for targets, member in [
+        (ringfeed.Targets(boxes="stored", instance_masks=True), "targets.instance_masks"),
+        (ringfeed.Targets(boxes="stored", keypoints=17), "targets.keypoints 17"),
+    ]:
+        with pytest.raises(ringfeed.ServerError, match=member) as e:
+            ringfeed.Loader(
+                served["root"] / "packed", 2, PIPE, targets=targets, server=ringfeed.Server(socket=sock, spawn=True)
+            )
+        assert e.value.code == "bad_request"
+        assert "--coco" in str(e.value)
+
+
+def pack_changed(s: dict[str, Any], doc: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess:
+    """``pack --coco`` of the instance set's images with ``doc`` (written to ``a.json``), expected to fail."""
+    (tmp_path / "a.json").write_text(json.dumps(doc))
+    images, out = str(s["root"] / "images"), str(tmp_path / "out")
+    return run("pack", images, out, "--coco", str(tmp_path / "a.json"), ok=False)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"segmentation": [[1, 2, 3, 4, 5]]}, "polygon 0: a polygon is [x0, y0, x1, y1, ...] with at least 3 points"),
+        ({"segmentation": [[1, 2, 3, "x", 5, 6]]}, "polygon 0: a polygon is a list of numbers"),
+        ({"keypoints": [1, 2, 2]}, "keypoint count mismatch"),
+        ({"keypoints": [1, 2]}, "`keypoints` is not [x, y, v] * K"),
+    ],
+)
+def test_bad_segmentations_and_keypoints_stop_the_pack_naming_the_annotation(
+    instances_set: dict[str, Any], tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    """A malformed polygon or keypoint list, or an annotation with another keypoint count, stops
+    the pack before any image is read, naming the file and the annotation."""
+    doc = json.loads(json.dumps(instances_set["doc"]))
+    at = next(i for i, a in enumerate(doc["annotations"]) if i >= 4 and not a.get("iscrowd"))
+    doc["annotations"][at].update(change)
+    r = pack_changed(instances_set, doc, tmp_path)
+    assert message in r.stderr, r.stderr
+    assert f"annotations[{at}] (id {doc['annotations'][at]['id']})" in r.stderr
+    assert "a.json" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_rle_of_another_size_fails_its_image(instances_set: dict[str, Any], tmp_path: Path) -> None:
+    """An RLE whose ``size`` is not its image's is that image's failure, naming the annotation and both sizes."""
+    doc = json.loads(json.dumps(instances_set["doc"]))
+    ann = next(a for a in doc["annotations"] if a["image_id"] == 2 and not a.get("iscrowd"))
+    _, w, h = instances_set["images"][2]
+    ann["segmentation"] = {"counts": [0, (w + 1) * h], "size": [h, w + 1]}
+    r = pack_changed(instances_set, doc, tmp_path)
+    assert f"(id {ann['id']}): its RLE `size` is [{h}, {w + 1}] (height, width), the image is {w}x{h}" in r.stderr, (
+        r.stderr
+    )
+    assert "im_002.jpg" in r.stderr
+
+
+def test_samples_handed_to_the_gpu_decoder_carry_their_instances(instances_set: dict[str, Any], sock: str) -> None:
+    """Hybrid decode (the host backend): samples left encoded for the client's GPU get the instance
+    masks and keypoints the server moved through the geometry it planned, torchvision's as for the rest."""
+    path = instances_set["root"] / "packed"
+    with targets_loader(path, sock, INSTANCES, gpu_decode=1.0, _gpu_backend="host") as ld:
+        ld.set_epoch(1)
+        batches = list(ld)
+        stats = ld.stats()
+    assert sorted(check_instances(instances_set, batches)) == list(range(SERVED))
+    assert stats["gpu_samples"] > 0, stats

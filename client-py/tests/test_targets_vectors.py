@@ -72,3 +72,27 @@ def test_out_of_range_sample_is_an_index_error() -> None:
     """Reading past the last sample raises IndexError naming the file's count."""
     with TargetsFile(VECTORS / "v1-basic") as t, pytest.raises(IndexError, match="has 4 samples"):
         t.get(4)
+
+
+def test_vector_1_1_reads_back_exactly() -> None:
+    """The 1.1 vector's boxes, keypoints and instance masks (runs decoded to [n, h, w]) equal
+    expected-1.1.json's, and verify_targets counts them."""
+    expected = json.loads((VECTORS / "expected-1.1.json").read_text())
+    with TargetsFile(VECTORS / "v1.1-instances") as t:
+        assert (t.header.minor, t.header.flags) == (1, expected["flags"])
+        assert (t.header.keypoints, t.header.max_boxes) == (expected["keypoints"], expected["max_boxes"])
+        assert t.header.has_instances
+        for i, want in enumerate(expected["samples"]):
+            s = t.get(i, check_crc=True)
+            n = len(want["boxes"])
+            np.testing.assert_array_equal(s.boxes, np.asarray(want["boxes"], dtype=np.float32).reshape(-1, 4))
+            assert s.labels.tolist() == want["labels"]
+            assert s.keypoints is not None
+            assert s.instance_masks is not None
+            kps = np.asarray(want["keypoints"], dtype=np.float32).reshape(n, 2, 3)
+            np.testing.assert_array_equal(s.keypoints, kps)
+            masks = np.asarray(want["instance_masks"], dtype=np.uint8).reshape(n, 3, 4)
+            np.testing.assert_array_equal(s.instance_masks, masks)
+            assert s.mask_png == b""
+    report = verify_targets(VECTORS / "v1.1-instances", sample_count=3)
+    assert (report["boxes"], report["instances"], report["keypoints"]) == (11, 11, 2)

@@ -1,4 +1,4 @@
-"""The packed targets file ``targets.rft``, version 1.0 (``proto/targets.md`` is the normative text).
+"""The packed targets file ``targets.rft``, version 1.1 (``proto/targets.md`` is the normative text).
 
 The Python counterpart of ``crates/format/src/targets/file.rs``: a reader (``TargetsFile``) and
 ``verify_targets``, checked against the vectors in ``proto/vectors/targets/`` by
@@ -44,6 +44,9 @@ TARGETS_ENTRY = struct.Struct("<QII")
 RECORD_HEAD = struct.Struct("<II")
 FLAG_BOXES = 1
 FLAG_MASKS = 2
+#: 1.1: every record has an instance mask per box, and keypoints per box.
+FLAG_INSTANCES = 4
+FLAG_KEYPOINTS = 8
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 assert TARGETS_HEADER.size == 64
@@ -71,14 +74,52 @@ class Header(NamedTuple):
     def has_masks(self) -> bool:
         return bool(self.flags & FLAG_MASKS)
 
+    @property
+    def has_instances(self) -> bool:
+        return bool(self.flags & FLAG_INSTANCES)
+
+    @property
+    def keypoints(self) -> int:
+        """1.1: keypoints per box (0: none); the first 4 reserved bytes of a 1.0 header."""
+        return int.from_bytes(self.reserved[:4], "little") if self.minor >= 1 else 0
+
 
 class StoredTargets(NamedTuple):
     """One sample's record: ``boxes`` float32 ``[n, 4]`` (xyxy, stored-image pixels), ``labels``
-    int64 ``[n]``, and the mask's 8-bit grey PNG bytes (empty: none)."""
+    int64 ``[n]``, the mask's 8-bit grey PNG bytes (empty: none); 1.1: ``keypoints`` float32
+    ``[n, K, 3]`` (``None``: none) and ``instance_masks`` uint8 ``[n, h, w]`` of 0 and 1 (``None``:
+    none)."""
 
     boxes: np.ndarray
     labels: np.ndarray
     mask_png: bytes
+    keypoints: np.ndarray | None = None
+    instance_masks: np.ndarray | None = None
+
+
+def decode_runs(data: bytes) -> list[int]:
+    """An instance mask's run lengths from their LEB128 varints (``proto/targets.md``)."""
+    out, v, shift = [], 0, 0
+    for byte in data:
+        v |= (byte & 0x7F) << shift
+        if byte & 0x80:
+            shift += 7
+            if shift > 28:
+                raise ValueError("a run length's varint is longer than 5 bytes")
+        else:
+            out.append(v)
+            v, shift = 0, 0
+    if shift:
+        raise ValueError("the runs end inside a varint")
+    return out
+
+
+def runs_to_mask(runs: list[int], width: int, height: int) -> np.ndarray:
+    """COCO's column-major runs (the first of zeros) as a ``uint8 [height, width]`` 0/1 mask."""
+    if sum(runs) != width * height:
+        raise ValueError(f"the runs cover {sum(runs)} pixels, the masks are {width}x{height}")
+    flat = np.repeat(np.arange(len(runs)) % 2, runs).astype(np.uint8)
+    return flat.reshape(width, height).T.copy()
 
 
 class TargetsFile:
@@ -202,13 +243,35 @@ class TargetsFile:
         if n > h.max_boxes:
             detail = f"sample {index}: {n} boxes, more than the header's max_boxes {h.max_boxes}"
             raise FormatError.corrupt(self.path, offset, detail)
-        want = RECORD_HEAD.size + 24 * n + m
+        base = RECORD_HEAD.size + 24 * n + m
+        k = h.keypoints
+        want = inst_at = base + 12 * n * k
+        lens: list[int] = []
+        if h.has_instances:
+            if want + 8 + 4 * n <= length:
+                lens = list(struct.unpack_from(f"<{n}I", r, inst_at + 8))
+            want += 8 + 4 * n + sum(lens)
         if want != length:
-            detail = f"sample {index}: {n} boxes and a {m}-byte mask make {want} bytes, the entry says {length}"
+            parts = ", their keypoints and instance masks" if h.has_instances or k else ""
+            detail = f"sample {index}: {n} boxes, a {m}-byte mask{parts} make {want} bytes, the entry says {length}"
             raise FormatError.corrupt(self.path, offset, detail)
         boxes = np.frombuffer(r, dtype="<f4", count=4 * n, offset=8).reshape(n, 4).astype(np.float32)
         labels = np.frombuffer(r, dtype="<i8", count=n, offset=8 + 16 * n).astype(np.int64)
-        return StoredTargets(boxes, labels, bytes(r[8 + 24 * n :]))
+        keypoints = None
+        if k:
+            keypoints = np.frombuffer(r, dtype="<f4", count=3 * n * k, offset=base).reshape(n, k, 3).astype(np.float32)
+        masks = None
+        if h.has_instances:
+            w, hh = struct.unpack_from("<II", r, inst_at)
+            masks = np.zeros((n, hh, w), dtype=np.uint8)
+            at = inst_at + 8 + 4 * n
+            for j, ln in enumerate(lens):
+                try:
+                    masks[j] = runs_to_mask(decode_runs(bytes(r[at : at + ln])), w, hh)
+                except ValueError as e:
+                    raise FormatError.corrupt(self.path, offset, f"sample {index}'s instance mask {j}: {e}") from None
+                at += ln
+        return StoredTargets(boxes, labels, bytes(r[8 + 24 * n : base]), keypoints, masks)
 
 
 def grey_png_size(png: bytes) -> tuple[int, int]:
@@ -231,7 +294,7 @@ def verify_targets(path: str | os.PathLike[str], sample_count: int | None = None
         sample_count: the index's sample count, which the file's must equal (``None``: not checked).
 
     Returns:
-        ``{"samples", "boxes", "max_boxes", "masks", "bytes"}``.
+        ``{"samples", "boxes", "max_boxes", "masks", "instances", "keypoints", "bytes"}``.
 
     Raises:
         FormatError: the first problem, in the spec's order.
@@ -245,15 +308,26 @@ def verify_targets(path: str | os.PathLike[str], sample_count: int | None = None
         computed = crc32c(b[:footer_at])
         if computed != t._body_crc:
             raise FormatError.checksum(p, footer_at + 20, "targets body", t._body_crc, computed)
-        if h.minor == 0:
-            if any(h.reserved) or t._footer_reserved:
-                raise FormatError.corrupt(p, 48 if any(h.reserved) else footer_at + 24, "a reserved byte is not zero")
-            if h.flags & ~(FLAG_BOXES | FLAG_MASKS):
+        if h.minor <= 1:
+            reserved = h.reserved if h.minor == 0 else h.reserved[4:]
+            if any(reserved) or t._footer_reserved:
+                at = 60 - len(reserved) if any(reserved) else footer_at + 24
+                raise FormatError.corrupt(p, at, "a reserved byte is not zero")
+            known = FLAG_BOXES | FLAG_MASKS | (FLAG_INSTANCES | FLAG_KEYPOINTS if h.minor else 0)
+            if h.flags & ~known:
                 raise FormatError.corrupt(p, 12, f"unknown flags {h.flags:#x}")
+            extra = h.flags & (FLAG_INSTANCES | FLAG_KEYPOINTS)
+            if bool(h.flags & FLAG_KEYPOINTS) != bool(h.keypoints) or (extra and not h.has_boxes):
+                raise FormatError.corrupt(
+                    p,
+                    12,
+                    f"flags {h.flags:#x} and {h.keypoints} keypoints per box disagree "
+                    "(keypoints and instance masks go with boxes)",
+                )
         if sample_count is not None and sample_count != h.sample_count:
             detail = f"the file has targets for {h.sample_count} samples, the index has {sample_count}"
             raise FormatError.corrupt(p, 16, detail)
-        nxt, boxes, masks, most = TARGETS_HEADER.size, 0, 0, 0
+        nxt, boxes, masks, most, instances = TARGETS_HEADER.size, 0, 0, 0, 0
         for i in range(h.sample_count):
             offset, length, _ = t._entry(i)
             if offset != nxt:
@@ -282,6 +356,9 @@ def verify_targets(path: str | os.PathLike[str], sample_count: int | None = None
                 except ValueError as e:
                     raise FormatError.corrupt(p, offset, f"sample {i}'s mask: {e}") from None
                 masks += 1
+            if s.keypoints is not None and not np.isfinite(s.keypoints).all():
+                raise FormatError.corrupt(p, offset, f"sample {i}: a keypoint is not finite")
+            instances += 0 if s.instance_masks is None else len(s.instance_masks)
             boxes += len(s.boxes)
             most = max(most, len(s.boxes))
         if most != h.max_boxes:
@@ -297,4 +374,12 @@ def verify_targets(path: str | os.PathLike[str], sample_count: int | None = None
         if any(b[h.categories_offset + h.categories_len : h.table_offset]):
             at = h.categories_offset + h.categories_len
             raise FormatError.corrupt(p, at, "the padding after the categories is not zero")
-        return {"samples": h.sample_count, "boxes": boxes, "max_boxes": h.max_boxes, "masks": masks, "bytes": len(b)}
+        return {
+            "samples": h.sample_count,
+            "boxes": boxes,
+            "max_boxes": h.max_boxes,
+            "masks": masks,
+            "instances": instances,
+            "keypoints": h.keypoints,
+            "bytes": len(b),
+        }

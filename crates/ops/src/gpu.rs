@@ -598,6 +598,7 @@ mod tests {
                 height: 30,
                 data: (0..1200).map(|v| (v % 251) as u8).collect(),
             }),
+            ..Targets::default()
         };
         let options = TargetOptions {
             mask_fill: 200,

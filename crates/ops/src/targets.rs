@@ -18,8 +18,18 @@
 //! nearest with fill `mask_fill`. The last step is [`Follow::sanitize`]
 //! (`SanitizeBoundingBoxes(min_size, min_area)`).
 //!
+//! Instance masks (1.11) are bit planes of the canvas's size ([`Targets::instances`]) moved by
+//! the label map's kernels with fill 0 (a pixel no source covers belongs to no instance), so they
+//! are exactly `tv_tensors.Mask` `[M, H, W]` moved nearest. Keypoints (1.11) move as
+//! `tv_tensors.KeyPoints`: a crop subtracts its offset, a resize multiplies by `new / old` in
+//! `f32`, a flip is torchvision's `size - 1 - x` (pixel indices, unlike a box's `size - x`), an
+//! affine (and a policy's quarter turn, which torchvision rotates keypoints by) maps them by the
+//! forward matrix; nothing clamps them (a point may leave the canvas) and their visibility `v` is
+//! carried unchanged. Sanitising removes a box's instance mask and keypoints with it.
+//!
 //! Invariants: boxes and labels stay paired and in their order; the mask (when there is one) is
-//! always the canvas's size; no allocation once warm (the lists and scratch keep capacity).
+//! always the canvas's size; no allocation once warm (the lists and scratch keep capacity),
+//! except when the last step removes boxes of a sample (their survivors are renumbered).
 
 use ringfeed_format::targets::{LabelMap, Targets};
 
@@ -64,7 +74,15 @@ pub(crate) enum Geo {
     Resize { width: u32, height: u32 },
     /// A pixel permutation onto a `width`×`height` canvas: output `(x, y)` reads source
     /// `(c0·x + c1·y + c2, c3·x + c4·y + c5)` (flips, quarter turns, EXIF orientations).
-    Remap { c: [i64; 6], width: u32, height: u32 },
+    /// `pixel`: keypoints move as pixel indices (`size - 1 - x`: torchvision's flips, and EXIF
+    /// orientations) rather than as points of the continuous plane (`size - x`: torchvision's
+    /// rotations, which boxes always follow).
+    Remap {
+        c: [i64; 6],
+        width: u32,
+        height: u32,
+        pixel: bool,
+    },
     /// A warp at the canvas's size by the inverse matrix of [`Step::Affine`] (centred
     /// coordinates, as `affine::inverse_matrix` makes it).
     Affine { inverse: [f64; 6] },
@@ -95,6 +113,7 @@ impl Geo {
             c: r.coefficients((w, h)),
             width: w,
             height: h,
+            pixel: matches!(r, Remap::FlipX | Remap::FlipY),
         }
     }
 
@@ -116,6 +135,7 @@ impl Geo {
             c,
             width: size.0,
             height: size.1,
+            pixel: true,
         })
     }
 }
@@ -152,16 +172,18 @@ impl Follow {
         self.source = size;
     }
 
-    /// Checks that the mask is the source's size ([`OpError::MaskSize`]).
+    /// Checks that the mask and the instance masks are the source's size
+    /// ([`OpError::MaskSize`]).
     pub(crate) fn check(&self) -> Result<(), OpError> {
-        match &self.targets.mask {
-            Some(m) if (m.width, m.height) != self.source => Err(OpError::MaskSize {
+        let maps = self.targets.mask.iter().chain(&self.targets.instances);
+        match maps.into_iter().find(|m| (m.width, m.height) != self.source) {
+            Some(m) => Err(OpError::MaskSize {
                 mask_width: m.width,
                 mask_height: m.height,
                 width: self.source.0,
                 height: self.source.1,
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -207,27 +229,18 @@ impl Follow {
     pub(crate) fn sanitize(&mut self) {
         let (w, h) = (self.size.0 as f32, self.size.1 as f32);
         let (min_size, min_area) = (self.options.min_size as f32, self.options.min_area as f32);
-        let t = &mut self.targets;
-        let mut k = 0;
-        for i in 0..t.boxes.len() {
-            let [x0, y0, x1, y1] = t.boxes[i];
+        self.targets.retain(|b| {
+            let [x0, y0, x1, y1] = *b;
             let (bw, bh) = (x1 - x0, y1 - y0);
-            let valid = bw >= min_size
+            bw >= min_size
                 && bh >= min_size
-                && t.boxes[i].iter().all(|&v| v >= 0.0)
+                && b.iter().all(|&v| v >= 0.0)
                 && bw * bh >= min_area
                 && x0 <= w
                 && x1 <= w
                 && y0 <= h
-                && y1 <= h;
-            if valid {
-                t.boxes[k] = t.boxes[i];
-                t.labels[k] = t.labels[i];
-                k += 1;
-            }
-        }
-        t.boxes.truncate(k);
-        t.labels.truncate(k);
+                && y1 <= h
+        });
     }
 }
 
@@ -254,8 +267,14 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
                 *b = [b[0] - l, b[1] - tp, b[2] - l, b[3] - tp];
                 clamp(b, (width, height));
             }
+            for p in &mut t.keypoints {
+                (p[0], p[1]) = (p[0] - l, p[1] - tp);
+            }
             if let Some(m) = &mut t.mask {
                 crop_mask(m, left, top, width, height, fill, scratch);
+            }
+            for m in &mut t.instances {
+                crop_mask(m, left, top, width, height, 0, scratch);
             }
             (width, height)
         }
@@ -269,12 +288,20 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
             for b in &mut t.boxes {
                 *b = [b[0] * rx, b[1] * ry, b[2] * rx, b[3] * ry];
             }
-            if let Some(m) = &mut t.mask {
+            for p in &mut t.keypoints {
+                (p[0], p[1]) = (p[0] * rx, p[1] * ry);
+            }
+            for m in t.mask.iter_mut().chain(&mut t.instances) {
                 resize_mask(m, width, height, scratch);
             }
             (width, height)
         }
-        Geo::Remap { c, width, height } => {
+        Geo::Remap {
+            c,
+            width,
+            height,
+            pixel,
+        } => {
             // Output pixel d reads source pixel s = A·d + c; with A a signed permutation, a
             // point S of the continuous source lands at D = Aᵀ·(S - k), k = c + (1 - A·1) / 2.
             let k = (
@@ -290,7 +317,13 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
                 let (bx, by) = to(b[2], b[3]);
                 *b = [ax.min(bx), ay.min(by), ax.max(bx), ay.max(by)];
             }
-            if let Some(m) = &mut t.mask {
+            // Pixel indices: output index d reads source index s = A·d + c, so d = Aᵀ·(s - c).
+            let kp = if pixel { (c[2] as f32, c[5] as f32) } else { k };
+            for p in &mut t.keypoints {
+                let (sx, sy) = (p[0] - kp.0, p[1] - kp.1);
+                (p[0], p[1]) = (c[0] as f32 * sx + c[3] as f32 * sy, c[1] as f32 * sx + c[4] as f32 * sy);
+            }
+            for m in t.mask.iter_mut().chain(&mut t.instances) {
                 remap_mask(m, c, width, height, scratch);
             }
             (width, height)
@@ -308,7 +341,12 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
                 *b = out;
                 clamp(b, (w, h));
             }
-            if let Some(m) = &mut t.mask {
+            for p in &mut t.keypoints {
+                let (x, y) = (p[0], p[1]);
+                (p[0], p[1]) = ((x * f[0] + y * f[1]) + f[2], (x * f[3] + y * f[4]) + f[5]);
+            }
+            let maps = t.mask.iter_mut().map(|m| (m, fill));
+            for (m, fill) in maps.chain(t.instances.iter_mut().map(|m| (m, 0))) {
                 scratch.resize(m.data.len(), 0);
                 affine::warp_mask(&m.data, w, h, inverse, fill, scratch);
                 std::mem::swap(&mut m.data, scratch);
@@ -322,16 +360,7 @@ fn apply(g: Geo, (w, h): (u32, u32), t: &mut Targets, scratch: &mut Vec<u8>, fil
             bottom,
         } => {
             let c = [left as f32, top as f32, right as f32, bottom as f32];
-            let mut k = 0;
-            for i in 0..t.boxes.len() {
-                if super::geometry::centred_in(&t.boxes[i], &c) {
-                    t.boxes[k] = t.boxes[i];
-                    t.labels[k] = t.labels[i];
-                    k += 1;
-                }
-            }
-            t.boxes.truncate(k);
-            t.labels.truncate(k);
+            t.retain(|b| super::geometry::centred_in(b, &c));
             (w, h)
         }
     }
@@ -426,6 +455,7 @@ mod tests {
                 boxes: boxes.to_vec(),
                 labels: (0..boxes.len() as i64).collect(),
                 mask,
+                ..Targets::default()
             },
             ..Follow::default()
         };
@@ -494,6 +524,92 @@ mod tests {
         let (ux, uy) = (fx - 10.0, fy - 5.0);
         let (bx, by) = (inv[0] * ux + inv[1] * uy + inv[2], inv[3] * ux + inv[4] * uy + inv[5]);
         assert!((bx + 10.0 - x).abs() < 1e-9 && (by + 5.0 - y).abs() < 1e-9);
+    }
+
+    fn crop(left: i64, top: i64, width: u32, height: u32) -> Geo {
+        Geo::Crop {
+            left,
+            top,
+            width,
+            height,
+        }
+    }
+
+    #[test]
+    fn keypoints_flip_as_pixel_indices_and_rotate_as_points() {
+        // torchvision: horizontal_flip_keypoints is `w - 1 - x`; rotate_keypoints (a policy's
+        // 180° turn) maps by the affine about (w/2, h/2), so `w - x`. Crops and resizes as boxes.
+        let mut f = follow(&[[0.0, 0.0, 4.0, 3.0]], None, (4, 3));
+        f.targets.keypoints = vec![[1.0, 0.5, 2.0]];
+        f.push(Geo::remap(Remap::FlipX, (4, 3)));
+        f.flush();
+        assert_eq!(f.targets.keypoints, [[2.0, 0.5, 2.0]]);
+        f.push(Geo::remap(Remap::Rot180, (4, 3)));
+        f.push(crop(1, -1, 4, 4));
+        f.push(Geo::Resize { width: 8, height: 2 });
+        f.flush();
+        // Rot180: (4 - 2, 3 - 0.5) = (2, 2.5); crop: (1, 3.5); resize ×(2, 0.5): (2, 1.75).
+        assert_eq!(f.targets.keypoints, [[2.0, 1.75, 2.0]]);
+        // Quarter turns of a square: torchvision's F.rotate(KeyPoints([[1, 0.5]], canvas 4x4), 90)
+        // is (0.5, 3), by 270 (3.5, 1).
+        for (r, want) in [(Remap::Rot90, [0.5, 3.0]), (Remap::Rot270, [3.5, 1.0])] {
+            let mut f = follow(&[[0.0, 0.0, 1.0, 1.0]], None, (4, 4));
+            f.targets.keypoints = vec![[1.0, 0.5, 1.0]];
+            f.push(Geo::remap(r, (4, 4)));
+            f.flush();
+            assert_eq!(f.targets.keypoints, [[want[0], want[1], 1.0]], "{r:?}");
+        }
+    }
+
+    #[test]
+    fn instance_masks_move_as_the_label_map_with_fill_zero_and_leave_with_their_box() {
+        // Nine boxes (two planes); box k's mask is the single pixel k of a 4x3 canvas.
+        let boxes: Vec<[f32; 4]> = (0..9).map(|k| [0.0, 0.0, 1.0 + k as f32 * 0.1, 1.0]).collect();
+        let mut f = follow(&boxes, Some(numbered(4, 3)), (4, 3));
+        f.targets.instances = vec![LabelMap::filled(4, 3, 0), LabelMap::filled(4, 3, 0)];
+        for k in 0..9 {
+            f.targets.instances[k / 8].data[k] |= 1 << (k % 8);
+        }
+        f.targets.keypoints = (0..9).map(|k| [k as f32, 0.0, 1.0]).collect();
+        f.options.mask_fill = 255;
+        f.push(crop(-1, 0, 4, 3));
+        f.flush();
+        // Every plane moved as the label map, padding 0 (not mask_fill) in the planes.
+        let m = f.targets.mask.clone().unwrap();
+        for y in 0..3u32 {
+            for x in 0..4u32 {
+                let bits =
+                    u32::from(f.targets.instances[0].get(x, y)) | u32::from(f.targets.instances[1].get(x, y)) << 8;
+                // The label map names each pixel's source; source pixels 9.. are no box's.
+                let want = if x == 0 || m.get(x, y) >= 9 {
+                    0
+                } else {
+                    1 << m.get(x, y)
+                };
+                assert_eq!(bits, want, "({x}, {y})");
+            }
+        }
+        // Box 1 is removed: box 2's mask and keypoints become box 1's, box 8's moves to plane 0.
+        f.targets.boxes[1] = [0.0, 0.0, 0.5, 1.0];
+        f.sanitize();
+        assert_eq!(f.targets.labels, [0, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(f.targets.instances.len(), 1);
+        assert_eq!(
+            f.targets.keypoints[1],
+            [3.0, 0.0, 1.0],
+            "box 2's point, shifted by the crop"
+        );
+        assert_eq!(
+            f.targets.instances[0].get(3, 0),
+            1 << 1,
+            "source pixel 2 is box 2's, now bit 1"
+        );
+        assert_eq!(
+            f.targets.instances[0].get(1, 2),
+            1 << 7,
+            "source pixel 8 is box 8's, now bit 7"
+        );
+        assert_eq!(f.targets.instances[0].get(2, 0), 0, "box 1's pixel is gone with it");
     }
 
     #[test]
@@ -603,7 +719,7 @@ mod tests {
             let mut t = Targets {
                 boxes: vec![b],
                 labels: vec![3],
-                mask: None,
+                ..Targets::default()
             };
             let out = run(ops.clone(), [20, 24], seed, &mut t);
             let inside_src = |x: f32, y: f32| x >= b[0] && x < b[2] && y >= b[1] && y < b[3];
@@ -702,6 +818,7 @@ mod tests {
                 boxes: vec![[0.0, 0.0, 24.0, 16.0]],
                 labels: vec![1],
                 mask: Some(mask.clone()),
+                ..Targets::default()
             };
             let rng = ringfeed_order::rng::SampleRng::new(0, 0, 0);
             let options = TargetOptions::default();

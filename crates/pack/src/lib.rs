@@ -32,12 +32,13 @@ use crossbeam_channel::{bounded, unbounded};
 
 use ringfeed_decode::{Decoder, Limits, RESTART_TARGET_MCUS, Reencode};
 use ringfeed_format::shard::{DatasetWriter, ShardError, WriteSummary, WriterOptions};
-use ringfeed_format::targets::{TARGETS_FILE, TargetsWriter};
+use ringfeed_format::targets::{InstancesIn, TARGETS_FILE, TargetsWriter};
 use ringfeed_source::listing;
 use ringfeed_source::lmdb::LmdbOptions;
 use ringfeed_source::{SampleReader, Source};
 
 pub mod inspect;
+pub mod instances;
 pub mod progress;
 #[cfg(feature = "remote")]
 pub mod remote;
@@ -153,6 +154,10 @@ pub struct TargetsSummary {
     pub masks: u64,
     pub crowds: u64,
     pub max_boxes: u32,
+    /// 1.1: instance masks written (one per box of a set with `segmentation`).
+    pub instances: u64,
+    /// 1.1: keypoints per box (0: none).
+    pub keypoints: u32,
 }
 
 impl PackSummary {
@@ -184,6 +189,7 @@ impl PackSummary {
             "input_mb_per_sec": self.input_mb_per_sec(),
             "targets": self.targets.map(|t| serde_json::json!({
                 "boxes": t.boxes, "masks": t.masks, "crowds": t.crowds, "max_boxes": t.max_boxes,
+                "instances": t.instances, "keypoints": t.keypoints,
             })),
         })
     }
@@ -438,6 +444,8 @@ enum Outcome {
         restarted: bool,
         /// With `--masks`: the sample's label map, re-encoded as 8-bit grey PNG.
         mask: Option<Vec<u8>>,
+        /// With COCO segmentations: the stored image's `(width, height)` and each box's runs.
+        instances: Option<(u32, u32, Vec<Vec<u8>>)>,
     },
     Bad {
         reason: String,
@@ -467,10 +475,12 @@ fn write_dataset(
     let window = (threads * 8).max(64);
     let mut writer = DatasetWriter::create(dir, opts.writer)?;
     let mut targets_out = match opts.targets.is_some() {
-        true => Some(TargetsWriter::create(
+        true => Some(TargetsWriter::create_with(
             &dir.join(TARGETS_FILE),
             coco.is_some(),
             opts.targets.masks.is_some(),
+            coco.is_some_and(|c| c.instances),
+            coco.map_or(0, |c| c.keypoints),
         )?),
         false => None,
     };
@@ -506,7 +516,7 @@ fn write_dataset(
         for _ in 0..threads {
             let (job_rx, res_tx) = (job_rx.clone(), res_tx.clone());
             scope.spawn(move || {
-                let mut worker = match Worker::new(plan, opts) {
+                let mut worker = match Worker::new(plan, opts, coco) {
                     Ok(w) => w,
                     Err(e) => {
                         // Every job this worker would take fails the same way.
@@ -521,7 +531,7 @@ fn write_dataset(
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let outcome = worker.process(&plan.items[seq]);
+                    let outcome = worker.process(seq, &plan.items[seq]);
                     if res_tx.send((seq, outcome)).is_err() {
                         break;
                     }
@@ -553,13 +563,21 @@ fn write_dataset(
                             input_len,
                             restarted,
                             mask,
+                            instances,
                         } => {
                             writer.push(&item.key, item.label, &item.meta, &data)?;
                             if let Some(t) = targets_out.as_mut() {
                                 let none = targets::SampleBoxes::default();
                                 let b = coco.map_or(&none, |c| &c.boxes[next]);
-                                t.push(&b.boxes, &b.labels, mask.as_deref())?;
+                                let inst = instances.as_ref().map(|(w, h, runs)| InstancesIn {
+                                    width: *w,
+                                    height: *h,
+                                    runs,
+                                });
+                                t.push_all(&b.boxes, &b.labels, mask.as_deref(), inst, &b.keypoints)?;
                                 summary.boxes += b.boxes.len() as u64;
+                                summary.instances += instances.as_ref().map_or(0, |i| i.2.len() as u64);
+                                summary.keypoints = coco.map_or(0, |c| c.keypoints);
                                 summary.masks += u64::from(mask.is_some());
                                 summary.max_boxes = summary.max_boxes.max(b.boxes.len() as u32);
                             }
@@ -625,6 +643,7 @@ struct Worker<'a> {
     lmdb: Option<Box<dyn SampleReader + 'a>>,
     rows: Option<Box<dyn SampleReader + 'a>>,
     opts: &'a PackOptions,
+    coco: Option<&'a targets::Coco>,
     scratch: Vec<u8>,
 }
 
@@ -640,7 +659,7 @@ enum WorkerError {
 }
 
 impl<'a> Worker<'a> {
-    fn new(plan: &'a Plan, opts: &'a PackOptions) -> Result<Self, WorkerError> {
+    fn new(plan: &'a Plan, opts: &'a PackOptions, coco: Option<&'a targets::Coco>) -> Result<Self, WorkerError> {
         let lmdb = match &plan.lmdb {
             Some(source) => Some(source.reader()?),
             None => None,
@@ -654,13 +673,17 @@ impl<'a> Worker<'a> {
             lmdb,
             rows,
             opts,
+            coco,
             scratch: Vec::new(),
         })
     }
 
-    /// [`Worker::read`], then, with `--masks`, the sample's label map checked against it.
-    fn process(&mut self, item: &listing::Item) -> Outcome {
-        let outcome = self.read(item);
+    /// [`Worker::read`], then, with COCO segmentations, sample `seq`'s instance masks at the
+    /// stored image's size ([`Worker::instances`]), and with `--masks`, its label map checked
+    /// against it.
+    fn process(&mut self, seq: usize, item: &listing::Item) -> Outcome {
+        let read = self.read(item);
+        let outcome = self.instances(seq, read);
         let (Some(masks), Outcome::Ready { data, mask, .. }) = (&self.opts.targets.masks, &outcome) else {
             return outcome;
         };
@@ -682,6 +705,7 @@ impl<'a> Worker<'a> {
                     data,
                     input_len,
                     restarted,
+                    instances,
                     ..
                 },
             ) => Outcome::Ready {
@@ -689,9 +713,41 @@ impl<'a> Worker<'a> {
                 input_len,
                 restarted,
                 mask: Some(png),
+                instances,
             },
             (Err(reason), _) => Outcome::Bad { reason },
             (_, bad) => bad,
+        }
+    }
+
+    /// Adds sample `seq`'s instance masks to a ready `outcome` when the COCO file has them.
+    fn instances(&mut self, seq: usize, outcome: Outcome) -> Outcome {
+        let Some(coco) = self.coco.filter(|c| c.instances) else {
+            return outcome;
+        };
+        let (data, input_len, restarted, mask) = match outcome {
+            Outcome::Ready {
+                data,
+                input_len,
+                restarted,
+                mask,
+                ..
+            } => (data, input_len, restarted, mask),
+            bad => return bad,
+        };
+        let info = match self.decoder.probe(&data) {
+            Ok(i) => i,
+            Err(e) => return Outcome::Bad { reason: e.to_string() },
+        };
+        match targets::instance_runs(&coco.boxes[seq], info.width, info.height) {
+            Ok(runs) => Outcome::Ready {
+                data,
+                input_len,
+                restarted,
+                mask,
+                instances: Some((info.width, info.height, runs)),
+            },
+            Err(reason) => Outcome::Bad { reason },
         }
     }
 
@@ -748,6 +804,7 @@ impl<'a> Worker<'a> {
                     input_len,
                     restarted: true,
                     mask: None,
+                    instances: None,
                 };
             }
         }
@@ -765,6 +822,7 @@ impl<'a> Worker<'a> {
             input_len,
             restarted: false,
             mask: None,
+            instances: None,
         }
     }
 }

@@ -6,8 +6,11 @@
 //!   `CocoDetection` order), each `IMAGES/file_name`; its `annotations`' `bbox` (`[x, y, w, h]`)
 //!   become xyxy boxes, computed in `f32` as torchvision's `convert_bounding_box_format` does
 //!   (`x + w` of two `f32`s), with `category_id` as the label. `iscrowd: 1` annotations are
-//!   left out (torchvision's detection references drop crowds). `segmentation` (polygons, RLE)
-//!   and `keypoints` are ignored in targets 1.0. An image without annotations has no boxes.
+//!   left out (torchvision's detection references drop crowds). An image without annotations
+//!   has no boxes. Targets 1.1: when the annotations have a `segmentation` (polygons or RLE),
+//!   each box's instance mask is stored as runs at the stored image's size ([`crate::instances`]);
+//!   when they have `keypoints` (`[x, y, v] * K`), each box's `K` points. Either is all or
+//!   nothing: an annotation without what the others have, or with another `K`, stops the pack.
 //! - `--masks DIR`: each sample's label map is `DIR/<stem>.png` (VOC style: the stem of the
 //!   image's file name), an 8-bit grey or palette PNG (palette indices are the labels) of the
 //!   stored image's size; it is stored re-encoded as 8-bit grey.
@@ -45,6 +48,12 @@ impl TargetsInput {
 pub struct SampleBoxes {
     pub boxes: Vec<[f32; 4]>,
     pub labels: Vec<i64>,
+    /// Each box's `segmentation` (checked in form; rasterised once the image's size is known).
+    pub segmentations: Vec<serde_json::Value>,
+    /// Each box's keypoints, box by box (`K` each).
+    pub keypoints: Vec<[f32; 3]>,
+    /// Each box's annotation, named for a per-sample error (`annotations[k] (id i)`).
+    pub names: Vec<String>,
 }
 
 /// A COCO instances file, read and checked.
@@ -58,6 +67,10 @@ pub struct Coco {
     pub categories: String,
     /// Crowd annotations left out.
     pub crowds: u64,
+    /// Whether the annotations have instance masks (`segmentation`).
+    pub instances: bool,
+    /// Keypoints per annotation (0: none).
+    pub keypoints: u32,
 }
 
 fn malformed(path: &Path, what: String) -> PackError {
@@ -98,6 +111,9 @@ impl Coco {
             }
         }
         let mut crowds = 0;
+        // What the first kept annotation has (its name, segmentation, keypoints per box): the
+        // others must have the same.
+        let mut first: Option<(String, bool, Option<usize>)> = None;
         for (k, ann) in list("annotations")?.iter().enumerate() {
             let at = || {
                 let id = ann.get("id").map_or(String::new(), |id| format!(" (id {id})"));
@@ -115,8 +131,45 @@ impl Coco {
             };
             match ringfeed_source::targets::coco_box(ann) {
                 Ok(Some((b, label))) => {
+                    let seg = ann.get("segmentation");
+                    if let Some(seg) = seg {
+                        crate::instances::check(seg)
+                            .map_err(|e| malformed(path, format!("{} of image {name:?}: {e}", at())))?;
+                    }
+                    let kps = match ann.get("keypoints") {
+                        None => None,
+                        Some(v) => Some(
+                            keypoints(v).map_err(|e| malformed(path, format!("{} of image {name:?}: {e}", at())))?,
+                        ),
+                    };
+                    let has = (seg.is_some(), kps.as_ref().map(Vec::len));
+                    match &first {
+                        None => first = Some((at(), has.0, has.1)),
+                        Some((f, s0, k0)) if (*s0, *k0) != has => {
+                            let say = |s: bool, k: Option<usize>| {
+                                format!(
+                                    "{} and {}",
+                                    if s { "a `segmentation`" } else { "no `segmentation`" },
+                                    k.map_or("no `keypoints`".to_owned(), |k| format!("{k} keypoints"))
+                                )
+                            };
+                            return Err(malformed(
+                                path,
+                                format!(
+                                    "{} of image {name:?} has {}, {f} has {} (keypoint count mismatch or a missing segmentation: every annotation has the same)",
+                                    at(),
+                                    say(has.0, has.1),
+                                    say(*s0, *k0)
+                                ),
+                            ));
+                        }
+                        Some(_) => {}
+                    }
                     target.boxes.push(b);
                     target.labels.push(label);
+                    target.segmentations.extend(seg.cloned());
+                    target.keypoints.extend(kps.unwrap_or_default());
+                    target.names.push(at());
                 }
                 Ok(None) => crowds += 1,
                 Err(e) => return Err(malformed(path, format!("{} of image {name:?}: {e}", at()))),
@@ -128,11 +181,14 @@ impl Coco {
             Some(_) => return Err(malformed(path, "`categories` is not an array of objects".to_owned())),
         };
         let (images, boxes) = by_id.into_iter().map(|(id, (name, b))| ((id, name), b)).unzip();
+        let (instances, keypoints) = first.map_or((false, 0), |(_, s, k)| (s, k.unwrap_or(0) as u32));
         Ok(Coco {
             images,
             boxes,
             categories,
             crowds,
+            instances,
+            keypoints,
         })
     }
 
@@ -159,6 +215,36 @@ impl Coco {
             rows: None,
         }
     }
+}
+
+/// An annotation's `keypoints`: `[x, y, v] * K` numbers, finite, `K >= 1`.
+fn keypoints(v: &serde_json::Value) -> Result<Vec<[f32; 3]>, String> {
+    let nums: Option<Vec<f64>> = v
+        .as_array()
+        .and_then(|a| a.iter().map(serde_json::Value::as_f64).collect());
+    match nums {
+        Some(n) if !n.is_empty() && n.len() % 3 == 0 && n.iter().all(|x| x.is_finite()) => Ok(n
+            .chunks_exact(3)
+            .map(|c| [c[0] as f32, c[1] as f32, c[2] as f32])
+            .collect()),
+        _ => Err("`keypoints` is not [x, y, v] * K finite numbers".to_owned()),
+    }
+}
+
+/// Each box's instance mask of `sample` as encoded runs on its `width`×`height` stored image;
+/// the error is the sample's failure reason, naming the annotation.
+pub fn instance_runs(sample: &SampleBoxes, width: u32, height: u32) -> Result<Vec<Vec<u8>>, String> {
+    sample
+        .segmentations
+        .iter()
+        .zip(&sample.names)
+        .map(|(seg, name)| {
+            let runs = crate::instances::runs(seg, width, height).map_err(|e| format!("{name}: {e}"))?;
+            let mut out = Vec::new();
+            ringfeed_format::targets::rle::encode_runs(&runs, &mut out);
+            Ok(out)
+        })
+        .collect()
 }
 
 /// The mask file of the sample keyed `key`: `masks/<stem of the key's file name>.png`.
@@ -219,7 +305,7 @@ mod tests {
                 "annotations": [
                   {"id": 1, "image_id": 9, "bbox": [1.5, 2, 3, 4.25], "category_id": 7},
                   {"id": 2, "image_id": 9, "bbox": [0, 0, 1, 1], "category_id": 3, "iscrowd": 1},
-                  {"id": 3, "image_id": 2, "bbox": [10, 20, 0, 5], "category_id": 1, "segmentation": [[1, 2, 3, 4]]}],
+                  {"id": 3, "image_id": 2, "bbox": [10, 20, 0, 5], "category_id": 1}],
                 "categories": [{"id": 1, "name": "a"}]}"#,
         )
         .unwrap();

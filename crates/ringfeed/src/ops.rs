@@ -98,7 +98,12 @@ fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>>
         }
         None => None,
     };
-    Ok(Some(ringfeed_ops::Targets { boxes, labels, mask }))
+    Ok(Some(ringfeed_ops::Targets {
+        boxes,
+        labels,
+        mask,
+        ..Default::default()
+    }))
 }
 
 pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {

@@ -222,11 +222,16 @@ pub(crate) fn run_pack_local(a: PackArgs) -> Result<ExitCode> {
     );
     if let Some(t) = &summary.targets {
         println!(
-            "targets: {} boxes (at most {} per image; {} crowd annotations left out), {} masks, in {}",
+            "targets: {} boxes (at most {} per image; {} crowd annotations left out), {} masks{}, in {}",
             t.boxes,
             t.max_boxes,
             t.crowds,
             t.masks,
+            match (t.instances, t.keypoints) {
+                (0, 0) => String::new(),
+                (i, 0) => format!(", {i} instance masks"),
+                (i, k) => format!(", {i} instance masks, {k} keypoints per box"),
+            },
             a.out.join(ringfeed_format::targets::TARGETS_FILE).display()
         );
     }

@@ -139,11 +139,16 @@ pub(crate) fn run_verify(a: VerifyArgs) -> Result<ExitCode> {
             if path.exists() {
                 match ringfeed_format::targets::verify_targets(&path, Some(r.samples)) {
                     Ok(t) => println!(
-                        "ok: targets of {} samples: {} boxes (at most {} per sample), {} masks, {:.1} MB checked",
+                        "ok: targets of {} samples: {} boxes (at most {} per sample), {} masks{}, {:.1} MB checked",
                         t.samples,
                         t.boxes,
                         t.max_boxes,
                         t.masks,
+                        match (t.instances, t.keypoints) {
+                            (0, 0) => String::new(),
+                            (i, 0) => format!(", {i} instance masks"),
+                            (i, k) => format!(", {i} instance masks, {k} keypoints per box"),
+                        },
                         t.bytes as f64 / 1e6
                     ),
                     Err(e) => {

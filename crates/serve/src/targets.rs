@@ -4,7 +4,8 @@
 //!
 //! [`StreamTargets::parse`] checks `open.targets` against the source (where boxes and masks come
 //! from: `ringfeed_source::targets`) and the pipeline (one view of one image), and fixes the ring
-//! fields `boxes`, `box_labels`, `box_count` and `mask`. The pool calls [`StreamTargets::read`]
+//! fields `boxes`, `box_labels`, `box_count`, `mask`, `instance_masks` (each box's mask, eight to
+//! a byte: bit `b` of plane `p` is box `8p + b`'s) and `keypoints`. The pool calls [`StreamTargets::read`]
 //! with the sample's [`Extra`] (from the same read as its image, so targets follow their sample
 //! through the order, ranks, skips and resume), has the ops move the targets with the image, and
 //! writes [`StreamTargets::encode`]'s bytes. What is missing or malformed is an error for that
@@ -25,6 +26,8 @@ pub const BOXES: &str = "boxes";
 pub const BOX_LABELS: &str = "box_labels";
 pub const BOX_COUNT: &str = "box_count";
 pub const MASK: &str = "mask";
+pub const INSTANCE_MASKS: &str = "instance_masks";
+pub const KEYPOINTS: &str = "keypoints";
 
 /// A stream's targets, checked, with their places in the ring once it exists.
 #[derive(Debug)]
@@ -34,6 +37,11 @@ pub struct StreamTargets {
     max_boxes: u32,
     /// The view's output `(height, width)`: the mask's shape.
     size: (u32, u32),
+    /// Whether the stream delivers each box's instance mask (stored ones only).
+    instances: bool,
+    /// Keypoints per box the stream delivers (0: none; stored ones only).
+    keypoints: u32,
+
     /// How the ops' last step sanitises the moved boxes, and what uncovered mask pixels become.
     pub options: TargetOptions,
     check_crc: bool,
@@ -95,10 +103,42 @@ impl StreamTargets {
                 Some(f) => u8::try_from(f).map_err(|_| format!("targets.mask_fill {f} is outside 0..=255"))?,
             },
         };
+        let stored = source.stored_targets().map(|t| t.header);
+        let stored_boxes = matches!(from.boxes, Some(ringfeed_source::targets::BoxesFrom::Stored));
+        let instances = req.instance_masks.unwrap_or(false);
+        if instances && !(stored_boxes && stored.is_some_and(|h| h.has_instances())) {
+            return Err(format!(
+                "targets.instance_masks: {} has no stored instance masks; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have a `segmentation`",
+                source.describe()
+            ));
+        }
+        let keypoints = req.keypoints.unwrap_or(0);
+        if keypoints > 0 {
+            let have = if stored_boxes {
+                stored.map_or(0, |h| h.keypoints)
+            } else {
+                0
+            };
+            if have != keypoints {
+                return Err(format!(
+                    "targets.keypoints {keypoints}: {} has {}; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have `keypoints`",
+                    source.describe(),
+                    if have == 0 {
+                        "no stored keypoints".to_owned()
+                    } else {
+                        format!("{have} keypoints per box")
+                    }
+                ));
+            }
+        }
+        let mut from = from;
+        (from.instances, from.keypoints) = (instances, keypoints > 0);
         let out = StreamTargets {
             from,
             max_boxes,
             size: pipeline.views[0].size,
+            instances,
+            keypoints,
             options,
             check_crc,
             max_pixels,
@@ -144,6 +184,16 @@ impl StreamTargets {
         if self.has_mask() {
             out.push(spec(MASK, DType::U8, vec![self.size.0, self.size.1]));
         }
+        if self.instances {
+            out.push(spec(
+                INSTANCE_MASKS,
+                DType::U8,
+                vec![self.max_boxes.div_ceil(8), self.size.0, self.size.1],
+            ));
+        }
+        if self.keypoints > 0 {
+            out.push(spec(KEYPOINTS, DType::F32, vec![self.max_boxes, self.keypoints, 3]));
+        }
         out
     }
 
@@ -162,8 +212,9 @@ impl StreamTargets {
     }
 
     /// Reads sample `index`'s targets into `out`, in the stored image's pixels: boxes (at most
-    /// `max_boxes`), labels, and the mask decoded (the ops check its size against the image's,
-    /// which they probe anyway). `png` is scratch. The error names the value and the setting.
+    /// `max_boxes`), labels, the mask decoded, the instance masks painted into bit planes, the
+    /// keypoints (the ops check the maps' sizes against the image's, which they probe anyway).
+    /// `png` is scratch. The error names the value and the setting.
     pub fn read(
         &self,
         source: &dyn Source,
@@ -196,7 +247,7 @@ impl StreamTargets {
     /// view's output: boxes padded with zeros, labels with `-1`, the count, the mask (which must
     /// have the view's size).
     pub fn encode(&self, moved: &Targets) -> Result<Vec<Vec<u8>>, String> {
-        let mut out = Vec::with_capacity(4);
+        let mut out = Vec::with_capacity(6);
         if self.has_boxes() {
             let m = self.max_boxes as usize;
             if moved.boxes.len() > m || moved.labels.len() != moved.boxes.len() {
@@ -231,6 +282,45 @@ impl StreamTargets {
                 }
                 None => return Err("the sample has no mask after the ops".to_owned()),
             }
+        }
+        if self.instances {
+            let (h, w) = self.size;
+            let plane = h as usize * w as usize;
+            let mut bytes = vec![0u8; self.max_boxes.div_ceil(8) as usize * plane];
+            if moved.instances.len() != moved.boxes.len().div_ceil(8) {
+                return Err(format!(
+                    "{} instance-mask planes for {} boxes after the ops",
+                    moved.instances.len(),
+                    moved.boxes.len()
+                ));
+            }
+            for (p, m) in moved.instances.iter().enumerate() {
+                if (m.height, m.width) != (h, w) {
+                    return Err(format!(
+                        "the instance masks are {}x{} after the ops, the view is {w}x{h}",
+                        m.width, m.height
+                    ));
+                }
+                bytes[p * plane..(p + 1) * plane].copy_from_slice(&m.data);
+            }
+            out.push(bytes);
+        }
+        if self.keypoints > 0 {
+            let per = self.keypoints as usize;
+            if moved.keypoints.len() != moved.boxes.len() * per {
+                return Err(format!(
+                    "{} keypoints for {} boxes after the ops, {per} per box",
+                    moved.keypoints.len(),
+                    moved.boxes.len()
+                ));
+            }
+            let mut bytes = vec![0u8; self.max_boxes as usize * per * 12];
+            for (o, p) in bytes.chunks_exact_mut(12).zip(&moved.keypoints) {
+                for (k, v) in p.iter().enumerate() {
+                    o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            out.push(bytes);
         }
         Ok(out)
     }
@@ -306,6 +396,7 @@ mod tests {
             boxes: vec![[1.0, 2.0, 3.0, 4.0]],
             labels: vec![7],
             mask: Some(LabelMap::filled(8, 6, 5)),
+            ..Targets::default()
         };
         let bytes = t.encode(&moved).unwrap();
         assert_eq!(bytes[0].len(), 32);
@@ -367,6 +458,89 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("\"box_count\" is taken"), "{e}");
+    }
+
+    /// A packed dataset of two 4x3 samples with instance masks and two keypoints per box.
+    fn packed_with_instances(dir: &std::path::Path) -> ringfeed_source::PackedSource {
+        use ringfeed_format::targets::{InstancesIn, rle};
+        let mut w = ringfeed_format::shard::DatasetWriter::create(dir, Default::default()).unwrap();
+        let mut t =
+            ringfeed_format::targets::TargetsWriter::create_with(&dir.join("targets.rft"), true, false, true, 2)
+                .unwrap();
+        for i in 0..2u8 {
+            w.push(&[b'k', i], -1, b"", &ringfeed_testkit::jpeg(4, 3, u64::from(i)))
+                .unwrap();
+            // Sample i has i + 1 boxes; box k's mask is pixel k (column-major).
+            let n = usize::from(i) + 1;
+            let runs: Vec<Vec<u8>> = (0..n as u32)
+                .map(|k| {
+                    let mut b = Vec::new();
+                    rle::encode_runs(&[k, 1, 11 - k], &mut b);
+                    b
+                })
+                .collect();
+            let boxes: Vec<[f32; 4]> = (0..n).map(|_| [0.0, 0.0, 2.0, 2.0]).collect();
+            let kps: Vec<[f32; 3]> = (0..2 * n).map(|k| [k as f32, 1.0, 2.0]).collect();
+            let inst = InstancesIn {
+                width: 4,
+                height: 3,
+                runs: &runs,
+            };
+            t.push_all(&boxes, &vec![1; n], None, Some(inst), &kps).unwrap();
+        }
+        w.finish(&[], "{}").unwrap();
+        t.finish("").unwrap();
+        ringfeed_source::PackedSource::open(dir, true).unwrap()
+    }
+
+    #[test]
+    fn stored_instances_and_keypoints_are_read_as_bit_planes_and_encoded_padded() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = packed_with_instances(dir.path());
+        let p = pipeline(serde_json::json!({"views": [{"ops": [{"op": "resize", "size": [3, 4]}]}]}));
+        let j = serde_json::json!({"boxes": "stored", "instance_masks": true, "keypoints": 2, "max_boxes": 9});
+        let t = parse(&src, &p, j, &[]).unwrap().unwrap();
+        let specs: Vec<(String, Vec<u32>)> = t
+            .specs()
+            .iter()
+            .map(|s| (s.name.to_string(), s.shape.clone()))
+            .collect();
+        assert_eq!(
+            specs[3],
+            ("instance_masks".to_owned(), vec![2, 3, 4]),
+            "ceil(9 / 8) planes"
+        );
+        assert_eq!(specs[4], ("keypoints".to_owned(), vec![9, 2, 3]));
+        let (mut out, mut png) = (Targets::default(), Vec::new());
+        t.read(&src, 1, &Extra::None, &mut out, &mut png).unwrap();
+        assert_eq!(out.instances.len(), 1);
+        // Box 0 is pixel (0, 0), box 1 pixel (0, 1) (column-major 1): bits 0 and 1.
+        assert_eq!(out.instances[0].get(0, 0), 1);
+        assert_eq!(out.instances[0].get(0, 1), 2);
+        assert_eq!(out.instances[0].data.iter().filter(|&&v| v != 0).count(), 2);
+        assert_eq!(out.keypoints.len(), 4);
+        let bytes = t.encode(&out).unwrap();
+        assert_eq!(bytes[3].len(), 2 * 12);
+        assert_eq!(&bytes[3][..12], &out.instances[0].data[..]);
+        assert!(bytes[3][12..].iter().all(|&v| v == 0), "the second plane is padding");
+        assert_eq!(bytes[4].len(), 9 * 2 * 12);
+        assert_eq!(&bytes[4][12..24], [1f32, 1.0, 2.0].map(f32::to_le_bytes).concat());
+        assert!(bytes[4][48..].iter().all(|&v| v == 0));
+        // Another K, or instance masks from a file without them, are refused naming the member.
+        let e = parse(&src, &p, serde_json::json!({"boxes": "stored", "keypoints": 17}), &[]).unwrap_err();
+        assert!(
+            e.contains("targets.keypoints 17") && e.contains("2 keypoints per box"),
+            "{e}"
+        );
+        let (_dir2, plain, _) = setup(true, false);
+        let e = parse(
+            &plain,
+            &p,
+            serde_json::json!({"boxes": "stored", "instance_masks": true}),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("targets.instance_masks") && e.contains("--coco"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,11 @@ pub enum MaskFrom {
 pub struct TargetsFrom {
     pub boxes: Option<BoxesFrom>,
     pub mask: Option<MaskFrom>,
+    /// Whether to read the stored boxes' instance masks (1.1 files; set by the caller, which
+    /// checked that the file has them).
+    pub instances: bool,
+    /// Whether to read the stored boxes' keypoints (likewise).
+    pub keypoints: bool,
 }
 
 impl TargetsFrom {
@@ -100,7 +105,12 @@ impl TargetsFrom {
             },
             Some(v) => return Err(refuse("mask", v)),
         };
-        Ok(TargetsFrom { boxes, mask })
+        Ok(TargetsFrom {
+            boxes,
+            mask,
+            instances: false,
+            keypoints: false,
+        })
     }
 
     /// Reads sample `index`'s targets into `targets` (boxes and labels; the mask is left `None`)
@@ -126,6 +136,12 @@ impl TargetsFrom {
             if matches!(self.boxes, Some(BoxesFrom::Stored)) {
                 targets.boxes.extend_from_slice(&s.boxes);
                 targets.labels.extend_from_slice(&s.labels);
+                if self.keypoints {
+                    targets.keypoints.extend_from_slice(&s.keypoints);
+                }
+                if let (true, Some(inst)) = (self.instances, &s.instances) {
+                    paint_instances(inst, &mut targets.instances)?;
+                }
             }
             if matches!(self.mask, Some(MaskFrom::Stored)) {
                 mask_png.extend_from_slice(s.mask_png);
@@ -156,6 +172,24 @@ impl TargetsFrom {
         }
         Ok(())
     }
+}
+
+/// Paints a stored record's instance masks into bit planes of its size (box `k` is bit `k % 8`
+/// of plane `k / 8`); the error names the box.
+fn paint_instances(
+    inst: &ringfeed_format::targets::StoredInstances<'_>,
+    planes: &mut Vec<ringfeed_format::targets::LabelMap>,
+) -> Result<(), String> {
+    use ringfeed_format::targets::{LabelMap, rle};
+    planes.clear();
+    planes.extend((0..inst.runs.len().div_ceil(8)).map(|_| LabelMap::filled(inst.width, inst.height, 0)));
+    let mut runs = Vec::new();
+    for (k, r) in inst.runs.iter().enumerate() {
+        rle::decode_runs(r, &mut runs)
+            .and_then(|()| rle::paint_runs(&runs, &mut planes[k / 8], (k % 8) as u8))
+            .map_err(|e| format!("targets.rft: box {k}'s instance mask: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Appends the boxes of a list of COCO annotation objects to `targets` ([`coco_box`]); the

@@ -262,6 +262,14 @@ pub struct TargetsRequest {
     /// The label of mask pixels no source pixel covers (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_fill: Option<u32>,
+    /// Each box's instance mask (ring field `instance_masks`, bit-packed); needs stored boxes
+    /// with instance masks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_masks: Option<bool>,
+    /// Keypoints per box, `K` (ring field `keypoints` `[max_boxes, K, 3]`); must equal the stored
+    /// count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keypoints: Option<u32>,
 }
 
 /// 1.9: one of `open.text` (control.md, "Sample fields (1.9)"): raw UTF-8, or token ids when it

@@ -1,10 +1,11 @@
-//! The packed targets file `targets.rft`, version 1.0 (`proto/targets.md` is the normative text):
+//! The packed targets file `targets.rft`, version 1.1 (`proto/targets.md` is the normative text):
 //! its layout, [`TargetsWriter`], [`TargetsFile`] (the reader) and [`verify_targets`].
 //!
 //! Invariants:
 //! - Structures are decoded with explicit little-endian reads; the footer and header are checked
 //!   (magic, version, CRC) before any other field is used.
-//! - A record is checked against its entry (bounds, `len = 8 + 24·n + m`, `n <= max_boxes`)
+//! - A record is checked against its entry (bounds, `len = 8 + 24·n + m` plus, in 1.1, the
+//!   keypoints and instance masks it has, `n <= max_boxes`)
 //!   before its boxes are read, so a damaged file is an error naming the file and offset, never
 //!   a panic or a read out of bounds.
 //! - Errors are [`ShardError`]s: the same kinds `shard.md` defines, the same messages' shape.
@@ -19,8 +20,10 @@ use crate::shard::{MAJOR, ShardError, align_up, crc};
 
 /// File name of the targets file inside a dataset directory.
 pub const TARGETS_FILE: &str = "targets.rft";
-/// Minor version written by this implementation; any minor of [`MAJOR`] is read.
-pub const TARGETS_MINOR: u16 = 0;
+/// Minor version written by this implementation when a file has instance masks or keypoints
+/// (a file with neither is written as 1.0, which every reader reads); any minor of [`MAJOR`] is
+/// read.
+pub const TARGETS_MINOR: u16 = 1;
 
 pub const TARGETS_MAGIC: [u8; 8] = *b"RFTARGS\0";
 pub const TARGETS_END_MAGIC: [u8; 8] = *b"RFTGEND\0";
@@ -34,6 +37,10 @@ pub const RECORD_HEAD_LEN: usize = 8;
 pub const FLAG_BOXES: u32 = 1;
 /// Header flag: every record has a mask.
 pub const FLAG_MASKS: u32 = 2;
+/// Header flag (1.1): every record has an instance mask per box.
+pub const FLAG_INSTANCES: u32 = 4;
+/// Header flag (1.1): every record has `keypoints` points per box.
+pub const FLAG_KEYPOINTS: u32 = 8;
 
 const _: () = assert!(TARGETS_ENTRY_LEN == 8 + 4 + 4);
 const _: () = assert!(TARGETS_FOOTER_LEN == 8 + 8 + 4 + 4 + 4 + 4);
@@ -63,6 +70,8 @@ pub struct TargetsHeader {
     pub categories_len: u32,
     pub categories_offset: u64,
     pub table_offset: u64,
+    /// 1.1: keypoints per box (0: none; 1.0 files have zero here, a reserved field then).
+    pub keypoints: u32,
 }
 
 impl TargetsHeader {
@@ -72,6 +81,11 @@ impl TargetsHeader {
 
     pub fn has_masks(&self) -> bool {
         self.flags & FLAG_MASKS != 0
+    }
+
+    /// 1.1: whether every record has an instance mask per box.
+    pub fn has_instances(&self) -> bool {
+        self.flags & FLAG_INSTANCES != 0
     }
 
     fn encode(&self) -> [u8; TARGETS_HEADER_LEN] {
@@ -85,6 +99,7 @@ impl TargetsHeader {
         b[28..32].copy_from_slice(&self.categories_len.to_le_bytes());
         b[32..40].copy_from_slice(&self.categories_offset.to_le_bytes());
         b[40..48].copy_from_slice(&self.table_offset.to_le_bytes());
+        b[48..52].copy_from_slice(&self.keypoints.to_le_bytes());
         let c = crc(&b[..60]);
         b[60..64].copy_from_slice(&c.to_le_bytes());
         b
@@ -128,6 +143,7 @@ impl TargetsHeader {
             categories_len: u32_at(b, 28),
             categories_offset: u64_at(b, 32),
             table_offset: u64_at(b, 40),
+            keypoints: if minor >= 1 { u32_at(b, 48) } else { 0 },
         })
     }
 }
@@ -146,12 +162,35 @@ pub struct TargetsWriter {
     entries: Vec<u8>,
     samples: u64,
     max_boxes: u32,
+    /// 1.1: keypoints per box (0: none).
+    keypoints: u32,
     record: Vec<u8>,
+}
+
+/// One sample's instance masks as [`TargetsWriter::push_all`] takes them: the stored image's
+/// `(width, height)` and each box's runs already encoded ([`super::rle::encode_runs`]).
+#[derive(Debug, Clone, Copy)]
+pub struct InstancesIn<'a> {
+    pub width: u32,
+    pub height: u32,
+    pub runs: &'a [Vec<u8>],
 }
 
 impl TargetsWriter {
     /// Creates `path`; `boxes` and `masks` set the header's flags, which every record must follow.
     pub fn create(path: &Path, boxes: bool, masks: bool) -> Result<Self, ShardError> {
+        Self::create_with(path, boxes, masks, false, 0)
+    }
+
+    /// [`TargetsWriter::create`] for a 1.1 file: `instances` sets the instance-masks flag,
+    /// `keypoints` (> 0) the keypoints flag and the points per box. Both need `boxes`.
+    pub fn create_with(
+        path: &Path,
+        boxes: bool,
+        masks: bool,
+        instances: bool,
+        keypoints: u32,
+    ) -> Result<Self, ShardError> {
         let file = File::create(path).map_err(|e| ShardError::io(path, e))?;
         let mut out = BufWriter::new(file);
         out.write_all(&[0u8; TARGETS_HEADER_LEN])
@@ -159,12 +198,16 @@ impl TargetsWriter {
         Ok(TargetsWriter {
             path: path.to_owned(),
             out,
-            flags: (u32::from(boxes) * FLAG_BOXES) | (u32::from(masks) * FLAG_MASKS),
+            flags: (u32::from(boxes) * FLAG_BOXES)
+                | (u32::from(masks) * FLAG_MASKS)
+                | (u32::from(boxes && instances) * FLAG_INSTANCES)
+                | (u32::from(boxes && keypoints > 0) * FLAG_KEYPOINTS),
             pos: TARGETS_HEADER_LEN as u64,
             rest_crc: 0,
             entries: Vec::new(),
             samples: 0,
             max_boxes: 0,
+            keypoints: if boxes { keypoints } else { 0 },
             record: Vec::new(),
         })
     }
@@ -187,6 +230,20 @@ impl TargetsWriter {
     /// without the boxes flag, a mask missing or extra), non-finite or unordered boxes are
     /// refused as `corrupt`, naming the sample.
     pub fn push(&mut self, boxes: &[[f32; 4]], labels: &[i64], mask_png: Option<&[u8]>) -> Result<(), ShardError> {
+        self.push_all(boxes, labels, mask_png, None, &[])
+    }
+
+    /// [`TargetsWriter::push`] with 1.1's parts: each box's instance mask (required exactly when
+    /// the file has them, one per box) and its keypoints (`boxes.len() * keypoints`, required
+    /// exactly when the file has them).
+    pub fn push_all(
+        &mut self,
+        boxes: &[[f32; 4]],
+        labels: &[i64],
+        mask_png: Option<&[u8]>,
+        instances: Option<InstancesIn<'_>>,
+        keypoints: &[[f32; 3]],
+    ) -> Result<(), ShardError> {
         let sample = self.samples;
         let refuse = |detail: String| ShardError::corrupt(&self.path, self.pos, format!("sample {sample}: {detail}"));
         if boxes.len() != labels.len() {
@@ -207,6 +264,28 @@ impl TargetsWriter {
                 "box {b:?} is not finite or has a negative size (xyxy: x0 <= x1, y0 <= y1)"
             )));
         }
+        if instances.is_some() != (self.flags & FLAG_INSTANCES != 0)
+            || instances.is_some_and(|i| i.runs.len() != boxes.len())
+        {
+            return Err(refuse(format!(
+                "{} instance masks for {} boxes in a targets file {} instance masks",
+                instances.map_or(0, |i| i.runs.len()),
+                boxes.len(),
+                if self.flags & FLAG_INSTANCES != 0 {
+                    "with"
+                } else {
+                    "without"
+                }
+            )));
+        }
+        if keypoints.len() != boxes.len() * self.keypoints as usize {
+            return Err(refuse(format!(
+                "{} keypoints for {} boxes, the file has {} per box",
+                keypoints.len(),
+                boxes.len(),
+                self.keypoints
+            )));
+        }
         let mask = mask_png.unwrap_or_default();
         let count = u32::try_from(boxes.len()).map_err(|_| refuse("too many boxes".to_owned()))?;
         let mask_len = u32::try_from(mask.len()).map_err(|_| refuse("the mask is over 4 GiB".to_owned()))?;
@@ -223,6 +302,22 @@ impl TargetsWriter {
             record.extend_from_slice(&l.to_le_bytes());
         }
         record.extend_from_slice(mask);
+        for p in keypoints {
+            for v in p {
+                record.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        if let Some(inst) = instances {
+            record.extend_from_slice(&inst.width.to_le_bytes());
+            record.extend_from_slice(&inst.height.to_le_bytes());
+            for r in inst.runs {
+                let l = u32::try_from(r.len()).map_err(|_| refuse("an instance mask is over 4 GiB".to_owned()))?;
+                record.extend_from_slice(&l.to_le_bytes());
+            }
+            for r in inst.runs {
+                record.extend_from_slice(r);
+            }
+        }
         let len = u32::try_from(record.len()).map_err(|_| refuse("the record is over 4 GiB".to_owned()))?;
         let offset = self.pos;
         self.put(&record)?;
@@ -251,7 +346,12 @@ impl TargetsWriter {
         let entries = std::mem::take(&mut self.entries);
         self.put(&entries)?;
         let header = TargetsHeader {
-            minor: TARGETS_MINOR,
+            minor: if self.flags & (FLAG_INSTANCES | FLAG_KEYPOINTS) != 0 {
+                TARGETS_MINOR
+            } else {
+                0
+            },
+            keypoints: self.keypoints,
             flags: self.flags,
             sample_count: self.samples,
             max_boxes: self.max_boxes,
@@ -293,6 +393,19 @@ pub struct StoredTargets<'a> {
     pub labels: Vec<i64>,
     /// The mask's PNG bytes (empty: no mask).
     pub mask_png: &'a [u8],
+    /// 1.1: each box's keypoints `[x, y, v]`, box by box (empty: none).
+    pub keypoints: Vec<[f32; 3]>,
+    /// 1.1: the instance masks' `(width, height)` and each box's encoded runs (`None`: none).
+    pub instances: Option<StoredInstances<'a>>,
+}
+
+/// A record's instance masks as stored ([`super::rle`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredInstances<'a> {
+    pub width: u32,
+    pub height: u32,
+    /// Each box's runs, LEB128 varints.
+    pub runs: Vec<&'a [u8]>,
 }
 
 impl StoredTargets<'_> {
@@ -303,6 +416,8 @@ impl StoredTargets<'_> {
             boxes: self.boxes,
             labels: self.labels,
             mask,
+            instances: Vec::new(),
+            keypoints: self.keypoints,
         }
     }
 }
@@ -481,14 +596,55 @@ impl TargetsFile {
                 format!("{n} boxes, more than the header's max_boxes {}", self.header.max_boxes),
             ));
         }
-        let want = RECORD_HEAD_LEN as u64 + 24 * u64::from(n) + u64::from(m);
+        let base = RECORD_HEAD_LEN as u64 + 24 * u64::from(n) + u64::from(m);
+        let kp_len = 12 * u64::from(n) * u64::from(self.header.keypoints);
+        let mut want = base + kp_len;
+        let inst_at = want as usize;
+        let mut inst_lens = Vec::new();
+        if self.header.has_instances() {
+            let lens_end = want + 8 + 4 * u64::from(n);
+            if lens_end <= u64::from(len) {
+                inst_lens = (0..n as usize).map(|k| u32_at(r, inst_at + 8 + 4 * k)).collect();
+            }
+            want = lens_end + inst_lens.iter().map(|&l| u64::from(l)).sum::<u64>();
+        }
         if want != u64::from(len) {
             return Err(bad(
                 offset,
-                format!("{n} boxes and a {m}-byte mask make {want} bytes, the entry says {len}"),
+                format!(
+                    "{n} boxes, a {m}-byte mask{} make {want} bytes, the entry says {len}",
+                    if self.header.has_instances() || self.header.keypoints > 0 {
+                        ", their keypoints and instance masks"
+                    } else {
+                        ""
+                    }
+                ),
             ));
         }
         let n = n as usize;
+        let kp_at = base as usize;
+        let keypoints = (0..n * self.header.keypoints as usize)
+            .map(|k| {
+                let at = kp_at + 12 * k;
+                std::array::from_fn(|j| f32::from_le_bytes(r[at + 4 * j..at + 4 * j + 4].try_into().expect("4 bytes")))
+            })
+            .collect();
+        let instances = self.header.has_instances().then(|| {
+            let mut at = inst_at + 8 + 4 * n;
+            let runs = inst_lens
+                .iter()
+                .map(|&l| {
+                    let s = &r[at..at + l as usize];
+                    at += l as usize;
+                    s
+                })
+                .collect();
+            StoredInstances {
+                width: u32_at(r, inst_at),
+                height: u32_at(r, inst_at + 4),
+                runs,
+            }
+        });
         let boxes = (0..n)
             .map(|k| {
                 let at = RECORD_HEAD_LEN + 16 * k;
@@ -502,7 +658,9 @@ impl TargetsFile {
         Ok(StoredTargets {
             boxes,
             labels,
-            mask_png: &r[labels_at + 8 * n..],
+            mask_png: &r[labels_at + 8 * n..kp_at],
+            keypoints,
+            instances,
         })
     }
 }
@@ -514,6 +672,10 @@ pub struct TargetsReport {
     pub boxes: u64,
     pub max_boxes: u32,
     pub masks: u64,
+    /// 1.1: instance masks (one per box of a file that has them).
+    pub instances: u64,
+    /// 1.1: keypoints per box.
+    pub keypoints: u32,
     pub bytes: u64,
 }
 
@@ -545,12 +707,31 @@ pub fn verify_targets(path: &Path, sample_count: Option<u64>) -> Result<TargetsR
         });
     }
     let corrupt = |at: usize, detail: String| ShardError::corrupt(path, at as u64, detail);
-    if h.minor == 0 {
-        if let Some(at) = (48..60).chain(footer_at + 24..footer_at + 28).find(|&i| b[i] != 0) {
+    if h.minor <= 1 {
+        let reserved = if h.minor == 0 { 48 } else { 52 };
+        if let Some(at) = (reserved..60)
+            .chain(footer_at + 24..footer_at + 28)
+            .find(|&i| b[i] != 0)
+        {
             return Err(corrupt(at, "a reserved byte is not zero".to_owned()));
         }
-        if h.flags & !(FLAG_BOXES | FLAG_MASKS) != 0 {
+        let known = match h.minor {
+            0 => FLAG_BOXES | FLAG_MASKS,
+            _ => FLAG_BOXES | FLAG_MASKS | FLAG_INSTANCES | FLAG_KEYPOINTS,
+        };
+        if h.flags & !known != 0 {
             return Err(corrupt(12, format!("unknown flags {:#x}", h.flags)));
+        }
+        if (h.flags & FLAG_KEYPOINTS != 0) != (h.keypoints > 0)
+            || (h.flags & (FLAG_INSTANCES | FLAG_KEYPOINTS) != 0 && !h.has_boxes())
+        {
+            return Err(corrupt(
+                12,
+                format!(
+                    "flags {:#x} and {} keypoints per box disagree (keypoints and instance masks go with boxes)",
+                    h.flags, h.keypoints
+                ),
+            ));
         }
     }
     if let Some(want) = sample_count
@@ -565,6 +746,7 @@ pub fn verify_targets(path: &Path, sample_count: Option<u64>) -> Result<TargetsR
         ));
     }
     let (mut next, mut boxes, mut masks, mut most) = (TARGETS_HEADER_LEN as u64, 0u64, 0u64, 0u32);
+    let (mut instances, mut runs) = (0u64, Vec::new());
     for i in 0..h.sample_count {
         let (offset, len, _) = t.entry(i)?;
         if offset != next {
@@ -608,6 +790,29 @@ pub fn verify_targets(path: &Path, sample_count: Option<u64>) -> Result<TargetsR
         if !s.mask_png.is_empty() {
             check_grey_png(s.mask_png).map_err(|why| corrupt(offset as usize, format!("sample {i}'s mask: {why}")))?;
             masks += 1;
+        }
+        if let Some(inst) = &s.instances {
+            let pixels = u64::from(inst.width) * u64::from(inst.height);
+            for (k, r) in inst.runs.iter().enumerate() {
+                super::rle::decode_runs(r, &mut runs)
+                    .and_then(|()| {
+                        let total: u64 = runs.iter().map(|&v| u64::from(v)).sum();
+                        (total == pixels).then_some(()).ok_or_else(|| {
+                            format!(
+                                "its runs cover {total} pixels, the masks are {}x{}",
+                                inst.width, inst.height
+                            )
+                        })
+                    })
+                    .map_err(|why| corrupt(offset as usize, format!("sample {i}'s instance mask {k}: {why}")))?;
+            }
+            instances += inst.runs.len() as u64;
+        }
+        if let Some(p) = s.keypoints.iter().find(|p| !p.iter().all(|v| v.is_finite())) {
+            return Err(corrupt(
+                offset as usize,
+                format!("sample {i}: keypoint {p:?} is not finite"),
+            ));
         }
         boxes += s.boxes.len() as u64;
         most = most.max(s.boxes.len() as u32);
@@ -653,6 +858,8 @@ pub fn verify_targets(path: &Path, sample_count: Option<u64>) -> Result<TargetsR
         boxes,
         max_boxes: h.max_boxes,
         masks,
+        instances,
+        keypoints: h.keypoints,
         bytes: b.len() as u64,
     })
 }

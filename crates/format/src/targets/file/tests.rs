@@ -241,3 +241,148 @@ fn roundtrip_of_many_counts() {
     ));
     verify_targets(&path, Some(50)).unwrap();
 }
+
+/// The 1.1 vector's samples: boxes with runs (column-major, first of zeros) on a 4x3 image and
+/// two keypoints each; sample 1 has no boxes, sample 2 nine (two bit planes when served).
+/// A 1.1 sample: boxes, labels, each box's runs, keypoints.
+type Sample11 = (Vec<[f32; 4]>, Vec<i64>, Vec<Vec<u32>>, Vec<[f32; 3]>);
+
+fn vector_1_1_samples() -> Vec<Sample11> {
+    let one = |k: usize| -> (Vec<u32>, [f32; 3]) {
+        // Box k's mask: the single pixel k (column-major), so each is distinct.
+        (
+            vec![k as u32, 1, 11 - k as u32],
+            [k as f32 + 0.5, -1.25, (k % 3) as f32],
+        )
+    };
+    let sample = |ks: &[usize]| {
+        let boxes = ks.iter().map(|&k| [0.0, 0.0, k as f32 + 1.0, 3.0]).collect();
+        let labels = ks.iter().map(|&k| k as i64 + 1).collect();
+        let runs = ks.iter().map(|&k| one(k).0).collect();
+        let kps = ks
+            .iter()
+            .flat_map(|&k| [one(k).1, [4.0 + k as f32, 300.0, 2.0]])
+            .collect();
+        (boxes, labels, runs, kps)
+    };
+    vec![sample(&[0, 11]), sample(&[]), sample(&[1, 2, 3, 4, 5, 6, 7, 8, 9])]
+}
+
+fn write_vector_1_1(path: &Path) {
+    let mut w = TargetsWriter::create_with(path, true, false, true, 2).unwrap();
+    for (boxes, labels, runs, kps) in vector_1_1_samples() {
+        let enc: Vec<Vec<u8>> = runs
+            .iter()
+            .map(|r| {
+                let mut b = Vec::new();
+                super::super::rle::encode_runs(r, &mut b);
+                b
+            })
+            .collect();
+        let inst = InstancesIn {
+            width: 4,
+            height: 3,
+            runs: &enc,
+        };
+        w.push_all(&boxes, &labels, None, Some(inst), &kps).unwrap();
+    }
+    w.finish(CATEGORIES).unwrap();
+}
+
+fn expected_1_1_json() -> Value {
+    json!({
+        "description": "ringfeed targets file v1.1 vector (instance masks, keypoints): written by the Rust writer from crates/format/src/targets/file/tests.rs vector_1_1_samples(); masks are [h][w] of 0/1",
+        "flags": FLAG_BOXES | FLAG_INSTANCES | FLAG_KEYPOINTS,
+        "max_boxes": 9,
+        "keypoints": 2,
+        "samples": vector_1_1_samples().iter().map(|(b, l, runs, kps)| json!({
+            "boxes": b, "labels": l, "keypoints": kps,
+            "instance_masks": runs.iter().map(|r| {
+                let mut plane = LabelMap::filled(4, 3, 0);
+                super::super::rle::paint_runs(r, &mut plane, 0).unwrap();
+                plane.data.chunks(4).map(<[u8]>::to_vec).collect::<Vec<_>>()
+            }).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[test]
+fn vectors_1_1_are_current() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = tmp.path().join(TARGETS_FILE);
+    write_vector_1_1(&fresh);
+    let bytes = std::fs::read(&fresh).unwrap();
+    let dir = vectors_dir();
+    let expected = serde_json::to_string_pretty(&expected_1_1_json()).unwrap() + "\n";
+    if blessing() {
+        std::fs::create_dir_all(dir.join("v1.1-instances")).unwrap();
+        std::fs::write(dir.join("v1.1-instances").join(TARGETS_FILE), &bytes).unwrap();
+        std::fs::write(dir.join("expected-1.1.json"), expected).unwrap();
+        return;
+    }
+    assert_current(&dir.join("v1.1-instances").join(TARGETS_FILE), &bytes);
+    assert_current(&dir.join("expected-1.1.json"), expected.as_bytes());
+}
+
+/// Panics, naming the bless command, when the committed `path` is not `fresh`.
+fn assert_current(path: &Path, fresh: &[u8]) {
+    assert!(
+        std::fs::read(path).unwrap() == fresh,
+        "{} is stale: regenerate the vectors in proto/vectors/targets with RINGFEED_BLESS=1",
+        path.display()
+    );
+}
+
+#[test]
+fn vector_1_1_reads_back_and_verifies() {
+    let path = vectors_dir().join("v1.1-instances").join(TARGETS_FILE);
+    let t = TargetsFile::open(&path).unwrap();
+    assert_eq!((t.header.minor, t.header.keypoints, t.header.max_boxes), (1, 2, 9));
+    assert!(t.header.has_instances() && !t.header.has_masks());
+    let mut runs = Vec::new();
+    for (i, (boxes, labels, want_runs, kps)) in vector_1_1_samples().iter().enumerate() {
+        let s = t.get(i as u64, true).unwrap();
+        assert_eq!((&s.boxes, &s.labels, &s.keypoints), (boxes, labels, kps));
+        let inst = s.instances.unwrap();
+        assert_eq!((inst.width, inst.height, inst.runs.len()), (4, 3, want_runs.len()));
+        for (r, want) in inst.runs.iter().zip(want_runs) {
+            super::super::rle::decode_runs(r, &mut runs).unwrap();
+            assert_eq!(&runs, want);
+        }
+    }
+    let report = verify_targets(&path, Some(3)).unwrap();
+    assert_eq!((report.boxes, report.instances, report.keypoints), (11, 11, 2));
+}
+
+#[test]
+fn a_1_1_record_is_checked_against_its_parts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(TARGETS_FILE);
+    let mut w = TargetsWriter::create_with(&path, true, false, true, 2).unwrap();
+    let runs = vec![vec![0u8, 12]];
+    let inst = InstancesIn {
+        width: 4,
+        height: 3,
+        runs: &runs,
+    };
+    let b = [[0.0, 0.0, 1.0, 1.0]];
+    let err = w.push_all(&b, &[1], None, Some(inst), &[[0.0; 3]]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 keypoints for 1 boxes, the file has 2 per box"),
+        "{err}"
+    );
+    let err = w.push_all(&b, &[1], None, None, &[[0.0; 3]; 2]).unwrap_err();
+    assert!(err.to_string().contains("0 instance masks for 1 boxes"), "{err}");
+    // Runs that do not cover the image are verify's corruption, naming the sample and the mask.
+    let short = vec![vec![0u8, 11]];
+    let inst = InstancesIn { runs: &short, ..inst };
+    w.push_all(&b, &[1], None, Some(inst), &[[0.0; 3]; 2]).unwrap();
+    w.finish("").unwrap();
+    let err = verify_targets(&path, None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sample 0's instance mask 0: its runs cover 11 pixels, the masks are 4x3"),
+        "{err}"
+    );
+}

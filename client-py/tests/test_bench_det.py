@@ -7,6 +7,7 @@ every run is reported and agrees with itself, is."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -138,3 +139,35 @@ def test_every_loader_trains_retinanet_and_is_reported_against_the_ceiling(coco:
     table = (tmp_path / "det.md").read_text()
     for r in runs:
         assert f"| retinanet | {batch} | fp32 | {r['loader']} | {r['threads'] or '-'} | {r['img_per_s']:.1f} |" in table
+
+
+def test_a_failing_autocast_step_moves_the_model_to_fp32() -> None:
+    """When the first step under autocast raises (not for memory), the trainer says why, runs that
+    step again in fp32 and stays there; a step that runs out of memory is raised as it is."""
+    sys.path.insert(0, str(REPO / "benches"))
+    from det_train import Trainer
+
+    class Flaky(Trainer):
+        def __init__(self, error: str) -> None:
+            super().__init__("retinanet", argparse.Namespace(device="cpu", size=64, amp="bf16"))
+            self.error, self.precisions = error, []
+
+        def step(self, x: torch.Tensor, t: object) -> torch.Tensor:
+            self.precisions.append(self.amp)
+            if self.amp == "bf16":
+                raise RuntimeError(self.error)
+            return torch.tensor(1.0)
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # the fallback turns them on
+    try:
+        t = Flaky("expected scalar type Float but found BFloat16\nmore")
+        t.first_step(torch.zeros(1), [])
+        assert t.precisions == ["bf16", "fp32"]
+        assert t.amp == "fp32"
+        assert t.fallback == "bf16 autocast failed: expected scalar type Float but found BFloat16"
+        oom = Flaky("CUDA out of memory. Tried to allocate 2.00 GiB")
+        with pytest.raises(RuntimeError, match="out of memory"):
+            oom.first_step(torch.zeros(1), [])
+        assert oom.amp == "bf16"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

@@ -595,7 +595,9 @@ det30)
   if [ -f .carry/bin/ringfeed.xz ]; then xz -dc .carry/bin/ringfeed.xz > /tmp/rf/ringfeed && chmod +x /tmp/rf/ringfeed
   elif [ -f .carry/bin/ringfeed ]; then cp .carry/bin/ringfeed /tmp/rf/ringfeed; fi
   "$RINGFEED_BIN" --version
-  "$RINGFEED_BIN" pack --help | grep -q -- --coco || { echo "the carried ringfeed has no pack --coco: build it from a branch with protocol 1.10"; exit 1; }
+  # (Read whole before grep: `grep -q` closing the pipe early would fail it under pipefail.)
+  packhelp=$("$RINGFEED_BIN" pack --help 2>&1 || true)
+  grep -q -- --coco <<<"$packhelp" || { echo "the carried ringfeed has no pack --coco: build it from a branch with protocol 1.10"; exit 1; }
   mkdir -p "$out/det"
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   if [ ! -f /tmp/detpacked/targets.rft ]; then

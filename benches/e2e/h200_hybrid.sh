@@ -72,6 +72,15 @@
 #           HF tokenizer, at 6 and 15 threads, against its ceiling in the same process. Carries
 #           .carry/clip (webdataset, braceexpand, pyyaml and tokenizers wheels for Python 3.12),
 #           .carry/bin (ringfeed or ringfeed.xz, a build with protocol 1.9) and .carry/wheels (nvJPEG).
+#   det30   issue 30 in one call of its own (no setup, DALI or extra wheel needed; about 7 minutes):
+#           benches/det_train.py on COUNT (default 2000) COCO-style images of benches/make_coco.py
+#           (objects drawn on setup's /tmp/photos where this machine has them, else on photos made
+#           here), packed with `--coco --masks`: RetinaNet (ResNet-50 FPN, 640 px, bf16, the largest
+#           batch from 32 that fits) fed by ringfeed and by a DataLoader + torchvision v2 (the
+#           references' large-scale jitter), at 6 and 15 threads, against its ceiling in the same
+#           process; then DeepLabv3 (ResNet-50) the same way where DET_SEG is not 0. Carries
+#           .carry/bin (ringfeed or ringfeed.xz, a build with protocol 1.10: targets). DET_MODELS
+#           (default retinanet; or fasterrcnn), DET_THREADS (6,15), DET_ARGS: more det_train.py flags.
 # The carried wheels may come split over calls (64 MiB a call): setup installs the nvidia_ ones
 # it finds, setup or piece1 the others (DALI's Python needs).
 set -euo pipefail
@@ -578,6 +587,35 @@ clip29)
   timeout 330 python3 benches/clip_train.py --data /tmp/laion --loaders ceiling,ringfeed,dataloader \
     --threads "${CLIP_THREADS:-6,15}" --batch 512 --steps 20 --seconds 15 --warmup-s 12 --out "$out/clip" ${CLIP_ARGS:-} 2>&1 \
     | tee "$out/clip/clip.log" | grep -v "^{" | tail -24 || echo "clip rc $?"
+  ;;
+det30)
+  # Issue 30's GPU row: a detection model (and DeepLabv3) fed by ringfeed and by the DataLoader +
+  # torchvision v2 recipe of torchvision's references, at 6 and 15 threads, against its ceiling.
+  # Each run warms up 12 s, then times at least 20 steps and 12 s.
+  if [ -f .carry/bin/ringfeed.xz ]; then xz -dc .carry/bin/ringfeed.xz > /tmp/rf/ringfeed && chmod +x /tmp/rf/ringfeed
+  elif [ -f .carry/bin/ringfeed ]; then cp .carry/bin/ringfeed /tmp/rf/ringfeed; fi
+  "$RINGFEED_BIN" --version
+  # (Read whole before grep: `grep -q` closing the pipe early would fail it under pipefail.)
+  packhelp=$("$RINGFEED_BIN" pack --help 2>&1 || true)
+  grep -q -- --coco <<<"$packhelp" || { echo "the carried ringfeed has no pack --coco: build it from a branch with protocol 1.10"; exit 1; }
+  mkdir -p "$out/det"
+  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  if [ ! -f /tmp/detpacked/targets.rft ]; then
+    t0=$(date +%s)
+    photos=()
+    [ ! -f /tmp/photos/manifest.tsv ] || photos=(--photos /tmp/photos)
+    timeout 150 python3 benches/make_coco.py /tmp/coco --count "${COUNT:-2000}" "${photos[@]}" || echo "make_coco rc $?"
+    "$RINGFEED_BIN" pack /tmp/coco/images /tmp/detpacked --coco /tmp/coco/annotations.json --masks /tmp/coco/masks \
+      --threads 16 --progress none --force | tail -2
+    echo "data: $(( $(date +%s) - t0 )) s"
+  fi
+  det() {  # name, models, timeout
+    timeout "$3" python3 benches/det_train.py --data /tmp/coco --packed /tmp/detpacked --models "$2" \
+      --threads "${DET_THREADS:-6,15}" --steps 20 --seconds 12 --warmup-s 12 --out "$out/det/$1" ${DET_ARGS:-} 2>&1 \
+      | tee "$out/det/$1.log" | grep -v "^{" | tail -16 || echo "$1 rc $?"
+  }
+  det "${DET_MODELS:-retinanet}" "${DET_MODELS:-retinanet}" 230
+  [ "${DET_SEG:-1}" = 0 ] || det deeplab deeplab 200
   ;;
 train)
   mkdir -p "$out"

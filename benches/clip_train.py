@@ -51,7 +51,6 @@ import gc
 import json
 import math
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -262,41 +261,28 @@ def train(batches: Iterator[Batch], a: argparse.Namespace, vocab: int) -> dict:
     model = Clip(a.image_size, vocab).to(a.device)
     model.image.patch.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.2, fused=a.device == "cuda")
-    waited = [0.0]
-    last: list[torch.Tensor] = []  # the last step's loss (read once, at the end: no sync per step)
 
-    def steps() -> Iterator[torch.Tensor]:
-        while True:
-            t = time.perf_counter()
-            x, ids, mask = next(batches)
-            waited[0] += time.perf_counter() - t
-            with torch.autocast(a.device, dtype=torch.bfloat16):
-                loss = model(x, ids, mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            last[:] = [loss.detach()]
-            yield x
+    def step(batch: Batch) -> torch.Tensor:
+        x, ids, mask = batch
+        with torch.autocast(a.device, dtype=torch.bfloat16):
+            loss = model(x, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
 
-    sync = torch.cuda.synchronize if a.device == "cuda" else None
-    it = steps()
-    warm = harness.warm_up(it, a.warmup_s, a.warmup_steps)
-    waited[0] = 0.0
-    m = harness.timed(
-        it, min_batches=a.steps, min_seconds=a.seconds, sync=sync, clocks={"cpu_s": _cpu.tree_cpu_seconds}
+    m = harness.train_window(
+        batches,
+        step,
+        warmup_s=a.warmup_s,
+        warmup_steps=a.warmup_steps,
+        min_steps=a.steps,
+        min_seconds=a.seconds,
+        sync=torch.cuda.synchronize if a.device == "cuda" else None,
+        clocks={"cpu_s": _cpu.tree_cpu_seconds},
     )
-    it.close()
-    return {
-        "img_per_s": m["img_per_s"],
-        "images": m["images"],
-        "steps": m["batches"],
-        "seconds": m["seconds"],
-        "wait_share": waited[0] / m["seconds"],
-        "cpu_ms_per_img": m["cpu_s"] / m["images"] * 1e3,
-        "cpu_cores": m["cpu_s"] / m["seconds"],
-        "warmup": warm,
-        "loss": float(last[0]),
-    }
+    cpu_s = m.pop("cpu_s")
+    return m | {"cpu_ms_per_img": cpu_s / m["images"] * 1e3, "cpu_cores": cpu_s / m["seconds"]}
 
 
 def main() -> None:

@@ -337,43 +337,37 @@ class Trainer:
 
 def train(trainer: Trainer, batches: Iterator[Batch], a: argparse.Namespace, info: dict[str, Any]) -> dict[str, Any]:
     """Trains `trainer`'s model on `batches`: the warm-up, then at least `--steps` steps and `--seconds`, timed."""
-    waited = [0.0]
-    last: list[torch.Tensor] = []  # the last step's loss (read once, at the end)
+    first = [True]
 
-    def steps() -> Iterator[torch.Tensor]:
-        first = True
-        while True:
-            t0 = time.perf_counter()
-            x, t = next(batches)
-            waited[0] += time.perf_counter() - t0
-            if first:
-                trainer.first_step(x, t)
-                first = False
-            else:
-                last[:] = [trainer.step(x, t)]
-            yield x
+    def step(batch: Batch) -> torch.Tensor | None:
+        x, t = batch
+        if first[0]:
+            first[0] = False
+            trainer.first_step(x, t)
+            return None
+        return trainer.step(x, t)
 
-    sync = torch.cuda.synchronize if a.device == "cuda" else None
-    it = steps()
-    warm = harness.warm_up(it, a.warmup_s, max(a.warmup_steps, 1))
-    waited[0], info["convert_s"] = 0.0, 0.0
-    m = harness.timed(
-        it, min_batches=a.steps, min_seconds=a.seconds, sync=sync, clocks={"cpu_s": _cpu.tree_cpu_seconds}
+    def window() -> None:
+        info["convert_s"] = 0.0
+
+    m = harness.train_window(
+        batches,
+        step,
+        warmup_s=a.warmup_s,
+        warmup_steps=max(a.warmup_steps, 1),
+        min_steps=a.steps,
+        min_seconds=a.seconds,
+        sync=torch.cuda.synchronize if a.device == "cuda" else None,
+        clocks={"cpu_s": _cpu.tree_cpu_seconds},
+        on_window=window,
     )
-    it.close()
-    return {
-        "img_per_s": m["img_per_s"],
-        "images": m["images"],
-        "steps": m["batches"],
-        "seconds": m["seconds"],
-        "wait_share": waited[0] / m["seconds"],
+    cpu_s = m.pop("cpu_s")
+    return m | {
         "convert_share": info["convert_s"] / m["seconds"],
-        "cpu_ms_per_img": m["cpu_s"] / m["images"] * 1e3,
-        "cpu_cores": m["cpu_s"] / m["seconds"],
-        "warmup": warm,
+        "cpu_ms_per_img": cpu_s / m["images"] * 1e3,
+        "cpu_cores": cpu_s / m["seconds"],
         "amp": trainer.amp,
         "amp_fallback": trainer.fallback,
-        "loss": float(last[0]) if last else None,
     }
 
 

@@ -332,6 +332,55 @@ def measure(
     return out
 
 
+def train_window(
+    batches: Iterator[Any],
+    step: Callable[[Any], Any],
+    *,
+    warmup_s: float = DEFAULT_WARMUP_S,
+    warmup_steps: int = 0,
+    min_steps: int = 1,
+    min_seconds: float = 0.0,
+    sync: Callable[[], Any] | None = None,
+    clocks: dict[str, Callable[[], float]] | None = None,
+    on_window: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """A training loop's rate: ``step(batch)`` (one optimiser step; it returns the step's loss
+    tensor, or None) on each of ``batches``, warmed up for ``warmup_s`` and ``warmup_steps``, then
+    timed for at least ``min_steps`` steps and ``min_seconds`` (``timed``: ``sync`` and ``clocks``
+    at both ends). A batch's size is ``batch_len`` of it. ``on_window`` runs once as the timed
+    window starts (to reset a script's own counters).
+
+    Returns ``img_per_s``, ``images``, ``steps``, ``seconds``, ``wait_share`` (the loop's time in
+    ``next(batches)`` over the window), each clock's difference, ``warmup`` and ``loss`` (the last
+    step's, read once at the end: no host sync per step).
+    """
+    waited = [0.0]
+    last: list[Any] = []
+
+    def steps() -> Iterator[Any]:
+        while True:
+            t = time.perf_counter()
+            batch = next(batches)
+            waited[0] += time.perf_counter() - t
+            loss = step(batch)
+            if loss is not None:
+                last[:] = [loss]
+            yield batch
+
+    it = steps()
+    warm = warm_up(it, warmup_s, warmup_steps)
+    waited[0] = 0.0
+    if on_window is not None:
+        on_window()
+    m = timed(it, min_batches=min_steps, min_seconds=min_seconds, sync=sync, clocks=clocks)
+    it.close()
+    out = {k: m[k] for k in ("img_per_s", "images", "seconds")} | {"steps": m["batches"]}
+    out |= {k: v for k, v in m.items() if k not in ("img_per_s", "images", "seconds", "batches")}
+    out |= {"wait_share": waited[0] / m["seconds"], "warmup": warm}
+    out["loss"] = float(last[0]) if last else None
+    return out
+
+
 def ratio(value: float | None, baseline: float | None) -> float | None:
     """``value / baseline``, or ``None`` when either was not measured (or the baseline is 0)."""
     if value is None or not baseline:

@@ -1,10 +1,11 @@
 """Detection and segmentation targets (control 1.10) against torchvision v2 on identical parameters.
 
-The server's ops run through ``ringfeed ops --boxes --labels --mask`` (the same ``Processor::run_targets`` the pool
-runs), which prints the parameters each op drew and the targets it moved. The reference replays those parameters
-through ``torchvision.transforms.v2.functional`` on ``tv_tensors.BoundingBoxes`` (XYXY, ``clamping_mode="hard"``) and
-``tv_tensors.Mask``, then ``sanitize_bounding_boxes``. Boxes must agree within 1e-4 px with the same boxes kept, in the
-same order, with the same labels; masks exactly.
+The server's ops run through ``ringfeed ops --boxes --labels --keypoints --mask`` (the same
+``Processor::run_targets`` the pool runs), which prints the parameters each op drew and the targets it moved. The
+reference replays those parameters through ``torchvision.transforms.v2.functional`` on ``tv_tensors.BoundingBoxes``
+(XYXY, ``clamping_mode="hard"``), ``tv_tensors.KeyPoints`` and ``tv_tensors.Mask``, then ``sanitize_bounding_boxes``
+(whose ``valid`` indexes the keypoints too). Boxes and keypoints must agree within 1e-4 px with the same boxes kept, in
+the same order, with the same labels; masks exactly.
 """
 
 from __future__ import annotations
@@ -27,13 +28,16 @@ from torchvision.transforms import InterpolationMode
 import ringfeed
 
 W, H = 83, 61
+#: Keypoints per box in the sample (``[x, y, v]``, ``v`` carried unchanged).
+KP = 3
 GEOMETRIC = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"}
 
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """An 83x61 PNG, 12 boxes inside it (some thin, some at the edges), their labels, and a label map of random labels
-    (every pixel its own, so a nearest index off by one shows)."""
+    """An 83x61 PNG, 12 boxes inside it (some thin, some at the edges), their labels, ``KP`` keypoints per box (some
+    outside the image, fractional), and a label map of random labels (every pixel its own, so a nearest index off by
+    one shows)."""
     d = tmp_path_factory.mktemp("targets")
     rng = np.random.default_rng(5)
     path = d / "p.png"
@@ -48,7 +52,11 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     boxes = np.clip(boxes, 0, [W, H, W, H]).astype(np.float32)
     mask = rng.integers(0, 250, (H, W), dtype=np.uint8)
     (d / "mask.bin").write_bytes(mask.tobytes())
+    kps = np.stack(
+        [rng.uniform(-3, W + 3, (12, KP)), rng.uniform(-3, H + 3, (12, KP)), rng.integers(0, 3, (12, KP))], -1
+    ).astype(np.float32)
     return {
+        "keypoints": kps.tolist(),
         "path": path,
         "boxes": boxes.tolist(),
         "labels": [int(v) for v in rng.integers(1, 90, 12)],
@@ -75,6 +83,8 @@ def run_targets(
         json.dumps(sample["boxes"]),
         "--labels",
         json.dumps(sample["labels"]),
+        "--keypoints",
+        json.dumps(sample["keypoints"]),
         "--mask",
         str(sample["mask_path"]),
         "--mask-out",
@@ -109,6 +119,9 @@ class Replay:
             torch.tensor(sample["boxes"]), format="XYXY", canvas_size=(H, W), clamping_mode="hard"
         )
         self.labels = torch.tensor(sample["labels"])
+        kps = torch.tensor(sample["keypoints"])
+        self.points = tv_tensors.KeyPoints(kps[..., :2], canvas_size=(H, W))
+        self.visibility = kps[..., 2:]
         self.mask = tv_tensors.Mask(sample["mask"].clone())
         self.fill = mask_fill
 
@@ -117,12 +130,15 @@ class Replay:
         return self.boxes.canvas_size
 
     def both(self, f: Any, **kw: Any) -> None:
+        """``f`` on all three targets (the name stays: boxes and mask came first)."""
         self.boxes = f(self.boxes, **kw)
+        self.points = f(self.points, **kw)
         self.mask = f(self.mask, **kw)
 
     def crop(self, top: int, left: int, h: int, w: int) -> None:
         """A crop that may reach outside (padding): boxes by F.crop, the mask padded with the mask fill."""
         self.boxes = F.crop(self.boxes, top, left, h, w)
+        self.points = F.crop(self.points, top, left, h, w)
         self.mask = tv_tensors.wrap(crop_filled(self.mask, top, left, h, w, self.fill), like=self.mask)
 
     def random_crop(self, d: dict[str, Any], op: dict[str, Any]) -> None:
@@ -139,6 +155,7 @@ class Replay:
                 pl, pr = pl + diff, pr + diff
         if pl or pt or pr or pb:
             self.boxes = F.pad(self.boxes, [pl, pt, pr, pb])
+            self.points = F.pad(self.points, [pl, pt, pr, pb])
             self.mask = F.pad(self.mask, [pl, pt, pr, pb], fill=self.fill)
         if self.size != (ch, cw):
             self.both(F.crop, top=d["top"] + pt, left=d["left"] + pl, height=ch, width=cw)
@@ -163,6 +180,7 @@ class Replay:
         elif name == "random_zoom_out":
             if d["apply"]:
                 self.boxes = F.pad(self.boxes, d["padding"])
+                self.points = F.pad(self.points, d["padding"])
                 self.mask = F.pad(self.mask, d["padding"], fill=self.fill)
         elif name == "random_iou_crop":
             if d["apply"]:
@@ -170,9 +188,10 @@ class Replay:
         elif name in ("trivial_augment_wide", "rand_augment", "auto_augment"):
             if d.get("apply") is not False and d["aug"] in GEOMETRIC:
                 m = d.get("magnitude") or 0.0
-                fill = {tv_tensors.Mask: self.fill, tv_tensors.BoundingBoxes: None}
+                fill = {tv_tensors.Mask: self.fill, tv_tensors.BoundingBoxes: None, tv_tensors.KeyPoints: None}
                 move = policy._apply_image_or_video_transform
                 self.boxes = move(self.boxes, d["aug"], m, policy.interpolation, fill)
+                self.points = move(self.points, d["aug"], m, policy.interpolation, fill)
                 self.mask = move(self.mask, d["aug"], m, policy.interpolation, fill)
         else:
             assert name in ("color_jitter", "invert", "solarize", "grayscale"), name
@@ -189,11 +208,18 @@ class Replay:
 
     def resize(self, size: list[int]) -> None:
         self.boxes = F.resize(self.boxes, size)
+        self.points = F.resize(self.points, size)
         self.mask = F.resize(self.mask, size, interpolation=InterpolationMode.NEAREST)
 
     def sanitize(self, min_size: float, min_area: float) -> None:
         self.boxes, valid = F.sanitize_bounding_boxes(self.boxes, min_size=min_size, min_area=min_area)
         self.labels = self.labels[valid]
+        self.points = tv_tensors.wrap(self.points[valid], like=self.points)
+        self.visibility = self.visibility[valid]
+
+    def keypoints(self) -> torch.Tensor:
+        """``[M, KP, 3]``: the moved ``[x, y]`` with the visibility carried along."""
+        return torch.cat([self.points.as_subclass(torch.Tensor), self.visibility], dim=-1)
 
 
 def check(
@@ -222,6 +248,10 @@ def check(
         assert got.shape == r.boxes.shape, (line["trace"], got, r.boxes)
         assert torch.allclose(got, r.boxes.as_subclass(torch.Tensor), rtol=0, atol=1e-4), (line["trace"], got, r.boxes)
         assert line["labels"] == r.labels.tolist()
+        kps = torch.tensor(line["keypoints"], dtype=torch.float32).reshape(-1, KP, 3)
+        want = r.keypoints()
+        assert kps.shape == want.shape, (line["trace"], kps.shape, want.shape)
+        assert torch.allclose(kps, want, rtol=0, atol=1e-4), (line["trace"], kps, want)
         assert torch.equal(mask, r.mask.as_subclass(torch.Tensor)), line["trace"]
     return [line for line, _ in results]
 

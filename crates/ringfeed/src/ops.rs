@@ -39,6 +39,11 @@ pub(crate) struct OpsArgs {
     /// The boxes' labels as JSON `[l, ...]` (default: 0, 1, 2, ...).
     #[arg(long, requires = "boxes")]
     pub(crate) labels: Option<String>,
+    /// The boxes' keypoints as JSON `[[[x, y, v], ...], ...]`: the same number `K` for each box
+    /// (pixels of the stored image), moved with the image as `tv_tensors.KeyPoints` and removed
+    /// with their box; each line then carries the output's `keypoints` (`[M, K, 3]`).
+    #[arg(long, requires = "boxes")]
+    pub(crate) keypoints: Option<String>,
     /// A label map for the image: a raw file of `width * height` label bytes, row by row, the
     /// stored image's size (before EXIF orientation), moved with the image; each sample's
     /// output map is appended to `--mask-out`.
@@ -59,7 +64,7 @@ pub(crate) struct OpsArgs {
     pub(crate) mask_fill: u8,
 }
 
-/// The `--boxes`, `--labels` and `--mask` of `a`, or `None` when there are none.
+/// The `--boxes`, `--labels`, `--keypoints` and `--mask` of `a`, or `None` when there are none.
 fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>> {
     if a.boxes.is_none() && a.mask.is_none() {
         return Ok(None);
@@ -78,6 +83,23 @@ fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>>
         labels.len(),
         boxes.len()
     );
+    let mut keypoints = Vec::new();
+    if let Some(k) = &a.keypoints {
+        let per_box: Vec<Vec<[f32; 3]>> =
+            serde_json::from_str(k).context("--keypoints: expected JSON [[[x, y, v], ...], ...], K points per box")?;
+        anyhow::ensure!(
+            per_box.len() == boxes.len(),
+            "--keypoints: {} boxes' keypoints for {} boxes",
+            per_box.len(),
+            boxes.len()
+        );
+        let k = per_box.first().map_or(0, Vec::len);
+        anyhow::ensure!(
+            per_box.iter().all(|p| p.len() == k),
+            "--keypoints: every box has the same number of keypoints (the first has {k})"
+        );
+        keypoints = per_box.concat();
+    }
     let mask = match &a.mask {
         Some(p) => {
             let info = ringfeed_decode::Decoder::new(Limits::default())?.probe(data)?;
@@ -102,6 +124,7 @@ fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>>
         boxes,
         labels,
         mask,
+        keypoints,
         ..Default::default()
     }))
 }
@@ -168,6 +191,10 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         if let Some(t) = &moved {
             line["boxes"] = serde_json::json!(t.boxes);
             line["labels"] = serde_json::json!(t.labels);
+            if a.keypoints.is_some() {
+                let per = t.keypoints.len().checked_div(t.boxes.len()).unwrap_or(0).max(1);
+                line["keypoints"] = serde_json::json!(t.keypoints.chunks(per).collect::<Vec<_>>());
+            }
             if let (Some(m), Some(w)) = (&t.mask, &mut masks) {
                 w.write_all(&m.data)?;
             }

@@ -695,6 +695,16 @@ def check_instances(s: dict[str, Any], batches: list[dict[str, Any]]) -> list[in
 
 
 INSTANCES = ringfeed.Targets(boxes="stored", instance_masks=True, keypoints=KP)
+WDS_INSTANCES = ringfeed.Targets(boxes="json:annotations", max_boxes=5, instance_masks=True, keypoints=KP)
+
+
+def instance_sources(s: dict[str, Any]) -> dict[str, tuple[Any, ringfeed.Targets]]:
+    """The instance set's packed copy and its WebDataset tars, each with the targets that read its annotations."""
+    root = s["root"]
+    return {
+        "packed": (root / "packed", INSTANCES),
+        "webdataset": (ringfeed.WebDataset(str(root / "wds"), label=""), WDS_INSTANCES),
+    }
 
 
 def test_instance_masks_and_keypoints_follow_the_crops_on_two_ranks(instances_set: dict[str, Any], sock: str) -> None:
@@ -717,9 +727,11 @@ def test_instance_masks_and_keypoints_follow_the_crops_on_two_ranks(instances_se
     assert 0 < flips < SERVED
 
 
-def test_instance_masks_and_keypoints_hold_across_a_resume(instances_set: dict[str, Any], sock: str) -> None:
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_instance_masks_and_keypoints_hold_across_a_resume(instances_set: dict[str, Any], sock: str, kind: str) -> None:
     """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own masks and keypoints."""
-    first, rest = resumed(instances_set["root"] / "packed", sock, INSTANCES)
+    path, targets = instance_sources(instances_set)[kind]
+    first, rest = resumed(path, sock, targets)
     assert sorted(check_instances(instances_set, first) + check_instances(instances_set, rest)) == list(range(SERVED))
 
 
@@ -737,9 +749,6 @@ def test_instance_masks_and_keypoints_need_them_stored(served: dict[str, Any], s
         assert "--coco" in str(e.value)
 
 
-WDS_INSTANCES = ringfeed.Targets(boxes="json:annotations", max_boxes=5, instance_masks=True, keypoints=KP)
-
-
 def by_index(batches: list[dict[str, Any]]) -> dict[int, dict[str, torch.Tensor]]:
     """Each delivered sample's ``detection_targets`` and crop, by dataset index."""
     out = {}
@@ -755,11 +764,7 @@ def test_webdataset_instance_masks_and_keypoints_equal_the_packed_sets_on_two_ra
     """Over an epoch on 2 ranks, every WebDataset sample's boxes, instance masks (polygons, unions, RLE compressed and
     not, rasterised from its ``json`` member at the image's size) and keypoints equal those of the same pictures packed
     with ``--coco``, and torchvision v2's replay of the drawn crop and flip."""
-    root = instances_set["root"]
-    kinds = {
-        "packed": (root / "packed", INSTANCES),
-        "webdataset": (ringfeed.WebDataset(str(root / "wds"), label=""), WDS_INSTANCES),
-    }
+    kinds = instance_sources(instances_set)
     got: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
     for kind, (path, targets) in kinds.items():
         seen: list[int] = []
@@ -874,11 +879,7 @@ def test_samples_handed_to_the_gpu_decoder_carry_their_instances(
 ) -> None:
     """Hybrid decode (the host backend): samples left encoded for the client's GPU get the instance
     masks and keypoints the server moved through the geometry it planned, torchvision's as for the rest."""
-    root = instances_set["root"]
-    path, targets = {
-        "packed": (root / "packed", INSTANCES),
-        "webdataset": (ringfeed.WebDataset(str(root / "wds"), label=""), WDS_INSTANCES),
-    }[kind]
+    path, targets = instance_sources(instances_set)[kind]
     with targets_loader(path, sock, targets, gpu_decode=1.0, _gpu_backend="host") as ld:
         ld.set_epoch(1)
         batches = list(ld)

@@ -495,10 +495,13 @@ class Targets:
         mask_fill: the label of mask pixels no source pixel covers (padding, zoom-out), ``0 ..= 255``.
         instance_masks: deliver each box's instance mask (protocol 1.10, targets file 1.1): needs
             ``boxes="stored"`` of a dataset packed with ``--coco`` whose annotations have a
-            ``segmentation``. Pixels no source covers belong to no instance (fill 0).
-        keypoints: deliver ``K`` keypoints per box (the stored count; 0: none): needs
-            ``boxes="stored"`` of a dataset packed with ``--coco`` whose annotations have
-            ``keypoints``. Flips do not swap left and right joints (torchvision v2 does not); a point
+            ``segmentation``, or WebDataset annotations (``boxes="json"``), each (crowds aside)
+            with a ``segmentation`` (polygons or RLE, rasterised at the stored image's size as
+            pycocotools does). Pixels no source covers belong to no instance (fill 0).
+        keypoints: deliver ``K`` keypoints per box (0: none): with ``boxes="stored"``, the stored
+            count of a dataset packed with ``--coco`` whose annotations have ``keypoints``; with
+            WebDataset annotations, each annotation (crowds aside) must have ``K`` (``[x, y, v] *
+            K``). Flips do not swap left and right joints (torchvision v2 does not); a point
             outside the output keeps its coordinates and its ``v``.
     """
 
@@ -538,9 +541,10 @@ class Targets:
         if not isinstance(self.instance_masks, bool):
             raise ValueError(f"Targets: instance_masks must be True or False, got {self.instance_masks!r}")
         int_in("Targets: keypoints", self.keypoints, 0, 1 << 16)
-        if (self.instance_masks or self.keypoints) and self.boxes != "stored":
+        if (self.instance_masks or self.keypoints) and self.boxes is None:
             raise ValueError(
-                "Targets: instance_masks and keypoints come with boxes='stored' (a dataset packed with --coco)"
+                "Targets: instance_masks and keypoints come with boxes: 'stored' (a dataset packed with --coco) "
+                "or a WebDataset member of COCO annotations ('json' or 'json:KEY')"
             )
 
     def request(self, sanitize: Any = None) -> dict[str, Any]:

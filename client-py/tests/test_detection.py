@@ -588,14 +588,26 @@ def instance_annotations(k: int, w: int, h: int) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def instances_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The serving images, packed with ``--coco`` annotations that have polygons, RLE and keypoints."""
+    """The serving images, packed with ``--coco`` annotations that have polygons, RLE and keypoints, and the same
+    pictures and annotations written as WebDataset tars by the webdataset library (``jpg``, and ``json`` holding
+    ``{"annotations": [...]}``)."""
+    import webdataset
+
     root = tmp_path_factory.mktemp("instances")
     (root / "images").mkdir()
-    images, annotations = [], []
+    (root / "wds").mkdir()
+    images, annotations, samples = [], [], []
     for k, (name, w, h) in enumerate(served_images(SERVED)):
         picture(w, h, k).save(root / "images" / name, "JPEG", quality=92)
-        annotations += instance_annotations(k, w, h)
+        anns = instance_annotations(k, w, h)
+        annotations += anns
         images.append({"id": k, "file_name": name, "width": w, "height": h})
+        jpg = (root / "images" / name).read_bytes()
+        samples.append({"__key__": f"{k:06d}", "jpg": jpg, "json": {"annotations": anns}})
+    for s in range(2):
+        with webdataset.TarWriter(str(root / "wds" / f"inst-{s:05d}.tar")) as sink:
+            for sample in samples[s * SERVED // 2 : (s + 1) * SERVED // 2]:
+                sink.write(sample)
     doc = {
         "images": images,
         "annotations": annotations,
@@ -683,6 +695,16 @@ def check_instances(s: dict[str, Any], batches: list[dict[str, Any]]) -> list[in
 
 
 INSTANCES = ringfeed.Targets(boxes="stored", instance_masks=True, keypoints=KP)
+WDS_INSTANCES = ringfeed.Targets(boxes="json:annotations", max_boxes=5, instance_masks=True, keypoints=KP)
+
+
+def instance_sources(s: dict[str, Any]) -> dict[str, tuple[Any, ringfeed.Targets]]:
+    """The instance set's packed copy and its WebDataset tars, each with the targets that read its annotations."""
+    root = s["root"]
+    return {
+        "packed": (root / "packed", INSTANCES),
+        "webdataset": (ringfeed.WebDataset(str(root / "wds"), label=""), WDS_INSTANCES),
+    }
 
 
 def test_instance_masks_and_keypoints_follow_the_crops_on_two_ranks(instances_set: dict[str, Any], sock: str) -> None:
@@ -705,9 +727,11 @@ def test_instance_masks_and_keypoints_follow_the_crops_on_two_ranks(instances_se
     assert 0 < flips < SERVED
 
 
-def test_instance_masks_and_keypoints_hold_across_a_resume(instances_set: dict[str, Any], sock: str) -> None:
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_instance_masks_and_keypoints_hold_across_a_resume(instances_set: dict[str, Any], sock: str, kind: str) -> None:
     """A state_dict taken mid-epoch resumes with the rest of the epoch, each sample with its own masks and keypoints."""
-    first, rest = resumed(instances_set["root"] / "packed", sock, INSTANCES)
+    path, targets = instance_sources(instances_set)[kind]
+    first, rest = resumed(path, sock, targets)
     assert sorted(check_instances(instances_set, first) + check_instances(instances_set, rest)) == list(range(SERVED))
 
 
@@ -723,6 +747,86 @@ def test_instance_masks_and_keypoints_need_them_stored(served: dict[str, Any], s
             )
         assert e.value.code == "bad_request"
         assert "--coco" in str(e.value)
+
+
+def by_index(batches: list[dict[str, Any]]) -> dict[int, dict[str, torch.Tensor]]:
+    """Each delivered sample's ``detection_targets`` and crop, by dataset index."""
+    out = {}
+    for b in batches:
+        for p, (t, k) in enumerate(zip(ringfeed.detection_targets(b), b["index"].tolist(), strict=True)):
+            out[k] = {**t, "crop": b["crop"][p]}
+    return out
+
+
+def test_webdataset_instance_masks_and_keypoints_equal_the_packed_sets_on_two_ranks(
+    instances_set: dict[str, Any], sock: str
+) -> None:
+    """Over an epoch on 2 ranks, every WebDataset sample's boxes, instance masks (polygons, unions, RLE compressed and
+    not, rasterised from its ``json`` member at the image's size) and keypoints equal those of the same pictures packed
+    with ``--coco``, and torchvision v2's replay of the drawn crop and flip."""
+    kinds = instance_sources(instances_set)
+    got: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    for kind, (path, targets) in kinds.items():
+        seen: list[int] = []
+        got[kind] = {}
+        for rank in (0, 1):
+            with targets_loader(path, sock, targets, rank=rank, world_size=2) as ld:
+                ld.set_epoch(1)
+                batches = list(ld)
+            part = check_instances(instances_set, batches)
+            assert not set(part) & set(seen)
+            seen += part
+            got[kind] |= by_index(batches)
+        assert sorted(seen) == list(range(SERVED)), kind
+    masks = 0
+    for k in range(SERVED):
+        packed, wds = got["packed"][k], got["webdataset"][k]
+        assert packed.keys() == wds.keys() >= {"boxes", "labels", "masks", "keypoints", "crop"}
+        for name, value in packed.items():
+            assert torch.equal(value, wds[name]), (k, name)
+        masks += len(wds["masks"])
+    assert masks > 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"segmentation": None}, "no `segmentation` (targets.instance_masks needs one"),
+        ({"keypoints": [1, 2, 2]}, f"1 keypoints, targets.keypoints is {KP} (keypoint count mismatch)"),
+        ({"keypoints": [1, 2]}, "`keypoints` is not [x, y, v] * K"),
+        ({"segmentation": [[1, 2, 3, 4, 5]]}, "polygon 0: a polygon is [x0, y0, x1, y1, ...] with at least 3 points"),
+        (
+            {"segmentation": {"counts": [0, 41 * 30], "size": [30, 41]}},
+            "its RLE `size` is [30, 41] (height, width), the image is 40x30",
+        ),
+        ({"segmentation": {"counts": "0\x7f", "size": [30, 40]}}, "the compressed RLE `counts` hold"),
+    ],
+)  # fmt: skip
+def test_a_bad_webdataset_instance_annotation_is_the_samples_error(
+    tmp_path: Path, sock: str, change: dict[str, Any], message: str
+) -> None:
+    """A WebDataset annotation without a segmentation, with another keypoint count, a malformed polygon or an RLE of
+    another size fails that sample, naming the sample, the member and the annotation (with its id)."""
+    import webdataset
+
+    jpg = io.BytesIO()
+    picture(40, 30, 1).save(jpg, "JPEG")
+    good = {"id": 7, "bbox": [1, 2, 10, 8], "category_id": 1, "segmentation": [[1, 2, 11, 2, 11, 10, 1, 10]],
+            "keypoints": [2, 3, 2] * KP}  # fmt: skip
+    bad = {**good, "id": 8, **change}
+    if change.get("segmentation", 0) is None:
+        del bad["segmentation"]
+    with webdataset.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": jpg.getvalue(), "json": {"annotations": [good, bad]}})
+    with (
+        targets_loader(ringfeed.WebDataset(str(tmp_path), label=""), sock, WDS_INSTANCES) as ld,
+        pytest.raises(ringfeed.ServerError) as e,
+    ):
+        list(ld)
+    assert e.value.code == "sample"
+    text = str(e.value)
+    for part in ("k0", "json:annotations", "annotation 1 (id 8)", message):
+        assert part in text, text
 
 
 def pack_changed(s: dict[str, Any], doc: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -769,11 +873,14 @@ def test_an_rle_of_another_size_fails_its_image(instances_set: dict[str, Any], t
     assert "im_002.jpg" in r.stderr
 
 
-def test_samples_handed_to_the_gpu_decoder_carry_their_instances(instances_set: dict[str, Any], sock: str) -> None:
+@pytest.mark.parametrize("kind", ["packed", "webdataset"])
+def test_samples_handed_to_the_gpu_decoder_carry_their_instances(
+    instances_set: dict[str, Any], sock: str, kind: str
+) -> None:
     """Hybrid decode (the host backend): samples left encoded for the client's GPU get the instance
     masks and keypoints the server moved through the geometry it planned, torchvision's as for the rest."""
-    path = instances_set["root"] / "packed"
-    with targets_loader(path, sock, INSTANCES, gpu_decode=1.0, _gpu_backend="host") as ld:
+    path, targets = instance_sources(instances_set)[kind]
+    with targets_loader(path, sock, targets, gpu_decode=1.0, _gpu_backend="host") as ld:
         ld.set_epoch(1)
         batches = list(ld)
         stats = ld.stats()

@@ -1,15 +1,18 @@
 """Detection and segmentation targets (control 1.10) against torchvision v2 on identical parameters.
 
-The server's ops run through ``ringfeed ops --boxes --labels --mask`` (the same ``Processor::run_targets`` the pool
-runs), which prints the parameters each op drew and the targets it moved. The reference replays those parameters
-through ``torchvision.transforms.v2.functional`` on ``tv_tensors.BoundingBoxes`` (XYXY, ``clamping_mode="hard"``) and
-``tv_tensors.Mask``, then ``sanitize_bounding_boxes``. Boxes must agree within 1e-4 px with the same boxes kept, in the
-same order, with the same labels; masks exactly.
+The server's ops run through ``ringfeed ops --boxes --labels --keypoints --instance-masks --mask`` (the same
+``Processor::run_targets`` the pool runs), which prints the parameters each op drew and the targets it moved. The
+reference replays those parameters through ``torchvision.transforms.v2.functional`` on ``tv_tensors.BoundingBoxes``
+(XYXY, ``clamping_mode="hard"``), ``tv_tensors.KeyPoints`` and ``tv_tensors.Mask`` (the label map, and the instance
+masks ``[M, H, W]`` whose uncovered pixels are 0), then ``sanitize_bounding_boxes`` (whose ``valid`` indexes the
+keypoints and instance masks too). Boxes and keypoints must agree within 1e-4 px with the same boxes kept, in the same
+order, with the same labels; masks exactly.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from typing import Any
 
@@ -27,13 +30,16 @@ from torchvision.transforms import InterpolationMode
 import ringfeed
 
 W, H = 83, 61
+#: Keypoints per box in the sample (``[x, y, v]``, ``v`` carried unchanged).
+KP = 3
 GEOMETRIC = {"ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate"}
 
 
 @pytest.fixture(scope="module")
 def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """An 83x61 PNG, 12 boxes inside it (some thin, some at the edges), their labels, and a label map of random labels
-    (every pixel its own, so a nearest index off by one shows)."""
+    """An 83x61 PNG, 12 boxes inside it (some thin, some at the edges), their labels, ``KP`` keypoints per box (some
+    outside the image, fractional), an instance mask per box (random pixels), and a label map of random labels (every
+    pixel its own, so a nearest index off by one shows)."""
     d = tmp_path_factory.mktemp("targets")
     rng = np.random.default_rng(5)
     path = d / "p.png"
@@ -48,12 +54,20 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     boxes = np.clip(boxes, 0, [W, H, W, H]).astype(np.float32)
     mask = rng.integers(0, 250, (H, W), dtype=np.uint8)
     (d / "mask.bin").write_bytes(mask.tobytes())
+    instances = (rng.random((12, H, W)) < 0.4).astype(np.uint8)
+    (d / "instances.bin").write_bytes(instances.tobytes())
+    kps = np.stack(
+        [rng.uniform(-3, W + 3, (12, KP)), rng.uniform(-3, H + 3, (12, KP)), rng.integers(0, 3, (12, KP))], -1
+    ).astype(np.float32)
     return {
+        "keypoints": kps.tolist(),
         "path": path,
         "boxes": boxes.tolist(),
         "labels": [int(v) for v in rng.integers(1, 90, 12)],
         "mask": torch.from_numpy(mask),
         "mask_path": d / "mask.bin",
+        "instances": torch.from_numpy(instances),
+        "instances_path": d / "instances.bin",
     }
 
 
@@ -67,7 +81,8 @@ def run_targets(
     min_area: float = 1.0,
     seed: int = 0,
 ) -> list[tuple[dict[str, Any], torch.Tensor]]:
-    """Each sample's `ringfeed ops` line (draws, moved boxes and labels) and its output mask."""
+    """Each sample's `ringfeed ops` line (draws, moved boxes, labels and keypoints), its output mask, and its kept
+    boxes' instance masks ``[M, *size]``."""
     views = ringfeed.Views({"image": ringfeed.Compose(list(ops))})
     mask_out = sample["path"].parent / f"masks-{abs(hash(json.dumps(views.to_json()))) % 10**9}-{seed}.bin"
     extra = (
@@ -75,6 +90,12 @@ def run_targets(
         json.dumps(sample["boxes"]),
         "--labels",
         json.dumps(sample["labels"]),
+        "--keypoints",
+        json.dumps(sample["keypoints"]),
+        "--instance-masks",
+        str(sample["instances_path"]),
+        "--instance-masks-out",
+        str(mask_out.with_suffix(".inst")),
         "--mask",
         str(sample["mask_path"]),
         "--mask-out",
@@ -88,7 +109,12 @@ def run_targets(
     )
     _, lines = run_ops(sample["path"], views, count=count, seed=seed, extra=extra)
     masks = torch.from_numpy(np.fromfile(mask_out, dtype=np.uint8).reshape(count, *size).copy())
-    return list(zip(lines, masks, strict=True))
+    flat = np.fromfile(mask_out.with_suffix(".inst"), dtype=np.uint8)
+    counts = [len(line["boxes"]) for line in lines]
+    assert flat.size == sum(counts) * size[0] * size[1]
+    ends = np.cumsum([0, *counts]) * size[0] * size[1]
+    instances = [torch.from_numpy(flat[a:b].reshape(-1, *size).copy()) for a, b in itertools.pairwise(ends)]
+    return list(zip(lines, masks, instances, strict=True))
 
 
 def crop_filled(m: torch.Tensor, top: int, left: int, h: int, w: int, fill: int) -> torch.Tensor:
@@ -109,7 +135,11 @@ class Replay:
             torch.tensor(sample["boxes"]), format="XYXY", canvas_size=(H, W), clamping_mode="hard"
         )
         self.labels = torch.tensor(sample["labels"])
+        kps = torch.tensor(sample["keypoints"])
+        self.points = tv_tensors.KeyPoints(kps[..., :2], canvas_size=(H, W))
+        self.visibility = kps[..., 2:]
         self.mask = tv_tensors.Mask(sample["mask"].clone())
+        self.instances = tv_tensors.Mask(sample["instances"].clone())
         self.fill = mask_fill
 
     @property
@@ -117,13 +147,18 @@ class Replay:
         return self.boxes.canvas_size
 
     def both(self, f: Any, **kw: Any) -> None:
+        """``f`` on every target (the name stays: boxes and mask came first)."""
         self.boxes = f(self.boxes, **kw)
+        self.points = f(self.points, **kw)
         self.mask = f(self.mask, **kw)
+        self.instances = f(self.instances, **kw)
 
     def crop(self, top: int, left: int, h: int, w: int) -> None:
         """A crop that may reach outside (padding): boxes by F.crop, the mask padded with the mask fill."""
         self.boxes = F.crop(self.boxes, top, left, h, w)
+        self.points = F.crop(self.points, top, left, h, w)
         self.mask = tv_tensors.wrap(crop_filled(self.mask, top, left, h, w, self.fill), like=self.mask)
+        self.instances = tv_tensors.wrap(crop_filled(self.instances, top, left, h, w, 0), like=self.instances)
 
     def random_crop(self, d: dict[str, Any], op: dict[str, Any]) -> None:
         """RandomCrop.transform: F.pad with the padding make_params computed, then F.crop."""
@@ -139,7 +174,9 @@ class Replay:
                 pl, pr = pl + diff, pr + diff
         if pl or pt or pr or pb:
             self.boxes = F.pad(self.boxes, [pl, pt, pr, pb])
+            self.points = F.pad(self.points, [pl, pt, pr, pb])
             self.mask = F.pad(self.mask, [pl, pt, pr, pb], fill=self.fill)
+            self.instances = F.pad(self.instances, [pl, pt, pr, pb], fill=0)
         if self.size != (ch, cw):
             self.both(F.crop, top=d["top"] + pt, left=d["left"] + pl, height=ch, width=cw)
 
@@ -163,17 +200,21 @@ class Replay:
         elif name == "random_zoom_out":
             if d["apply"]:
                 self.boxes = F.pad(self.boxes, d["padding"])
+                self.points = F.pad(self.points, d["padding"])
                 self.mask = F.pad(self.mask, d["padding"], fill=self.fill)
+                self.instances = F.pad(self.instances, d["padding"], fill=0)
         elif name == "random_iou_crop":
             if d["apply"]:
                 self.iou_crop(d)
         elif name in ("trivial_augment_wide", "rand_augment", "auto_augment"):
             if d.get("apply") is not False and d["aug"] in GEOMETRIC:
                 m = d.get("magnitude") or 0.0
-                fill = {tv_tensors.Mask: self.fill, tv_tensors.BoundingBoxes: None}
+                fill = {tv_tensors.Mask: self.fill, tv_tensors.BoundingBoxes: None, tv_tensors.KeyPoints: None}
                 move = policy._apply_image_or_video_transform
                 self.boxes = move(self.boxes, d["aug"], m, policy.interpolation, fill)
+                self.points = move(self.points, d["aug"], m, policy.interpolation, fill)
                 self.mask = move(self.mask, d["aug"], m, policy.interpolation, fill)
+                self.instances = move(self.instances, d["aug"], m, policy.interpolation, {tv_tensors.Mask: 0})
         else:
             assert name in ("color_jitter", "invert", "solarize", "grayscale"), name
 
@@ -189,11 +230,20 @@ class Replay:
 
     def resize(self, size: list[int]) -> None:
         self.boxes = F.resize(self.boxes, size)
+        self.points = F.resize(self.points, size)
         self.mask = F.resize(self.mask, size, interpolation=InterpolationMode.NEAREST)
+        self.instances = F.resize(self.instances, size, interpolation=InterpolationMode.NEAREST)
 
     def sanitize(self, min_size: float, min_area: float) -> None:
         self.boxes, valid = F.sanitize_bounding_boxes(self.boxes, min_size=min_size, min_area=min_area)
         self.labels = self.labels[valid]
+        self.points = tv_tensors.wrap(self.points[valid], like=self.points)
+        self.visibility = self.visibility[valid]
+        self.instances = tv_tensors.wrap(self.instances[valid], like=self.instances)
+
+    def keypoints(self) -> torch.Tensor:
+        """``[M, KP, 3]``: the moved ``[x, y]`` with the visibility carried along."""
+        return torch.cat([self.points.as_subclass(torch.Tensor), self.visibility], dim=-1)
 
 
 def check(
@@ -212,7 +262,7 @@ def check(
     results = run_targets(
         sample, *ops, size=size, count=count, mask_fill=mask_fill, min_size=min_size, min_area=min_area
     )
-    for line, mask in results:
+    for line, mask, instances in results:
         r = Replay(sample, mask_fill)
         for d in line["trace"]:
             r.step(d, specs.get(d["op"], {}), policy)
@@ -222,8 +272,13 @@ def check(
         assert got.shape == r.boxes.shape, (line["trace"], got, r.boxes)
         assert torch.allclose(got, r.boxes.as_subclass(torch.Tensor), rtol=0, atol=1e-4), (line["trace"], got, r.boxes)
         assert line["labels"] == r.labels.tolist()
+        kps = torch.tensor(line["keypoints"], dtype=torch.float32).reshape(-1, KP, 3)
+        want = r.keypoints()
+        assert kps.shape == want.shape, (line["trace"], kps.shape, want.shape)
+        assert torch.allclose(kps, want, rtol=0, atol=1e-4), (line["trace"], kps, want)
         assert torch.equal(mask, r.mask.as_subclass(torch.Tensor)), line["trace"]
-    return [line for line, _ in results]
+        assert torch.equal(instances, r.instances.as_subclass(torch.Tensor)), line["trace"]
+    return [line for line, _, _ in results]
 
 
 def test_random_resized_crop_and_flip(sample: dict[str, Any]) -> None:
@@ -362,7 +417,7 @@ def test_detection_ops_pixels_follow_torchvision(sample: dict[str, Any]) -> None
     assert all(line["trace"][0] == {"op": "random_iou_crop", "apply": False} for line in lines)
     results = run_targets(sample, ringfeed.RandomIoUCrop(), ringfeed.CenterCrop((32, 32)), size=(32, 32), count=20)
     n = 0
-    for line, _ in results:
+    for line, _, _ in results:
         d = line["trace"][0]
         if d["apply"]:
             n += 1
@@ -378,7 +433,7 @@ def test_iou_crop_sampler_follows_torchvision(sample: dict[str, Any]) -> None:
 
     n = 1500
     results = run_targets(sample, ringfeed.RandomIoUCrop(), ringfeed.Resize((16, 16)), size=(16, 16), count=n)
-    ours = [line["trace"][0] for line, _ in results]
+    ours = [line["trace"][0] for line, _, _ in results]
     torch.manual_seed(0)
     tv = T.RandomIoUCrop()
     boxes = tv_tensors.BoundingBoxes(torch.tensor(sample["boxes"]), format="XYXY", canvas_size=(H, W))

@@ -693,6 +693,12 @@ impl Processor {
         Ok(())
     }
 
+    /// The header of `data` (its format's probe, under the processor's limits): the stored
+    /// image's size before EXIF orientation, read without decoding pixels.
+    pub fn probe(&mut self, data: &[u8]) -> Result<ringfeed_decode::ImageInfo, CodecError> {
+        self.decoder.probe(data)
+    }
+
     /// Nanoseconds the last sample spent decoding (header probe excluded); the rest of its time
     /// was the ops. For the per-stage times of `snapshot`.
     pub fn last_decode_ns(&self) -> u64 {

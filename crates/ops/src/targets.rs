@@ -18,9 +18,9 @@
 //! nearest with fill `mask_fill`. The last step is [`Follow::sanitize`]
 //! (`SanitizeBoundingBoxes(min_size, min_area)`).
 //!
-//! Instance masks (1.11) are bit planes of the canvas's size ([`Targets::instances`]) moved by
+//! Instance masks (1.10) are bit planes of the canvas's size ([`Targets::instances`]) moved by
 //! the label map's kernels with fill 0 (a pixel no source covers belongs to no instance), so they
-//! are exactly `tv_tensors.Mask` `[M, H, W]` moved nearest. Keypoints (1.11) move as
+//! are exactly `tv_tensors.Mask` `[M, H, W]` moved nearest. Keypoints (1.10) move as
 //! `tv_tensors.KeyPoints`: a crop subtracts its offset, a resize multiplies by `new / old` in
 //! `f32`, a flip is torchvision's `size - 1 - x` (pixel indices, unlike a box's `size - x`), an
 //! affine (and a policy's quarter turn, which torchvision rotates keypoints by) maps them by the

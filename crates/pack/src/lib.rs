@@ -38,7 +38,6 @@ use ringfeed_source::lmdb::LmdbOptions;
 use ringfeed_source::{SampleReader, Source};
 
 pub mod inspect;
-pub mod instances;
 pub mod progress;
 #[cfg(feature = "remote")]
 pub mod remote;

@@ -8,7 +8,7 @@
 //!   (`x + w` of two `f32`s), with `category_id` as the label. `iscrowd: 1` annotations are
 //!   left out (torchvision's detection references drop crowds). An image without annotations
 //!   has no boxes. Targets 1.1: when the annotations have a `segmentation` (polygons or RLE),
-//!   each box's instance mask is stored as runs at the stored image's size ([`crate::instances`]);
+//!   each box's instance mask is stored as runs at the stored image's size ([`ringfeed_source::instances`]);
 //!   when they have `keypoints` (`[x, y, v] * K`), each box's `K` points. Either is all or
 //!   nothing: an annotation without what the others have, or with another `K`, stops the pack.
 //! - `--masks DIR`: each sample's label map is `DIR/<stem>.png` (VOC style: the stem of the
@@ -133,13 +133,14 @@ impl Coco {
                 Ok(Some((b, label))) => {
                     let seg = ann.get("segmentation");
                     if let Some(seg) = seg {
-                        crate::instances::check(seg)
+                        ringfeed_source::instances::check(seg)
                             .map_err(|e| malformed(path, format!("{} of image {name:?}: {e}", at())))?;
                     }
                     let kps = match ann.get("keypoints") {
                         None => None,
                         Some(v) => Some(
-                            keypoints(v).map_err(|e| malformed(path, format!("{} of image {name:?}: {e}", at())))?,
+                            ringfeed_source::targets::coco_keypoints(v)
+                                .map_err(|e| malformed(path, format!("{} of image {name:?}: {e}", at())))?,
                         ),
                     };
                     let has = (seg.is_some(), kps.as_ref().map(Vec::len));
@@ -217,20 +218,6 @@ impl Coco {
     }
 }
 
-/// An annotation's `keypoints`: `[x, y, v] * K` numbers, finite, `K >= 1`.
-fn keypoints(v: &serde_json::Value) -> Result<Vec<[f32; 3]>, String> {
-    let nums: Option<Vec<f64>> = v
-        .as_array()
-        .and_then(|a| a.iter().map(serde_json::Value::as_f64).collect());
-    match nums {
-        Some(n) if !n.is_empty() && n.len() % 3 == 0 && n.iter().all(|x| x.is_finite()) => Ok(n
-            .chunks_exact(3)
-            .map(|c| [c[0] as f32, c[1] as f32, c[2] as f32])
-            .collect()),
-        _ => Err("`keypoints` is not [x, y, v] * K finite numbers".to_owned()),
-    }
-}
-
 /// Each box's instance mask of `sample` as encoded runs on its `width`×`height` stored image;
 /// the error is the sample's failure reason, naming the annotation.
 pub fn instance_runs(sample: &SampleBoxes, width: u32, height: u32) -> Result<Vec<Vec<u8>>, String> {
@@ -239,7 +226,7 @@ pub fn instance_runs(sample: &SampleBoxes, width: u32, height: u32) -> Result<Ve
         .iter()
         .zip(&sample.names)
         .map(|(seg, name)| {
-            let runs = crate::instances::runs(seg, width, height).map_err(|e| format!("{name}: {e}"))?;
+            let runs = ringfeed_source::instances::runs(seg, width, height).map_err(|e| format!("{name}: {e}"))?;
             let mut out = Vec::new();
             ringfeed_format::targets::rle::encode_runs(&runs, &mut out);
             Ok(out)

@@ -39,6 +39,20 @@ pub(crate) struct OpsArgs {
     /// The boxes' labels as JSON `[l, ...]` (default: 0, 1, 2, ...).
     #[arg(long, requires = "boxes")]
     pub(crate) labels: Option<String>,
+    /// The boxes' keypoints as JSON `[[[x, y, v], ...], ...]`: the same number `K` for each box
+    /// (pixels of the stored image), moved with the image as `tv_tensors.KeyPoints` and removed
+    /// with their box; each line then carries the output's `keypoints` (`[M, K, 3]`).
+    #[arg(long, requires = "boxes")]
+    pub(crate) keypoints: Option<String>,
+    /// The boxes' instance masks: a raw file of `M * height * width` bytes (0 or 1; box by box,
+    /// row by row, the stored image's size), moved with the image as a `tv_tensors.Mask` (nearest,
+    /// uncovered pixels 0) and removed with their box; each sample's kept masks are appended to
+    /// `--instance-masks-out`.
+    #[arg(long, requires_all = ["boxes", "instance_masks_out"])]
+    pub(crate) instance_masks: Option<PathBuf>,
+    /// Where the output instance masks go (raw 0/1 bytes, `box_count * h * w` per sample).
+    #[arg(long)]
+    pub(crate) instance_masks_out: Option<PathBuf>,
     /// A label map for the image: a raw file of `width * height` label bytes, row by row, the
     /// stored image's size (before EXIF orientation), moved with the image; each sample's
     /// output map is appended to `--mask-out`.
@@ -59,7 +73,7 @@ pub(crate) struct OpsArgs {
     pub(crate) mask_fill: u8,
 }
 
-/// The `--boxes`, `--labels` and `--mask` of `a`, or `None` when there are none.
+/// The `--boxes`, `--labels`, `--keypoints`, `--instance-masks` and `--mask` of `a`, or `None` when there are none.
 fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>> {
     if a.boxes.is_none() && a.mask.is_none() {
         return Ok(None);
@@ -78,6 +92,49 @@ fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>>
         labels.len(),
         boxes.len()
     );
+    let mut keypoints = Vec::new();
+    if let Some(k) = &a.keypoints {
+        let per_box: Vec<Vec<[f32; 3]>> =
+            serde_json::from_str(k).context("--keypoints: expected JSON [[[x, y, v], ...], ...], K points per box")?;
+        anyhow::ensure!(
+            per_box.len() == boxes.len(),
+            "--keypoints: {} boxes' keypoints for {} boxes",
+            per_box.len(),
+            boxes.len()
+        );
+        let k = per_box.first().map_or(0, Vec::len);
+        anyhow::ensure!(
+            per_box.iter().all(|p| p.len() == k),
+            "--keypoints: every box has the same number of keypoints (the first has {k})"
+        );
+        keypoints = per_box.concat();
+    }
+    let mut instances = Vec::new();
+    if let Some(p) = &a.instance_masks {
+        let info = ringfeed_decode::Decoder::new(Limits::default())?.probe(data)?;
+        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        let plane = info.width as usize * info.height as usize;
+        anyhow::ensure!(
+            bytes.len() == boxes.len() * plane,
+            "--instance-masks {}: {} bytes; {} boxes on the {}x{} image need {} (one 0/1 byte per pixel per box)",
+            p.display(),
+            bytes.len(),
+            boxes.len(),
+            info.width,
+            info.height,
+            boxes.len() * plane
+        );
+        // Box `k` is bit `k % 8` of plane `k / 8` (ringfeed_format::targets::Targets::instances).
+        for (k, mask) in bytes.chunks_exact(plane).enumerate() {
+            if k % 8 == 0 {
+                instances.push(ringfeed_ops::LabelMap::filled(info.width, info.height, 0));
+            }
+            let bits = &mut instances.last_mut().expect("a plane per eight boxes").data;
+            for (b, &m) in bits.iter_mut().zip(mask) {
+                *b |= u8::from(m != 0) << (k % 8);
+            }
+        }
+    }
     let mask = match &a.mask {
         Some(p) => {
             let info = ringfeed_decode::Decoder::new(Limits::default())?.probe(data)?;
@@ -102,7 +159,8 @@ fn targets_of(a: &OpsArgs, data: &[u8]) -> Result<Option<ringfeed_ops::Targets>>
         boxes,
         labels,
         mask,
-        ..Default::default()
+        instances,
+        keypoints,
     }))
 }
 
@@ -141,11 +199,19 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         min_area: a.min_area,
         mask_fill: a.mask_fill,
     };
-    let mut masks = match &a.mask_out {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => None,
+    let create = |p: &Option<PathBuf>| -> Result<Option<std::io::BufWriter<std::fs::File>>> {
+        match p {
+            Some(p) => Ok(Some(std::io::BufWriter::new(
+                std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+            ))),
+            None => Ok(None),
+        }
+    };
+    let mut masks = create(&a.mask_out)?;
+    let mut instance_out = if a.instance_masks.is_some() {
+        create(&a.instance_masks_out)?
+    } else {
+        None
     };
     for index in a.index..a.index + a.count {
         let rng = SampleRng::new(a.seed, a.epoch, index);
@@ -168,8 +234,19 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         if let Some(t) = &moved {
             line["boxes"] = serde_json::json!(t.boxes);
             line["labels"] = serde_json::json!(t.labels);
+            if a.keypoints.is_some() {
+                let per = t.keypoints.len().checked_div(t.boxes.len()).unwrap_or(0).max(1);
+                line["keypoints"] = serde_json::json!(t.keypoints.chunks(per).collect::<Vec<_>>());
+            }
             if let (Some(m), Some(w)) = (&t.mask, &mut masks) {
                 w.write_all(&m.data)?;
+            }
+            if let Some(w) = &mut instance_out {
+                for k in 0..t.boxes.len() {
+                    let plane = &t.instances[k / 8].data;
+                    let bytes: Vec<u8> = plane.iter().map(|b| (b >> (k % 8)) & 1).collect();
+                    w.write_all(&bytes)?;
+                }
             }
         }
         // 1.8: a view with per-image ops after its geometry: the `gpu_ops` records (ring.md) a
@@ -190,7 +267,7 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         writeln!(lines, "{line}")?;
     }
     out.flush()?;
-    if let Some(w) = &mut masks {
+    for w in [&mut masks, &mut instance_out].into_iter().flatten() {
         w.flush()?;
     }
     Ok(ExitCode::SUCCESS)

@@ -551,7 +551,13 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
             let targets = match &ctx.targets {
                 Some(t) => {
                     let (mut read, mut png) = (Targets::default(), Vec::new());
-                    t.read(ctx.source.as_ref(), index, &extra, &mut read, &mut png)
+                    // The stored image's size, from its header (no decode), for WebDataset
+                    // instance masks, which are rasterised at it as `pack --coco` does.
+                    let mut size = || {
+                        let info = processor.probe(sample.data).map_err(|e| e.to_string())?;
+                        Ok((info.width, info.height))
+                    };
+                    t.read(ctx.source.as_ref(), index, &extra, &mut size, &mut read, &mut png)
                         .map(|()| Some(read))
                         .map_err(|e| (key(), e))
                 }

@@ -37,9 +37,9 @@ pub struct StreamTargets {
     max_boxes: u32,
     /// The view's output `(height, width)`: the mask's shape.
     size: (u32, u32),
-    /// Whether the stream delivers each box's instance mask (stored ones only).
+    /// Whether the stream delivers each box's instance mask.
     instances: bool,
-    /// Keypoints per box the stream delivers (0: none; stored ones only).
+    /// Keypoints per box the stream delivers (0: none).
     keypoints: u32,
 
     /// How the ops' last step sanitises the moved boxes, and what uncovered mask pixels become.
@@ -105,15 +105,18 @@ impl StreamTargets {
         };
         let stored = source.stored_targets().map(|t| t.header);
         let stored_boxes = matches!(from.boxes, Some(ringfeed_source::targets::BoxesFrom::Stored));
+        // WebDataset annotations carry their own segmentations and keypoints; each sample's are
+        // checked as it is read (a missing one is that sample's error, naming the annotation).
+        let annotations = matches!(from.boxes, Some(ringfeed_source::targets::BoxesFrom::Annotations(_)));
         let instances = req.instance_masks.unwrap_or(false);
-        if instances && !(stored_boxes && stored.is_some_and(|h| h.has_instances())) {
+        if instances && !annotations && !(stored_boxes && stored.is_some_and(|h| h.has_instances())) {
             return Err(format!(
-                "targets.instance_masks: {} has no stored instance masks; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have a `segmentation`",
+                "targets.instance_masks: {} has no stored instance masks; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have a `segmentation`, or with WebDataset annotations (targets.boxes \"json\" or \"json:KEY\")",
                 source.describe()
             ));
         }
         let keypoints = req.keypoints.unwrap_or(0);
-        if keypoints > 0 {
+        if keypoints > 0 && !annotations {
             let have = if stored_boxes {
                 stored.map_or(0, |h| h.keypoints)
             } else {
@@ -121,7 +124,7 @@ impl StreamTargets {
             };
             if have != keypoints {
                 return Err(format!(
-                    "targets.keypoints {keypoints}: {} has {}; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have `keypoints`",
+                    "targets.keypoints {keypoints}: {} has {}; they come with targets.boxes \"stored\" of a dataset packed with `ringfeed pack --coco FILE` whose annotations have `keypoints`, or with WebDataset annotations (targets.boxes \"json\" or \"json:KEY\")",
                     source.describe(),
                     if have == 0 {
                         "no stored keypoints".to_owned()
@@ -132,7 +135,7 @@ impl StreamTargets {
             }
         }
         let mut from = from;
-        (from.instances, from.keypoints) = (instances, keypoints > 0);
+        (from.instances, from.keypoints) = (instances, keypoints);
         let out = StreamTargets {
             from,
             max_boxes,
@@ -214,16 +217,18 @@ impl StreamTargets {
     /// Reads sample `index`'s targets into `out`, in the stored image's pixels: boxes (at most
     /// `max_boxes`), labels, the mask decoded, the instance masks painted into bit planes, the
     /// keypoints (the ops check the maps' sizes against the image's, which they probe anyway).
-    /// `png` is scratch. The error names the value and the setting.
+    /// `size` probes the stored image's `(width, height)` from its header (WebDataset instance
+    /// masks are rasterised at it). `png` is scratch. The error names the value and the setting.
     pub fn read(
         &self,
         source: &dyn Source,
         index: u64,
         extra: &Extra<'_>,
+        size: &mut dyn FnMut() -> Result<(u32, u32), String>,
         out: &mut Targets,
         png: &mut Vec<u8>,
     ) -> Result<(), String> {
-        self.from.read(source, index, extra, self.check_crc, out, png)?;
+        self.from.read(source, index, extra, self.check_crc, size, out, png)?;
         if self.has_boxes() && out.boxes.len() > self.max_boxes as usize {
             return Err(format!(
                 "the sample has {} boxes, more than targets.max_boxes = {}; raise max_boxes",
@@ -330,6 +335,11 @@ impl StreamTargets {
 mod tests {
     use super::*;
 
+    /// The image-size probe of a stream whose targets are all stored (it is never asked).
+    fn no_probe() -> Result<(u32, u32), String> {
+        unreachable!("stored targets need no probe")
+    }
+
     fn pipeline(json: serde_json::Value) -> Pipeline {
         Pipeline::parse(&json).unwrap()
     }
@@ -388,7 +398,8 @@ mod tests {
         assert_eq!(t.specs()[0].shape, vec![2, 4], "max_boxes is the file's largest count");
         assert_eq!(t.specs()[3].shape, vec![6, 8]);
         let (mut out, mut png) = (Targets::default(), Vec::new());
-        t.read(&src, 2, &Extra::None, &mut out, &mut png).unwrap();
+        t.read(&src, 2, &Extra::None, &mut no_probe, &mut out, &mut png)
+            .unwrap();
         assert_eq!(out.boxes, vec![[0.0, 0.0, 1.0, 2.0], [1.0, 0.0, 2.0, 2.0]]);
         assert_eq!(out.mask.as_ref().unwrap().data, vec![1; 12]);
         // Moved to the output: one box left, the mask at the view's size.
@@ -512,7 +523,8 @@ mod tests {
         );
         assert_eq!(specs[4], ("keypoints".to_owned(), vec![9, 2, 3]));
         let (mut out, mut png) = (Targets::default(), Vec::new());
-        t.read(&src, 1, &Extra::None, &mut out, &mut png).unwrap();
+        t.read(&src, 1, &Extra::None, &mut no_probe, &mut out, &mut png)
+            .unwrap();
         assert_eq!(out.instances.len(), 1);
         // Box 0 is pixel (0, 0), box 1 pixel (0, 1) (column-major 1): bits 0 and 1.
         assert_eq!(out.instances[0].get(0, 0), 1);
@@ -550,8 +562,11 @@ mod tests {
             .unwrap()
             .unwrap();
         let (mut out, mut png) = (Targets::default(), Vec::new());
-        t.read(&src, 1, &Extra::None, &mut out, &mut png).unwrap();
-        let e = t.read(&src, 2, &Extra::None, &mut out, &mut png).unwrap_err();
+        t.read(&src, 1, &Extra::None, &mut no_probe, &mut out, &mut png)
+            .unwrap();
+        let e = t
+            .read(&src, 2, &Extra::None, &mut no_probe, &mut out, &mut png)
+            .unwrap_err();
         assert!(e.contains("2 boxes, more than targets.max_boxes = 1"), "{e}");
     }
 }

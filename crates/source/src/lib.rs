@@ -17,7 +17,9 @@
 //! asks for none.
 //!
 //! 1.10: a sample's detection and segmentation targets ([`targets`]) come from a packed
-//! dataset's `targets.rft` ([`Source::stored_targets`]) or a WebDataset sample's members.
+//! dataset's `targets.rft` ([`Source::stored_targets`]) or a WebDataset sample's members;
+//! [`instances`] rasterises COCO `segmentation`s for both `ringfeed pack --coco` and WebDataset
+//! annotations, so the two paths give the same masks.
 //!
 //! Invariants every implementation keeps:
 //! - `len()` is fixed for the life of the source, and `get(i)` for `i < len()` returns the same
@@ -30,6 +32,7 @@ use std::fmt;
 
 pub mod fields;
 pub mod files;
+pub mod instances;
 pub mod listing;
 pub mod lmdb;
 pub mod packed;

@@ -11,6 +11,9 @@
 //!
 //! [`check`] refuses a malformed segmentation when the COCO file is read (before any image);
 //! [`runs`] makes the runs once the image's size is known, and its error is the sample's.
+//! `ringfeed pack --coco` stores the runs; a WebDataset annotation's are painted as they are
+//! read (`crate::targets`): both come from this one module, so a packed and a WebDataset copy of
+//! one annotation give the same mask.
 
 use serde_json::Value;
 

@@ -142,6 +142,10 @@ def test_pack_coco_masks_stores_torchvisions_boxes_and_the_palette_indices(tmp_p
     assert "ok: targets of 4 samples: 9 boxes (at most 5 per sample), 4 masks" in v.stdout
     info = json.loads(run("inspect", str(out), "--json", "--sample", "0").stdout)
     assert info["targets"]["boxes"] == 9
+    assert (info["targets"]["max_boxes"], info["targets"]["masks"]) == (5, 4)
+    assert (info["targets"]["instance_masks"], info["targets"]["keypoints"]) == (True, 0)  # its polygons
+    text = run("inspect", str(out)).stdout
+    assert "targets:  9 boxes (at most 5 per sample), 4 samples with masks, instance masks, 0 keypoints" in text
     assert len(info["targets"]["sample"]["boxes"]) == len(reference_boxes(doc, 3, 40, 40)[0])
 
 
@@ -649,6 +653,16 @@ def test_pack_coco_stores_instance_masks_as_pycocotools_decodes_them(instances_s
     report = verify_targets(out, sample_count=SERVED)
     assert (report["instances"], report["keypoints"]) == (total, KP)
     assert f"{total} instance masks, {KP} keypoints per box" in run("verify", str(out)).stdout
+    counts = [
+        len(reference_instances(instances_set["doc"], k, w, h)[0])
+        for k, (_, w, h) in enumerate(instances_set["images"])
+    ]
+    info = json.loads(run("inspect", str(out), "--json").stdout)["targets"]
+    assert (info["boxes"], info["max_boxes"], info["masks"]) == (total, max(counts), 0)
+    assert (info["instance_masks"], info["keypoints"]) == (True, KP)
+    text = run("inspect", str(out)).stdout
+    want = f"targets:  {total} boxes (at most {max(counts)} per sample), 0 samples with masks, instance masks, {KP} key"
+    assert want in text, text
 
 
 def reference_with_instances(s: dict[str, Any], k: int, crop: list[int]) -> dict[str, torch.Tensor]:

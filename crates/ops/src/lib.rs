@@ -753,7 +753,7 @@ impl Processor {
         trace: &mut Trace,
     ) -> Result<Crop, OpError> {
         self.follow.targets.clear();
-        self.run_following(data, pipeline, rng, layout, sink, trace, false)
+        self.run_following(data, None, pipeline, rng, layout, sink, trace, false)
     }
 
     /// [`Processor::run`], and `targets` (the sample's boxes, labels and label map, in the
@@ -774,23 +774,45 @@ impl Processor {
         targets: &mut Targets,
         options: &TargetOptions,
     ) -> Result<Crop, OpError> {
+        self.run_targets_probed(data, None, pipeline, rng, layout, sink, trace, targets, options)
+    }
+
+    /// [`Processor::run_targets`] with `data`'s header already probed by the caller
+    /// ([`Processor::probe`] of the same bytes; `None`: probed here): the server probes a
+    /// WebDataset sample's header for the size its instance masks are rasterised at, and hands the
+    /// result on, so that each sample's header is read once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_targets_probed(
+        &mut self,
+        data: &[u8],
+        probed: Option<ringfeed_decode::ImageInfo>,
+        pipeline: &Pipeline,
+        rng: SampleRng,
+        layout: Layout,
+        sink: &mut dyn Sink,
+        trace: &mut Trace,
+        targets: &mut Targets,
+        options: &TargetOptions,
+    ) -> Result<Crop, OpError> {
         let outputs: u32 = pipeline.views.iter().map(|v| v.count).sum();
         if outputs != 1 {
             return Err(OpError::TargetsOutputs { outputs });
         }
         std::mem::swap(&mut self.follow.targets, targets);
         self.follow.options = *options;
-        let result = self.run_following(data, pipeline, rng, layout, sink, trace, true);
+        let result = self.run_following(data, probed, pipeline, rng, layout, sink, trace, true);
         std::mem::swap(&mut self.follow.targets, targets);
         result
     }
 
     /// The body of [`Processor::run`]; with `follow`, output 0 records its geometry and the
-    /// targets in `self.follow` are moved through it and sanitised.
+    /// targets in `self.follow` are moved through it and sanitised. `probed` is `data`'s header
+    /// when the caller probed it already.
     #[allow(clippy::too_many_arguments)]
     fn run_following(
         &mut self,
         data: &[u8],
+        probed: Option<ringfeed_decode::ImageInfo>,
         pipeline: &Pipeline,
         rng: SampleRng,
         layout: Layout,
@@ -798,7 +820,10 @@ impl Processor {
         trace: &mut Trace,
         follow: bool,
     ) -> Result<Crop, OpError> {
-        let info = self.decoder.probe(data)?;
+        let info = match probed {
+            Some(info) => info,
+            None => self.decoder.probe(data)?,
+        };
         let (width, height) = if (5..=8).contains(&info.orientation) {
             (info.height, info.width)
         } else {

@@ -762,27 +762,11 @@ impl Processor {
     /// segmentation targets (1.10)"; the module `targets`). The pipeline must make one image per
     /// sample ([`OpError::TargetsOutputs`]) and a mask must be the stored image's size
     /// ([`OpError::MaskSize`]). On error `targets` holds unspecified values.
+    /// `probed` is `data`'s header when the caller probed it already ([`Processor::probe`] of the
+    /// same bytes; `None`: probed here): the server probes a WebDataset sample's header for the
+    /// size its instance masks are rasterised at and hands it on, so the header is read once.
     #[allow(clippy::too_many_arguments)]
     pub fn run_targets(
-        &mut self,
-        data: &[u8],
-        pipeline: &Pipeline,
-        rng: SampleRng,
-        layout: Layout,
-        sink: &mut dyn Sink,
-        trace: &mut Trace,
-        targets: &mut Targets,
-        options: &TargetOptions,
-    ) -> Result<Crop, OpError> {
-        self.run_targets_probed(data, None, pipeline, rng, layout, sink, trace, targets, options)
-    }
-
-    /// [`Processor::run_targets`] with `data`'s header already probed by the caller
-    /// ([`Processor::probe`] of the same bytes; `None`: probed here): the server probes a
-    /// WebDataset sample's header for the size its instance masks are rasterised at, and hands the
-    /// result on, so that each sample's header is read once.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_targets_probed(
         &mut self,
         data: &[u8],
         probed: Option<ringfeed_decode::ImageInfo>,

@@ -662,6 +662,7 @@ mod tests {
         let rng = ringfeed_order::rng::SampleRng::new(seed, 0, 0);
         p.run_targets(
             &png,
+            None,
             &pipeline,
             rng,
             crate::Layout::Nhwc,
@@ -677,7 +678,7 @@ mod tests {
     #[test]
     fn a_header_probed_by_the_caller_is_the_one_used() {
         // The server hands on the header it probed for WebDataset instance masks: the sample is
-        // then the one `run_targets` makes, and the header given is what the targets follow
+        // then the one a probe of its own makes, and the header given is what the targets follow
         // (not probed again: a header claiming EXIF orientation 3 turns them).
         let (png, mask) = coded(48, 36);
         let pipeline = crate::Pipeline::parse(&serde_json::json!({"views": [{"ops": [
@@ -694,21 +695,9 @@ mod tests {
             let mut sink = crate::BufferSink::for_pipeline(&pipeline);
             let rng = ringfeed_order::rng::SampleRng::new(5, 0, 0);
             let (data, layout, trace) = (&png[..], crate::Layout::Nhwc, &mut crate::Trace::off());
-            let crop = match probed {
-                Some(i) => p.run_targets_probed(
-                    data,
-                    Some(i),
-                    &pipeline,
-                    rng,
-                    layout,
-                    &mut sink,
-                    trace,
-                    &mut t,
-                    &options,
-                ),
-                None => p.run_targets(data, &pipeline, rng, layout, &mut sink, trace, &mut t, &options),
-            }
-            .unwrap();
+            let crop = p
+                .run_targets(data, probed, &pipeline, rng, layout, &mut sink, trace, &mut t, &options)
+                .unwrap();
             (crop, sink.outs.remove(0), t)
         };
         let itself = go(None);
@@ -793,6 +782,7 @@ mod tests {
         let o = TargetOptions::default();
         let e = p.run_targets(
             &png,
+            None,
             &two,
             rng.clone(),
             crate::Layout::Nhwc,
@@ -809,6 +799,7 @@ mod tests {
         t.mask = Some(LabelMap::filled(36, 48, 0));
         let e = p.run_targets(
             &png,
+            None,
             &one,
             rng,
             crate::Layout::Nhwc,
@@ -867,6 +858,7 @@ mod tests {
             let options = TargetOptions::default();
             p.run_targets(
                 &data,
+                None,
                 &pipeline,
                 rng,
                 crate::Layout::Nhwc,

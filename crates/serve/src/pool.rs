@@ -640,7 +640,7 @@ fn write_sample(
             let (data, pipeline, layout, trace) = (sample.data, pipeline.as_ref(), ctx.layout, &mut Trace::off());
             let crop = match (targets.as_deref_mut(), &ctx.targets) {
                 (Some(t), Some(s)) => {
-                    processor.run_targets_probed(data, probed, pipeline, rng, layout, &mut sink, trace, t, &s.options)
+                    processor.run_targets(data, probed, pipeline, rng, layout, &mut sink, trace, t, &s.options)
                 }
                 _ => processor.run(data, pipeline, rng, layout, &mut sink, trace),
             }

@@ -142,6 +142,10 @@ def test_pack_coco_masks_stores_torchvisions_boxes_and_the_palette_indices(tmp_p
     assert "ok: targets of 4 samples: 9 boxes (at most 5 per sample), 4 masks" in v.stdout
     info = json.loads(run("inspect", str(out), "--json", "--sample", "0").stdout)
     assert info["targets"]["boxes"] == 9
+    assert (info["targets"]["max_boxes"], info["targets"]["masks"]) == (5, 4)
+    assert (info["targets"]["instance_masks"], info["targets"]["keypoints"]) == (True, 0)  # its polygons
+    text = run("inspect", str(out)).stdout
+    assert "targets:  9 boxes (at most 5 per sample), 4 samples with masks, instance masks, 0 keypoints" in text
     assert len(info["targets"]["sample"]["boxes"]) == len(reference_boxes(doc, 3, 40, 40)[0])
 
 
@@ -589,8 +593,8 @@ def instance_annotations(k: int, w: int, h: int) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def instances_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The serving images, packed with ``--coco`` annotations that have polygons, RLE and keypoints, and the same
-    pictures and annotations written as WebDataset tars by the webdataset library (``jpg``, and ``json`` holding
-    ``{"annotations": [...]}``)."""
+    pictures and annotations written as WebDataset tars by the webdataset library (``jpg``, ``json`` holding
+    ``{"annotations": [...]}``, and ``png`` a label map)."""
     import webdataset
 
     root = tmp_path_factory.mktemp("instances")
@@ -603,7 +607,9 @@ def instances_set(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         annotations += anns
         images.append({"id": k, "file_name": name, "width": w, "height": h})
         jpg = (root / "images" / name).read_bytes()
-        samples.append({"__key__": f"{k:06d}", "jpg": jpg, "json": {"annotations": anns}})
+        mbuf = io.BytesIO()
+        Image.fromarray(grey_mask(w, h, k), mode="L").save(mbuf, "PNG")
+        samples.append({"__key__": f"{k:06d}", "jpg": jpg, "json": {"annotations": anns}, "png": mbuf.getvalue()})
     for s in range(2):
         with webdataset.TarWriter(str(root / "wds" / f"inst-{s:05d}.tar")) as sink:
             for sample in samples[s * SERVED // 2 : (s + 1) * SERVED // 2]:
@@ -647,6 +653,16 @@ def test_pack_coco_stores_instance_masks_as_pycocotools_decodes_them(instances_s
     report = verify_targets(out, sample_count=SERVED)
     assert (report["instances"], report["keypoints"]) == (total, KP)
     assert f"{total} instance masks, {KP} keypoints per box" in run("verify", str(out)).stdout
+    counts = [
+        len(reference_instances(instances_set["doc"], k, w, h)[0])
+        for k, (_, w, h) in enumerate(instances_set["images"])
+    ]
+    info = json.loads(run("inspect", str(out), "--json").stdout)["targets"]
+    assert (info["boxes"], info["max_boxes"], info["masks"]) == (total, max(counts), 0)
+    assert (info["instance_masks"], info["keypoints"]) == (True, KP)
+    text = run("inspect", str(out)).stdout
+    want = f"targets:  {total} boxes (at most {max(counts)} per sample), 0 samples with masks, instance masks, {KP} key"
+    assert want in text, text
 
 
 def reference_with_instances(s: dict[str, Any], k: int, crop: list[int]) -> dict[str, torch.Tensor]:
@@ -786,6 +802,58 @@ def test_webdataset_instance_masks_and_keypoints_equal_the_packed_sets_on_two_ra
             assert torch.equal(value, wds[name]), (k, name)
         masks += len(wds["masks"])
     assert masks > 0
+
+
+WDS_ALL = ringfeed.Targets(
+    boxes="json:annotations", max_boxes=5, mask="png", mask_fill=FILL, instance_masks=True, keypoints=KP
+)
+
+
+def test_webdataset_targets_from_object_storage_equal_the_local_tars_on_two_ranks(
+    instances_set: dict[str, Any], sockdir: Path, tmp_path: Path
+) -> None:
+    """The instance set's tars put in a real S3 server (s3s-fs) and served from it (``s3://``): over an epoch on 2
+    ranks every sample's image, crop, boxes, labels, label map, instance masks and keypoints equal the same tars
+    served from local disk (and torchvision v2's replay)."""
+    from _s3 import BUCKET, s3_server
+    from test_remote_wds import serving, upload
+
+    local = instances_set["root"] / "wds"
+    got: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    with s3_server("s3s-fs") as store:
+        upload(store, local, "det")
+        sock = str(sockdir / "t.sock")
+        with serving(store, sock, tmp_path):
+            for kind, path in [("remote", f"s3://{BUCKET}/det"), ("local", str(local))]:
+                seen: list[int] = []
+                got[kind] = {}
+                for rank in (0, 1):
+                    ld = ringfeed.Loader(
+                        ringfeed.WebDataset(path, label=""), 3, PIPE, seed=4, fields=["index", "crop"],
+                        drop_last=False, targets=WDS_ALL, rank=rank, world_size=2,
+                        server=ringfeed.Server(socket=sock),
+                    )  # fmt: skip
+                    with ld:
+                        ld.set_epoch(1)
+                        batches = [{k: v.clone() if hasattr(v, "clone") else v for k, v in b.items()} for b in ld]
+                    assert {"mask", "instance_masks", "keypoints"} <= set(batches[0]), kind
+                    part = check_instances(instances_set, batches)
+                    assert not set(part) & set(seen), kind
+                    seen += part
+                    got[kind] |= by_index(batches)
+                    for b in batches:
+                        for p, k in enumerate(b["index"].tolist()):
+                            got[kind][k] |= {"image": b["image"][p], "mask": b["mask"][p]}
+                assert sorted(seen) == list(range(SERVED)), kind
+    masks = 0
+    for k in range(SERVED):
+        remote, there = got["remote"][k], got["local"][k]
+        assert remote.keys() == there.keys() >= {"image", "boxes", "labels", "mask", "masks", "keypoints", "crop"}
+        for name, value in there.items():
+            assert torch.equal(value, remote[name]), (k, name)
+        masks += len(remote["masks"])
+    assert masks > 0
+    assert any(got["remote"][k]["mask"].ne(FILL).any() for k in range(SERVED))
 
 
 @pytest.mark.parametrize(

@@ -617,6 +617,7 @@ mod tests {
             let mut trace = Trace::off();
             proc.run_targets(
                 &jpeg,
+                None,
                 &pipeline,
                 rng,
                 Layout::Nhwc,

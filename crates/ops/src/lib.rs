@@ -753,7 +753,7 @@ impl Processor {
         trace: &mut Trace,
     ) -> Result<Crop, OpError> {
         self.follow.targets.clear();
-        self.run_following(data, pipeline, rng, layout, sink, trace, false)
+        self.run_following(data, None, pipeline, rng, layout, sink, trace, false)
     }
 
     /// [`Processor::run`], and `targets` (the sample's boxes, labels and label map, in the
@@ -762,10 +762,14 @@ impl Processor {
     /// segmentation targets (1.10)"; the module `targets`). The pipeline must make one image per
     /// sample ([`OpError::TargetsOutputs`]) and a mask must be the stored image's size
     /// ([`OpError::MaskSize`]). On error `targets` holds unspecified values.
+    /// `probed` is `data`'s header when the caller probed it already ([`Processor::probe`] of the
+    /// same bytes; `None`: probed here): the server probes a WebDataset sample's header for the
+    /// size its instance masks are rasterised at and hands it on, so the header is read once.
     #[allow(clippy::too_many_arguments)]
     pub fn run_targets(
         &mut self,
         data: &[u8],
+        probed: Option<ringfeed_decode::ImageInfo>,
         pipeline: &Pipeline,
         rng: SampleRng,
         layout: Layout,
@@ -780,17 +784,19 @@ impl Processor {
         }
         std::mem::swap(&mut self.follow.targets, targets);
         self.follow.options = *options;
-        let result = self.run_following(data, pipeline, rng, layout, sink, trace, true);
+        let result = self.run_following(data, probed, pipeline, rng, layout, sink, trace, true);
         std::mem::swap(&mut self.follow.targets, targets);
         result
     }
 
     /// The body of [`Processor::run`]; with `follow`, output 0 records its geometry and the
-    /// targets in `self.follow` are moved through it and sanitised.
+    /// targets in `self.follow` are moved through it and sanitised. `probed` is `data`'s header
+    /// when the caller probed it already.
     #[allow(clippy::too_many_arguments)]
     fn run_following(
         &mut self,
         data: &[u8],
+        probed: Option<ringfeed_decode::ImageInfo>,
         pipeline: &Pipeline,
         rng: SampleRng,
         layout: Layout,
@@ -798,7 +804,10 @@ impl Processor {
         trace: &mut Trace,
         follow: bool,
     ) -> Result<Crop, OpError> {
-        let info = self.decoder.probe(data)?;
+        let info = match probed {
+            Some(info) => info,
+            None => self.decoder.probe(data)?,
+        };
         let (width, height) = if (5..=8).contains(&info.orientation) {
             (info.height, info.width)
         } else {

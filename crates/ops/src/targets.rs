@@ -662,6 +662,7 @@ mod tests {
         let rng = ringfeed_order::rng::SampleRng::new(seed, 0, 0);
         p.run_targets(
             &png,
+            None,
             &pipeline,
             rng,
             crate::Layout::Nhwc,
@@ -672,6 +673,37 @@ mod tests {
         )
         .unwrap();
         sink.outs.remove(0)
+    }
+
+    #[test]
+    fn a_header_probed_by_the_caller_is_the_one_used() {
+        // The server hands on the header it probed for WebDataset instance masks: the sample is
+        // then the one a probe of its own makes, and the header given is what the targets follow
+        // (not probed again: a header claiming EXIF orientation 3 turns them).
+        let (png, mask) = coded(48, 36);
+        let pipeline = crate::Pipeline::parse(&serde_json::json!({"views": [{"ops": [
+            {"op": "random_resized_crop", "size": [20, 24], "interpolation": "nearest"}], "size": [20, 24]}]}))
+        .unwrap();
+        let mut p = crate::Processor::new(ringfeed_decode::Limits::default()).unwrap();
+        let info = p.probe(&png).unwrap();
+        let options = TargetOptions::default();
+        let mut go = |probed: Option<ringfeed_decode::ImageInfo>| {
+            let mut t = Targets {
+                mask: Some(mask.clone()),
+                ..Targets::default()
+            };
+            let mut sink = crate::BufferSink::for_pipeline(&pipeline);
+            let rng = ringfeed_order::rng::SampleRng::new(5, 0, 0);
+            let (data, layout, trace) = (&png[..], crate::Layout::Nhwc, &mut crate::Trace::off());
+            let crop = p
+                .run_targets(data, probed, &pipeline, rng, layout, &mut sink, trace, &mut t, &options)
+                .unwrap();
+            (crop, sink.outs.remove(0), t)
+        };
+        let itself = go(None);
+        assert_eq!(go(Some(info)), itself);
+        let turned = go(Some(ringfeed_decode::ImageInfo { orientation: 3, ..info }));
+        assert_ne!(turned.2.mask, itself.2.mask);
     }
 
     #[test]
@@ -750,6 +782,7 @@ mod tests {
         let o = TargetOptions::default();
         let e = p.run_targets(
             &png,
+            None,
             &two,
             rng.clone(),
             crate::Layout::Nhwc,
@@ -766,6 +799,7 @@ mod tests {
         t.mask = Some(LabelMap::filled(36, 48, 0));
         let e = p.run_targets(
             &png,
+            None,
             &one,
             rng,
             crate::Layout::Nhwc,
@@ -824,6 +858,7 @@ mod tests {
             let options = TargetOptions::default();
             p.run_targets(
                 &data,
+                None,
                 &pipeline,
                 rng,
                 crate::Layout::Nhwc,

@@ -218,7 +218,7 @@ pub(crate) fn run_ops(a: OpsArgs) -> Result<ExitCode> {
         let layout = ringfeed_ops::Layout::Nhwc;
         let mut moved = targets.clone();
         let crop = match &mut moved {
-            Some(t) => p.run_targets(&data, &pipeline, rng, layout, &mut sink, &mut trace, t, &options),
+            Some(t) => p.run_targets(&data, None, &pipeline, rng, layout, &mut sink, &mut trace, t, &options),
             None => p.run(&data, &pipeline, rng, layout, &mut sink, &mut trace),
         }
         .with_context(|| format!("{}: sample {index}", a.image.display()))?;

@@ -536,7 +536,7 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
     if ctx.fields.is_none() && ctx.targets.is_none() {
         ctx.source.with_sample(index, &mut |sample| {
             times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
-            outcome = write_sample(processor, job, index, sample, None, &mut times)
+            outcome = write_sample(processor, job, index, sample, None, None, &mut times)
         })
     } else {
         // 1.9: the fields (1.10: the targets) come from the same read as the image, so they
@@ -548,6 +548,9 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
                 Some(fields) => fields.encode(&extra).map_err(|e| (key(), e)),
                 None => Ok(Vec::new()),
             };
+            // The header probed for the size below, handed on to the ops (which would probe it
+            // again): it is `sample.data`'s, read within this same borrow of it.
+            let mut probed = None;
             let targets = match &ctx.targets {
                 Some(t) => {
                     let (mut read, mut png) = (Targets::default(), Vec::new());
@@ -555,6 +558,7 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
                     // instance masks, which are rasterised at it as `pack --coco` does.
                     let mut size = || {
                         let info = processor.probe(sample.data).map_err(|e| e.to_string())?;
+                        probed = Some(info);
                         Ok((info.width, info.height))
                     };
                     t.read(ctx.source.as_ref(), index, &extra, &mut size, &mut read, &mut png)
@@ -566,7 +570,7 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
             times[Stage::Read as usize] = t0.elapsed().as_nanos() as u64;
             outcome = encoded.and_then(|encoded| {
                 let mut targets = targets?;
-                write_sample(processor, job, index, sample, targets.as_mut(), &mut times)?;
+                write_sample(processor, job, index, sample, targets.as_mut(), probed, &mut times)?;
                 let descs = ctx.fields.as_ref().map_or(&[][..], |f| f.descs());
                 for (desc, bytes) in descs.iter().zip(&encoded) {
                     // SAFETY: this job owns sample `pos` of the FILLING slot (module invariants);
@@ -584,12 +588,15 @@ fn run_job(processor: &mut Processor, job: &Job) -> Result<(), (String, String)>
 
 /// Decodes and transforms one sample into the slot, with its label and extras; with `targets`
 /// (1.10, in the stored image's pixels), moves them with the image and writes their fields.
+/// `probed` is `sample.data`'s header when it was probed already (for WebDataset instance masks).
+#[allow(clippy::too_many_arguments)]
 fn write_sample(
     processor: &mut Processor,
     job: &Job,
     index: u64,
     sample: ringfeed_source::Sample<'_>,
     mut targets: Option<&mut Targets>,
+    probed: Option<ringfeed_decode::ImageInfo>,
     times: &mut [u64; STAGES],
 ) -> Result<(), (String, String)> {
     let task = &job.batch;
@@ -633,7 +640,7 @@ fn write_sample(
             let (data, pipeline, layout, trace) = (sample.data, pipeline.as_ref(), ctx.layout, &mut Trace::off());
             let crop = match (targets.as_deref_mut(), &ctx.targets) {
                 (Some(t), Some(s)) => {
-                    processor.run_targets(data, pipeline, rng, layout, &mut sink, trace, t, &s.options)
+                    processor.run_targets(data, probed, pipeline, rng, layout, &mut sink, trace, t, &s.options)
                 }
                 _ => processor.run(data, pipeline, rng, layout, &mut sink, trace),
             }

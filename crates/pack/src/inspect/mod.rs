@@ -190,8 +190,14 @@ pub struct Inspection {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetsInspection {
     pub boxes: u64,
+    /// The most boxes one sample has (read from the records, not the header).
     pub max_boxes: u32,
-    pub masks: bool,
+    /// Samples whose record holds a label map.
+    pub masks: u64,
+    /// Whether the boxes have instance masks (targets file 1.1).
+    pub instances: bool,
+    /// Keypoints per box (0: none).
+    pub keypoints: u32,
     /// The stored categories (COCO's), as given.
     pub categories: Option<serde_json::Value>,
     /// The described sample's boxes, labels, and mask PNG bytes (0: none).
@@ -203,9 +209,12 @@ fn inspect_targets(dir: &Path, sample: Option<u64>) -> Result<Option<TargetsInsp
     let Some(t) = ringfeed_format::targets::TargetsFile::open_in(dir)? else {
         return Ok(None);
     };
-    let mut boxes = 0;
+    let (mut boxes, mut max_boxes, mut masks) = (0, 0, 0);
     for i in 0..t.len() {
-        boxes += t.get(i, false)?.boxes.len() as u64;
+        let s = t.get(i, false)?;
+        boxes += s.boxes.len() as u64;
+        max_boxes = max_boxes.max(s.boxes.len() as u32);
+        masks += u64::from(!s.mask_png.is_empty());
     }
     let sample = match sample {
         Some(i) if i < t.len() => {
@@ -216,8 +225,10 @@ fn inspect_targets(dir: &Path, sample: Option<u64>) -> Result<Option<TargetsInsp
     };
     let info = TargetsInspection {
         boxes,
-        max_boxes: t.header.max_boxes,
-        masks: t.header.has_masks(),
+        max_boxes,
+        masks,
+        instances: t.header.has_instances(),
+        keypoints: t.header.keypoints,
         categories: serde_json::from_slice(t.categories()).ok(),
         sample,
     };
@@ -593,10 +604,16 @@ impl Inspection {
             let cats = t.categories.as_ref().and_then(|c| c.as_array()).map_or(0, Vec::len);
             let _ = writeln!(
                 o,
-                "  targets:  {} boxes (at most {} per sample), {}, {cats} categories",
+                "  targets:  {} boxes (at most {} per sample), {} samples with masks, {}, {} keypoints per box, {cats} categories",
                 t.boxes,
                 t.max_boxes,
-                if t.masks { "a mask per sample" } else { "no masks" }
+                t.masks,
+                if t.instances {
+                    "instance masks"
+                } else {
+                    "no instance masks"
+                },
+                t.keypoints,
             );
         }
         if let Some(s) = &self.sample {
@@ -667,7 +684,8 @@ impl Inspection {
                 "read": l.read, "min": l.min, "max": l.max, "distinct": l.distinct,
             })),
             "targets": self.targets.as_ref().map(|t| serde_json::json!({
-                "boxes": t.boxes, "max_boxes": t.max_boxes, "masks": t.masks, "categories": t.categories,
+                "boxes": t.boxes, "max_boxes": t.max_boxes, "masks": t.masks, "instance_masks": t.instances,
+                "keypoints": t.keypoints, "categories": t.categories,
                 "sample": t.sample.as_ref().map(|(b, l, m)| serde_json::json!({"boxes": b, "labels": l, "mask_bytes": m})),
             })),
             "sample": self.sample.as_ref().map(|s| serde_json::json!({

@@ -694,12 +694,17 @@ fn write_sample(
         }
     }
     if let (Some(t), Some(stream)) = (targets, &ctx.targets) {
-        let encoded = stream.encode(t).map_err(|e| (key(), e))?;
-        for (desc, bytes) in stream.descs().iter().zip(&encoded) {
-            // SAFETY: this job owns sample `pos` of the FILLING slot; `encode` gives each field
-            // exactly its sample bytes.
-            unsafe { put(task, desc, job.pos, bytes) };
+        /// The sample's part of each target field in the slot.
+        struct Fields<'a, 'b>(&'a mut SlotSink<'b>, &'a [FieldDesc]);
+        impl crate::targets::FieldBytes for Fields<'_, '_> {
+            fn field(&mut self, k: usize) -> &mut [u8] {
+                let d = &self.1[k];
+                self.0.part((d.offset, d.sample_bytes), 0, d.sample_bytes)
+            }
         }
+        stream
+            .write(t, &mut Fields(&mut sink, stream.descs()))
+            .map_err(|e| (key(), e))?;
     }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())

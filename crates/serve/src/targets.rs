@@ -29,6 +29,13 @@ pub const MASK: &str = "mask";
 pub const INSTANCE_MASKS: &str = "instance_masks";
 pub const KEYPOINTS: &str = "keypoints";
 
+/// Where [`StreamTargets::write`] puts a sample's bytes: `field(k)` is its `sample_bytes` of
+/// desc `k` of [`StreamTargets::descs`] (the pool: the sample's part of the slot's field).
+pub trait FieldBytes {
+    /// The sample's bytes of desc `k`.
+    fn field(&mut self, k: usize) -> &mut [u8];
+}
+
 /// A stream's targets, checked, with their places in the ring once it exists.
 #[derive(Debug)]
 pub struct StreamTargets {
@@ -248,11 +255,19 @@ impl StreamTargets {
         Ok(())
     }
 
-    /// One sample's bytes for each of [`StreamTargets::descs`], from its targets moved to the
-    /// view's output: boxes padded with zeros, labels with `-1`, the count, the mask (which must
-    /// have the view's size).
-    pub fn encode(&self, moved: &Targets) -> Result<Vec<Vec<u8>>, String> {
-        let mut out = Vec::with_capacity(6);
+    /// Writes one sample's bytes of each of [`StreamTargets::descs`] from its targets moved to
+    /// the view's output: boxes padded with zeros, labels with `-1`, the count, the mask (which
+    /// must have the view's size), the instance-mask planes, the keypoints, each straight into
+    /// `out.field(k)` (the slot: no copy of a mask is made on the way). On error some fields may
+    /// be written: the sample fails.
+    pub fn write(&self, moved: &Targets, out: &mut dyn FieldBytes) -> Result<(), String> {
+        // The descs' order: boxes, box_labels, box_count, mask, instance_masks, keypoints, each
+        // where asked for (`descs`).
+        let mut k = 0;
+        let mut next = || {
+            k += 1;
+            k - 1
+        };
         if self.has_boxes() {
             let m = self.max_boxes as usize;
             if moved.boxes.len() > m || moved.labels.len() != moved.boxes.len() {
@@ -262,23 +277,24 @@ impl StreamTargets {
                     moved.labels.len()
                 ));
             }
-            let mut boxes = vec![0u8; m * 16];
+            let boxes = out.field(next());
+            boxes.fill(0);
             for (o, b) in boxes.chunks_exact_mut(16).zip(&moved.boxes) {
-                for (k, v) in b.iter().enumerate() {
-                    o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                for (j, v) in b.iter().enumerate() {
+                    o[4 * j..4 * j + 4].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            let labels: Vec<u8> = (0..m)
-                .flat_map(|k| moved.labels.get(k).copied().unwrap_or(-1).to_le_bytes())
-                .collect();
-            out.push(boxes);
-            out.push(labels);
-            out.push((moved.boxes.len() as i32).to_le_bytes().to_vec());
+            let labels = out.field(next());
+            for (j, o) in labels.chunks_exact_mut(8).enumerate() {
+                o.copy_from_slice(&moved.labels.get(j).copied().unwrap_or(-1i64).to_le_bytes());
+            }
+            out.field(next())
+                .copy_from_slice(&(moved.boxes.len() as i32).to_le_bytes());
         }
         if self.has_mask() {
             let (h, w) = self.size;
             match &moved.mask {
-                Some(mk) if (mk.height, mk.width) == (h, w) => out.push(mk.data.clone()),
+                Some(mk) if (mk.height, mk.width) == (h, w) => out.field(next()).copy_from_slice(&mk.data),
                 Some(mk) => {
                     return Err(format!(
                         "the mask is {}x{} after the ops, the view is {w}x{h}",
@@ -291,7 +307,6 @@ impl StreamTargets {
         if self.instances {
             let (h, w) = self.size;
             let plane = h as usize * w as usize;
-            let mut bytes = vec![0u8; self.max_boxes.div_ceil(8) as usize * plane];
             if moved.instances.len() != moved.boxes.len().div_ceil(8) {
                 return Err(format!(
                     "{} instance-mask planes for {} boxes after the ops",
@@ -299,16 +314,17 @@ impl StreamTargets {
                     moved.boxes.len()
                 ));
             }
+            if let Some(m) = moved.instances.iter().find(|m| (m.height, m.width) != (h, w)) {
+                return Err(format!(
+                    "the instance masks are {}x{} after the ops, the view is {w}x{h}",
+                    m.width, m.height
+                ));
+            }
+            let bytes = out.field(next());
             for (p, m) in moved.instances.iter().enumerate() {
-                if (m.height, m.width) != (h, w) {
-                    return Err(format!(
-                        "the instance masks are {}x{} after the ops, the view is {w}x{h}",
-                        m.width, m.height
-                    ));
-                }
                 bytes[p * plane..(p + 1) * plane].copy_from_slice(&m.data);
             }
-            out.push(bytes);
+            bytes[moved.instances.len() * plane..].fill(0);
         }
         if self.keypoints > 0 {
             let per = self.keypoints as usize;
@@ -319,21 +335,41 @@ impl StreamTargets {
                     moved.boxes.len()
                 ));
             }
-            let mut bytes = vec![0u8; self.max_boxes as usize * per * 12];
+            let bytes = out.field(next());
+            bytes.fill(0);
             for (o, p) in bytes.chunks_exact_mut(12).zip(&moved.keypoints) {
-                for (k, v) in p.iter().enumerate() {
-                    o[4 * k..4 * k + 4].copy_from_slice(&v.to_le_bytes());
+                for (j, v) in p.iter().enumerate() {
+                    o[4 * j..4 * j + 4].copy_from_slice(&v.to_le_bytes());
                 }
             }
-            out.push(bytes);
         }
-        Ok(out)
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl StreamTargets {
+        /// [`StreamTargets::write`] into buffers of each field's size, as the slot's are, whose
+        /// bytes start as `0xAA` (so padding the write leaves out shows).
+        fn encode(&self, moved: &Targets) -> Result<Vec<Vec<u8>>, String> {
+            let mut out: Vec<Vec<u8>> = self
+                .specs()
+                .iter()
+                .map(|f| vec![0xAA; f.sample_bytes().unwrap() as usize])
+                .collect();
+            self.write(moved, &mut out)?;
+            Ok(out)
+        }
+    }
+
+    impl FieldBytes for Vec<Vec<u8>> {
+        fn field(&mut self, k: usize) -> &mut [u8] {
+            &mut self[k]
+        }
+    }
 
     /// The image-size probe of a stream whose targets are all stored (it is never asked).
     fn no_probe() -> Result<(u32, u32), String> {

@@ -38,10 +38,10 @@ targets a list of `{"boxes", "labels"}` per image (detection) or the label maps 
   `Targets(boxes="stored")` or `Targets(mask="stored", mask_fill=255)`, `Normalize` on the device
   (`device="cuda"`), hybrid decode `--gpu-decode`, the autotuner bounded at `--threads` decode
   threads, in a private server (`harness.Server`). Its padded `boxes [B, M, 4]`, `box_labels [B, M]`
-  and `box_count [B]` become torchvision's list of dicts on the device: one read of `box_count` a
-  batch (a host sync a batch, not one an image; the models themselves check every image's boxes
-  for degenerate ones with a sync each, so the GPU drains at every step whatever the loader), the
-  rest views of the padded tensors. This conversion is inside the timed loop.
+  and `box_count [B]` become torchvision's list of dicts (`ringfeed.detection_targets`) on the
+  device: one read of `box_count` a batch (a host sync a batch, not one an image; the models
+  themselves check every image's boxes for degenerate ones with a sync each, so the GPU drains at
+  every step whatever the loader), the rest views of the padded tensors. This conversion is inside the timed loop.
 - dataloader: torchvision's reference scripts' shape: a Dataset reading each image with PIL and
   its targets from the COCO json (parsed here; no pycocotools) as `tv_tensors` (`BoundingBoxes`
   XYXY, `Mask`), the same recipe in torchvision v2, `ToImage` (uint8 tensors), a
@@ -233,13 +233,6 @@ def ceiling_batches(a: argparse.Namespace, kind: str, dev: Device) -> Iterator[B
         yield x, t
 
 
-def padded_to_lists(b: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """ringfeed's padded boxes to torchvision's list of dicts, on the device: one host read of the
-    counts a batch; each image's boxes and labels are views of the padded tensors."""
-    counts = b["box_count"].tolist()
-    return [{"boxes": b["boxes"][i, :n], "labels": b["box_labels"][i, :n]} for i, n in enumerate(counts)]
-
-
 def ringfeed_batches(
     a: argparse.Namespace, kind: str, threads: int, sock: str, info: dict[str, Any]
 ) -> Iterator[Batch]:
@@ -272,7 +265,7 @@ def ringfeed_batches(
         for b in harness.epochs(ld):
             t = time.perf_counter()
             if detection:
-                targets: Targets = padded_to_lists(b)
+                targets: Targets = ringfeed.detection_targets(b)
             else:
                 targets = b["mask"].long()
             info["convert_s"] = info.get("convert_s", 0.0) + time.perf_counter() - t

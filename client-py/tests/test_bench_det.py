@@ -20,6 +20,8 @@ import torch
 from _fleet import REPO, binary, client_env
 from PIL import Image
 
+import ringfeed
+
 N = 6
 
 
@@ -90,14 +92,11 @@ def test_the_set_is_the_same_from_the_same_seed(coco: Path, tmp_path: Path) -> N
 
 
 def test_padded_boxes_become_torchvisions_list_of_dicts() -> None:
-    """det_train.py's conversion keeps each image's first box_count boxes and labels, in order, and
-    nothing of the padding."""
-    sys.path.insert(0, str(REPO / "benches"))
-    from det_train import padded_to_lists
-
+    """The conversion det_train.py uses (``ringfeed.detection_targets``) keeps each image's first
+    box_count boxes and labels, in order, and nothing of the padding."""
     boxes = torch.arange(3 * 4 * 4, dtype=torch.float32).view(3, 4, 4)
     labels = torch.tensor([[5, 6, -1, -1], [-1, -1, -1, -1], [1, 2, 3, 4]])
-    out = padded_to_lists(
+    out = ringfeed.detection_targets(
         {"boxes": boxes, "box_labels": labels, "box_count": torch.tensor([2, 0, 4], dtype=torch.int32)}
     )
     assert [len(t["boxes"]) for t in out] == [2, 0, 4]

@@ -37,6 +37,8 @@ pub mod flags {
     pub const ANTIALIAS: i32 = 16;
     /// The JPEG's chroma sampling, bits 5–7 ([`super::chroma_code`]; 1.4; 0 from a 1.3 server).
     pub const CHROMA_SHIFT: i32 = 5;
+    /// 1.11: the arena holds the sample's decoded pixels, not a JPEG (ring.md, "Decoded pixels").
+    pub const PIXELS: i32 = 256;
 }
 
 /// `gpu_job[16]` bits 5–7 (ring.md, 1.4): how the sample's JPEG samples chroma, so that the
@@ -101,6 +103,28 @@ impl GpuJob {
             self.flags | chroma_code(self.chroma) << flags::CHROMA_SHIFT,
             fill,
         ]
+    }
+
+    /// 1.11: the record of a pixel sample whose decoded rectangle `r` of the source (which holds
+    /// [`GpuJob::pre`]) lies in the arena at `offset` as packed RGB rows (control.md, "Decoded
+    /// pixels (1.11)"): the source becomes `r`, the coordinates move with it (`win` and `valid`
+    /// only without a resize: then the base is the source), bit 8 is set and the chroma bits 0.
+    pub fn pixel_record(&self, offset: u32, r: Rect) -> [i32; RECORD_LEN] {
+        let mut job = *self;
+        job.src = (r.width, r.height);
+        job.pre.left -= r.left;
+        job.pre.top -= r.top;
+        if job.resize == (0, 0) {
+            let (dx, dy) = (i64::from(r.left), i64::from(r.top));
+            job.win = (job.win.0 - dx, job.win.1 - dy);
+            job.valid.0 -= dx;
+            job.valid.1 -= dy;
+        }
+        job.flags |= flags::PIXELS;
+        // `r` fits the arena (at most 64 MiB a sample), so its byte count fits a u32.
+        let mut record = job.record(offset, r.width * r.height * 3);
+        record[16] &= !(7 << flags::CHROMA_SHIFT);
+        record
     }
 
     fn of(f: &Fused, src: (u32, u32), chroma: Chroma) -> GpuJob {
@@ -317,7 +341,101 @@ impl Processor {
         let Some(chroma) = chroma.filter(|_| info.width > 0 && info.height > 0) else {
             return Ok(None);
         };
-        let src = (info.width, info.height);
+        self.plan_outputs(pipeline, (info.width, info.height), chroma, rng, max_steps, sink, trace)
+    }
+
+    /// 1.11: plans sample `data` as a pixel sample (control.md, "Decoded pixels (1.11)"): its
+    /// parameters drawn as [`Processor::plan_gpu`] draws them, for any image the decoder probes
+    /// (on its EXIF-oriented size). Returns the ring's `crop` and the rectangle of the oriented
+    /// image to decode (the union of the outputs' `pre`), or `None` where the geometry does not
+    /// cover some output (the caller decodes it on the CPU with the same `rng`). With
+    /// `targets`, only an image of EXIF orientation 1 qualifies ([`Processor::gpu_targets`]
+    /// moves targets through the planned geometry alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_pixels(
+        &mut self,
+        data: &[u8],
+        pipeline: &Pipeline,
+        rng: SampleRng,
+        max_steps: usize,
+        targets: bool,
+        sink: &mut dyn Sink,
+        trace: &mut Trace,
+    ) -> Result<Option<(super::Crop, Rect)>, OpError> {
+        if pipeline.views.is_empty() {
+            return Ok(None);
+        }
+        let info = self.decoder.probe(data)?;
+        let (w, h) = if (5..=8).contains(&info.orientation) {
+            (info.height, info.width)
+        } else {
+            (info.width, info.height)
+        };
+        if w == 0 || h == 0 || (targets && info.orientation > 1) {
+            return Ok(None);
+        }
+        // The chroma bits are zero in a pixel record; the value here is not used.
+        let Some(crop) = self.plan_outputs(pipeline, (w, h), Chroma::Other, rng, max_steps, sink, trace)? else {
+            return Ok(None);
+        };
+        let rect = self
+            .gpu_jobs
+            .iter()
+            .map(|j| j.pre)
+            .reduce(super::union)
+            .unwrap_or(Rect::full(w, h));
+        Ok(Some((crop, rect)))
+    }
+
+    /// 1.11: decodes rectangle `rect` of `data` (the EXIF-oriented image, full scale) and writes
+    /// it into `dst` as packed RGB rows (`rect.width * rect.height * 3` bytes): a pixel
+    /// sample's arena bytes after [`Processor::plan_pixels`]. The decoder is asked for a margin
+    /// around it, as the CPU path asks, so the pixels are the ones a CPU decode of the sample sees.
+    pub fn decode_pixels(&mut self, data: &[u8], rect: Rect, dst: &mut [u8]) -> Result<(), OpError> {
+        let started = std::time::Instant::now();
+        let row = rect.width as usize * 3;
+        if dst.len() != row * rect.height as usize {
+            return Err(OpError::OutputLength {
+                expected: row * rect.height as usize,
+                got: dst.len(),
+                height: rect.height,
+                width: rect.width,
+            });
+        }
+        let info = self.decoder.probe(data)?;
+        let (w, h) = if (5..=8).contains(&info.orientation) {
+            (info.height, info.width)
+        } else {
+            (info.width, info.height)
+        };
+        let want = super::pad_rect(rect, super::REGION_MARGIN, w, h);
+        let d = self.decoder.decode_region_into(data, want, 1, &mut self.pixels)?;
+        let stride = d.rect.width as usize * 3;
+        let x0 = (rect.left - d.rect.left) as usize * 3;
+        let y0 = (rect.top - d.rect.top) as usize;
+        for (y, out) in dst.chunks_exact_mut(row).enumerate() {
+            let at = (y0 + y) * stride + x0;
+            out.copy_from_slice(&self.pixels[at..at + row]);
+        }
+        self.decode_ns = started.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// Plans every output of `pipeline` on a `src`-sized source (views in order, their images
+    /// in order; output `j` from `rng`'s `fork(j)`, `j = 0` from `rng` itself) into
+    /// [`Processor::gpu_jobs`] and [`Processor::gpu_steps`], handing the erasing boxes to `sink`;
+    /// output 0's crop, or `None` where some output's geometry is not covered.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_outputs(
+        &mut self,
+        pipeline: &Pipeline,
+        src: (u32, u32),
+        chroma: Chroma,
+        rng: SampleRng,
+        max_steps: usize,
+        sink: &mut dyn Sink,
+        trace: &mut Trace,
+    ) -> Result<Option<super::Crop>, OpError> {
         self.gpu_jobs.clear();
         let mut crop0 = None;
         let mut j = 0u64;
@@ -704,5 +822,87 @@ mod tests {
             }
         }
         assert!(erased > 20, "the boxes were drawn ({erased})");
+    }
+
+    #[test]
+    fn a_pixel_sample_carries_its_decoded_rectangle_and_the_cpu_path_s_draws() {
+        // 1.11: any image the server decodes (a JPEG, a PNG) is planned with the CPU path's
+        // draws; its arena bytes are exactly the full decode's pixels of the rectangle its
+        // outputs read, and each record's coordinates move into that rectangle.
+        let pipeline = Pipeline::parse(&serde_json::json!({"views": [
+            {"name": "a", "ops": [{"op": "random_resized_crop", "size": [24]}, {"op": "horizontal_flip"},
+                {"op": "trivial_augment_wide"}, {"op": "random_erasing", "p": 0.5}]},
+            {"name": "b", "ops": [{"op": "random_crop", "size": [20, 16]}]}]}))
+        .unwrap();
+        let max = finishable(&pipeline, 11).unwrap() as usize;
+        let img = image::RgbImage::from_fn(40, 30, |x, y| {
+            image::Rgb([(x * 6) as u8, (y * 8) as u8, ((x * y) % 251) as u8])
+        });
+        let mut jpeg = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 90)
+            .encode_image(&img)
+            .unwrap();
+        let mut png = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .unwrap();
+        let mut proc = Processor::new(ringfeed_decode::Limits::default()).unwrap();
+        let mut decoder = ringfeed_decode::Decoder::new(ringfeed_decode::Limits::default()).unwrap();
+        let (mut gpu, mut cpu) = (
+            super::super::BufferSink::for_pipeline(&pipeline),
+            super::super::BufferSink::for_pipeline(&pipeline),
+        );
+        for data in [&jpeg, &png] {
+            let mut whole = Vec::new();
+            let d = decoder.decode_rgb8(data, &mut whole).unwrap();
+            assert_eq!((d.width, d.height), (40, 30));
+            let mut smaller = 0;
+            for index in 0..30u64 {
+                let rng = SampleRng::new(5, 1, index);
+                let (crop, rect) = proc
+                    .plan_pixels(data, &pipeline, rng.clone(), max, false, &mut gpu, &mut Trace::off())
+                    .unwrap()
+                    .expect("every output's geometry is covered");
+                let cpu_crop = proc
+                    .run(data, &pipeline, rng, Layout::Nhwc, &mut cpu, &mut Trace::off())
+                    .unwrap();
+                assert_eq!(crop, cpu_crop, "sample {index}");
+                assert_eq!(gpu.erase, cpu.erase, "sample {index}");
+                assert!(Rect::full(40, 30).contains(&rect), "{rect:?}");
+                smaller += usize::from(rect != Rect::full(40, 30));
+                let mut px = vec![0u8; rect.width as usize * rect.height as usize * 3];
+                proc.decode_pixels(data, rect, &mut px).unwrap();
+                for y in 0..rect.height as usize {
+                    let at = ((rect.top as usize + y) * 40 + rect.left as usize) * 3;
+                    let row = rect.width as usize * 3;
+                    assert_eq!(px[y * row..][..row], whole[at..at + row], "sample {index} row {y}");
+                }
+                let jobs = proc.gpu_jobs().to_vec();
+                assert_eq!(jobs.len(), 2);
+                for (j, job) in jobs.iter().enumerate() {
+                    let r = job.pixel_record(4096, rect);
+                    assert!(rect.contains(&job.pre), "output {j}: {:?} outside {rect:?}", job.pre);
+                    assert_eq!(r[..4], [4096, (px.len()) as i32, rect.width as i32, rect.height as i32]);
+                    assert_eq!(
+                        r[4..6],
+                        [(job.pre.left - rect.left) as i32, (job.pre.top - rect.top) as i32]
+                    );
+                    assert_eq!(r[6..10], job.record(0, 0)[6..10]);
+                    assert_eq!(r[16] & flags::PIXELS, flags::PIXELS);
+                    assert_eq!(r[16] & (7 << flags::CHROMA_SHIFT), 0);
+                    let (dx, dy) = (rect.left as i32, rect.top as i32);
+                    let plain = job.record(0, 0);
+                    if job.resize == (0, 0) {
+                        // No resize: the base is the source, so the window moves too.
+                        assert_eq!(
+                            r[10..14],
+                            [plain[10] - dx, plain[11] - dy, plain[12] - dx, plain[13] - dy]
+                        );
+                    } else {
+                        assert_eq!(r[10..14], plain[10..14]);
+                    }
+                }
+            }
+            assert!(smaller > 0, "some rectangles are smaller than the image");
+        }
     }
 }

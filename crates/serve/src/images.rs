@@ -100,6 +100,8 @@ pub(crate) async fn prepare_images(
         }
     };
     let mut specs = image_fields(&pipeline, layout, &fields);
+    // 1.11: the client finishes the samples the server decodes too (from their pixels).
+    let pixels = minor >= 11 && open.gpu_decode.as_ref().is_some_and(|g| g.pixels);
     let gpu = match &open.gpu_decode {
         None => None,
         // 1.10: an aspect-bucketed stream's GPU samples are finished at their batch's bucket
@@ -183,7 +185,9 @@ pub(crate) async fn prepare_images(
         reports_order: true,
         start_threads: None,
         per_sample,
-        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields, targets)),
+        finish: Box::new(move |segment: &Segment| {
+            finish_kind(segment, pipeline, layout, sample_fields, targets, pixels)
+        }),
         buckets,
     })
 }
@@ -273,7 +277,9 @@ fn gpu_fields(
         .map(|v| u64::from(v.size.0) * u64::from(v.size.1))
         .max()
         .unwrap_or(0);
-    let per = g.bytes_per_sample.unwrap_or((3 * area).max(65536));
+    // 1.11: decoded pixels take more room than encoded bytes (a crop's rectangle, RGB).
+    let default = if minor >= 11 && g.pixels { 9 * area } else { 3 * area };
+    let per = g.bytes_per_sample.unwrap_or(default.max(65536));
     if !(4096..=64 << 20).contains(&per) {
         return Err(bad(format!(
             "open.gpu_decode.bytes_per_sample {per} is outside 4096..=67108864"
@@ -323,6 +329,7 @@ fn finish_kind(
     layout: Layout,
     fields: Option<SampleFields>,
     targets: Option<StreamTargets>,
+    pixels: bool,
 ) -> KindParts {
     let field = |n: &str| segment.layout().field(n).cloned();
     let fields = fields.map(|mut f| {
@@ -352,6 +359,7 @@ fn finish_kind(
                 job,
                 bytes,
                 ops: field("gpu_ops"),
+                pixels,
             }),
         fields,
         bucket_fields: field("crop_top_left")

@@ -633,6 +633,7 @@ mod tests {
                 gpu_share: Some(0.25),
                 gpu_samples: Some(640),
                 gpu_decode_us: Some(91.0),
+                pixel_samples: None,
             }],
         }
     }

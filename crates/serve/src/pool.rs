@@ -111,6 +111,9 @@ pub struct GpuFields {
     pub bytes: FieldDesc,
     /// 1.8: each GPU sample's tail steps, for a view with per-image ops after its geometry.
     pub ops: Option<FieldDesc>,
+    /// 1.11: the samples the server decodes go to the client as decoded pixels where their
+    /// geometry allows (control.md, "Decoded pixels (1.11)").
+    pub pixels: bool,
 }
 
 /// 1.10: an aspect-bucketed stream's conditioning fields (ring.md).
@@ -634,7 +637,23 @@ fn write_sample(
         .map_err(|e| (key(), e.to_string()))?,
         _ => None,
     };
-    let crop = match on_gpu {
+    // 1.11: a sample the server decodes still goes to the client's GPU to be finished, as its
+    // decoded pixels, where the geometry allows.
+    let pixels = match (&ctx.gpu, &on_gpu) {
+        (Some(g), None) if g.pixels => to_pixels(
+            processor,
+            task,
+            g,
+            pipeline.as_ref(),
+            sample.data,
+            rng.clone(),
+            &mut sink,
+            targets.as_deref_mut(),
+        )
+        .map_err(|e| (key(), e.to_string()))?,
+        _ => None,
+    };
+    let crop = match on_gpu.or(pixels) {
         Some(crop) => crop,
         None => {
             let (data, pipeline, layout, trace) = (sample.data, pipeline.as_ref(), ctx.layout, &mut Trace::off());
@@ -729,11 +748,7 @@ fn to_gpu(
     targets: Option<&mut Targets>,
 ) -> Result<Option<ringfeed_ops::Crop>, ringfeed_ops::OpError> {
     let ctx = &task.stream;
-    let outputs = u64::from(pipeline.outputs().max(1));
-    let max_steps = gpu
-        .ops
-        .as_ref()
-        .map_or(0, |f| (f.sample_bytes / outputs) as usize / gpu_ops::RECORD_BYTES);
+    let max_steps = max_steps(gpu, pipeline);
     let Some(crop) = processor.plan_gpu(data, pipeline, rng, max_steps, sink, &mut Trace::off())? else {
         return Ok(None);
     };
@@ -752,7 +767,77 @@ fn to_gpu(
     // `reserve` keeps `offset + len` within the field's payload), and this job is the only
     // writer of `[offset, offset + len)`: `reserve` hands every range out once per batch.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-    // Output `j`'s record and steps are part `j` of the sample's `gpu_job` and `gpu_ops`.
+    write_records(processor, gpu, pipeline, sink, max_steps, |job| {
+        job.record(offset as u32, len as u32)
+    });
+    ctx.stats.gpu_handed.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(crop))
+}
+
+/// 1.11: hands the sample of `sink` to the client's GPU as its decoded pixels (control.md,
+/// "Decoded pixels (1.11)"): plans it under `pipeline` as [`to_gpu`] does, decodes the
+/// rectangle its outputs read straight into the batch's arena, and writes a `gpu_job` record
+/// (bit 8 set) and the steps per output; 1.10: moves its `targets` through the planned geometry.
+/// Returns its `crop`, or `None` when the server must finish it (geometry the GPU does not
+/// finish, no room left in the arena).
+#[allow(clippy::too_many_arguments)]
+fn to_pixels(
+    processor: &mut Processor,
+    task: &BatchTask,
+    gpu: &GpuFields,
+    pipeline: &Pipeline,
+    data: &[u8],
+    rng: SampleRng,
+    sink: &mut SlotSink<'_>,
+    targets: Option<&mut Targets>,
+) -> Result<Option<ringfeed_ops::Crop>, ringfeed_ops::OpError> {
+    let ctx = &task.stream;
+    let max_steps = max_steps(gpu, pipeline);
+    let has_targets = targets.is_some();
+    let Some((crop, rect)) =
+        processor.plan_pixels(data, pipeline, rng, max_steps, has_targets, sink, &mut Trace::off())?
+    else {
+        return Ok(None);
+    };
+    let len = u64::from(rect.width) * u64::from(rect.height) * 3;
+    let Some(offset) = task.reserve(gpu, len) else {
+        return Ok(None);
+    };
+    if let (Some(t), Some(stream)) = (targets, &ctx.targets) {
+        processor.gpu_targets(t, &stream.options)?;
+    }
+    let dst = ctx.segment.slot_ptr(task.slot, gpu.bytes.offset + offset, len);
+    // SAFETY: as in `to_gpu`: `dst` is valid for `len` bytes inside the slot's arena, and this
+    // job is the only writer of `[offset, offset + len)`, which `reserve` handed out once.
+    let out = unsafe { std::slice::from_raw_parts_mut(dst, len as usize) };
+    // A sample that fails to decode is a failed sample, as on the CPU path (its arena bytes
+    // stay unused).
+    processor.decode_pixels(data, rect, out)?;
+    write_records(processor, gpu, pipeline, sink, max_steps, |job| {
+        job.pixel_record(offset as u32, rect)
+    });
+    ctx.stats.pixel_samples.fetch_add(1, Ordering::Relaxed);
+    Ok(Some(crop))
+}
+
+/// The most tail steps a `gpu_ops` record table holds per output.
+fn max_steps(gpu: &GpuFields, pipeline: &Pipeline) -> usize {
+    let outputs = u64::from(pipeline.outputs().max(1));
+    gpu.ops
+        .as_ref()
+        .map_or(0, |f| (f.sample_bytes / outputs) as usize / gpu_ops::RECORD_BYTES)
+}
+
+/// Writes a planned sample's `gpu_job` record (`record` of each output's job) and `gpu_ops`
+/// steps, output `j` into part `j` of each field.
+fn write_records(
+    processor: &Processor,
+    gpu: &GpuFields,
+    pipeline: &Pipeline,
+    sink: &mut SlotSink<'_>,
+    max_steps: usize,
+    record: impl Fn(&ringfeed_ops::gpu::GpuJob) -> [i32; ringfeed_ops::gpu::RECORD_LEN],
+) {
     const RECORD_BYTES: usize = ringfeed_ops::gpu::RECORD_LEN * 4;
     let (job_field, ops_field) = (
         (gpu.job.offset, gpu.job.sample_bytes),
@@ -761,9 +846,8 @@ fn to_gpu(
     let mut j = 0u32;
     for view in &pipeline.views {
         for _ in 0..view.count {
-            let record = processor.gpu_jobs()[j as usize].record(offset as u32, len as u32);
             let out = sink.part(job_field, j, RECORD_BYTES as u64);
-            for (o, x) in out.chunks_exact_mut(4).zip(record) {
+            for (o, x) in out.chunks_exact_mut(4).zip(record(&processor.gpu_jobs()[j as usize])) {
                 o.copy_from_slice(&x.to_le_bytes());
             }
             if let Some(field) = ops_field {
@@ -783,8 +867,6 @@ fn to_gpu(
             j += 1;
         }
     }
-    ctx.stats.gpu_handed.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(crop))
 }
 
 #[cfg(test)]

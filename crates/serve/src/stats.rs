@@ -102,6 +102,8 @@ pub struct StreamStats {
     pub gpu_share: AtomicU32,
     /// Samples the decode threads handed to the client's GPU.
     pub gpu_handed: AtomicU64,
+    /// 1.11: samples the decode threads decoded and handed to the client's GPU as pixels.
+    pub pixel_samples: AtomicU64,
     /// Written by the client's `stats` (1.3): samples it finished on its GPU, its host time on
     /// them, and those its GPU decoder refused.
     pub gpu_samples: AtomicU64,
@@ -245,6 +247,7 @@ impl StreamStats {
             gpu: None,
             gpu_share: AtomicU32::new(0),
             gpu_handed: AtomicU64::new(0),
+            pixel_samples: AtomicU64::new(0),
             gpu_samples: AtomicU64::new(0),
             gpu_decode_ns: AtomicU64::new(0),
             gpu_fallbacks: AtomicU64::new(0),
@@ -395,6 +398,7 @@ impl StreamStats {
             gpu_share: self.gpu.map(|_| (self.share() * 1000.0).round() / 1000.0),
             gpu_samples: self.gpu.map(|_| self.gpu_handed.load(Ordering::Relaxed)),
             gpu_decode_us: view.gpu_decode_us.map(round),
+            pixel_samples: Some(self.pixel_samples.load(Ordering::Relaxed)).filter(|&n| n > 0),
         }
     }
 }

@@ -314,6 +314,10 @@ pub struct GpuDecodeRequest {
     /// Room for encoded bytes per sample of a full batch; `None`: `max(3·H·W, 65536)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_sample: Option<u64>,
+    /// 1.11: the client also finishes the samples the server decodes, from their decoded pixels
+    /// (control.md, "Decoded pixels (1.11)"); a 1.10 server ignores it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pixels: bool,
 }
 
 /// The URL scheme of a dataset on S3-compatible storage (control.md, "open", 1.3): an

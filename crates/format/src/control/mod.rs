@@ -20,4 +20,4 @@ pub use message::{
 pub use snapshot::{RemoteSnapshot, ServerSnapshot, SlotCounts, Snapshot, StageTimes, StreamSnapshot};
 
 /// Protocol version spoken by this server, `(major, minor)`.
-pub const PROTOCOL: (u16, u16) = (1, 10);
+pub const PROTOCOL: (u16, u16) = (1, 11);

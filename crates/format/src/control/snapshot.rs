@@ -62,6 +62,10 @@ pub struct StreamSnapshot {
     /// 1.3: the client's host µs per GPU-finished sample over the last interval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_decode_us: Option<f64>,
+    /// 1.11: samples the server decoded and handed to the client's GPU as pixels since `open`
+    /// (absent without `gpu_decode.pixels`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pixel_samples: Option<u64>,
 }
 
 /// The server part of a `snapshot` (control.md).

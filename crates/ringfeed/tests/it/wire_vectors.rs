@@ -522,6 +522,34 @@ fn hybrid_vectors() {
             json!({"record": r.to_vec(), "fields": fields})
         })
         .collect();
+    // 1.11: the same two jobs as pixel samples (control.md, "Decoded pixels (1.11)"): their
+    // decoded rectangles' records, with the rectangle (`r`, in the source) and the record
+    // before the move, so the client checks its reading of bit 8 and of the moved coordinates.
+    let rects = [
+        Rect {
+            left: 32,
+            top: 8,
+            width: 310,
+            height: 288,
+        },
+        Rect {
+            left: 0,
+            top: 0,
+            width: 60,
+            height: 50,
+        },
+    ];
+    let pixel_records: Vec<Value> = jobs
+        .iter()
+        .zip(rects)
+        .map(|((job, (offset, _)), rect)| {
+            let r = job.pixel_record(*offset, rect);
+            let fields: serde_json::Map<String, Value> =
+                names.iter().zip(r).map(|(n, v)| ((*n).to_owned(), json!(v))).collect();
+            json!({"rect": [rect.left, rect.top, rect.width, rect.height], "source_record": job.record(*offset, 0).to_vec(),
+                "record": r.to_vec(), "fields": fields, "pixels_bit": flags::PIXELS})
+        })
+        .collect();
     // Every chroma code of `gpu_job[16]` bits 5-7 (1.4), by the name ring.md gives it: the client
     // reads them with its own table.
     let chroma: Vec<Value> = [
@@ -596,6 +624,7 @@ fn hybrid_vectors() {
         "description": "hybrid decode (control.md, \"Hybrid decode\"; ring.md, gpu_job), written by crates/ringfeed/tests/it/wire_vectors.rs",
         "offered": cases,
         "records": records,
+        "pixel_records": pixel_records,
         "chroma": chroma,
         "finishable": finishable,
     });

@@ -12,7 +12,9 @@ For each model (bf16 autocast, channels_last, batch 256, SGD):
   channels_last on the GPU, `--workers` decode threads in a private server started for the run
   (`harness.Server`, with each `--serve-arg`; its log is --out/serve.log);
   ringfeed-hybrid: the same with hybrid decode and the autotuner's GPU share; ringfeed-share-S:
-  with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6);
+  with the share pinned at S; any ringfeed loader with `@slotsN`: a ring of N slots (else 6), with
+  `@torchops` the per-image steps as PyTorch ops, with `@nopixels` the server finishing the samples
+  it decodes (protocol 1.11's decoded pixels off; on otherwise);
 - dali: NVIDIA DALI's standard ResNet-50 pipeline (mixed decode with the hardware decoder), with
   `--threads-cap` (else `--workers`) CPU threads; with `--recipe full`, DALI's own
   `trivial_augment_wide` on the GPU after the resize (no erasing: `_dali.batches`).
@@ -203,7 +205,7 @@ def train(
         if client0 is not None:
             c1 = LOADERS[0].stats(server=False)
             keys = ["wait_s", "gpu_wait_s", "data_wait_s", "compute_s", "batches"]
-            keys += [k for k in ("gpu_samples", "gpu_fallbacks", "gpu_decode_wait_s") if k in c1]
+            keys += [k for k in ("gpu_samples", "gpu_pixel_samples", "gpu_fallbacks", "gpu_decode_wait_s") if k in c1]
             d = {k: c1[k] - client0[k] for k in keys}
             whole = max(d["wait_s"] + d["compute_s"], 1e-9)
             out["loader_stats"] = d | {
@@ -360,6 +362,9 @@ def main() -> None:
                 # `@torchops`: the per-image steps of hybrid decode as PyTorch ops (RINGFEED_GPU_OPS),
                 # to weigh the fused Triton kernels against them.
                 os.environ["RINGFEED_GPU_OPS"] = "torch" if opt == "torchops" else "auto"
+                # `@nopixels`: the server finishes the samples it decodes (1.11's decoded pixels off),
+                # to weigh finishing them on the GPU against it.
+                os.environ["RINGFEED_GPU_PIXELS"] = "0" if opt == "nopixels" else "1"
                 share = float(kind.removeprefix("ringfeed-share-")) if kind.startswith("ringfeed-share-") else None
                 batches = {
                     f"ringfeed-share-{share}": lambda: ringfeed_batches(

@@ -167,7 +167,8 @@ class BaseLoader:
         time on them), ``gpu_fallbacks`` (those the GPU decoder refused, decoded on the host
         instead) and ``gpu_decode_wait_s`` (the part of ``data_wait_s`` spent waiting for GPU
         decodes started ahead to leave the decode threads: where it grows, the decode threads,
-        not the server, hold the loop back).
+        not the server, hold the loop back); with decoded pixels (1.11) ``gpu_pixel_samples``
+        (samples the server decoded and this process finished on its GPU).
 
         With ``server`` (and a 1.1 server), ``"server"`` holds what the server measures for this
         stream, as ``ringfeed top`` shows it: ``threads``, ``depth``, ``slots``, ``samples_per_s``,
@@ -176,7 +177,8 @@ class BaseLoader:
         1.2 server also ``gpu_wait``, ``busy`` (the share of the stream's allotted decode threads'
         time spent on its samples) and ``limit`` (what limits the loop now); from a 1.3 server with
         hybrid decode ``gpu_share`` (the share offered to the GPU now) and ``gpu_samples`` (handed
-        over, including batches prepared ahead). ``None`` when the server cannot say.
+        over, including batches prepared ahead); from a 1.11 server ``pixel_samples`` (decoded by
+        the server and handed over as pixels) once there are some. ``None`` when the server cannot say.
         """
         return self._stream.stats(server)
 

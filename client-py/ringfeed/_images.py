@@ -80,6 +80,9 @@ class ImageOptions:
     parquet: dict[str, Any] | None = None
     #: 1.10: detection and segmentation targets (control.md, "Detection and segmentation targets (1.10)").
     targets: Targets | None = None
+    #: 1.11: ask the server for the samples it decodes as pixels, finished here (control.md,
+    #: "Decoded pixels (1.11)").
+    gpu_pixels: bool = False
 
     @classmethod
     def check(cls, cfg: StreamConfig, transform: Any, **kw: Any) -> ImageOptions:
@@ -108,6 +111,7 @@ class ImageOptions:
         return cls(
             transform, views, legacy, layout, on_error, fields, check_crc, lmdb, webdataset, post,
             share, backend, why, gpu.bytes_per_sample, text, meta, parquet, targets,
+            share is not False and gpu.use_pixels(),
         )  # fmt: skip
 
 
@@ -155,6 +159,9 @@ class ImageBatches(BatchMaker):
             gpu: dict[str, Any] = {"share": self.gpu_share}
             if o.gpu_bytes is not None:
                 gpu["bytes_per_sample"] = o.gpu_bytes
+            if o.gpu_pixels and server_protocol >= (1, 11):
+                # control.md, 1.11: an older server would ignore it; then it finishes its samples.
+                gpu["pixels"] = True
             msg["gpu_decode"] = gpu
         msg.update(_order_members(cfg, o.webdataset, server_protocol))
         if o.parquet is not None:
@@ -452,6 +459,7 @@ class ImageBatches(BatchMaker):
             out["gpu_samples"], out["gpu_decode_s"], out["gpu_fallbacks"] = samples, ns / 1e9, fallbacks
             out["gpu_decode_wait_s"] = waited / 1e9
             out["gpu_steps_path"] = self.finisher.steps_path
+            out["gpu_pixel_samples"] = self.finisher.pixel_samples
 
 
 class _SampleDecodeError(ServerError):

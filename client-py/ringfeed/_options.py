@@ -204,13 +204,29 @@ class GPUDecode:
             same, but raising ``ValueError`` where it cannot), a number in ``0 ..= 1`` (pinned),
             or ``False`` (off).
         bytes_per_sample: room for encoded bytes per sample of a batch in each ring slot
-            (default: ``max(3·H·W, 65536)`` for the view's size; raise it for large photos, whose
-            files would not fit: those are then decoded by the server).
+            (default: ``max(3·H·W, 65536)`` for the view's size, ``max(9·H·W, 65536)`` with
+            ``pixels``; raise it for large photos, whose files would not fit: those are then
+            decoded by the server).
+        pixels: whether the samples the server decodes come as decoded pixels, which this process
+            finishes on its GPU (the crop's resize, the flips, the per-image ops): the server's
+            CPU threads then only decode (protocol 1.11, docs/hybrid-decode.md). ``None`` (the
+            default) is ``RINGFEED_GPU_PIXELS`` (``0`` or ``1``) where set, else on. A server
+            older than 1.11 finishes its samples itself.
     """
 
     _: KW_ONLY
     share: bool | float | str = "auto"
     bytes_per_sample: int | None = None
+    pixels: bool | None = None
+
+    def use_pixels(self) -> bool:
+        """Whether to ask for decoded pixels: ``pixels``, else ``RINGFEED_GPU_PIXELS``, else on."""
+        if self.pixels is not None:
+            return self.pixels
+        env = os.environ.get("RINGFEED_GPU_PIXELS", "1")
+        if env not in ("0", "1"):
+            raise ValueError(f"RINGFEED_GPU_PIXELS must be 0 or 1, got {env!r}")
+        return env == "1"
 
     def __post_init__(self) -> None:
         share = self.share
@@ -220,6 +236,8 @@ class GPUDecode:
             raise ValueError(f"gpu_decode must be 'auto', True, False or a share in 0..1, got {share!r}")
         if self.bytes_per_sample is not None:
             int_in("GPUDecode: bytes_per_sample", self.bytes_per_sample, 4096, 64 << 20)
+        if self.pixels is not None:
+            boolean("GPUDecode: pixels", self.pixels)
 
 
 @dataclass(frozen=True)

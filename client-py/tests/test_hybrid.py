@@ -67,6 +67,10 @@ def _epoch(
     """One epoch's batches (on the host) and the stats; the host backend unless ``device="cuda"``
     is given (then the GPU decoder)."""
     backend = {} if kw.get("device") == "cuda" else {"_gpu_backend": "host"}
+    if isinstance(gpu, float):
+        # A share alone: the samples the server decodes stay the server's (the decoded-pixel
+        # path, 1.11, has tests of its own below).
+        gpu = ringfeed.GPUDecode(share=gpu, pixels=False)
     with ringfeed.Loader(
         ds,
         6,
@@ -205,7 +209,7 @@ def test_an_arena_too_small_sends_samples_back_to_the_cpu(folder: tuple[Path, di
     the batch is still complete and correct."""
     root, _ = folder
     cpu, _ = _epoch(root, sock, False)
-    small, stats = _epoch(root, sock, ringfeed.GPUDecode(share=1.0, bytes_per_sample=4096))
+    small, stats = _epoch(root, sock, ringfeed.GPUDecode(share=1.0, bytes_per_sample=4096, pixels=False))
     assert 0 < stats["gpu_samples"] < 21
     for a, b in zip(cpu, small, strict=True):
         assert torch.equal(a["index"], b["index"])
@@ -295,13 +299,181 @@ def test_the_server_refuses_what_the_gpu_cannot_finish(folder: tuple[Path, dict[
         assert "open.gpu_decode.share 2" in str(err["message"]), err
 
 
-def test_the_server_binary_and_the_client_speak_1_10(folder: tuple[Path, dict[str, str]], sock: str) -> None:
-    """The server binary answers the client's hello with its protocol, 1.10 (1.8 brought the
+def test_the_server_binary_and_the_client_speak_1_11(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The server binary answers the client's hello with its protocol, 1.11 (1.8 brought the
     per-image steps of hybrid decode, ``gpu_ops``; 1.9 sample fields and more object stores; 1.10
-    aspect-ratio buckets and detection targets)."""
+    aspect-ratio buckets and detection targets; 1.11 decoded pixels)."""
     root, _ = folder
     with ringfeed.Loader(root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60)) as ld:
-        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 10)
+        assert tuple(ld.server_protocol) == ringfeed.PROTOCOL == (1, 11)
+
+
+def test_pixel_records_match_the_vectors() -> None:
+    """1.11: the client reads bit 8 of ``gpu_job[16]`` as the server writes it, tells pixel
+    samples from decoded ones by it, and a pixel record's length is its rectangle's packed RGB."""
+    vectors = json.loads((Path(__file__).parents[2] / "proto/vectors/control/hybrid.json").read_text())
+    cases = vectors["pixel_records"]
+    assert {c["pixels_bit"] for c in cases} == {hybrid.PIXELS}
+    jobs = np.array([vectors["records"][0]["record"], cases[0]["record"], [0] * 18, cases[1]["record"]], dtype=np.int32)
+    decoded, pixels = hybrid._split(jobs)
+    assert decoded.tolist() == [0]
+    assert pixels.tolist() == [1, 3]
+    for c in cases:
+        f = c["fields"]
+        left, top, w, h = c["rect"]
+        assert (f["src_width"], f["src_height"]) == (w, h)
+        assert f["length"] == 3 * w * h
+        assert hybrid.chroma_of(f["flags"]) == 0, "a pixel sample says no chroma"
+        src = dict(zip(hybrid.COLUMNS, c["source_record"], strict=True))
+        # The crop moves into the rectangle; the geometry bits keep their meaning.
+        assert (f["pre_left"], f["pre_top"]) == (src["pre_left"] - left, src["pre_top"] - top)
+        assert f["flags"] & 0x1F == src["flags"] & 0x1F
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize(
+    "transform",
+    [
+        RRC,
+        ringfeed.Compose([ringfeed.Resize(40), ringfeed.CenterCrop(32)]),
+        ringfeed.Compose([ringfeed.CenterCrop(80), ringfeed.RandomHorizontalFlip()]),  # padded, no resize
+        ringfeed.Compose([ringfeed.RandomCrop(30), ringfeed.RandomVerticalFlip()]),  # a crop, no resize
+        ringfeed.Compose(
+            [ringfeed.RandomResizedCrop(32), ringfeed.RandomHorizontalFlip(), ringfeed.TrivialAugmentWide()]
+        ),
+    ],
+    ids=["rrc-flip", "resize-centercrop", "pad-no-resize", "crop-no-resize", "trivial-augment"],
+)
+def test_pixel_samples_are_the_cpu_batches(
+    folder: tuple[Path, dict[str, str]], sock: str, transform: object, layout: str
+) -> None:
+    """1.11, decoded pixels with nothing offered to the GPU decoder: every sample (the plain JPEGs
+    and the progressive, CMYK, PNG and EXIF-rotated files alike) is decoded by the server only to
+    the rectangle its geometry reads and finished by the client, with the CPU path's labels,
+    indices, crops and draws; its pixels within a level or so of the CPU path's (the same decoded
+    pixels, a float resample)."""
+    root, _ = folder
+    cpu, _ = _epoch(root, sock, False, transform, layout=layout)
+    pix, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.0, pixels=True), transform, layout=layout)
+    assert len(cpu) == len(pix) == 29 // 6
+    worst = 0.0
+    for a, b in zip(cpu, pix, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        assert a["image"].shape == b["image"].shape
+        assert a["image"].dtype == b["image"].dtype
+        d = (a["image"].float() - b["image"].float()).abs()
+        worst = max(worst, float(d.flatten(1).mean(1).max()))
+    # A policy's thresholds (solarize, posterize) turn a level's difference into more, as in the
+    # per-image ops' test above.
+    limit = 4.0 if any(isinstance(op, ringfeed.TrivialAugmentWide) for op in getattr(transform, "ops", ())) else 1.5
+    assert worst < limit, f"a sample differs from the CPU path's by {worst:.2f} levels on average"
+    assert stats["gpu_samples"] == 0, stats
+    assert stats["gpu_pixel_samples"] == 24, stats
+    assert stats["server"]["pixel_samples"] >= 24, stats["server"]
+
+
+def test_crops_and_flips_of_pixel_samples_are_exact(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """Without a resize the client only moves the server's decoded pixels: the batch equals the
+    CPU path's byte for byte (so the rectangle, its rows and the moved window are right)."""
+    root, _ = folder
+    for transform in (
+        ringfeed.Compose([ringfeed.RandomCrop(30), ringfeed.RandomVerticalFlip(), ringfeed.RandomHorizontalFlip()]),
+        ringfeed.Compose([ringfeed.CenterCrop(80), ringfeed.RandomHorizontalFlip()]),
+    ):
+        cpu, _ = _epoch(root, sock, False, transform)
+        pix, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.0, pixels=True), transform)
+        assert stats["gpu_pixel_samples"] == 24
+        for a, b in zip(cpu, pix, strict=True):
+            assert torch.equal(a["image"], b["image"]), transform
+
+
+def test_a_share_and_pixels_hand_every_sample_to_the_client(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """With a share and pixels, the plain JPEGs offered are decoded by the client and the rest
+    come as pixels: every sample is finished by the client, and the batches are the CPU path's."""
+    root, _ = folder
+    cpu, _ = _epoch(root, sock, False)
+    both, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.5, pixels=True))
+    assert 6 <= stats["gpu_samples"] <= 15, stats
+    assert stats["gpu_samples"] + stats["gpu_pixel_samples"] == 24, stats
+    for a, b in zip(cpu, both, strict=True):
+        assert torch.equal(a["index"], b["index"])
+        assert torch.equal(a["crop"], b["crop"])
+        assert float((a["image"].float() - b["image"].float()).abs().mean()) < 1.5
+
+
+def test_pixels_that_do_not_fit_the_arena_are_finished_by_the_server(
+    folder: tuple[Path, dict[str, str]], sock: str
+) -> None:
+    """A rectangle larger than what is left of the batch's arena is finished by the server, as
+    before: the batch is complete and correct, and fewer samples came as pixels."""
+    root, _ = folder
+    cpu, _ = _epoch(root, sock, False)
+    small, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.0, pixels=True, bytes_per_sample=4096))
+    assert 0 < stats["gpu_pixel_samples"] < 24, stats
+    for a, b in zip(cpu, small, strict=True):
+        assert torch.equal(a["index"], b["index"])
+        assert float((a["image"].float() - b["image"].float()).abs().mean()) < 1.5
+
+
+def test_every_view_of_a_pixel_sample_is_finished_from_its_rectangle(
+    folder: tuple[Path, dict[str, str]], sock: str
+) -> None:
+    """1.11 with several views (1.10): one rectangle per sample holds what every output reads;
+    each output is the CPU path's within a few levels, its erasing boxes and draws the same."""
+    root, _ = folder
+    views = ringfeed.Views(
+        {
+            "global": ringfeed.View(
+                ringfeed.Compose([ringfeed.RandomResizedCrop(32, scale=(0.3, 1.0)), ringfeed.RandomHorizontalFlip()]),
+                count=2,
+            ),
+            "local": ringfeed.View(
+                ringfeed.Compose(
+                    [ringfeed.RandomResizedCrop(16, scale=(0.05, 0.3)), ringfeed.RandomSolarize(128, 0.5)]
+                ),
+                count=2,
+            ),
+        }
+    )
+    cpu, _ = _epoch(root, sock, False, views)
+    pix, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.0, pixels=True), views)
+    assert stats["gpu_pixel_samples"] == 24
+    for a, b in zip(cpu, pix, strict=True):
+        assert set(a) == set(b)
+        for k, v in a.items():
+            if k in ("global", "local"):
+                assert float((v.float() - b[k].float()).abs().mean()) < 2.0, k
+            else:
+                assert torch.equal(v, b[k]), k
+
+
+def test_pixels_are_asked_for_only_from_a_1_11_server(folder: tuple[Path, dict[str, str]], sock: str) -> None:
+    """The client sends ``gpu_decode.pixels`` to a 1.11 server only (a 1.10 server would ignore it
+    and finish its samples itself); it is on by default, and ``pixels=False`` or
+    ``RINGFEED_GPU_PIXELS=0`` leave it out, so the server finishes what it decodes."""
+    root, _ = folder
+
+    def open_gpu(gpu: ringfeed.GPUDecode, protocol: tuple[int, int]) -> object:
+        with ringfeed.Loader(
+            root, 6, RRC, server=ringfeed.Server(socket=sock, spawn=True, timeout=60), gpu_decode=gpu,
+            _gpu_backend="host",
+        ) as ld:  # fmt: skip
+            member = ld._kind.open_members(ld._stream.cfg, protocol)["gpu_decode"]
+            next(iter(ld))
+            return member, ld.stats()["gpu_pixel_samples"]
+
+    assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 11)) == ({"share": 0.5, "pixels": True}, 3)
+    assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 10))[0] == {"share": 0.5}
+    assert open_gpu(ringfeed.GPUDecode(share=0.5, pixels=False), (1, 11)) == ({"share": 0.5}, 0)
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("RINGFEED_GPU_PIXELS", "0")
+        assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 11)) == ({"share": 0.5}, 0)
+        m.setenv("RINGFEED_GPU_PIXELS", "yes")
+        with pytest.raises(ValueError, match="RINGFEED_GPU_PIXELS"):
+            open_gpu(ringfeed.GPUDecode(share=0.5), (1, 11))
+    with pytest.raises(ValueError, match="pixels"):
+        ringfeed.GPUDecode(pixels="yes")  # type: ignore[arg-type]
 
 
 TAILS = {
@@ -585,7 +757,8 @@ def test_a_loop_waiting_for_its_gpu_decodes_reads_the_gpu_decoder_as_the_limit(
         6,
         RRC,
         server=ringfeed.Server(socket=sock, spawn=True, timeout=60),
-        gpu_decode="auto",
+        # The server finishes what it decodes: the host finisher would otherwise be the limit.
+        gpu_decode=ringfeed.GPUDecode(share="auto", pixels=False),
         _gpu_backend="host",
         tuning=ringfeed.Tuning(threads=1),
     ) as ld:
@@ -804,3 +977,30 @@ def test_per_image_ops_on_a_cuda_device(
     assert float(d.median()) < 3.0, d
     assert float(d.max()) < 16.0, d
     print(f"{name}: from the CPU path's by {float(d.median()):.2f} levels (median), {float(d.max()):.2f} (worst)")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["plain", *TAILS])
+def test_pixel_samples_on_a_cuda_device(folder: tuple[Path, dict[str, str]], sock: str, name: str) -> None:
+    """1.11 on a CUDA device: with a share of 0.5 and decoded pixels, half the plain JPEGs go to
+    the GPU decoder and every other sample comes as pixels (one copy a batch), all finished by the
+    Triton kernels; the batches keep the CPU path's labels, indices and crops, and the pixel
+    samples are near the CPU path's (the same decoded pixels: closer than the decoder's samples)."""
+    root, kinds = folder
+    transform = RRC if name == "plain" else TAILS[name]
+    cpu, _ = _epoch(root, sock, False, transform)
+    gpu, stats = _epoch(root, sock, ringfeed.GPUDecode(share=0.5, pixels=True), transform, device="cuda")
+    assert stats["gpu_pixel_samples"] > 0, stats
+    assert stats["gpu_samples"] > 0, stats
+    assert stats["gpu_samples"] + stats["gpu_pixel_samples"] == 24, stats
+    order = sorted(kinds)
+    diffs = []
+    for a, b in zip(cpu, gpu, strict=True):
+        for k in ("label", "index", "crop"):
+            assert torch.equal(a[k], b[k]), k
+        d = (a["image"].float() - b["image"].float()).abs().flatten(1).mean(1)
+        # The files the GPU decoder does not take (progressive, CMYK, PNG, rotated): all pixels.
+        diffs += [float(d[i]) for i, j in enumerate(b["index"]) if kinds[order[int(j)]] == "cpu"]
+    assert diffs
+    assert max(diffs) < (1.5 if name == "plain" else 4.0), diffs
+    print(f"pixels {name}: worst of the server-decoded samples {max(diffs):.2f} levels")

@@ -41,6 +41,9 @@ ANTIALIAS = 16
 #: chroma block's ``(width, height)`` in pixels where chroma is subsampled by two (what a rebuild
 #: of replicated chroma needs), ``None`` otherwise. Code 0: not said (a 1.3 server).
 CHROMA_SHIFT = 5
+#: ``gpu_job[16]`` bit 8 (ring.md, control 1.11, "Decoded pixels"): the arena holds the sample's
+#: decoded pixels (packed RGB rows of ``src_width`` by ``src_height``), not a JPEG.
+PIXELS = 256
 CHROMA = {
     0: ("not said", None),
     1: ("grey", None),
@@ -217,6 +220,15 @@ def _slices(rec: np.ndarray, arena: np.ndarray) -> list[np.ndarray]:
     per-image decoders take. Not made for nvJPEG's batched call, which reads the arena by address
     (about 0.1 ms of Python a batch of 192, on the training thread when made at ``submit``)."""
     return [arena[o : o + n] for o, n in zip(rec[:, 0], rec[:, 1], strict=True)]
+
+
+def _split(jobs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batch positions of the samples to decode (JPEG bytes in the arena) and of the pixel
+    samples (1.11: their decoded pixels in the arena), each ascending."""
+    first = _first(jobs)
+    handed = first[:, _C["length"]] > 0
+    pixels = (first[:, _C["flags"]] & PIXELS) != 0
+    return np.nonzero(handed & ~pixels)[0], np.nonzero(handed & pixels)[0]
 
 
 def _first(jobs: np.ndarray) -> np.ndarray:
@@ -408,6 +420,8 @@ class Finisher:
         self._counts = [0, 0, 0, 0]
         #: The same since construction.
         self.totals = [0, 0, 0, 0]
+        #: 1.11: pixel samples finished since construction (the server decoded them).
+        self.pixel_samples = 0
         #: Host ns the last :meth:`__call__` spent in the calling thread (the loader counts it as
         #: the wait for data, never as time behind the GPU).
         self.last_call_ns = 0
@@ -451,7 +465,7 @@ class Finisher:
         pool = self._start_pool()
         t0 = time.perf_counter_ns()
         first = _first(jobs)
-        pos = np.nonzero(first[:, _C["length"]] > 0)[0]
+        pos = _split(jobs)[0]
         rec = first[pos].astype(np.int64)
 
         def run() -> tuple[Any, ...]:
@@ -711,47 +725,60 @@ class Finisher:
             ops = ops[:, None]
         ahead_ns = 0
         ahead_places = None
+        pix = _split(jobs)[1]
         if pending is not None:
             pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
             waited = time.perf_counter_ns() - t0
             for c in (self._counts, self.totals):
                 c[3] += waited
         else:
-            first = _first(jobs)
-            pos = np.nonzero(first[:, _C["length"]] > 0)[0]
-            rec = first[pos].astype(np.int64)
+            pos = _split(jobs)[0]
+            rec = _first(jobs)[pos].astype(np.int64)
             datas = None
             decoded = None
             hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" and len(pos) else None
             if hw is not None:
                 decoded, ahead_places = [(hw[0], hw[2])] * len(pos), hw[1]
-        if len(pos) == 0:
+        if len(pos) + len(pix) == 0:
             self.last_call_ns = 0
             return []
+        decoded_here = len(pos)
         # One batched hardware decode into one buffer (its places an array, computed with the
         # decode): every sample decoded, its place known.
         batched = isinstance(ahead_places, np.ndarray)
-        if batched:
+        if not len(pos):
+            images: list[Any] = []
+            failed: list[tuple[int, str]] = []
+            fallbacks = 0
+        elif batched:
             buf, ready = decoded[0]  # type: ignore[index]
             self._adopt(buf, ready, stream)
-            images: list[Any] = [buf] * len(pos)
-            failed: list[tuple[int, str]] = []
+            images = [buf] * len(pos)
+            failed = []
             fallbacks = 0
         else:
             images, failed, fallbacks = self._decode(_slices(rec, arena) if datas is None else datas, stream, decoded)
             self._keep.append(images)
-        ok = [i for i in range(len(pos)) if images[i] is not None]
         # Where each image lies (read ahead in the decode thread for the kernel; here for images
         # the host decoded instead). A decoded image of another size than the server probed is
         # refused like a failed decode.
-        if batched:
-            at = ahead_places
+        if batched or not len(pos):
+            at = ahead_places if batched else np.zeros((0, 6), dtype=np.int64)
         else:
             places = list(ahead_places) if ahead_places is not None else [None] * len(pos)
-            for i in ok:
-                if places[i] is None:
+            for i in range(len(pos)):
+                if places[i] is None and images[i] is not None:
                     places[i] = _place(images[i])
             at = np.array([p if p is not None else (0,) * 6 for p in places], dtype=np.int64).reshape(-1, 6)
+        if len(pix):
+            # 1.11: the pixel samples, after the decoded ones: their pixels copied to the device
+            # in one go, finished by the same geometry and steps.
+            prec = _first(jobs)[pix].astype(np.int64)
+            pat, pimages = self._pixels(prec, arena, stream)
+            pos, at = np.concatenate([pos, pix]), np.concatenate([at, pat])
+            rec = np.concatenate([rec.reshape(-1, RECORD_LEN), prec])
+            images = [*images, *pimages]
+        ok = [i for i in range(len(pos)) if images[i] is not None]
         wrong = (at[:, 2] != rec[:, _C["src_width"]]) | (at[:, 1] != rec[:, _C["src_height"]])
         for i in [i for i in ok if wrong[i]]:
             failed.append(
@@ -759,6 +786,7 @@ class Finisher:
             )
             ok.remove(i)
         if ok and batched and self._chroma is not None:
+            # Pixel samples' records say no chroma (bits 5-7 zero): only decoded ones are rebuilt.
             self.rebuild_chroma(rec[ok], at[ok])
         # Each view's outputs of every sample in one go (their rows of the view's tensor, as one
         # [n * count, ...] batch): launches per batch depend on the views, not on the samples.
@@ -785,12 +813,53 @@ class Finisher:
             j0 += count
         self.last_call_ns = time.perf_counter_ns() - t0
         for c in (self._counts, self.totals):
-            c[0] += len(ok)
+            # `gpu_samples` (control.md, `stats`) counts the samples decoded here, not the
+            # pixel samples the server decoded.
+            c[0] += sum(1 for i in ok if i < decoded_here)
             c[1] += self.last_call_ns + ahead_ns
             c[2] += fallbacks
+        self.pixel_samples += len(pix)
         if failed:
             raise DecodeError([(int(pos[i]), r) for i, r in failed])
         return [int(p) for p in pos]
+
+    def _pixels(self, rec: np.ndarray, arena: np.ndarray, stream: Any) -> tuple[np.ndarray, list[Any]]:
+        """1.11: the pixel samples of records ``rec``: their bytes of ``arena`` (the ring slot's,
+        registered with CUDA) copied to the device in one asynchronous copy on ``stream`` (the
+        copy stream, before the slot's copy event: the slot is released only after the copy has
+        read it), and where each image lies there (:func:`_place`'s columns), with the images
+        as ``[h, w, 3]`` tensors where the matrix products need them (else ``None``: the kernel
+        reads the places)."""
+        import torch
+
+        w, h = rec[:, _C["src_width"]], rec[:, _C["src_height"]]
+        off, length = rec[:, _C["offset"]], rec[:, _C["length"]]
+        bad = length != w * h * 3
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(
+                f"a pixel sample's record says {int(length[i])} bytes for a {int(w[i])}x{int(h[i])} image (ring.md, "
+                "'Decoded pixels')"
+            )
+        lo, hi = int(off.min()), int((off + length).max())
+        src = torch.from_numpy(arena[lo:hi])
+        if self.device.type == "cuda":
+            s = stream if stream is not None else torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(s):
+                # From the caching allocator on the stream that writes and reads it.
+                buf = torch.empty(hi - lo, dtype=torch.uint8, device=self.device)
+                buf.copy_(src, non_blocking=True)
+        else:
+            buf = src.clone()
+        base = buf.data_ptr() - lo
+        ones = np.ones_like(w)
+        places = np.stack([base + off, h, w, w * 3, 3 * ones, ones], axis=1).astype(np.int64)
+        # The buffer is not kept: it came from the caching allocator on the stream whose kernels
+        # read it, so a later allocation of its block is ordered after them.
+        if self._kernel is not None:
+            return places, [buf] * len(rec)
+        rows = zip(off, length, w, h, strict=True)
+        return places, [buf[o - lo : o - lo + n].view(int(y), int(x), 3) for o, n, x, y in rows]
 
     @property
     def steps_path(self) -> str:

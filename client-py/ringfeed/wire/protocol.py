@@ -57,7 +57,7 @@ __all__ = [
 
 #: The protocol version this client speaks, ``(major, minor)``: sent in ``hello``. A server of the
 #: same major is accepted; the session then uses the smaller minor.
-PROTOCOL = (1, 10)
+PROTOCOL = (1, 11)
 
 #: The frame's length prefix: u32 little-endian.
 LENGTH = struct.Struct("<I")

@@ -5,6 +5,7 @@
 #           1.5-3 MP, packs both, and runs the hybrid and CUDA tests with the GPU decoders.
 #   piece N .carry/daliN: one piece of the stripped DALI package (research/gpu-machine-peers.md).
 #   feed    unpacks DALI, then benches/e2e/hybrid_feed.py (no model) at 6 and 15 threads.
+#   gt      NAME "ARGS" ...: benches/e2e/gpu_train.py with each ARGS (and --warmup-s 12) into $OUT/NAME
 #   train   benches/e2e/gpu_train.py: ResNet-18 at 6 and 15 threads, ResNet-50 at 15, fed by
 #           ringfeed (CPU only), ringfeed with hybrid decode, and DALI, against the ceiling.
 #   kernel  the Triton finishing kernel (RINGFEED_GPU_FINISH=triton) against the matrix products:
@@ -616,6 +617,19 @@ det30)
   }
   det "${DET_MODELS:-retinanet}" "${DET_MODELS:-retinanet}" 230
   [ "${DET_SEG:-1}" = 0 ] || det deeplab deeplab 200
+  ;;
+gt)
+  # `gt NAME "ARGS" [NAME "ARGS" ...]`: gpu_train.py runs on setup's corpus (DALI unpacked where
+  # carried), each with --warmup-s 12 and its own ARGS, into $out/NAME; prints each table.
+  dali_unpack
+  shift
+  while [ $# -ge 2 ]; do
+    mkdir -p "$out/$1"
+    # shellcheck disable=SC2086 # ARGS are words
+    timeout 280 python3 benches/e2e/gpu_train.py --images /tmp/photos --packed /tmp/packed --warmup-s 12 \
+      --out "$out/$1" $2 2>&1 | grep -v '^{' | tail -12 || echo "$1 rc $?"
+    shift 2
+  done
   ;;
 train)
   mkdir -p "$out"

@@ -15,6 +15,8 @@
 //! - `rrc-dct`: DCT-domain downscaling allowed (`dct_scaling: true`, default headroom 2);
 //!   `rrc-dct1`: the same with `dct_headroom: 1` (scale whenever the box is `d` times the output);
 //! - `rrc-fastup`, `rrc-fastdct`: libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` / `TJPARAM_FASTDCT`;
+//! - `pixels`: what a decoded-pixel sample (protocol 1.11) costs: `rrc`'s draws and the decode of
+//!   the rectangle the crop reads, copied out as packed rows, without the resize;
 //! - `rrc-noflip` / `rrc-flip`: the same crops as `rrc`, never / always flipped;
 //! - `decode-rs`, `rrc-rs`, `rrc-rs-nocut`: `decode` / `rrc` / `rrc` without restart cuts, on
 //!   the files as `ringfeed pack` stores them: rewritten losslessly with restart markers
@@ -37,7 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ringfeed_decode::{Decoder, Limits, RESTART_TARGET_MCUS};
-use ringfeed_ops::{Layout, Options, Processor, Transform};
+use ringfeed_ops::{Layout, Options, Processor, Trace, Transform};
 use ringfeed_order::rng::SampleRng;
 
 /// The system allocator, counting calls that hand out memory.
@@ -124,6 +126,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
             0.5,
         ),
         "rrc-fastdct" => (Options { fast_dct: true, ..base }, 0.5),
+        "pixels" => (base, 0.5),
         "rrc-noflip" => (base, 0.0),
         "rrc-flip" => (base, 1.0),
         "rrc-rs" => (base, 0.5),
@@ -168,9 +171,22 @@ fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, 
                         ratio: (0.75, 4.0 / 3.0),
                         flip,
                     };
+                    let pipeline = t.to_pipeline();
+                    let mut sink = ringfeed_ops::BufferSink::for_pipeline(&pipeline);
                     let mut one = |pass: usize, i: usize, data: &[u8]| {
                         if rrc.is_none() {
                             decoder.decode_rgb8(data, &mut buf).is_ok()
+                        } else if mode == "pixels" {
+                            // What a decoded-pixel sample (protocol 1.11) costs the server: its
+                            // draws, and the decode of the rectangle its crop reads.
+                            let rng = SampleRng::new(0, pass as u64, i as u64);
+                            let Ok(Some((_, rect))) =
+                                processor.plan_pixels(data, &pipeline, rng, 0, false, &mut sink, &mut Trace::off())
+                            else {
+                                return false;
+                            };
+                            buf.resize(rect.width as usize * rect.height as usize * 3, 0);
+                            processor.decode_pixels(data, rect, &mut buf).is_ok()
                         } else {
                             let mut rng = SampleRng::new(0, pass as u64, i as u64);
                             processor.process(data, &t, &mut rng, Layout::Nhwc, &mut out).is_ok()

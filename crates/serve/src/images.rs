@@ -108,7 +108,8 @@ pub(crate) async fn prepare_images(
         // (each job carries the bucket's covering resize and crop).
         Some(g) => {
             specs.extend(gpu_fields(open, g, &pipeline, minor)?);
-            Some(g.clone())
+            // A 1.10 session's `pixels` is not asked for (the member is 1.11's).
+            Some(GpuDecodeRequest { pixels, ..g.clone() })
         }
     };
     // 1.9: text and metadata fields, from the source's members or columns.

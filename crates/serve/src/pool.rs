@@ -217,6 +217,9 @@ pub struct BatchTask {
     pub failures: Mutex<Vec<SampleFailure>>,
     /// The share of this batch offered to the client's GPU (read once, when it was started).
     pub gpu_share: f64,
+    /// 1.11: whether this batch's server-decoded samples go to the client as pixels (read once,
+    /// when it was started).
+    pub pixels: bool,
     /// Bytes of the `gpu_bytes` arena taken by this batch's GPU samples so far.
     pub arena_used: AtomicU64,
     /// 1.10: the bucket of every sample of the batch, in a bucketed stream.
@@ -640,7 +643,7 @@ fn write_sample(
     // 1.11: a sample the server decodes still goes to the client's GPU to be finished, as its
     // decoded pixels, where the geometry allows.
     let pixels = match (&ctx.gpu, &on_gpu) {
-        (Some(g), None) if g.pixels => to_pixels(
+        (Some(g), None) if g.pixels && task.pixels => to_pixels(
             processor,
             task,
             g,

@@ -97,6 +97,12 @@ pub struct StreamStats {
     /// 1.3, hybrid decode: whether the stream has `gpu_decode`, and whether the tuner sets its
     /// share (control.md, "Hybrid decode"). Fixed at open.
     pub gpu: Option<GpuMode>,
+    /// 1.11: the tuner turns the stream's decoded pixels on and off (the client asked for them,
+    /// the share is the tuner's). Fixed at open.
+    pub pixels_tuned: bool,
+    /// 1.11: whether the samples the server decodes go to the client as pixels now (the tuner
+    /// writes it where `pixels_tuned`; the stream's task reads it when it starts a batch).
+    pub pixels_on: AtomicBool,
     /// The share of each batch offered to the client's GPU, in millionths (the tuner writes it,
     /// the stream's task reads it when it starts a batch).
     pub gpu_share: AtomicU32,
@@ -245,6 +251,8 @@ impl StreamStats {
             gpu_wait_ns: AtomicU64::new(0),
             reports_gpu_wait: AtomicBool::new(false),
             gpu: None,
+            pixels_tuned: false,
+            pixels_on: AtomicBool::new(false),
             gpu_share: AtomicU32::new(0),
             gpu_handed: AtomicU64::new(0),
             pixel_samples: AtomicU64::new(0),

@@ -301,6 +301,12 @@ async fn open_stream(
             crate::stats::GpuMode::Pinned
         });
         stats.set_share(g.share.unwrap_or(0.0));
+        // 1.11: with the share the tuner's, so are decoded pixels (off until the CPU is the
+        // limit at the share's top); with a pinned share they are on whenever asked for.
+        stats.pixels_tuned = auto && g.pixels;
+        stats
+            .pixels_on
+            .store(g.pixels && !auto, std::sync::atomic::Ordering::Relaxed);
     }
     let stats = Arc::new(stats);
     let parts = (prepared.finish)(&segment);
@@ -640,6 +646,7 @@ impl StreamState {
                 slot: slot as u32,
                 remaining: AtomicUsize::new(indices.len()),
                 gpu_share: self.ctx.stats.share(),
+                pixels: self.ctx.stats.pixels_on.load(std::sync::atomic::Ordering::Relaxed),
                 arena_used: AtomicU64::new(0),
                 indices,
                 failures: Mutex::new(Vec::new()),

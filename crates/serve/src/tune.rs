@@ -214,6 +214,9 @@ pub struct Observation {
     pub active: Option<Duration>,
     /// Hybrid decode (1.3): how the share is set and its value now; None without `gpu_decode`.
     pub gpu: Option<(crate::stats::GpuMode, f64)>,
+    /// 1.11: whether the stream's decoded pixels are on now, for a stream whose client asked for
+    /// them and whose share the tuner sets; None otherwise.
+    pub pixels: Option<bool>,
 }
 
 /// A stream's new settings.
@@ -239,6 +242,9 @@ pub struct Decision {
     pub kind: Limit,
     /// The share of each batch to offer the client's GPU from now on, when the tuner sets it.
     pub gpu_share: Option<f64>,
+    /// 1.11: whether the samples the server decodes go to the client as pixels from now on, for
+    /// a stream with [`Observation::pixels`].
+    pub pixels: Option<bool>,
 }
 
 /// One interval's measurements of a stream, as the rules read them.
@@ -411,6 +417,13 @@ struct StreamState {
     /// `gpu_ceiling` or `gpu_floor`: back at that share with a step more than 20 % away, the
     /// model's regime changed, and the bounds are dropped.
     gpu_bounds_at: Option<(f64, f64)>,
+    /// 1.11: decoded pixels on (the tuner's setting; off until the CPU is the limit with the
+    /// share at its top).
+    pixels: bool,
+    /// Turning pixels on made a batch slower: not tried again in this regime.
+    pixels_never: bool,
+    /// Turning pixels off made a batch slower: kept on in this regime.
+    pixels_kept: bool,
 }
 
 impl StreamState {
@@ -420,12 +433,29 @@ impl StreamState {
     fn start_gpu_trial(&mut self, cfg: &Config, from: f64, before_ns: f64, raise: bool) {
         self.gpu_trial = Some(GpuTrial {
             from,
+            pixels: false,
             before_ns,
             raise,
             seen: 0,
             after_ns: None,
         });
         self.gpu_hold = cfg.gpu_hold;
+    }
+
+    /// 1.11: decoded pixels turned on (`on`) or off at share `share`, judged as a share's raise
+    /// (on) or probe (off) is. Returns the share (unchanged) and why.
+    fn switch_pixels(&mut self, cfg: &Config, share: f64, before_ns: f64, on: bool, why: String) -> (f64, String) {
+        self.start_gpu_trial(cfg, share, before_ns, on);
+        if let Some(t) = self.gpu_trial.as_mut() {
+            t.pixels = true;
+        }
+        self.pixels = on;
+        let what = if on {
+            "the samples the server decodes go to the client's GPU as pixels (it finishes them)"
+        } else {
+            "the server finishes the samples it decodes again (decoded pixels off)"
+        };
+        (share, format!("{why}: {what}"))
     }
 }
 
@@ -434,6 +464,8 @@ impl StreamState {
 struct GpuTrial {
     /// The share before the change: where an undone change goes back to.
     from: f64,
+    /// 1.11: the change is of decoded pixels (on when `raise`, else off), not of the share.
+    pixels: bool,
     /// The loop's time per batch before it.
     before_ns: f64,
     /// A raise (the CPU was the limit), else a lower share tried.
@@ -518,6 +550,7 @@ impl Tuner {
                 threads: w.want,
                 depth: w.depth,
                 gpu_share: share.as_ref().map(|(s, _)| *s),
+                pixels: o.pixels.map(|_| self.streams.get(&o.id).is_some_and(|s| s.pixels)),
                 reason: match (w.reason, share) {
                     (Some(r), Some((_, g))) => Some(format!("{r}; {g}")),
                     (r, g) => r.or(g.map(|(_, g)| g)),
@@ -993,6 +1026,8 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
                 st.gpu_ceiling = None;
                 st.gpu_floor = None;
                 st.gpu_bounds_at = None;
+                st.pixels_never = false;
+                st.pixels_kept = false;
             }
             Some(_) => {}
         }
@@ -1000,8 +1035,20 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
     if let Some(undone) = judge_gpu_trial(cfg, st, share, step, cycle, limit) {
         return Some(undone);
     }
+    // 1.11: decoded pixels save the CPU a sample's resample and ops for some GPU time: the rung
+    // above the share's top (a GPU-decoded sample saves the CPU its whole decode for about as
+    // much GPU time), taken when the CPU is still the limit there, judged as a raise is.
+    let pixels_rung = o.pixels.is_some() && !st.pixels && !st.pixels_never;
     if limit == Limit::Cpu {
-        return raise_gpu_share(cfg, st, o, s, share, (step, cycle));
+        let raised = raise_gpu_share(cfg, st, o, s, share, (step, cycle));
+        if raised.is_none() && pixels_rung {
+            let why = format!(
+                "the CPU is the limit at the GPU share's top ({})",
+                s.reading(st.wait.unwrap_or(0.0))
+            );
+            return Some(st.switch_pixels(cfg, share, cycle, true, why));
+        }
+        return raised;
     }
     // The loop waits for its GPU decodes (1.5): the decoder has more of each batch than it keeps
     // up with. While the threads have time to spare, one step less, judged as a probe is (kept
@@ -1010,6 +1057,14 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         st.gpu_stable = 0;
         let bottom = st.gpu_floor.unwrap_or(0.0);
         let next = (((share - cfg.gpu_step) / cfg.gpu_step).round() * cfg.gpu_step).max(0.0);
+        if s.busy >= cfg.saturated && pixels_rung {
+            // Both the decoder and the threads are busy: only pixels take work off the CPU.
+            let why = format!(
+                "the GPU decoder and the CPU are both the limit ({})",
+                s.reading(st.wait.unwrap_or(0.0))
+            );
+            return Some(st.switch_pixels(cfg, share, cycle, true, why));
+        }
         if share <= 0.0 || s.busy >= cfg.saturated || next < bottom - 1e-9 {
             return None;
         }
@@ -1029,6 +1084,17 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         return None;
     }
     st.gpu_stable += 1;
+    if share <= 0.0 && st.pixels && !st.pixels_kept && st.gpu_stable >= cfg.probe_after {
+        // The top rung goes first when the loop is fed at a share of 0: GPU time for nothing
+        // if the CPU keeps up without it.
+        st.gpu_stable = 0;
+        let why = format!(
+            "{}; a batch takes {:.2} ms of the training loop: trying without decoded pixels",
+            limit.describe(s, st.wait.unwrap_or(0.0), o.threads),
+            ms(cycle)
+        );
+        return Some(st.switch_pixels(cfg, share, cycle, false, why));
+    }
     let bottom = st.gpu_floor.unwrap_or(0.0);
     let next = ((share - cfg.gpu_step) / cfg.gpu_step).round().max(0.0) * cfg.gpu_step;
     if st.gpu_stable < cfg.probe_after || next < bottom - 1e-9 {
@@ -1072,6 +1138,31 @@ fn judge_gpu_trial(
         } else {
             grew > cfg.gpu_probe_tolerance
         };
+        if t.pixels {
+            // 1.11: decoded pixels on (a raise) or off (a probe), undone as a share's change is.
+            if !undo {
+                return None;
+            }
+            st.gpu_hold = cfg.gpu_hold;
+            st.gpu_stable = 0;
+            st.pixels = !t.raise;
+            if t.raise {
+                st.pixels_never = true;
+            } else {
+                st.pixels_kept = true;
+            }
+            return Some((
+                share,
+                format!(
+                    "a batch took {:.2} ms of the training loop {} decoded pixels, {:.2} ms {}: decoded pixels {}",
+                    ms(cycle),
+                    if t.raise { "with" } else { "without" },
+                    ms(t.before_ns),
+                    if t.raise { "without" } else { "with" },
+                    if t.raise { "off again" } else { "on again" }
+                ),
+            ));
+        }
         if !undo && !t.raise {
             // The share the probe left bought nothing: not raised to it again.
             st.gpu_ceiling = Some(t.from);
@@ -1381,6 +1472,7 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
                 reports_gpu_wait: s.reports_gpu_wait.load(Ordering::Relaxed),
                 active: Some(s.active_for(now.into_std())),
                 gpu: s.gpu.map(|m| (m, s.share())),
+                pixels: s.pixels_tuned.then(|| s.pixels_on.load(Ordering::Relaxed)),
             });
         }
         last = seen;
@@ -1409,6 +1501,10 @@ pub async fn run(target: Arc<dyn Target>, config: Config, interval: Duration) {
             s.threads.store(d.threads, Ordering::Relaxed);
             if let Some(share) = d.gpu_share {
                 s.set_share(share);
+            }
+            if let Some(on) = d.pixels {
+                // Read by the stream's task when it starts a batch (as the share is).
+                s.pixels_on.store(on, Ordering::Relaxed);
             }
             if d.depth != o.depth {
                 s.depth.store(d.depth, Ordering::Relaxed);
@@ -1483,6 +1579,12 @@ mod tests {
         /// (zero: it keeps up with any share). When it is slower than the pool's part of a batch,
         /// the loop waits for it, and that wait is reported as `gpu_decode_wait_ns` (1.5).
         engine: Duration,
+        /// 1.11: decoded pixels on (`Some`: the stream has them), what they leave of a CPU
+        /// sample's cost, and what each such sample adds to the model's step (its resample on
+        /// the GPU).
+        pixels: Option<bool>,
+        pixel_cost: f64,
+        pixel_slow: Duration,
     }
 
     impl Default for Sim {
@@ -1501,6 +1603,9 @@ mod tests {
                 share: 0.0,
                 slow: Duration::ZERO,
                 engine: Duration::ZERO,
+                pixels: None,
+                pixel_cost: 0.85,
+                pixel_slow: Duration::ZERO,
             }
         }
     }
@@ -1520,9 +1625,18 @@ mod tests {
             // A step lasts its compute and its wait behind the GPU, plus its floor's share of
             // waiting.
             let gpu = self.gpu.as_secs_f64();
-            let own = self.step.as_secs_f64() + self.share * f64::from(self.batch) * self.slow.as_secs_f64();
+            let pixels = self.pixels == Some(true);
+            let cpu_part = (1.0 - self.share) * f64::from(self.batch);
+            let own = self.step.as_secs_f64()
+                + self.share * f64::from(self.batch) * self.slow.as_secs_f64()
+                + if pixels {
+                    cpu_part * self.pixel_slow.as_secs_f64()
+                } else {
+                    0.0
+                };
             let step = (own + gpu) / (1.0 - floor);
-            let cost = self.cost.as_secs_f64() * (1.0 - self.share).max(0.02);
+            let cost =
+                self.cost.as_secs_f64() * (1.0 - self.share).max(0.02) * if pixels { self.pixel_cost } else { 1.0 };
             let produce = f64::from(threads) / cost; // samples/s
             let consume = f64::from(self.batch) / step;
             let decoder = self.decoder_rate();
@@ -1583,6 +1697,7 @@ mod tests {
             reports_gpu_wait: delta.gpu_wait_ns > 0,
             active: None,
             gpu: None,
+            pixels: None,
         }
     }
 
@@ -2266,11 +2381,20 @@ mod tests {
             tamper(&mut delta, sim.share);
             let mut o = obs(1, threads, depth, delta, sim.batch, sim.slots);
             o.gpu = Some((crate::stats::GpuMode::Auto, sim.share));
+            o.pixels = sim.pixels;
             let d = tuner.tick(TICK, budget, 64, &[o]).remove(0);
             threads = d.threads;
             depth = d.depth;
             if let Some(s) = d.gpu_share {
                 sim.share = s;
+            }
+            assert_eq!(
+                d.pixels.is_some(),
+                sim.pixels.is_some(),
+                "a setting only for a stream that has them"
+            );
+            if d.pixels.is_some() {
+                sim.pixels = d.pixels;
             }
             let total = (delta.wait_ns + delta.compute_ns).max(1) as f64;
             out.push((threads, sim.share, (delta.wait_ns - delta.gpu_wait_ns) as f64 / total));
@@ -2375,6 +2499,90 @@ mod tests {
             let changes = tail.windows(2).filter(|w| w[1].1 != w[0].1).count();
             assert!(changes <= 2, "slow {slow_us} µs: {changes} changes: {tail:?}");
         }
+    }
+
+    #[test]
+    fn decoded_pixels_come_on_when_the_cpu_is_the_limit_at_the_shares_top_and_stay_where_they_feed() {
+        // 6 threads at 1 ms a sample, a 20 ms step (12,800 samples/s wanted): the GPU decoder
+        // keeps up with 13,300 samples/s at a share of 0.5 and 10,700 at 0.625, so the share's top
+        // is 0.5, where the CPU (12,000) is still the limit. Decoded pixels take 15 % off a CPU
+        // sample for 1 µs of the step each: on, the loop is fed better, and they stay on.
+        let mut sim = Sim {
+            cost: Duration::from_millis(1),
+            step: Duration::from_millis(20),
+            engine: Duration::from_micros(150),
+            pixels: Some(false),
+            pixel_slow: Duration::from_micros(1),
+            ..Sim::default()
+        };
+        let run = drive_gpu(&mut sim, 6, 160);
+        assert_eq!(sim.pixels, Some(true), "{run:?}");
+        assert!((sim.share - 0.5).abs() < 1e-9, "{run:?}");
+        let tail = &run[120..];
+        assert!(tail.iter().all(|r| (r.1 - 0.5).abs() < 1e-9), "{tail:?}");
+        // Better than the share's top without them.
+        let mut without = Sim {
+            pixels: Some(false),
+            share: 0.5,
+            ..sim
+        };
+        let mut with = Sim {
+            pixels: Some(true),
+            share: 0.5,
+            ..sim
+        };
+        let rate = |s: &mut Sim| (0..8).map(|_| s.interval(6, TICK).samples).sum::<u64>();
+        assert!(rate(&mut with) > rate(&mut without));
+    }
+
+    #[test]
+    fn a_loop_the_cpu_feeds_never_gets_decoded_pixels_and_ones_that_cost_more_go_off_again() {
+        // A 100 ms step the 6 threads feed at a share of 0: the CPU is never the limit, so the
+        // GPU's time is not spent on pixels.
+        let mut sim = Sim {
+            cost: Duration::from_millis(1),
+            pixels: Some(false),
+            pixel_slow: Duration::from_micros(1),
+            ..Sim::default()
+        };
+        let run = drive_gpu(&mut sim, 6, 80);
+        assert_eq!(sim.pixels, Some(false), "{run:?}");
+        assert!(run[40..].iter().all(|r| r.1 == 0.0), "{run:?}");
+        // Pixels whose GPU work costs the step more than they save the CPU (40 µs a sample):
+        // turned on at the share's top, undone, and not tried again.
+        let mut sim = Sim {
+            cost: Duration::from_millis(1),
+            step: Duration::from_millis(20),
+            engine: Duration::from_micros(150),
+            pixels: Some(false),
+            pixel_slow: Duration::from_micros(40),
+            ..Sim::default()
+        };
+        let run = drive_gpu(&mut sim, 6, 160);
+        assert_eq!(sim.pixels, Some(false), "{run:?}");
+        let mut on = 0;
+        let mut seen = Sim {
+            pixels: Some(false),
+            ..sim
+        };
+        let mut tuner = Tuner::new(Config::default());
+        let (mut threads, mut depth) = (6, 3);
+        for _ in 0..160 {
+            let delta = seen.interval(threads, TICK);
+            let mut o = obs(1, threads, depth, delta, seen.batch, seen.slots);
+            o.gpu = Some((crate::stats::GpuMode::Auto, seen.share));
+            o.pixels = seen.pixels;
+            let d = tuner.tick(TICK, 6, 64, &[o]).remove(0);
+            (threads, depth) = (d.threads, d.depth);
+            if let Some(s) = d.gpu_share {
+                seen.share = s;
+            }
+            if d.pixels == Some(true) && seen.pixels == Some(false) {
+                on += 1;
+            }
+            seen.pixels = d.pixels;
+        }
+        assert!(on <= 1, "turned on {on} times");
     }
 
     #[test]

@@ -35,9 +35,11 @@ up to `--per-step` images per model step:
 - decode-nvjpeg@process: decode-nvjpeg/replicated's decode in a process of its own (its own
   CUDA context; the process's CPU is not in the cores column): whether taking nvJPEG's per-image
   CUDA calls out of the training process spares the training thread's launches;
-- finish+ta, finish+ta@graph: the finishing kernel and TrivialAugmentWide's fused step kernels of
-  a batch (steps drawn by `ringfeed ops`, tables uploaded from pinned memory), launched from
-  Python as the Finisher does, or replayed from a CUDA graph captured once (issue 27);
+- finish+ta, finish+ra, finish+aa, finish+jitter, finish+ta@graph: the finishing kernel and the
+  fused step kernels of a batch of TrivialAugmentWide, RandAugment(2, 9), AutoAugment or
+  ColorJitter + RandomGrayscale + GaussianBlur(23) (steps drawn by `ringfeed ops`, tables uploaded
+  from pinned memory), launched from Python as the Finisher does, or (TrivialAugmentWide)
+  replayed from a CUDA graph captured once (issue 27);
 - py-2ms, kernels192, kernels192@graph, copies192, copies192@graph: no decoder, only a kind of
   work per batch: 2 ms of pure Python (the GIL), 192 tiny kernels or 192 small pinned copies
   launched from Python, or replayed from a CUDA graph (the GPU's side alone).
@@ -384,48 +386,65 @@ def main() -> None:
         fn(side)
         side.synchronize()
 
-    # Issue 27's CUDA-graph experiment: a batch's client GPU work after the decode, the finishing
-    # kernel and TrivialAugmentWide's steps (the fused Triton kernels), with their tables
-    # uploaded from pinned memory, launched per batch (as the Finisher does) or replayed from a
-    # CUDA graph captured once (what a graph would save: the host's launches, one replay instead).
-    # The steps are what the server draws for RandomResizedCrop(224) + flip + TrivialAugmentWide
-    # on n samples (`ringfeed ops`), the same every batch.
+    # Issue 27's per-recipe cost and CUDA-graph experiment: a batch's client GPU work after the
+    # decode, the finishing kernel and a recipe's per-image steps (the fused Triton kernels), with
+    # their tables uploaded from pinned memory, launched per batch (as the Finisher does) or, for
+    # TrivialAugmentWide, replayed from a CUDA graph captured once (what a graph would save: the
+    # host's launches). The steps are what the server draws for RandomResizedCrop(224) + flip +
+    # the recipe's ops on n samples (`ringfeed ops`), the same every batch.
     from ringfeed.gpu import ops_kernel as _ops_kernel
 
     jpg = a.out / "one.jpg"
     a.out.mkdir(parents=True, exist_ok=True)
     jpg.write_bytes(datas[0].tobytes())
-    ta = [{"op": "random_resized_crop", "size": [224, 224]}, {"op": "horizontal_flip"}, {"op": "trivial_augment_wide"}]
-    pipeline = json.dumps({"views": [{"name": "image", "ops": ta}]})
-    cli = [os.environ.get("RINGFEED_BIN", "ringfeed"), "ops", str(jpg), "--pipeline", pipeline, "--count", str(n)]
-    r = subprocess.run(
-        [*cli, "--seed", "1", "--out", str(a.out / "ops.bin")], capture_output=True, text=True, timeout=300
-    )
-    if r.returncode != 0:
-        raise SystemExit(f"ringfeed ops failed: {r.stderr}")
-    drawn = [json.loads(x)["gpu_ops"] or [] for x in r.stdout.splitlines()]
-    ta_recs = np.zeros((n, max(1, *(len(d) for d in drawn)), 16), dtype=np.int32)
-    for i, d in enumerate(drawn):
-        if d:
-            ta_recs[i, : len(d)] = np.array(d, dtype=np.int64).astype(np.int32)
+    import ringfeed
+    from ringfeed._transforms import as_views
+
+    recipes = {
+        "ta": [ringfeed.TrivialAugmentWide()],
+        "ra": [ringfeed.RandAugment(2, 9)],
+        "aa": [ringfeed.AutoAugment()],
+        "jitter": [ringfeed.ColorJitter(0.4, 0.4, 0.4, 0.1), ringfeed.RandomGrayscale(0.2), ringfeed.GaussianBlur(23)],
+    }
     rows_all = np.arange(n, dtype=np.int64)
 
-    def finish_ta(stream: torch.cuda.Stream) -> None:
-        with torch.cuda.stream(stream):
-            _finish_kernel.finish(once_table.to(dev, non_blocking=True), out, "NHWC")
-            _ops_kernel.run(out, ta_recs, rows_all, "NHWC")
+    def drawn_steps(tail: list) -> np.ndarray:
+        t = ringfeed.Compose([ringfeed.RandomResizedCrop(224), ringfeed.RandomHorizontalFlip(), *tail])
+        pipeline = json.dumps(as_views(t).to_json())
+        cli = [os.environ.get("RINGFEED_BIN", "ringfeed"), "ops", str(jpg), "--pipeline", pipeline, "--count", str(n)]
+        r = subprocess.run(
+            [*cli, "--seed", "1", "--out", str(a.out / "ops.bin")], capture_output=True, text=True, timeout=300
+        )
+        if r.returncode != 0:
+            raise SystemExit(f"ringfeed ops failed: {r.stderr}")
+        drawn = [json.loads(x)["gpu_ops"] or [] for x in r.stdout.splitlines()]
+        recs = np.zeros((n, max(1, *(len(d) for d in drawn)), 16), dtype=np.int32)
+        for i, d in enumerate(drawn):
+            if d:
+                recs[i, : len(d)] = np.array(d, dtype=np.int64).astype(np.int32)
+        return recs
 
-    ta_graph = torch.cuda.CUDAGraph()
+    def finisher_of(recs: np.ndarray):
+        def run(stream: torch.cuda.Stream) -> None:
+            with torch.cuda.stream(stream):
+                _finish_kernel.finish(once_table.to(dev, non_blocking=True), out, "NHWC")
+                _ops_kernel.run(out, recs, rows_all, "NHWC")
+
+        return run
+
+    finishers = {name: finisher_of(drawn_steps(tail)) for name, tail in recipes.items()}
     cap = torch.cuda.Stream()
-    for _ in range(3):  # compiles every variant, and leaves pinned blocks in the host cache
-        finish_ta(cap)
+    for run in finishers.values():
+        for _ in range(3):  # compiles every variant, and leaves pinned blocks in the host cache
+            run(cap)
     torch.cuda.synchronize()
+    ta_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(ta_graph, stream=cap, capture_error_mode="thread_local"):
-        finish_ta(cap)
+        finishers["ta"](cap)
     torch.cuda.synchronize()
 
     probes = {
-        "finish+ta": lambda: eager(finish_ta),
+        **{f"finish+{name}": (lambda f=f: eager(f)) for name, f in finishers.items()},
         "finish+ta@graph": lambda: replay(ta_graph),
         "py-2ms": py_burn,
         "kernels192": lambda: eager(kernels192),

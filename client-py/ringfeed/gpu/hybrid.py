@@ -471,6 +471,9 @@ class Finisher:
         def run() -> tuple[Any, ...]:
             places = None
             datas = None  # the per-image views, made only for the decoders that take them
+            if not len(pos):
+                # Nothing to decode (1.11: a batch of pixel samples and server-finished ones).
+                return pos, rec, datas, [], places, time.perf_counter_ns() - t0
             hw = self._hw_decode(rec, arena, stream) if self.backend == "nvimgcodec" else None
             if hw is not None:
                 buf, places, ready = hw

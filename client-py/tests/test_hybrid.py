@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
+from _support import frame_vector
 from PIL import Image
 from test_pixels import photo
 
@@ -463,7 +464,10 @@ def test_pixels_are_asked_for_only_from_a_1_11_server(folder: tuple[Path, dict[s
             next(iter(ld))
             return member, ld.stats()["gpu_pixel_samples"]
 
-    assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 11)) == ({"share": 0.5, "pixels": True}, 3)
+    # The member as the spec's vector spells it (frames.json, which the Rust side decodes and encodes back).
+    want = frame_vector("open, 1.11 decoded pixels")["gpu_decode"]
+    assert want == {"share": 0.5, "pixels": True}
+    assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 11)) == (want, 3)
     assert open_gpu(ringfeed.GPUDecode(share=0.5), (1, 10))[0] == {"share": 0.5}
     assert open_gpu(ringfeed.GPUDecode(share=0.5, pixels=False), (1, 11)) == ({"share": 0.5}, 0)
     with pytest.MonkeyPatch.context() as m:

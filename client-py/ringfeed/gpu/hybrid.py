@@ -728,14 +728,14 @@ class Finisher:
             ops = ops[:, None]
         ahead_ns = 0
         ahead_places = None
-        pix = _split(jobs)[1]
+        decode_pos, pix = _split(jobs)
         if pending is not None:
             pos, rec, datas, decoded, ahead_places, ahead_ns = pending.result()
             waited = time.perf_counter_ns() - t0
             for c in (self._counts, self.totals):
                 c[3] += waited
         else:
-            pos = _split(jobs)[0]
+            pos = decode_pos
             rec = _first(jobs)[pos].astype(np.int64)
             datas = None
             decoded = None

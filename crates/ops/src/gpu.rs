@@ -54,6 +54,17 @@ pub fn chroma_code(c: Chroma) -> i32 {
     }
 }
 
+/// 1.11: a pixel sample as [`Processor::plan_pixels`] planned it (control.md, "Decoded pixels").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PixelPlan {
+    /// The ring's `crop` (output 0's).
+    pub crop: super::Crop,
+    /// The rectangle of the oriented image to decode: the union of the outputs' `pre`.
+    pub rect: Rect,
+    /// The oriented image's `(width, height)`.
+    pub image: (u32, u32),
+}
+
 /// What the client needs to finish one sample from its decoded pixels (ring.md, `gpu_job`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuJob {
@@ -346,8 +357,7 @@ impl Processor {
 
     /// 1.11: plans sample `data` as a pixel sample (control.md, "Decoded pixels (1.11)"): its
     /// parameters drawn as [`Processor::plan_gpu`] draws them, for any image the decoder probes
-    /// (on its EXIF-oriented size). Returns the ring's `crop` and the rectangle of the oriented
-    /// image to decode (the union of the outputs' `pre`), or `None` where the geometry does not
+    /// (on its EXIF-oriented size). Returns the plan, or `None` where the geometry does not
     /// cover some output (the caller decodes it on the CPU with the same `rng`). With
     /// `targets`, only an image of EXIF orientation 1 qualifies ([`Processor::gpu_targets`]
     /// moves targets through the planned geometry alone).
@@ -361,16 +371,12 @@ impl Processor {
         targets: bool,
         sink: &mut dyn Sink,
         trace: &mut Trace,
-    ) -> Result<Option<(super::Crop, Rect)>, OpError> {
+    ) -> Result<Option<PixelPlan>, OpError> {
         if pipeline.views.is_empty() {
             return Ok(None);
         }
         let info = self.decoder.probe(data)?;
-        let (w, h) = if (5..=8).contains(&info.orientation) {
-            (info.height, info.width)
-        } else {
-            (info.width, info.height)
-        };
+        let (w, h) = super::oriented(&info);
         if w == 0 || h == 0 || (targets && info.orientation > 1) {
             return Ok(None);
         }
@@ -384,15 +390,21 @@ impl Processor {
             .map(|j| j.pre)
             .reduce(super::union)
             .unwrap_or(Rect::full(w, h));
-        Ok(Some((crop, rect)))
+        Ok(Some(PixelPlan {
+            crop,
+            rect,
+            image: (w, h),
+        }))
     }
 
-    /// 1.11: decodes rectangle `rect` of `data` (the EXIF-oriented image, full scale) and writes
-    /// it into `dst` as packed RGB rows (`rect.width * rect.height * 3` bytes): a pixel
-    /// sample's arena bytes after [`Processor::plan_pixels`]. The decoder is asked for a margin
-    /// around it, as the CPU path asks, so the pixels are the ones a CPU decode of the sample sees.
-    pub fn decode_pixels(&mut self, data: &[u8], rect: Rect, dst: &mut [u8]) -> Result<(), OpError> {
+    /// 1.11: decodes the rectangle of `plan` ([`Processor::plan_pixels`] of `data`: the
+    /// EXIF-oriented image, full scale) and writes it into `dst` as packed RGB rows
+    /// (`rect.width * rect.height * 3` bytes): a pixel sample's arena bytes. The decoder is asked
+    /// for a margin around it, as the CPU path asks, so the pixels are the ones a CPU decode of
+    /// the sample sees.
+    pub fn decode_pixels(&mut self, data: &[u8], plan: &PixelPlan, dst: &mut [u8]) -> Result<(), OpError> {
         let started = std::time::Instant::now();
+        let rect = plan.rect;
         let row = rect.width as usize * 3;
         if dst.len() != row * rect.height as usize {
             return Err(OpError::OutputLength {
@@ -402,13 +414,7 @@ impl Processor {
                 width: rect.width,
             });
         }
-        let info = self.decoder.probe(data)?;
-        let (w, h) = if (5..=8).contains(&info.orientation) {
-            (info.height, info.width)
-        } else {
-            (info.width, info.height)
-        };
-        let want = super::pad_rect(rect, super::REGION_MARGIN, w, h);
+        let want = super::pad_rect(rect, super::REGION_MARGIN, plan.image.0, plan.image.1);
         let d = self.decoder.decode_region_into(data, want, 1, &mut self.pixels)?;
         let stride = d.rect.width as usize * 3;
         let x0 = (rect.left - d.rect.left) as usize * 3;
@@ -858,10 +864,12 @@ mod tests {
             let mut smaller = 0;
             for index in 0..30u64 {
                 let rng = SampleRng::new(5, 1, index);
-                let (crop, rect) = proc
+                let plan = proc
                     .plan_pixels(data, &pipeline, rng.clone(), max, false, &mut gpu, &mut Trace::off())
                     .unwrap()
                     .expect("every output's geometry is covered");
+                let (crop, rect) = (plan.crop, plan.rect);
+                assert_eq!(plan.image, (40, 30));
                 let cpu_crop = proc
                     .run(data, &pipeline, rng, Layout::Nhwc, &mut cpu, &mut Trace::off())
                     .unwrap();
@@ -870,7 +878,7 @@ mod tests {
                 assert!(Rect::full(40, 30).contains(&rect), "{rect:?}");
                 smaller += usize::from(rect != Rect::full(40, 30));
                 let mut px = vec![0u8; rect.width as usize * rect.height as usize * 3];
-                proc.decode_pixels(data, rect, &mut px).unwrap();
+                proc.decode_pixels(data, &plan, &mut px).unwrap();
                 for y in 0..rect.height as usize {
                     let at = ((rect.top as usize + y) * 40 + rect.left as usize) * 3;
                     let row = rect.width as usize * 3;

@@ -590,6 +590,15 @@ impl std::fmt::Debug for Processor {
 /// levels); four leaves room.
 const REGION_MARGIN: u32 = 4;
 
+/// The image's `(width, height)` once its EXIF orientation is applied (5–8 transpose it).
+fn oriented(info: &ringfeed_decode::ImageInfo) -> (u32, u32) {
+    if (5..=8).contains(&info.orientation) {
+        (info.height, info.width)
+    } else {
+        (info.width, info.height)
+    }
+}
+
 /// `r` grown by `m` pixels on every side, clipped to the `width`×`height` image.
 fn pad_rect(r: Rect, m: u32, width: u32, height: u32) -> Rect {
     let left = r.left.saturating_sub(m);
@@ -808,11 +817,7 @@ impl Processor {
             Some(info) => info,
             None => self.decoder.probe(data)?,
         };
-        let (width, height) = if (5..=8).contains(&info.orientation) {
-            (info.height, info.width)
-        } else {
-            (info.width, info.height)
-        };
+        let (width, height) = oriented(&info);
         if width == 0 || height == 0 {
             return Err(OpError::Codec(CodecError::Corrupt {
                 format: info.format,

@@ -180,13 +180,13 @@ fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, 
                             // What a decoded-pixel sample (protocol 1.11) costs the server: its
                             // draws, and the decode of the rectangle its crop reads.
                             let rng = SampleRng::new(0, pass as u64, i as u64);
-                            let Ok(Some((_, rect))) =
+                            let Ok(Some(plan)) =
                                 processor.plan_pixels(data, &pipeline, rng, 0, false, &mut sink, &mut Trace::off())
                             else {
                                 return false;
                             };
-                            buf.resize(rect.width as usize * rect.height as usize * 3, 0);
-                            processor.decode_pixels(data, rect, &mut buf).is_ok()
+                            buf.resize(plan.rect.width as usize * plan.rect.height as usize * 3, 0);
+                            processor.decode_pixels(data, &plan, &mut buf).is_ok()
                         } else {
                             let mut rng = SampleRng::new(0, pass as u64, i as u64);
                             processor.process(data, &t, &mut rng, Layout::Nhwc, &mut out).is_ok()

@@ -186,9 +186,7 @@ pub(crate) async fn prepare_images(
         reports_order: true,
         start_threads: None,
         per_sample,
-        finish: Box::new(move |segment: &Segment| {
-            finish_kind(segment, pipeline, layout, sample_fields, targets, pixels)
-        }),
+        finish: Box::new(move |segment: &Segment| finish_kind(segment, pipeline, layout, sample_fields, targets)),
         buckets,
     })
 }
@@ -330,7 +328,6 @@ fn finish_kind(
     layout: Layout,
     fields: Option<SampleFields>,
     targets: Option<StreamTargets>,
-    pixels: bool,
 ) -> KindParts {
     let field = |n: &str| segment.layout().field(n).cloned();
     let fields = fields.map(|mut f| {
@@ -360,7 +357,6 @@ fn finish_kind(
                 job,
                 bytes,
                 ops: field("gpu_ops"),
-                pixels,
             }),
         fields,
         bucket_fields: field("crop_top_left")

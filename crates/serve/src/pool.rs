@@ -111,9 +111,6 @@ pub struct GpuFields {
     pub bytes: FieldDesc,
     /// 1.8: each GPU sample's tail steps, for a view with per-image ops after its geometry.
     pub ops: Option<FieldDesc>,
-    /// 1.11: the samples the server decodes go to the client as decoded pixels where their
-    /// geometry allows (control.md, "Decoded pixels (1.11)").
-    pub pixels: bool,
 }
 
 /// 1.10: an aspect-bucketed stream's conditioning fields (ring.md).
@@ -626,38 +623,23 @@ fn write_sample(
         }
         _ => std::borrow::Cow::Borrowed(&ctx.pipeline),
     };
-    let on_gpu = match &ctx.gpu {
-        Some(g) if ringfeed_ops::gpu::offered(job.pos, task.gpu_share) => to_gpu(
+    let handed = match &ctx.gpu {
+        Some(g) => to_client(
             processor,
             task,
+            job.pos,
             g,
             pipeline.as_ref(),
             sample.data,
-            rng.clone(),
+            &rng,
             &mut sink,
             targets.as_deref_mut(),
         )
         .map_err(|e| (key(), e.to_string()))?,
-        _ => None,
+        None => None,
     };
-    // 1.11: a sample the server decodes still goes to the client's GPU to be finished, as its
-    // decoded pixels, where the geometry allows.
-    let pixels = match (&ctx.gpu, &on_gpu) {
-        (Some(g), None) if g.pixels && task.pixels => to_pixels(
-            processor,
-            task,
-            g,
-            pipeline.as_ref(),
-            sample.data,
-            rng.clone(),
-            &mut sink,
-            targets.as_deref_mut(),
-        )
-        .map_err(|e| (key(), e.to_string()))?,
-        _ => None,
-    };
-    let crop = match on_gpu.or(pixels) {
-        Some(crop) => crop,
+    let crop = match handed {
+        Some((crop, _)) => crop,
         None => {
             let (data, pipeline, layout, trace) = (sample.data, pipeline.as_ref(), ctx.layout, &mut Trace::off());
             let crop = match (targets.as_deref_mut(), &ctx.targets) {
@@ -677,7 +659,7 @@ fn write_sample(
     };
     let t1 = Instant::now();
     let total = (t1 - t0).as_nanos() as u64;
-    let decode = if on_gpu.is_some() {
+    let decode = if handed.is_some_and(|(_, decoded_here)| !decoded_here) {
         0
     } else {
         processor.last_decode_ns().min(total)
@@ -730,6 +712,43 @@ fn write_sample(
     }
     times[Stage::Write as usize] = t1.elapsed().as_nanos() as u64;
     Ok(())
+}
+
+/// How sample `pos` of the batch goes to the client, if it does: its JPEG bytes where it is
+/// offered to the GPU decoder and the GPU path takes it, else (1.11, where the batch has decoded
+/// pixels on) its decoded pixels where the geometry allows. Returns its `crop`, and whether the
+/// server decoded it (pixels), or `None` when the server finishes it; each attempt that does not
+/// take the sample leaves `rng` to the next, which draws the sample again.
+#[allow(clippy::too_many_arguments)]
+fn to_client(
+    processor: &mut Processor,
+    task: &BatchTask,
+    pos: u32,
+    gpu: &GpuFields,
+    pipeline: &Pipeline,
+    data: &[u8],
+    rng: &SampleRng,
+    sink: &mut SlotSink<'_>,
+    mut targets: Option<&mut Targets>,
+) -> Result<Option<(ringfeed_ops::Crop, bool)>, ringfeed_ops::OpError> {
+    if ringfeed_ops::gpu::offered(pos, task.gpu_share)
+        && let Some(crop) = to_gpu(
+            processor,
+            task,
+            gpu,
+            pipeline,
+            data,
+            rng.clone(),
+            sink,
+            targets.as_deref_mut(),
+        )?
+    {
+        return Ok(Some((crop, false)));
+    }
+    if task.pixels {
+        return Ok(to_pixels(processor, task, gpu, pipeline, data, rng.clone(), sink, targets)?.map(|c| (c, true)));
+    }
+    Ok(None)
 }
 
 /// Hands the sample of `sink` to the client's GPU when it can go there: plans it under `pipeline` (the
@@ -797,11 +816,11 @@ fn to_pixels(
     let ctx = &task.stream;
     let max_steps = max_steps(gpu, pipeline);
     let has_targets = targets.is_some();
-    let Some((crop, rect)) =
-        processor.plan_pixels(data, pipeline, rng, max_steps, has_targets, sink, &mut Trace::off())?
+    let Some(plan) = processor.plan_pixels(data, pipeline, rng, max_steps, has_targets, sink, &mut Trace::off())?
     else {
         return Ok(None);
     };
+    let rect = plan.rect;
     let len = u64::from(rect.width) * u64::from(rect.height) * 3;
     let Some(offset) = task.reserve(gpu, len) else {
         return Ok(None);
@@ -815,12 +834,12 @@ fn to_pixels(
     let out = unsafe { std::slice::from_raw_parts_mut(dst, len as usize) };
     // A sample that fails to decode is a failed sample, as on the CPU path (its arena bytes
     // stay unused).
-    processor.decode_pixels(data, rect, out)?;
+    processor.decode_pixels(data, &plan, out)?;
     write_records(processor, gpu, pipeline, sink, max_steps, |job| {
         job.pixel_record(offset as u32, rect)
     });
     ctx.stats.pixel_samples.fetch_add(1, Ordering::Relaxed);
-    Ok(Some(crop))
+    Ok(Some(plan.crop))
 }
 
 /// The most tail steps a `gpu_ops` record table holds per output.

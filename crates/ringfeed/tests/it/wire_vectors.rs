@@ -122,6 +122,17 @@ fn messages() -> Vec<(&'static str, Value)> {
                 "gpu_decode": {"share": 0.5, "bytes_per_sample": 1048576}}),
         ),
         (
+            "open, 1.11 decoded pixels",
+            json!({"type": "open", "dataset": "/data/imagenet-train", "lmdb": {}, "batch_size": 256,
+                "pipeline": {"views": [{"name": "image", "count": 1, "ops": [
+                    {"op": "random_resized_crop", "size": [224, 224], "scale": [0.08, 1.0], "ratio": [0.75, 4.0 / 3.0], "interpolation": "bilinear", "antialias": true},
+                    {"op": "horizontal_flip", "p": 0.5},
+                    {"op": "trivial_augment_wide"}]}]},
+                "layout": "NCHW", "shuffle": true, "seed": 0, "drop_last": true, "rank": 0, "world_size": 1, "slots": 6,
+                "on_error": "raise", "check_crc": true, "threads": 6,
+                "gpu_decode": {"share": 0.5, "pixels": true}}),
+        ),
+        (
             "stats, 1.3 with gpu decode",
             json!({"type": "stats", "steps": 12, "wait_ns": 150000000, "compute_ns": 100000000, "gpu_wait_ns": 20000000,
                 "gpu_samples": 1536, "gpu_decode_ns": 138000000, "gpu_fallbacks": 2}),
@@ -144,6 +155,20 @@ fn messages() -> Vec<(&'static str, Value)> {
                     "tune": "the CPU is the limit (the training loop waits for data 21.0% of its time; its 6 decode threads are 99% busy): GPU share 0.500 → 0.625",
                     "limit": "fed: the training loop waits for data 0.4% of its time (and 3.0% behind its own GPU work); its 6 decode threads are 97% busy",
                     "gpu_share": 0.625, "gpu_samples": 190000, "gpu_decode_us": 21.5}]}),
+        ),
+        (
+            "snapshot, 1.11 decoded pixels",
+            json!({"type": "snapshot",
+                "server": {"version": "ringfeed 0.1.0", "pid": 4100, "uptime_s": 30.0, "cores": 16, "cpu_budget": 6,
+                    "threads": 6, "active_threads": 6, "busy": 5.9},
+                "streams": [{"stream": 1, "pid": 4242, "dataset": "/data/imagenet-train (312 shards, 1281167 samples)",
+                    "batch_size": 256, "epoch": 0, "run": 1, "slots": {"free": 0, "filling": 3, "ready": 0, "held": 1},
+                    "autotune": true, "threads": 6, "depth": 5, "samples": 320000, "batches": 1250, "skipped": 0,
+                    "samples_per_s": 10700.0, "wait": 0.3, "gpu_wait": 0.015, "step_ms": 20.4, "busy": 0.99,
+                    "stage_us": {"read": 11.0, "decode": 525.9, "transform": 6.9, "write": 0.1},
+                    "tune": "the CPU is the limit at the GPU share's top (the training loop waits for data 30.0% of its time; its 6 decode threads are 99% busy): the samples the server decodes go to the client's GPU as pixels (it finishes them)",
+                    "limit": "the CPU is the limit (6 decode threads at most): the training loop waits for data 30.0% of its time; its 6 decode threads are 99% busy",
+                    "gpu_share": 0.375, "gpu_samples": 120000, "gpu_decode_us": 26.1, "pixel_samples": 200000}]}),
         ),
         (
             "open, 1.3 remote dataset",

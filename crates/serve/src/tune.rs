@@ -62,16 +62,14 @@
 //!   [`Config::gpu_max_raise`] a change, and, once the loop has not waited for
 //!   [`Config::probe_after`] intervals, tries one [`Config::gpu_step`] less. On
 //!   [`Limit::GpuDecode`] (1.5: more than half of the loop's wait for data is for its own GPU
-//!   decodes) it never raises, and tries the lower share where the decoder's rate meets the
-//!   threads' (in [`Config::gpu_min_step`]s: a loop both limit is fastest there). Each change
+//!   decodes) it never raises, and with threads to spare tries one step less at once. Each change
 //!   is judged by the loop's time per batch (its step plus its wait for data): a raise after which
 //!   a batch takes more than [`Config::gpu_slowdown`] longer is undone, and not tried again in the
 //!   regime (GPU decode competes with the model for the GPU and the host thread, and that can cost
 //!   more than the wait it saves); a lower share after which a batch takes more than
 //!   [`Config::gpu_probe_tolerance`] longer is undone, and not tried again; one that is kept sets a
 //!   ceiling at the share it left (whether or not the CPU is now the limit: a CPU-limited batch can
-//!   still be the faster one). Where a bound stops a raise of one step, the step halves, down to
-//!   [`Config::gpu_min_step`], so the share closes in under the bound. A regime is the loop's step at the share the tuner settled on
+//!   still be the faster one). A regime is the loop's step at the share the tuner settled on
 //!   after learning a bound: back at that share with a step more than 20 % away, the bounds are
 //!   dropped and the share is searched again. It is carried in [`Decision::gpu_share`] like `depth`.
 //!
@@ -116,12 +114,8 @@ pub struct Config {
     pub probe_after: u32,
     /// Intervals a probe is watched before it is accepted.
     pub probe_intervals: u32,
-    /// How much the GPU share moves per change (hybrid decode), until a bound stops a move.
+    /// How much the GPU share moves per change (hybrid decode).
     pub gpu_step: f64,
-    /// The finest move of the GPU share: a move a bound stops is tried again at half the step,
-    /// down to this (the best share of a loop that both the CPU and the GPU decoder limit lies
-    /// where their rates meet, a sharp peak between two eighths).
-    pub gpu_min_step: f64,
     /// The most one raise of the GPU share adds (the cost model's jump included).
     pub gpu_max_raise: f64,
     /// A raise of the share after which the loop's time per batch (step and wait) is this much
@@ -158,7 +152,6 @@ impl Default for Config {
             probe_after: 6,
             probe_intervals: 4,
             gpu_step: 0.125,
-            gpu_min_step: 0.03125,
             gpu_max_raise: 0.25,
             gpu_slowdown: 0.05,
             gpu_probe_tolerance: 0.02,
@@ -336,7 +329,7 @@ pub enum Limit {
     Cpu,
     /// The loop waits for data, and more than half of that wait is for its own GPU decodes (1.5):
     /// the GPU decoder is the limit. Neither threads nor depth are added, the share is never
-    /// raised, and the lower share where the decoder's rate meets the threads' is tried.
+    /// raised, and while the threads have time to spare one step less is tried.
     GpuDecode,
     /// The loop waits for data while threads idle and depth is left: bursts; one batch more.
     Depth,
@@ -408,16 +401,12 @@ struct StreamState {
     last_cycle_ns: Option<f64>,
     /// Hybrid decode: the change of the share being judged.
     gpu_trial: Option<GpuTrial>,
-    /// A share never raised to again in this regime (nor any above it): one that made a batch
-    /// slower than the one below it, or one a probe left without a batch getting slower.
+    /// A share never raised to again in this regime: one that made a batch slower than the one
+    /// below it, or one a probe left without a batch getting slower.
     gpu_ceiling: Option<f64>,
-    /// A share never lowered to again in this regime (nor any below it): one that made a batch
-    /// slower than the one above it.
+    /// A share the one below which made a batch slower: never lowered below it again in this
+    /// regime.
     gpu_floor: Option<f64>,
-    /// The move of the share while the loop waits (`None`: [`Config::gpu_step`]); halved, down to
-    /// [`Config::gpu_min_step`], when a bound stops a move, so the share closes in on where the
-    /// CPU's and the GPU decoder's rates meet.
-    gpu_fine: Option<f64>,
     /// Intervals the share has stayed as it is with the loop not waiting for data.
     gpu_stable: u32,
     /// Changes of the share judged so far.
@@ -438,26 +427,6 @@ struct StreamState {
 }
 
 impl StreamState {
-    /// The share's move while the loop waits for data.
-    fn gpu_move(&self, cfg: &Config) -> f64 {
-        self.gpu_fine.unwrap_or(cfg.gpu_step)
-    }
-
-    /// Halves the share's move, unless it is already the finest; whether it did.
-    fn finer(&mut self, cfg: &Config) -> bool {
-        let half = self.gpu_move(cfg) / 2.0;
-        if half < cfg.gpu_min_step - 1e-12 {
-            return false;
-        }
-        self.gpu_fine = Some(half);
-        true
-    }
-
-    /// Whether `share` is at or below the regime's floor.
-    fn at_floor(&self, share: f64) -> bool {
-        self.gpu_floor.is_some_and(|f| share <= f + 1e-9)
-    }
-
     /// A change of the share away from `from` begins (a raise, else a lower share tried), judged
     /// against `before_ns` once its effect shows; no other change for [`Config::gpu_hold`]
     /// intervals.
@@ -1020,10 +989,9 @@ impl FetchTuner {
 /// The third knob (control.md, "Hybrid decode"): the share of each batch offered to the client's
 /// GPU, for a stream whose share the tuner sets. Raised while the CPU is the limit (the loop waits
 /// for data with every thread of its cap saturated), to the share the cost model leaves to the GPU
-/// and at least one step (halved under a ceiling that stops a whole one), at most
-/// [`Config::gpu_max_raise`]; lowered, judged as a probe, to where the decoder's rate meets the
-/// threads' while the GPU decoder is the limit (1.5); lowered one step, as a probe, once the loop
-/// has not waited for data for [`Config::probe_after`] intervals (a share above what the CPU needs costs the model GPU and host
+/// and at least one step, at most [`Config::gpu_max_raise`]; lowered one step, judged as a probe,
+/// while the GPU decoder is the limit (1.5) and the threads have time to spare; lowered one step, as a probe, once the loop has not waited for data for
+/// [`Config::probe_after`] intervals (a share above what the CPU needs costs the model GPU and host
 /// time for nothing). Each change is judged [`Config::gpu_hold`] intervals later by the loop's time
 /// per batch, step and wait together, which is what the training run's rate is: a raise that made
 /// it more than [`Config::gpu_slowdown`] longer goes back and sets a ceiling for the regime; a probe
@@ -1057,7 +1025,6 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             Some((at, was)) if (at - share).abs() < 1e-9 && (step / was - 1.0).abs() > 0.2 => {
                 st.gpu_ceiling = None;
                 st.gpu_floor = None;
-                st.gpu_fine = None;
                 st.gpu_bounds_at = None;
                 st.pixels_never = false;
                 st.pixels_kept = false;
@@ -1073,7 +1040,7 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
     // much GPU time), taken when the CPU is still the limit there, judged as a raise is.
     let pixels_rung = o.pixels.is_some() && !st.pixels && !st.pixels_never;
     if limit == Limit::Cpu {
-        let mut raised = raise_gpu_share(cfg, st, o, s, share, (step, cycle));
+        let raised = raise_gpu_share(cfg, st, o, s, share, (step, cycle));
         if raised.is_none() && pixels_rung {
             let why = format!(
                 "the CPU is the limit at the GPU share's top ({})",
@@ -1081,56 +1048,31 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
             );
             return Some(st.switch_pixels(cfg, share, cycle, true, why));
         }
-        // Under a ceiling, a finer raise (pixels first: they take more off the CPU).
-        while raised.is_none() && st.gpu_ceiling.is_some() && st.finer(cfg) {
-            raised = raise_gpu_share(cfg, st, o, s, share, (step, cycle));
-        }
         return raised;
     }
     // The loop waits for its GPU decodes (1.5): the decoder has more of each batch than it keeps
-    // up with. A lower share, judged as a probe is (kept when a batch is no slower, which also
-    // makes the share it left a ceiling): where the decoder's rate now meets what the threads
-    // could deliver. The decoder delivers `share · R` of the loop's rate `R`, the threads
-    // `(1 - share) · R` at `busy`, so `(1 - share) · R / busy` at most: the two meet at
-    // `share · busy / (share · busy + 1 - share)`. With idle threads that is far below (at most
-    // `gpu_max_raise` lower at once); with threads nearly saturated (91 % busy at 0.375: 0.35) a
-    // finer step than an eighth, since the best share is a sharp peak where the rates meet.
+    // up with. While the threads have time to spare, one step less, judged as a probe is (kept
+    // when a batch is no slower, which also makes the share it left a ceiling).
     if limit == Limit::GpuDecode {
         st.gpu_stable = 0;
+        let bottom = st.gpu_floor.unwrap_or(0.0);
+        let next = (((share - cfg.gpu_step) / cfg.gpu_step).round() * cfg.gpu_step).max(0.0);
         if s.busy >= cfg.saturated && pixels_rung {
-            // Both the decoder and the threads are busy: pixels take work off the CPU first.
+            // Both the decoder and the threads are busy: only pixels take work off the CPU.
             let why = format!(
                 "the GPU decoder and the CPU are both the limit ({})",
                 s.reading(st.wait.unwrap_or(0.0))
             );
             return Some(st.switch_pixels(cfg, share, cycle, true, why));
         }
-        if share <= 0.0 {
+        if share <= 0.0 || s.busy >= cfg.saturated || next < bottom - 1e-9 {
             return None;
-        }
-        let busy = s.busy.max(0.01);
-        let meet = share * busy / (share * busy + 1.0 - share);
-        if meet > share - cfg.gpu_min_step / 2.0 {
-            // The rates meet here: both are the limit.
-            return None;
-        }
-        let fine = |x: f64| (x / cfg.gpu_min_step).round() * cfg.gpu_min_step;
-        let mut next = fine(meet)
-            .max(share - cfg.gpu_max_raise)
-            .min(share - cfg.gpu_min_step)
-            .max(0.0);
-        if st.at_floor(next) {
-            // A lower share was slower: the finest step above it, if that is still a change.
-            next = st.gpu_floor.map_or(next, |f| f + cfg.gpu_min_step);
-            if next >= share - 1e-9 {
-                return None;
-            }
         }
         st.start_gpu_trial(cfg, share, cycle, false);
         return Some((
             next,
             format!(
-                "the GPU decoder is the limit ({}): GPU share {share:.3} → {next:.3}, where the decoder's rate meets the threads'",
+                "the GPU decoder is the limit ({}): GPU share {share:.3} → {next:.3}",
                 s.reading(st.wait.unwrap_or(0.0))
             ),
         ));
@@ -1153,9 +1095,9 @@ fn gpu_share(cfg: &Config, st: &mut StreamState, o: &Observation, limit: Limit, 
         );
         return Some(st.switch_pixels(cfg, share, cycle, false, why));
     }
-    // A fed loop's probe moves a whole step (a finer one would buy only the model's GPU time).
-    let next = ((share - cfg.gpu_step) / cfg.gpu_min_step).round().max(0.0) * cfg.gpu_min_step;
-    if st.gpu_stable < cfg.probe_after || st.at_floor(next) {
+    let bottom = st.gpu_floor.unwrap_or(0.0);
+    let next = ((share - cfg.gpu_step) / cfg.gpu_step).round().max(0.0) * cfg.gpu_step;
+    if st.gpu_stable < cfg.probe_after || next < bottom - 1e-9 {
         return None;
     }
     st.gpu_stable = 0;
@@ -1247,7 +1189,7 @@ fn judge_gpu_trial(
                     }
                 )
             } else {
-                st.gpu_floor = Some(share);
+                st.gpu_floor = Some(t.from);
                 format!(
                     "a batch took {:.2} ms of the training loop with {:.0}% of it decoded on the GPU, {:.2} ms with {:.0}%{}",
                     ms(cycle),
@@ -1278,7 +1220,7 @@ fn raise_gpu_share(
     (step, cycle): (f64, f64),
 ) -> Option<(f64, String)> {
     st.gpu_stable = 0;
-    let top = st.gpu_ceiling.map_or(1.0, |c| (c - st.gpu_move(cfg)).max(0.0));
+    let top = st.gpu_ceiling.map_or(1.0, |c| (c - cfg.gpu_step).max(0.0));
     // The model, as for threads: the CPU-decoded samples cost `c / (1 - share)` each (GPU
     // samples cost the pool almost nothing), so `threads` keep up with the loop's `B / C`
     // when at most `threads · C / (B · c_cpu)` of each batch is theirs. Jump there (rounded
@@ -1292,7 +1234,7 @@ fn raise_gpu_share(
         let theirs = f64::from(o.threads.max(1)) * step / (f64::from(o.batch_size.max(1)) * c * cfg.headroom);
         ((1.0 - theirs) / cfg.gpu_step).ceil() * cfg.gpu_step
     });
-    let next = (share + st.gpu_move(cfg))
+    let next = (share + cfg.gpu_step)
         .max(model)
         .min(share + cfg.gpu_max_raise)
         .min(top);
@@ -2526,43 +2468,9 @@ mod tests {
 
     /// The best of [`pinned_rate`] over the shares in eighths.
     fn best_pinned_rate(sim: &Sim, threads: u32) -> f64 {
-        best_pinned_in(sim, threads, 8)
-    }
-
-    /// The best of [`pinned_rate`] over the shares in `parts`ths.
-    fn best_pinned_in(sim: &Sim, threads: u32, parts: u32) -> f64 {
-        (0..=parts)
-            .map(|k| pinned_rate(sim, threads, f64::from(k) / f64::from(parts)))
+        (0..=8)
+            .map(|k| pinned_rate(sim, threads, f64::from(k) / 8.0))
             .fold(0.0, f64::max)
-    }
-
-    #[test]
-    fn where_the_cpu_and_the_gpu_decoder_both_limit_the_share_closes_in_on_where_their_rates_meet() {
-        // ResNet-18 on the H100 with 6 threads (benches/results/2026-12-06-h100-decoded-pixels):
-        // the threads decode 7,300 samples/s at 0.82 ms each, the GPU decoder beside the model
-        // about 4,000/s (250 µs a sample), the model takes 256 per 21.3 ms (12,000/s) and each
-        // GPU sample adds 9 µs to its step. The rates meet at a share of 0.35 (11,300/s); in
-        // eighths the best is 0.375 (10,700/s, the decoder the limit) or 0.25 (9,700/s, the CPU).
-        let mut sim = Sim {
-            cost: Duration::from_micros(820),
-            step: Duration::from_micros(21_300),
-            slow: Duration::from_micros(9),
-            engine: Duration::from_micros(250),
-            ..Sim::default()
-        };
-        let run = drive_gpu(&mut sim, 6, 120);
-        let shares: Vec<f64> = run.iter().map(|r| r.1).collect();
-        let (coarse, fine) = (best_pinned_in(&sim, 6, 8), best_pinned_in(&sim, 6, 32));
-        assert!(fine > 1.04 * coarse, "{fine} against {coarse}");
-        let end = *shares.last().unwrap();
-        let got = pinned_rate(&sim, 6, end);
-        assert!(
-            got > 1.02 * coarse,
-            "ends at {end} ({got}/s, {coarse} in eighths): {shares:?}"
-        );
-        assert!(got >= 0.97 * fine, "ends at {end} ({got}/s of {fine}): {shares:?}");
-        // It settles within 10 s (20 intervals) and holds.
-        assert!(shares[20..].windows(2).all(|w| w[1] == w[0]), "{shares:?}");
     }
 
     #[test]
@@ -2707,17 +2615,8 @@ mod tests {
             ..Sim::default()
         };
         let run = drive_gpu(&mut sim, 6, 120);
-        let at = run.iter().position(|r| (r.1 - 0.75).abs() < 1e-9);
-        let at = at.unwrap_or_else(|| panic!("never at 0.75: {run:?}"));
-        let below = at + run[at..].iter().position(|r| r.1 < 0.75).expect("no probe below 0.75");
-        // Not raised back to 0.75; under it, a finer raise to 0.6875 (within 0.4 % of 0.625) may stay.
-        assert!(run[below..].iter().all(|r| r.1 < 0.75 - 1e-9), "{run:?}");
-        let tail = &run[100..];
-        assert!(tail.windows(2).all(|w| w[1].1 == w[0].1), "{run:?}");
-        assert!(
-            pinned_rate(&sim, 6, tail[0].1) >= 0.99 * best_pinned_rate(&sim, 6),
-            "{run:?}"
-        );
+        assert!(run.iter().any(|r| (r.1 - 0.75).abs() < 1e-9), "never at 0.75: {run:?}");
+        assert!(run[100..].iter().all(|r| (r.1 - 0.625).abs() < 1e-9), "{run:?}");
         assert!(pinned_rate(&sim, 6, 0.625) > 1.02 * pinned_rate(&sim, 6, 0.75));
     }
 

@@ -16,7 +16,8 @@
 //!   `rrc-dct1`: the same with `dct_headroom: 1` (scale whenever the box is `d` times the output);
 //! - `rrc-fastup`, `rrc-fastdct`: libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` / `TJPARAM_FASTDCT`;
 //! - `pixels`: what a decoded-pixel sample (protocol 1.11) costs: `rrc`'s draws and the decode of
-//!   the rectangle the crop reads, copied out as packed rows, without the resize;
+//!   the rectangle the crop reads, copied out as packed rows, without the resize; `pixels-rs`
+//!   the same on the packed files (below), as the server serves them;
 //! - `rrc-noflip` / `rrc-flip`: the same crops as `rrc`, never / always flipped;
 //! - `decode-rs`, `rrc-rs`, `rrc-rs-nocut`: `decode` / `rrc` / `rrc` without restart cuts, on
 //!   the files as `ringfeed pack` stores them: rewritten losslessly with restart markers
@@ -126,7 +127,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
             0.5,
         ),
         "rrc-fastdct" => (Options { fast_dct: true, ..base }, 0.5),
-        "pixels" => (base, 0.5),
+        "pixels" | "pixels-rs" => (base, 0.5),
         "rrc-noflip" => (base, 0.0),
         "rrc-flip" => (base, 1.0),
         "rrc-rs" => (base, 0.5),
@@ -142,7 +143,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
 }
 
 /// Whether `mode` runs on the files as `ringfeed pack` stores them (`decode-rs`, `rrc-rs`,
-/// `rrc-rs-nocut`).
+/// `rrc-rs-nocut`, `pixels-rs`).
 fn on_packed_files(mode: &str) -> bool {
     mode.ends_with("-rs") || mode.contains("-rs-")
 }
@@ -176,7 +177,7 @@ fn run(files: &[Vec<u8>], mode: &str, threads: usize, passes: usize) -> (usize, 
                     let mut one = |pass: usize, i: usize, data: &[u8]| {
                         if rrc.is_none() {
                             decoder.decode_rgb8(data, &mut buf).is_ok()
-                        } else if mode == "pixels" {
+                        } else if mode.starts_with("pixels") {
                             // What a decoded-pixel sample (protocol 1.11) costs the server: its
                             // draws, and the decode of the rectangle its crop reads.
                             let rng = SampleRng::new(0, pass as u64, i as u64);

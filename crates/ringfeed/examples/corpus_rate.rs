@@ -14,6 +14,7 @@
 //! - `rrc-full`: the reference path, every image decoded whole (`region_decode: false`);
 //! - `rrc-dct`: DCT-domain downscaling allowed (`dct_scaling: true`, default headroom 2);
 //!   `rrc-dct1`: the same with `dct_headroom: 1` (scale whenever the box is `d` times the output);
+//!   `rrc-dct-rs`, `rrc-dct1-rs`: the same on the packed files (below);
 //! - `rrc-fastup`, `rrc-fastdct`: libjpeg-turbo's `TJPARAM_FASTUPSAMPLE` / `TJPARAM_FASTDCT`;
 //! - `pixels`: what a decoded-pixel sample (protocol 1.11) costs: `rrc`'s draws and the decode of
 //!   the rectangle the crop reads, copied out as packed rows, without the resize; `pixels-rs`
@@ -104,14 +105,14 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
             },
             0.5,
         ),
-        "rrc-dct" => (
+        "rrc-dct" | "rrc-dct-rs" => (
             Options {
                 dct_scaling: true,
                 ..base
             },
             0.5,
         ),
-        "rrc-dct1" => (
+        "rrc-dct1" | "rrc-dct1-rs" => (
             Options {
                 dct_scaling: true,
                 dct_headroom: 1,
@@ -143,7 +144,7 @@ fn rrc_mode(mode: &str) -> Option<(Options, f64)> {
 }
 
 /// Whether `mode` runs on the files as `ringfeed pack` stores them (`decode-rs`, `rrc-rs`,
-/// `rrc-rs-nocut`, `pixels-rs`).
+/// `rrc-rs-nocut`, `pixels-rs`, `rrc-dct-rs`, `rrc-dct1-rs`).
 fn on_packed_files(mode: &str) -> bool {
     mode.ends_with("-rs") || mode.contains("-rs-")
 }
